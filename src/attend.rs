@@ -1,0 +1,174 @@
+//! One entry point for every operator on `[B, H, N, d]` inputs: validate, lift each
+//! per-head reference estimator over batch × heads, and count empty rows.
+
+use crate::error::{RaceError, Result};
+use crate::hashing::Planes;
+use crate::params::{validate_beta, validate_gamma, validate_pl, Combine};
+use crate::reference::{self, HeadOutput};
+use crate::tensor::{check_nonzero_rows, check_qkv, AttnShape, Mat, Tensor};
+use rayon::prelude::*;
+use serde::Serialize;
+
+/// The operators racelab computes side by side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Method {
+    Softmax,
+    Angular,
+    Hard,
+    Soft,
+    Linear,
+    Performer,
+}
+
+impl std::str::FromStr for Method {
+    type Err = RaceError;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "softmax" => Method::Softmax,
+            "angular" => Method::Angular,
+            "hard" => Method::Hard,
+            "soft" => Method::Soft,
+            "linear" => Method::Linear,
+            "performer" => Method::Performer,
+            _ => return Err(RaceError::param("method", format!("`{s}` is not a method; use softmax|angular|hard|soft|linear|performer"))),
+        })
+    }
+}
+
+impl Method {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Method::Softmax => "softmax",
+            Method::Angular => "angular",
+            Method::Hard => "hard",
+            Method::Soft => "soft",
+            Method::Linear => "linear",
+            Method::Performer => "performer",
+        }
+    }
+    /// Whether the method hashes with planes.
+    pub fn uses_planes(&self) -> bool {
+        matches!(self, Method::Hard | Method::Soft)
+    }
+}
+
+/// Options of one `attend` call; fields a method does not use are ignored.
+#[derive(Debug, Clone)]
+pub struct AttendOptions {
+    pub method: Method,
+    pub causal: bool,
+    pub p: usize,
+    pub l: usize,
+    pub beta: f64,
+    pub gamma: f64,
+    pub seed: u64,
+    pub combine: Combine,
+    /// Softmax/Performer logit scale; `None` = `1/sqrt(d)`.
+    pub scale: Option<f64>,
+    /// Performer feature count m.
+    pub features: usize,
+    /// Planes to use instead of drawing them from `seed`.
+    pub planes: Option<Planes>,
+    /// Performer features `ω` (m × d) to use instead of drawing them from `seed`.
+    pub omega: Option<Mat<f64>>,
+}
+
+impl Default for AttendOptions {
+    fn default() -> Self {
+        AttendOptions {
+            method: Method::Soft,
+            causal: false,
+            p: 2,
+            l: 2,
+            beta: 10.0,
+            gamma: 2.0,
+            seed: 0,
+            combine: Combine::Paper,
+            scale: None,
+            features: 256,
+            planes: None,
+            omega: None,
+        }
+    }
+}
+
+/// Result of [`attend`]: O with V's leading dims, the empty-row count, and planes used.
+#[derive(Debug, Clone)]
+pub struct AttendResult {
+    pub o: Tensor<f64>,
+    pub shape: AttnShape,
+    pub empty_rows: usize,
+    pub planes: Option<Planes>,
+}
+
+/// Validate options against the input shape and resolve the planes.
+pub fn resolve_planes(opts: &AttendOptions, d: usize) -> Result<Option<Planes>> {
+    if !opts.method.uses_planes() {
+        return Ok(None);
+    }
+    match &opts.planes {
+        Some(pl) => {
+            if pl.d != d {
+                return Err(RaceError::shape("planes", format!("planes have d = {} but q/k have d = {d}", pl.d)));
+            }
+            Ok(Some(pl.clone()))
+        }
+        None => {
+            validate_pl(opts.p, opts.l)?;
+            Ok(Some(Planes::gaussian(opts.l, opts.p, d, opts.seed)?))
+        }
+    }
+}
+
+/// Run one operator (f64 reference) on `[N,d]`, `[H,N,d]` or `[B,H,N,d]` inputs.
+pub fn attend(q: &Tensor<f64>, k: &Tensor<f64>, v: &Tensor<f64>, opts: &AttendOptions) -> Result<AttendResult> {
+    let shape = check_qkv(q, k, v, opts.causal)?;
+    match opts.method {
+        Method::Soft => validate_beta(opts.beta)?,
+        Method::Angular => validate_gamma(opts.gamma)?,
+        Method::Performer if opts.features == 0 => {
+            return Err(RaceError::param("features", "Performer needs m ≥ 1 random features"))
+        }
+        _ => {}
+    }
+    if let Some(s) = opts.scale {
+        if !(s.is_finite() && s > 0.0) {
+            return Err(RaceError::param("scale", format!("scale = {s}; use a finite value > 0")));
+        }
+    }
+    let planes = resolve_planes(opts, shape.d)?;
+    let (qh, kh, vh) = (q.heads("q")?, k.heads("k")?, v.heads("v")?);
+    if matches!(opts.method, Method::Angular | Method::Hard) {
+        for (h, (qm, km)) in qh.iter().zip(&kh).enumerate() {
+            check_nonzero_rows(&format!("q (head {h})"), *qm)?;
+            check_nonzero_rows(&format!("k (head {h})"), *km)?;
+        }
+    }
+    let omega = match (&opts.omega, opts.method) {
+        (_, m) if m != Method::Performer => None,
+        (Some(w), _) if w.cols != shape.d => {
+            return Err(RaceError::shape("omega", format!("Performer features have d = {} but q/k have d = {}", w.cols, shape.d)))
+        }
+        (Some(w), _) => Some(w.clone()),
+        (None, _) => Some(reference::baselines::performer_omega(opts.features, shape.d, opts.seed)),
+    };
+    let outs: Vec<HeadOutput> = (0..qh.len())
+        .into_par_iter()
+        .map(|h| {
+            let (qm, km, vm) = (qh[h], kh[h], vh[h]);
+            match opts.method {
+                Method::Softmax => reference::softmax::softmax_attention(qm, km, vm, opts.scale, opts.causal),
+                Method::Angular => reference::angular::angular_attention(qm, km, vm, opts.gamma, opts.causal),
+                Method::Hard => reference::race::hard_lsh(qm, km, vm, planes.as_ref().unwrap(), opts.causal),
+                Method::Soft => reference::race::soft_race(qm, km, vm, planes.as_ref().unwrap(), opts.beta, opts.causal, opts.combine),
+                Method::Linear => reference::baselines::linear_attention(qm, km, vm, opts.causal),
+                Method::Performer => reference::baselines::performer_attention(qm, km, vm, omega.as_ref().unwrap(), opts.scale, opts.causal),
+            }
+        })
+        .collect();
+    let empty_rows = outs.iter().map(|o| o.empty_rows).sum();
+    let lead = &q.shape[..q.shape.len() - 2];
+    let o = Tensor::stack_heads(lead, outs.into_iter().map(|h| h.o).collect::<Vec<Mat<f64>>>());
+    Ok(AttendResult { o, shape, empty_rows, planes })
+}

@@ -1,0 +1,57 @@
+//! The one error type of the library. Every variant names the argument at fault and, where
+//! there is one, the fix. The CLI wraps it in `anyhow` at the edge only.
+
+use thiserror::Error;
+
+/// Result alias used throughout racelab.
+pub type Result<T, E = RaceError> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in racelab, with a message that names the argument.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum RaceError {
+    /// Shapes that do not fit together (Q vs K vs V, planes vs d, …).
+    #[error("shape error in `{arg}`: {msg}")]
+    Shape { arg: String, msg: String },
+    /// A NaN or ±Inf in an input.
+    #[error("`{arg}` contains a non-finite value ({value}) at flat index {index}; clean the input (no NaN or Inf) and retry")]
+    NonFinite { arg: String, index: usize, value: f64 },
+    /// A zero vector where an angle is needed.
+    #[error("`{arg}` row {row} is the zero vector, which has no angle; angular/RACE methods need non-zero query and key rows (drop or perturb that row)")]
+    ZeroVector { arg: String, row: usize },
+    /// A hyper-parameter out of its valid range.
+    #[error("invalid parameter `{arg}`: {msg}")]
+    Param { arg: String, msg: String },
+    /// An empty input (N = 0, d = 0).
+    #[error("`{arg}` is empty: {msg}")]
+    Empty { arg: String, msg: String },
+    /// A malformed, truncated or unsupported `.npy` file.
+    #[error("bad .npy file `{path}`: {msg}")]
+    Npy { path: String, msg: String },
+    /// A malformed experiment config.
+    #[error("bad config `{path}`: {msg}")]
+    Config { path: String, msg: String },
+    /// Operating-system I/O failure.
+    #[error("I/O error on `{path}`: {msg}")]
+    Io { path: String, msg: String },
+    /// The CUDA backend was asked for but cannot run.
+    #[error("no CUDA device: {0}")]
+    NoCuda(String),
+    /// A CUDA driver/NVRTC failure after a device was found.
+    #[error("CUDA error: {0}")]
+    Cuda(String),
+}
+
+impl RaceError {
+    pub fn param(arg: &str, msg: impl Into<String>) -> Self {
+        RaceError::Param { arg: arg.into(), msg: msg.into() }
+    }
+    pub fn shape(arg: &str, msg: impl Into<String>) -> Self {
+        RaceError::Shape { arg: arg.into(), msg: msg.into() }
+    }
+    pub fn empty(arg: &str, msg: impl Into<String>) -> Self {
+        RaceError::Empty { arg: arg.into(), msg: msg.into() }
+    }
+    pub fn io(path: &std::path::Path, e: impl std::fmt::Display) -> Self {
+        RaceError::Io { path: path.display().to_string(), msg: e.to_string() }
+    }
+}

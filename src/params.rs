@@ -1,0 +1,97 @@
+//! Hyper-parameters of the RACE estimators, validated in one place.
+//!
+//! `P ≥ 1` bits per table (`R = 2^P` buckets, `P ≤ 20` so the bucket bank fits), `L ≥ 1`
+//! tables, `beta > 0` finite.
+
+use crate::error::{RaceError, Result};
+use serde::{Deserialize, Serialize};
+
+/// Largest P accepted: 2^20 buckets per table already means megabytes of state per table.
+pub const MAX_P: usize = 20;
+
+/// How tables are combined (DESIGN §1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Combine {
+    /// Paper, Algorithm 1: ratio of table-averaged numerator and denominator.
+    #[default]
+    Paper,
+    /// Authors' released code: per-bucket means `B/(A+1e-6)`, summed over tables.
+    Authors,
+}
+
+impl std::str::FromStr for Combine {
+    type Err = RaceError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "paper" => Ok(Combine::Paper),
+            "authors" => Ok(Combine::Authors),
+            _ => Err(RaceError::param("combine", format!("`{s}` is not a combine rule; use `paper` or `authors`"))),
+        }
+    }
+}
+
+/// RACE hyper-parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RaceParams {
+    pub p: usize,
+    pub l: usize,
+    pub beta: f64,
+    pub seed: u64,
+    pub combine: Combine,
+}
+
+impl Default for RaceParams {
+    fn default() -> Self {
+        RaceParams { p: 2, l: 2, beta: 10.0, seed: 0, combine: Combine::Paper }
+    }
+}
+
+impl RaceParams {
+    pub fn new(p: usize, l: usize, beta: f64, seed: u64) -> Result<Self> {
+        let s = RaceParams { p, l, beta, seed, combine: Combine::Paper };
+        s.validate()?;
+        Ok(s)
+    }
+    /// `R = 2^P`.
+    pub fn r(&self) -> usize {
+        1 << self.p
+    }
+    pub fn validate(&self) -> Result<()> {
+        validate_pl(self.p, self.l)?;
+        validate_beta(self.beta)
+    }
+}
+
+/// Check P and L (shared by hard and soft estimators).
+pub fn validate_pl(p: usize, l: usize) -> Result<()> {
+    if p == 0 {
+        return Err(RaceError::param("p", "P = 0 bits gives one bucket; use P ≥ 1"));
+    }
+    if p > MAX_P {
+        return Err(RaceError::param(
+            "p",
+            format!("P = {p} needs 2^{p} buckets per table, more than can be held; use P ≤ {MAX_P}"),
+        ));
+    }
+    if l == 0 {
+        return Err(RaceError::param("l", "L = 0 tables estimates nothing; use L ≥ 1"));
+    }
+    Ok(())
+}
+
+/// Check beta: finite and > 0.
+pub fn validate_beta(beta: f64) -> Result<()> {
+    if !(beta.is_finite() && beta > 0.0) {
+        return Err(RaceError::param("beta", format!("beta = {beta}; the soft-hash temperature must be finite and > 0")));
+    }
+    Ok(())
+}
+
+/// Check gamma (angular power): finite and > 0.
+pub fn validate_gamma(gamma: f64) -> Result<()> {
+    if !(gamma.is_finite() && gamma > 0.0) {
+        return Err(RaceError::param("gamma", format!("gamma = {gamma}; the angular power must be finite and > 0")));
+    }
+    Ok(())
+}

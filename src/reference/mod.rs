@@ -1,0 +1,44 @@
+//! f64 reference estimators: plain, literal, obviously correct. Every fast path is tested
+//! against these on the same inputs and planes.
+//!
+//! Each works on one head (`N × d` queries, `M × d` keys, `M × dv` values); batch and heads
+//! are lifted by [`crate::attend`]. A row whose denominator is exactly 0 (possible for hard
+//! LSH and for degenerate angular inputs) is defined as 0 and counted in
+//! [`HeadOutput::empty_rows`], never NaN.
+
+pub mod angular;
+pub mod baselines;
+pub mod kernels;
+pub mod race;
+pub mod softmax;
+
+use crate::tensor::Mat;
+
+/// One head's output plus the number of rows whose denominator was 0 (set to 0).
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeadOutput {
+    pub o: Mat<f64>,
+    pub empty_rows: usize,
+}
+
+/// `O_i = num_i / den_i`, with rows of `den_i == 0` set to 0 and counted.
+pub fn ratio_rows(num: Mat<f64>, den: &[f64]) -> HeadOutput {
+    let mut o = num;
+    let mut empty_rows = 0;
+    for (i, &dn) in den.iter().enumerate() {
+        let row = o.row_mut(i);
+        if dn == 0.0 {
+            empty_rows += 1;
+            row.iter_mut().for_each(|x| *x = 0.0);
+        } else {
+            row.iter_mut().for_each(|x| *x /= dn);
+        }
+    }
+    HeadOutput { o, empty_rows }
+}
+
+/// `out += w · x`.
+#[inline]
+pub fn axpy(out: &mut [f64], w: f64, x: &[f64]) {
+    out.iter_mut().zip(x).for_each(|(o, &xi)| *o += w * xi);
+}

@@ -1,0 +1,27 @@
+//! Exact softmax attention: `O = softmax(s · Q Kᵀ) V`, `s = 1/sqrt(d)` by default; causal
+//! masks `j > i`. Each row is max-subtracted, so no logit overflows.
+
+use super::{axpy, ratio_rows, HeadOutput};
+use crate::hashing::dot;
+use crate::tensor::{Mat, MatRef};
+
+/// Softmax attention of one head. `scale = None` means `1/sqrt(d)`.
+pub fn softmax_attention(q: MatRef<f64>, k: MatRef<f64>, v: MatRef<f64>, scale: Option<f64>, causal: bool) -> HeadOutput {
+    let s = scale.unwrap_or(1.0 / (q.cols as f64).sqrt());
+    let mut num = Mat::zeros(q.rows, v.cols);
+    let mut den = vec![0.0; q.rows];
+    let mut logits = vec![0.0; k.rows];
+    for i in 0..q.rows {
+        let m = if causal { i + 1 } else { k.rows };
+        for j in 0..m {
+            logits[j] = s * dot(q.row(i), k.row(j));
+        }
+        let mx = logits[..m].iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        for j in 0..m {
+            let w = (logits[j] - mx).exp();
+            den[i] += w;
+            axpy(num.row_mut(i), w, v.row(j));
+        }
+    }
+    ratio_rows(num, &den)
+}

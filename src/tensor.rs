@@ -1,0 +1,191 @@
+//! Row-major tensors laid out like PyTorch: `[N, d]`, `[H, N, d]` or `[B, H, N, d]`.
+//!
+//! Batch and heads are independent problems, so every estimator is written for one head
+//! (`MatRef`, an `N × d` row-major view) and lifted to `[B, H, N, d]` by [`Tensor::heads`].
+
+use crate::error::{RaceError, Result};
+
+/// An owned row-major tensor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tensor<T> {
+    pub shape: Vec<usize>,
+    pub data: Vec<T>,
+}
+
+/// A borrowed `rows × cols` row-major matrix.
+#[derive(Debug, Clone, Copy)]
+pub struct MatRef<'a, T> {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: &'a [T],
+}
+
+/// An owned `rows × cols` row-major matrix.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mat<T> {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: Vec<T>,
+}
+
+impl<'a, T> MatRef<'a, T> {
+    pub fn new(rows: usize, cols: usize, data: &'a [T]) -> Self {
+        assert_eq!(rows * cols, data.len(), "MatRef: rows*cols != len");
+        MatRef { rows, cols, data }
+    }
+    #[inline]
+    pub fn row(&self, i: usize) -> &'a [T] {
+        &self.data[i * self.cols..(i + 1) * self.cols]
+    }
+}
+
+impl<T: Copy + Default> Mat<T> {
+    pub fn zeros(rows: usize, cols: usize) -> Self {
+        Mat { rows, cols, data: vec![T::default(); rows * cols] }
+    }
+    pub fn from_vec(rows: usize, cols: usize, data: Vec<T>) -> Self {
+        assert_eq!(rows * cols, data.len(), "Mat: rows*cols != len");
+        Mat { rows, cols, data }
+    }
+    pub fn view(&self) -> MatRef<'_, T> {
+        MatRef { rows: self.rows, cols: self.cols, data: &self.data }
+    }
+    #[inline]
+    pub fn row(&self, i: usize) -> &[T] {
+        &self.data[i * self.cols..(i + 1) * self.cols]
+    }
+    #[inline]
+    pub fn row_mut(&mut self, i: usize) -> &mut [T] {
+        &mut self.data[i * self.cols..(i + 1) * self.cols]
+    }
+    #[inline]
+    pub fn at(&self, i: usize, j: usize) -> T {
+        self.data[i * self.cols + j]
+    }
+}
+
+impl<T: Copy> Tensor<T> {
+    pub fn new(shape: Vec<usize>, data: Vec<T>) -> Result<Self> {
+        let n: usize = shape.iter().product();
+        if n != data.len() {
+            return Err(RaceError::shape(
+                "tensor",
+                format!("shape {:?} holds {} elements but {} were given", shape, n, data.len()),
+            ));
+        }
+        Ok(Tensor { shape, data })
+    }
+
+    /// The shape as `[B, H, N, d]`, accepting rank 2, 3 or 4.
+    pub fn bhnd(&self, arg: &str) -> Result<[usize; 4]> {
+        match self.shape.as_slice() {
+            [n, d] => Ok([1, 1, *n, *d]),
+            [h, n, d] => Ok([1, *h, *n, *d]),
+            [b, h, n, d] => Ok([*b, *h, *n, *d]),
+            s => Err(RaceError::shape(
+                arg,
+                format!("rank {} shape {:?}; expected [N,d], [H,N,d] or [B,H,N,d]", s.len(), s),
+            )),
+        }
+    }
+
+    /// The independent `N × d` problems (batch × heads), in order.
+    pub fn heads(&self, arg: &str) -> Result<Vec<MatRef<'_, T>>> {
+        let [b, h, n, d] = self.bhnd(arg)?;
+        Ok((0..b * h).map(|i| MatRef::new(n, d, &self.data[i * n * d..(i + 1) * n * d])).collect())
+    }
+
+    pub fn map<U: Copy>(&self, f: impl Fn(T) -> U) -> Tensor<U> {
+        Tensor { shape: self.shape.clone(), data: self.data.iter().map(|&x| f(x)).collect() }
+    }
+}
+
+impl Tensor<f64> {
+    /// Stack per-head outputs back into the leading dims of `like` with last dim `cols`.
+    pub fn stack_heads(lead: &[usize], heads: Vec<Mat<f64>>) -> Tensor<f64> {
+        let mut shape = lead.to_vec();
+        let (rows, cols) = heads.first().map(|m| (m.rows, m.cols)).unwrap_or((0, 0));
+        shape.push(rows);
+        shape.push(cols);
+        let data = heads.into_iter().flat_map(|m| m.data).collect();
+        Tensor { shape, data }
+    }
+}
+
+/// Check that every entry is finite; the error names `arg` and the first bad index.
+pub fn check_finite<T: Copy + Into<f64>>(arg: &str, data: &[T]) -> Result<()> {
+    for (i, &x) in data.iter().enumerate() {
+        let x: f64 = x.into();
+        if !x.is_finite() {
+            return Err(RaceError::NonFinite { arg: arg.into(), index: i, value: x });
+        }
+    }
+    Ok(())
+}
+
+/// Check that no row of `m` is the zero vector (needed wherever an angle is taken).
+pub fn check_nonzero_rows(arg: &str, m: MatRef<'_, f64>) -> Result<()> {
+    for i in 0..m.rows {
+        if m.row(i).iter().all(|&x| x == 0.0) {
+            return Err(RaceError::ZeroVector { arg: arg.into(), row: i });
+        }
+    }
+    Ok(())
+}
+
+/// Validated shapes of one attention problem: Q `[.., N, d]`, K `[.., M, d]`, V `[.., M, dv]`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttnShape {
+    pub batch: usize,
+    pub heads: usize,
+    pub n: usize,
+    pub m: usize,
+    pub d: usize,
+    pub dv: usize,
+}
+
+/// Check Q, K, V shapes against each other, emptiness and finiteness.
+pub fn check_qkv<T: Copy + Into<f64>>(
+    q: &Tensor<T>,
+    k: &Tensor<T>,
+    v: &Tensor<T>,
+    causal: bool,
+) -> Result<AttnShape> {
+    let [qb, qh, n, d] = q.bhnd("q")?;
+    let [kb, kh, m, kd] = k.bhnd("k")?;
+    let [vb, vh, vm, dv] = v.bhnd("v")?;
+    if q.shape.len() != k.shape.len() || q.shape.len() != v.shape.len() {
+        return Err(RaceError::shape(
+            "q/k/v",
+            format!("ranks differ: q {:?}, k {:?}, v {:?}; give all three as [N,d], [H,N,d] or [B,H,N,d]", q.shape, k.shape, v.shape),
+        ));
+    }
+    if (qb, qh) != (kb, kh) || (qb, qh) != (vb, vh) {
+        return Err(RaceError::shape(
+            "q/k/v",
+            format!("batch/head dims differ: q {:?}, k {:?}, v {:?}", q.shape, k.shape, v.shape),
+        ));
+    }
+    if n == 0 || m == 0 {
+        return Err(RaceError::empty(if n == 0 { "q" } else { "k" }, "N = 0 tokens; give at least one row"));
+    }
+    if d == 0 || dv == 0 {
+        return Err(RaceError::empty(if d == 0 { "q" } else { "v" }, "feature dimension is 0"));
+    }
+    if qb * qh == 0 {
+        return Err(RaceError::empty("q", "batch or head dimension is 0"));
+    }
+    if kd != d {
+        return Err(RaceError::shape("k", format!("k has d = {kd} but q has d = {d}; q and k must share the last dimension")));
+    }
+    if vm != m {
+        return Err(RaceError::shape("v", format!("v has {vm} rows but k has {m}; v needs one row per key")));
+    }
+    if causal && n != m {
+        return Err(RaceError::shape("q/k", format!("causal attention needs as many queries as keys (q has {n}, k has {m})")));
+    }
+    check_finite("q", &q.data)?;
+    check_finite("k", &k.data)?;
+    check_finite("v", &v.data)?;
+    Ok(AttnShape { batch: qb, heads: qh, n, m, d, dv })
+}

@@ -1,0 +1,34 @@
+//! Shared test helpers: seeded inputs and labelled closeness checks.
+#![allow(dead_code)]
+
+use racelab::rng::SeededRng;
+use racelab::{Mat, Tensor};
+
+/// A seeded N(0,1) matrix.
+pub fn randn(rows: usize, cols: usize, seed: u64) -> Mat<f64> {
+    let mut rng = SeededRng::new(seed, 99);
+    Mat::from_vec(rows, cols, rng.normals(rows * cols))
+}
+
+pub fn randn_t(shape: &[usize], seed: u64) -> Tensor<f64> {
+    let n = shape.iter().product();
+    let mut rng = SeededRng::new(seed, 98);
+    Tensor { shape: shape.to_vec(), data: rng.normals(n) }
+}
+
+/// Assert finiteness first, then `max|a − b| ≤ tol`, printing the label and the worst entry.
+pub fn assert_close(label: &str, got: &[f64], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len(), "{label}: length {} vs {}", got.len(), want.len());
+    if let Some(i) = got.iter().position(|x| !x.is_finite()) {
+        panic!("{label}: non-finite output {} at {i}", got[i]);
+    }
+    let (mut worst, mut at) = (0.0f64, 0);
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let d = (g - w).abs();
+        if d > worst {
+            worst = d;
+            at = i;
+        }
+    }
+    assert!(worst <= tol, "{label}: max |diff| = {worst:.3e} > tol {tol:.1e} at index {at} (got {}, want {})", got[at], want[at]);
+}

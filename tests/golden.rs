@@ -1,0 +1,85 @@
+//! Golden files: outputs of an independent numpy implementation
+//! (`experiments/tools/golden.py`), compared with the Rust reference to 1e-12, both through
+//! the library and through `racelab attend` on the saved planes.
+mod common;
+use common::assert_close;
+use racelab::io::{read_npy, read_planes};
+use racelab::{attend, AttendOptions, Combine, Mat, Method};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/golden")
+}
+
+fn load(name: &str) -> racelab::Tensor<f64> {
+    read_npy(&dir().join(format!("{name}.npy"))).unwrap().tensor
+}
+
+fn cases() -> Vec<(&'static str, Method, Combine)> {
+    vec![
+        ("softmax", Method::Softmax, Combine::Paper),
+        ("angular", Method::Angular, Combine::Paper),
+        ("hard", Method::Hard, Combine::Paper),
+        ("soft", Method::Soft, Combine::Paper),
+        ("soft_authors", Method::Soft, Combine::Authors),
+        ("linear", Method::Linear, Combine::Paper),
+        ("performer", Method::Performer, Combine::Paper),
+    ]
+}
+
+#[test]
+fn library_matches_numpy_to_1e12() {
+    let (q, k, v) = (load("q"), load("k"), load("v"));
+    let planes = read_planes(&dir().join("planes.npy")).unwrap();
+    let om = load("omega");
+    let omega = Mat::from_vec(om.shape[0], om.shape[1], om.data);
+    for (name, method, combine) in cases() {
+        for causal in [false, true] {
+            let opts = AttendOptions {
+                method,
+                causal,
+                beta: 3.0,
+                gamma: 2.5,
+                combine,
+                features: omega.rows,
+                planes: Some(planes.clone()),
+                omega: Some(omega.clone()),
+                ..Default::default()
+            };
+            let got = attend(&q, &k, &v, &opts).unwrap();
+            let want = load(&format!("out_{name}_{}", if causal { "causal" } else { "full" }));
+            assert_eq!(got.o.shape, want.shape, "{name}");
+            assert_close(&format!("{name} causal={causal}"), &got.o.data, &want.data, 1e-12);
+        }
+    }
+}
+
+#[test]
+fn cli_attend_matches_numpy_to_1e12() {
+    let tmp = std::env::temp_dir().join(format!("racelab-golden-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let d = dir();
+    for (name, method, combine) in cases() {
+        for causal in [false, true] {
+            let out = tmp.join(format!("{name}_{causal}.npy"));
+            let mut cmd = Command::new(env!("CARGO_BIN_EXE_racelab"));
+            cmd.args(["attend", "--method", method.name(), "--beta", "3", "--gamma", "2.5", "--json"])
+                .args(["--combine", if combine == Combine::Paper { "paper" } else { "authors" }])
+                .arg("--q").arg(d.join("q.npy")).arg("--k").arg(d.join("k.npy")).arg("--v").arg(d.join("v.npy"))
+                .arg("--planes").arg(d.join("planes.npy")).arg("--omega").arg(d.join("omega.npy"))
+                .arg("--out").arg(&out);
+            if causal {
+                cmd.arg("--causal");
+            }
+            let o = cmd.output().unwrap();
+            assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
+            let js: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+            assert_eq!(js["method"], method.name());
+            let got = read_npy(&out).unwrap().tensor;
+            let want = load(&format!("out_{name}_{}", if causal { "causal" } else { "full" }));
+            assert_close(&format!("cli {name} causal={causal}"), &got.data, &want.data, 1e-12);
+        }
+    }
+    std::fs::remove_dir_all(&tmp).ok();
+}
