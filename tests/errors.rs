@@ -1,0 +1,159 @@
+//! Every bad input gets a clear error naming the argument: from the library (no panic) and
+//! from the CLI (non-zero exit, the message on stderr).
+mod common;
+use common::randn_t;
+use racelab::io::{npy_bytes, parse_npy, write_npy, Dtype};
+use racelab::{attend, AttendOptions, Method, RaceError, Tensor};
+use std::path::PathBuf;
+use std::process::Command;
+
+fn qkv(n: usize, d: usize) -> (Tensor<f64>, Tensor<f64>, Tensor<f64>) {
+    (randn_t(&[n, d], 1), randn_t(&[n, d], 2), randn_t(&[n, 3], 3))
+}
+
+fn err(q: &Tensor<f64>, k: &Tensor<f64>, v: &Tensor<f64>, opts: AttendOptions) -> String {
+    match attend(q, k, v, &opts) {
+        Ok(_) => panic!("expected an error for {opts:?}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn library_errors_name_the_argument() {
+    let (q, k, v) = qkv(6, 4);
+    let soft = AttendOptions { method: Method::Soft, ..Default::default() };
+    // Shape mismatches.
+    let (k5, _, _) = qkv(6, 5);
+    assert!(err(&q, &k5, &v, soft.clone()).contains("`k`"));
+    let v_short = randn_t(&[5, 3], 4);
+    assert!(err(&q, &k, &v_short, soft.clone()).contains("`v`"));
+    let q_causal = randn_t(&[4, 4], 5);
+    assert!(err(&q_causal, &k, &v, AttendOptions { causal: true, ..soft.clone() }).contains("causal"));
+    // NaN and Inf.
+    let mut qn = q.clone();
+    qn.data[7] = f64::NAN;
+    let e = err(&qn, &k, &v, soft.clone());
+    assert!(e.contains("`q`") && e.contains("non-finite") && e.contains("index 7"), "{e}");
+    let mut vi = v.clone();
+    vi.data[0] = f64::INFINITY;
+    assert!(err(&q, &k, &vi, soft.clone()).contains("`v`"));
+    // Zero vector where an angle is needed.
+    let mut kz = k.clone();
+    kz.data[8..12].iter_mut().for_each(|x| *x = 0.0);
+    for m in [Method::Angular, Method::Hard] {
+        let e = err(&q, &kz, &v, AttendOptions { method: m, ..Default::default() });
+        assert!(e.contains("row 2") && e.contains("zero vector"), "{e}");
+    }
+    // P too large, L = 0, beta ≤ 0, gamma ≤ 0.
+    assert!(err(&q, &k, &v, AttendOptions { p: 21, ..soft.clone() }).contains("`p`"));
+    assert!(err(&q, &k, &v, AttendOptions { p: 0, ..soft.clone() }).contains("`p`"));
+    assert!(err(&q, &k, &v, AttendOptions { l: 0, ..soft.clone() }).contains("`l`"));
+    for beta in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        assert!(err(&q, &k, &v, AttendOptions { beta, ..soft.clone() }).contains("`beta`"));
+    }
+    for gamma in [0.0, -2.0] {
+        assert!(err(&q, &k, &v, AttendOptions { method: Method::Angular, gamma, ..Default::default() }).contains("`gamma`"));
+    }
+    // N = 0.
+    let (q0, k0, v0) = (Tensor::new(vec![0, 4], vec![]).unwrap(), Tensor::new(vec![0, 4], vec![]).unwrap(), Tensor::new(vec![0, 3], vec![]).unwrap());
+    let e = err(&q0, &k0, &v0, soft.clone());
+    assert!(e.contains("empty") && e.contains("N = 0"), "{e}");
+}
+
+#[test]
+fn malformed_npy_is_an_error_not_a_panic() {
+    let good = npy_bytes(&[3, 2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], Dtype::F64);
+    assert!(parse_npy(&good, "good").is_ok());
+    let trunc = &good[..good.len() - 5];
+    let e = parse_npy(trunc, "t.npy").unwrap_err().to_string();
+    assert!(e.contains("t.npy") && e.contains("truncated"), "{e}");
+    let e = parse_npy(b"hello world, not npy", "x.npy").unwrap_err().to_string();
+    assert!(e.contains("magic"), "{e}");
+    let e = parse_npy(&good[..12], "h.npy").unwrap_err().to_string();
+    assert!(e.contains("truncated"), "{e}");
+    let int = replace_bytes(&good, b"<f8", b"<i8");
+    let e = parse_npy(&int, "i.npy").unwrap_err().to_string();
+    assert!(e.contains("unsupported dtype '<i8'"), "{e}");
+    let shape = replace_bytes(&good, b"(3, 2)", b"(3, x)");
+    assert!(matches!(parse_npy(&shape, "s.npy"), Err(RaceError::Npy { .. })));
+}
+
+/// Replace the first occurrence of `from` (same length as `to`) in a byte string.
+fn replace_bytes(b: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
+    let pos = b.windows(from.len()).position(|w| w == from).expect("pattern present");
+    let mut out = b.to_vec();
+    out[pos..pos + to.len()].copy_from_slice(to);
+    out
+}
+
+fn tmpdir(tag: &str) -> PathBuf {
+    let p = std::env::temp_dir().join(format!("racelab-err-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&p).unwrap();
+    p
+}
+
+/// Run `racelab attend` with files (name, shape, data) and extra args; return stderr.
+fn cli_fail(tag: &str, files: &[(&str, Vec<usize>, Vec<f64>)], extra: &[&str]) -> String {
+    let dir = tmpdir(tag);
+    for (name, shape, data) in files {
+        write_npy(&dir.join(format!("{name}.npy")), shape, data, Dtype::F64).unwrap();
+    }
+    let o = Command::new(env!("CARGO_BIN_EXE_racelab"))
+        .arg("attend")
+        .arg("--q").arg(dir.join("q.npy")).arg("--k").arg(dir.join("k.npy")).arg("--v").arg(dir.join("v.npy"))
+        .arg("--out").arg(dir.join("o.npy"))
+        .args(extra)
+        .output()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(!o.status.success(), "{tag}: expected failure");
+    assert_eq!(o.status.code(), Some(2), "{tag}: exit code");
+    let s = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(!s.contains("panicked"), "{tag}: panicked: {s}");
+    s
+}
+
+#[test]
+fn cli_bad_inputs_exit_nonzero_with_message() {
+    let (q, k, v) = qkv(5, 4);
+    let f = |q: &Tensor<f64>, k: &Tensor<f64>, v: &Tensor<f64>| {
+        vec![("q", q.shape.clone(), q.data.clone()), ("k", k.shape.clone(), k.data.clone()), ("v", v.shape.clone(), v.data.clone())]
+    };
+    let ok = f(&q, &k, &v);
+    let v_bad = randn_t(&[4, 3], 9);
+    assert!(cli_fail("shape", &f(&q, &k, &v_bad), &["--method", "soft"]).contains("`v`"));
+    let mut qn = q.clone();
+    qn.data[3] = f64::NAN;
+    assert!(cli_fail("nan", &f(&qn, &k, &v), &["--method", "softmax"]).contains("non-finite"));
+    let mut kz = k.clone();
+    kz.data[..4].iter_mut().for_each(|x| *x = 0.0);
+    assert!(cli_fail("zero", &f(&q, &kz, &v), &["--method", "angular"]).contains("zero vector"));
+    assert!(cli_fail("p", &ok, &["--method", "soft", "--p", "30"]).contains("`p`"));
+    assert!(cli_fail("l", &ok, &["--method", "hard", "--l", "0"]).contains("`l`"));
+    assert!(cli_fail("beta", &ok, &["--method", "soft", "--beta=-1"]).contains("`beta`"));
+    assert!(cli_fail("gamma", &ok, &["--method", "angular", "--gamma", "0"]).contains("`gamma`"));
+    assert!(cli_fail("method", &ok, &["--method", "magic"]).contains("`method`"));
+    let empty = vec![("q", vec![0, 4], vec![]), ("k", vec![0, 4], vec![]), ("v", vec![0, 3], vec![])];
+    assert!(cli_fail("empty", &empty, &["--method", "soft"]).contains("N = 0"));
+    // Truncated and unsupported-dtype files.
+    let dir = tmpdir("npy");
+    write_npy(&dir.join("k.npy"), &k.shape, &k.data, Dtype::F64).unwrap();
+    write_npy(&dir.join("v.npy"), &v.shape, &v.data, Dtype::F64).unwrap();
+    let bytes = npy_bytes(&q.shape, &q.data, Dtype::F64);
+    for (tag, body, want) in [
+        ("trunc", bytes[..bytes.len() - 3].to_vec(), "truncated"),
+        ("dtype", replace_bytes(&bytes, b"<f8", b"<i8"), "unsupported dtype"),
+    ] {
+        std::fs::write(dir.join("q.npy"), &body).unwrap();
+        let o = Command::new(env!("CARGO_BIN_EXE_racelab"))
+            .arg("attend").arg("--method").arg("soft")
+            .arg("--q").arg(dir.join("q.npy")).arg("--k").arg(dir.join("k.npy")).arg("--v").arg(dir.join("v.npy"))
+            .arg("--out").arg(dir.join("o.npy"))
+            .output()
+            .unwrap();
+        let s = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{tag}");
+        assert!(s.contains(want) && s.contains("q.npy"), "{tag}: {s}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -1,0 +1,226 @@
+//! Properties of the f64 reference estimators, with named proptest strategies.
+mod common;
+use common::{assert_close, randn};
+use proptest::prelude::*;
+use racelab::analysis::rank::{numerical_rank, sharp_rank_bound};
+use racelab::hashing::{hard_code, soft_features, soft_features_direct, Planes};
+use racelab::reference::kernels::{hard_matrix, soft_matrix};
+use racelab::{attend, AttendOptions, Combine, Mat, Method, Tensor};
+
+/// The methods whose output is a convex combination of value rows.
+const CONVEX: [Method; 6] = [Method::Softmax, Method::Angular, Method::Hard, Method::Soft, Method::Linear, Method::Performer];
+
+/// Strategy: a small attention problem `(n, d, dv, seed)`.
+fn problem() -> impl Strategy<Value = (usize, usize, usize, u64)> {
+    (1usize..12, 1usize..6, 1usize..4, any::<u64>())
+}
+
+/// Strategy: RACE hyper-parameters `(p, l, beta)` with beta on a log scale.
+fn race_params() -> impl Strategy<Value = (usize, usize, f64)> {
+    (1usize..5, 1usize..5, -1.0f64..3.0).prop_map(|(p, l, lb)| (p, l, 10f64.powf(lb)))
+}
+
+/// Strategy: one of the convex methods.
+fn method() -> impl Strategy<Value = Method> {
+    prop::sample::select(CONVEX.to_vec())
+}
+
+fn tensor(m: &Mat<f64>) -> Tensor<f64> {
+    Tensor { shape: vec![m.rows, m.cols], data: m.data.clone() }
+}
+
+fn opts(method: Method, (p, l, beta): (usize, usize, f64), seed: u64, causal: bool) -> AttendOptions {
+    AttendOptions { method, p, l, beta, gamma: 1.5, seed, causal, features: 32, ..Default::default() }
+}
+
+fn run(q: &Mat<f64>, k: &Mat<f64>, v: &Mat<f64>, o: &AttendOptions) -> racelab::AttendResult {
+    attend(&tensor(q), &tensor(k), &tensor(v), o).expect("valid problem")
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
+
+    #[test]
+    fn outputs_lie_in_the_column_range_of_v((n, d, dv, seed) in problem(), m in method(), rp in race_params(), causal in any::<bool>()) {
+        let (q, k, v) = (randn(n, d, seed), randn(n, d, seed ^ 1), randn(n, dv, seed ^ 2));
+        let out = run(&q, &k, &v, &opts(m, rp, seed, causal));
+        for i in 0..n {
+            let row = out.o.row_slice(i, dv);
+            // An empty row (hard: no collision; angular with d = 1: all keys antipodal) is 0 by definition.
+            if matches!(m, Method::Hard | Method::Angular) && out.empty_rows > 0 && row.iter().all(|&x| x == 0.0) { continue; }
+            for c in 0..dv {
+                let lim = if causal { i + 1 } else { n };
+                let col: Vec<f64> = (0..lim).map(|j| v.at(j, c)).collect();
+                let (lo, hi) = col.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
+                let tol = 1e-12 * (1.0 + lo.abs().max(hi.abs()));
+                prop_assert!(row[c] >= lo - tol && row[c] <= hi + tol, "{:?} row {} col {}: {} not in [{}, {}]", m, i, c, row[c], lo, hi);
+            }
+        }
+    }
+
+    #[test]
+    fn one_token_returns_its_value((_, d, dv, seed) in problem(), m in method(), rp in race_params(), causal in any::<bool>()) {
+        let q = randn(1, d, seed);
+        // Hard LSH needs q and k in one bucket to have any mass; use k = q for it.
+        // Angular with d = 1 can be antipodal (κ = 0, an empty row); use k = q for it too.
+        let k = if m == Method::Hard || (m == Method::Angular && d == 1) { q.clone() } else { randn(1, d, seed ^ 1) };
+        let v = randn(1, dv, seed ^ 2);
+        let out = run(&q, &k, &v, &opts(m, rp, seed, causal));
+        assert_close(&format!("{m:?} N=1"), &out.o.data, &v.data, 1e-12);
+    }
+
+    #[test]
+    fn permutation_equivariance((n, d, dv, seed) in problem(), m in method(), rp in race_params()) {
+        let (q, k, v) = (randn(n, d, seed), randn(n, d, seed ^ 1), randn(n, dv, seed ^ 2));
+        let perm: Vec<usize> = (0..n).map(|i| (i * 7 + 3) % n).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+        let perm: Vec<usize> = if perm.len() == n { (0..n).map(|i| (i * 7 + 3) % n).collect() } else { (0..n).rev().collect() };
+        let permute = |a: &Mat<f64>| Mat::from_vec(a.rows, a.cols, perm.iter().flat_map(|&i| a.row(i).to_vec()).collect());
+        let o = opts(m, rp, seed, false);
+        let base = run(&q, &k, &v, &o);
+        // Permuting queries permutes output rows.
+        let pq = run(&permute(&q), &k, &v, &o);
+        let want: Vec<f64> = perm.iter().flat_map(|&i| base.o.row_slice(i, dv).to_vec()).collect();
+        assert_close(&format!("{m:?} query equivariance"), &pq.o.data, &want, 1e-12);
+        // Permuting keys and values together changes nothing.
+        let pkv = run(&q, &permute(&k), &permute(&v), &o);
+        assert_close(&format!("{m:?} key/value invariance"), &pkv.o.data, &base.o.data, 1e-12);
+    }
+
+    #[test]
+    fn last_causal_row_equals_full_row((n, d, dv, seed) in problem(), m in method(), rp in race_params()) {
+        let (q, k, v) = (randn(n, d, seed), randn(n, d, seed ^ 1), randn(n, dv, seed ^ 2));
+        let full = run(&q, &k, &v, &opts(m, rp, seed, false));
+        let causal = run(&q, &k, &v, &opts(m, rp, seed, true));
+        assert_close(&format!("{m:?} last row"), causal.o.row_slice(n - 1, dv), full.o.row_slice(n - 1, dv), 1e-12);
+    }
+
+    #[test]
+    fn output_scales_with_v((n, d, dv, seed) in problem(), m in method(), rp in race_params(), c in -5.0f64..5.0, causal in any::<bool>()) {
+        let (q, k, v) = (randn(n, d, seed), randn(n, d, seed ^ 1), randn(n, dv, seed ^ 2));
+        let vc = Mat::from_vec(n, dv, v.data.iter().map(|x| c * x).collect());
+        let o = opts(m, rp, seed, causal);
+        let (a, b) = (run(&q, &k, &v, &o), run(&q, &k, &vc, &o));
+        let want: Vec<f64> = a.o.data.iter().map(|x| c * x).collect();
+        assert_close(&format!("{m:?} scaling"), &b.o.data, &want, 1e-12 * (1.0 + c.abs()) * 10.0);
+    }
+
+    #[test]
+    fn factorised_features_equal_direct_softmax(d in 1usize..8, p in 1usize..7, seed in any::<u64>(), lb in -6.0f64..6.0) {
+        let beta = 10f64.powf(lb);
+        let planes = Planes::gaussian(1, p, d, seed).unwrap();
+        let x = randn(1, d, seed ^ 5);
+        let r = 1 << p;
+        let (mut f, mut g) = (vec![0.0; r], vec![0.0; r]);
+        soft_features(&planes, 0, &x.data, beta, &mut f);
+        soft_features_direct(&planes, 0, &x.data, beta, &mut g);
+        assert_close(&format!("phi factorised vs direct, beta={beta:e}"), &f, &g, 1e-14);
+        prop_assert!((f.iter().sum::<f64>() - 1.0).abs() < 1e-14);
+    }
+}
+
+/// Extension used above: a row of a tensor viewed as `[rows, dv]`.
+trait RowSlice {
+    fn row_slice(&self, i: usize, dv: usize) -> &[f64];
+}
+impl RowSlice for Tensor<f64> {
+    fn row_slice(&self, i: usize, dv: usize) -> &[f64] {
+        &self.data[i * dv..(i + 1) * dv]
+    }
+}
+
+#[test]
+fn features_are_finite_from_beta_1e_minus6_to_1e6() {
+    let planes = Planes::gaussian(3, 6, 16, 7).unwrap();
+    let x = randn(1, 16, 8);
+    let huge = Mat::from_vec(1, 16, x.data.iter().map(|t| t * 1e150).collect());
+    for e in -6..=6 {
+        let beta = 10f64.powi(e);
+        for input in [&x, &huge] {
+            let mut f = vec![0.0; 64];
+            soft_features(&planes, 1, &input.data, beta, &mut f);
+            assert!(f.iter().all(|v| v.is_finite() && *v >= 0.0), "beta={beta:e}: {f:?}");
+            assert!((f.iter().sum::<f64>() - 1.0).abs() < 1e-13, "beta={beta:e}");
+        }
+    }
+}
+
+#[test]
+fn soft_features_tend_to_hard_buckets() {
+    let planes = Planes::gaussian(4, 4, 8, 11).unwrap();
+    let x = randn(1, 8, 12);
+    let mut prev = f64::INFINITY;
+    for beta in [1.0, 10.0, 100.0, 1e3, 1e4, 1e5] {
+        let mut worst = 0.0f64;
+        for l in 0..4 {
+            let mut f = vec![0.0; 16];
+            soft_features(&planes, l, &x.data, beta, &mut f);
+            let h = hard_code(&planes, l, &x.data);
+            let dist: f64 = f.iter().enumerate().map(|(r, &v)| (v - (r == h) as u8 as f64).abs()).sum();
+            worst = worst.max(dist);
+        }
+        assert!(worst <= prev + 1e-15, "L1 distance to hard bucket grew at beta={beta}: {worst} > {prev}");
+        prev = worst;
+    }
+    assert!(prev < 1e-10, "at beta=1e5 soft features are {prev} from the hard bucket");
+}
+
+/// Exact two-sided binomial test (statrs) that hard collisions have frequency κ^P.
+#[test]
+fn hard_collision_frequency_matches_kappa_pow_p() {
+    use statrs::distribution::{Binomial, DiscreteCDF};
+    let d = 6;
+    for (p, seed, theta) in [(1usize, 21u64, 1.0f64), (2, 22, 0.7), (3, 23, 0.5)] {
+        let l = 20_000;
+        let planes = Planes::gaussian(l, p, d, seed).unwrap();
+        // q = e_0, k at angle theta from it in the (e_0, e_1) plane, rotated by a random map.
+        let rot = randn(d, d, seed + 100);
+        let apply = |x: &[f64]| -> Vec<f64> { (0..d).map(|i| (0..d).map(|j| rot.at(i, j) * x[j]).sum()).collect() };
+        let mut e0 = vec![0.0; d];
+        e0[0] = 1.0;
+        let mut kt = vec![0.0; d];
+        kt[0] = theta.cos();
+        kt[1] = theta.sin();
+        let q = Mat::from_vec(1, d, apply(&e0));
+        let k = Mat::from_vec(1, d, apply(&kt));
+        let hits = (0..l).filter(|&t| hard_code(&planes, t, &q.data) == hard_code(&planes, t, &k.data)).count() as u64;
+        let prob = racelab::reference::angular::kappa(&q.data, &k.data).powi(p as i32);
+        let bin = Binomial::new(prob, l as u64).unwrap();
+        let lower = bin.cdf(hits);
+        let upper = 1.0 - if hits == 0 { 0.0 } else { bin.cdf(hits - 1) };
+        let pval = (2.0 * lower.min(upper)).min(1.0);
+        assert!(pval > 1e-3, "P={p}: {hits}/{l} collisions vs κ^P = {prob:.4}: two-sided p = {pval:.2e}");
+        // And the test has power: a 2% shift in the probability is rejected.
+        let off = Binomial::new((prob * 1.1).min(1.0), l as u64).unwrap();
+        let p_off = 2.0 * off.cdf(hits).min(1.0 - off.cdf(hits.saturating_sub(1)));
+        assert!(p_off < 1e-3, "P={p}: the test cannot tell κ^P from 1.1·κ^P (p = {p_off:.2e})");
+    }
+}
+
+/// rank(Ŝ) ≤ L(R−1)+1, with equality on generic inputs, for soft and hard kernels.
+#[test]
+fn rank_meets_the_sharp_bound() {
+    let (n, d) = (96, 8);
+    let q = randn(n, d, 31);
+    let k = randn(n, d, 32);
+    for (p, l) in [(1, 1), (2, 2), (3, 3), (2, 4), (1, 5)] {
+        let planes = Planes::gaussian(l, p, d, 33 + p as u64).unwrap();
+        let bound = sharp_rank_bound(p, l);
+        let soft = numerical_rank(&soft_matrix(q.view(), k.view(), &planes, 2.0));
+        assert_eq!(soft, bound, "soft (P,L)=({p},{l}): rank {soft}, sharp bound {bound}, LR = {}", l << p);
+        let hard = numerical_rank(&hard_matrix(q.view(), k.view(), &planes));
+        assert!(hard <= bound, "hard (P,L)=({p},{l}): rank {hard} > {bound}");
+        if l * (1 << p) <= 16 {
+            assert_eq!(hard, bound, "hard (P,L)=({p},{l}) generic rank");
+        }
+    }
+}
+
+#[test]
+fn authors_rule_differs_from_paper_rule() {
+    let (q, k, v) = (randn(16, 4, 1), randn(16, 4, 2), randn(16, 2, 3));
+    let o = opts(Method::Soft, (2, 3, 5.0), 4, false);
+    let a = run(&q, &k, &v, &o);
+    let b = run(&q, &k, &v, &AttendOptions { combine: Combine::Authors, ..o });
+    let diff = racelab::analysis::metrics::max_abs_diff(&a.o.data, &b.o.data);
+    assert!(diff > 1e-3, "combine rules agree to {diff}");
+}
