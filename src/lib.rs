@@ -23,6 +23,7 @@
 
 pub mod analysis;
 pub mod attend;
+pub mod cpu;
 pub mod error;
 pub mod hashing;
 pub mod io;

@@ -7,6 +7,7 @@
 //! [`HeadOutput::empty_rows`], never NaN.
 
 pub mod angular;
+pub mod backward;
 pub mod baselines;
 pub mod kernels;
 pub mod race;

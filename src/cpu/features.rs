@@ -1,0 +1,240 @@
+//! f32 feature maps for the fast path: every estimator here is "features, then sums over
+//! keys", `O_i = φ(q_i)ᵀ B / φ(q_i)ᵀ A` with `A = Σ_j φ(k_j)`, `B = Σ_j φ(k_j) v_jᵀ`.
+//!
+//! - [`SoftMap`]: soft RACE, all L tables concatenated (width `L·R`); the `1/L` of Algorithm 1
+//!   cancels in the ratio and is applied to the stored denominator only. Features by the
+//!   factorised form `φ_r = Π_p a_p^{b_{r,p}} (1 − a_p)^{1 − b_{r,p}}`, `a_p = σ(2 beta tanh z_p)`.
+//! - [`HardMap`]: one-hot `e_{h_l(x)}` per table (zeros are skipped by the engine).
+//! - [`LinearMap`]: `elu(x) + 1`.
+//! - [`PerformerMap`]: `exp(ωx' − |x'|²/2 − c)/sqrt(m)`, `x' = sqrt(s)·x`; queries take `c` per
+//!   row, keys one global `c` (measured by a pre-pass), both cancel in the ratio.
+
+use super::simd::Simd;
+use crate::hashing::Planes;
+use crate::params::MAX_P;
+
+/// Planes rounded to f32, `[L, P, d]`.
+#[derive(Debug, Clone)]
+pub struct PlanesF32 {
+    pub l: usize,
+    pub p: usize,
+    pub d: usize,
+    pub w: Vec<f32>,
+}
+
+impl PlanesF32 {
+    pub fn from_planes(p: &Planes) -> Self {
+        PlanesF32 { l: p.l, p: p.p, d: p.d, w: p.w.iter().map(|&x| x as f32).collect() }
+    }
+    /// The f64 planes holding exactly these f32 values (for references on the same planes).
+    pub fn to_planes(&self) -> Planes {
+        Planes { l: self.l, p: self.p, d: self.d, w: self.w.iter().map(|&x| x as f64).collect() }
+    }
+    #[inline(always)]
+    pub fn row(&self, l: usize, p: usize) -> &[f32] {
+        let o = (l * self.p + p) * self.d;
+        &self.w[o..o + self.d]
+    }
+    pub fn r(&self) -> usize {
+        1 << self.p
+    }
+}
+
+/// A feature map usable by the fast forward engine.
+pub trait FeatureMap: Sync {
+    /// Feature width m.
+    fn width(&self) -> usize;
+    /// Input dimension d.
+    fn dim(&self) -> usize;
+    /// Factor applied to the stored denominator (`1/L` for RACE, else 1).
+    fn den_scale(&self) -> f32 {
+        1.0
+    }
+    /// `out = φ(x)` (`out.len() == width()`); `key` selects the key-side variant.
+    fn features<S: Simd>(&self, x: &[f32], key: bool, out: &mut [f32]);
+}
+
+#[inline(always)]
+pub fn sigmoid32(t: f32) -> f32 {
+    if t >= 0.0 {
+        1.0 / (1.0 + (-t).exp())
+    } else {
+        let e = t.exp();
+        e / (1.0 + e)
+    }
+}
+
+/// Per-table soft-feature scratch: projections, tanh values, bit probabilities.
+#[derive(Clone, Copy)]
+pub struct BitState {
+    pub u: [f32; MAX_P],
+    pub on: [f32; MAX_P],
+    pub off: [f32; MAX_P],
+}
+
+/// Soft RACE features.
+pub struct SoftMap<'a> {
+    pub planes: &'a PlanesF32,
+    pub beta: f32,
+}
+
+impl SoftMap<'_> {
+    /// Features of table `l` into `out` (length R); returns the per-bit state for backward.
+    #[inline(always)]
+    pub fn table<S: Simd>(&self, l: usize, x: &[f32], out: &mut [f32]) -> BitState {
+        let p = self.planes.p;
+        let mut st = BitState { u: [0.0; MAX_P], on: [0.0; MAX_P], off: [0.0; MAX_P] };
+        for b in 0..p {
+            let u = S::dot(self.planes.row(l, b), x).tanh();
+            let t = 2.0 * self.beta * u;
+            st.u[b] = u;
+            st.on[b] = sigmoid32(t);
+            st.off[b] = sigmoid32(-t);
+        }
+        out[0] = 1.0;
+        let mut len = 1;
+        for b in 0..p {
+            for i in (0..len).rev() {
+                let parent = out[i];
+                out[2 * i] = parent * st.off[b];
+                out[2 * i + 1] = parent * st.on[b];
+            }
+            len *= 2;
+        }
+        st
+    }
+}
+
+impl FeatureMap for SoftMap<'_> {
+    fn width(&self) -> usize {
+        self.planes.l * self.planes.r()
+    }
+    fn dim(&self) -> usize {
+        self.planes.d
+    }
+    fn den_scale(&self) -> f32 {
+        1.0 / self.planes.l as f32
+    }
+    #[inline(always)]
+    fn features<S: Simd>(&self, x: &[f32], _key: bool, out: &mut [f32]) {
+        let r = self.planes.r();
+        for l in 0..self.planes.l {
+            self.table::<S>(l, x, &mut out[l * r..(l + 1) * r]);
+        }
+    }
+}
+
+/// Hard-LSH one-hot features.
+pub struct HardMap<'a> {
+    pub planes: &'a PlanesF32,
+}
+
+impl FeatureMap for HardMap<'_> {
+    fn width(&self) -> usize {
+        self.planes.l * self.planes.r()
+    }
+    fn dim(&self) -> usize {
+        self.planes.d
+    }
+    fn den_scale(&self) -> f32 {
+        1.0 / self.planes.l as f32
+    }
+    #[inline(always)]
+    fn features<S: Simd>(&self, x: &[f32], _key: bool, out: &mut [f32]) {
+        let r = self.planes.r();
+        out.iter_mut().for_each(|o| *o = 0.0);
+        for l in 0..self.planes.l {
+            let mut code = 0usize;
+            for b in 0..self.planes.p {
+                code = (code << 1) | (S::dot(self.planes.row(l, b), x) >= 0.0) as usize;
+            }
+            out[l * r + code] = 1.0;
+        }
+    }
+}
+
+/// Linear attention, `φ = elu + 1`.
+pub struct LinearMap {
+    pub d: usize,
+}
+
+impl FeatureMap for LinearMap {
+    fn width(&self) -> usize {
+        self.d
+    }
+    fn dim(&self) -> usize {
+        self.d
+    }
+    #[inline(always)]
+    fn features<S: Simd>(&self, x: &[f32], _key: bool, out: &mut [f32]) {
+        for (o, &t) in out.iter_mut().zip(x) {
+            *o = if t > 0.0 { t + 1.0 } else { t.exp() };
+        }
+    }
+}
+
+/// Performer FAVOR+ positive random features.
+pub struct PerformerMap {
+    pub omega: Vec<f32>,
+    pub m: usize,
+    pub d: usize,
+    /// `sqrt(scale)`, applied to inputs.
+    pub root_scale: f32,
+    /// The global exponent shift for keys (max over keys of the log-features).
+    pub key_shift: f32,
+}
+
+impl PerformerMap {
+    /// Log-features `ωx' − |x'|²/2` into `out`.
+    #[inline(always)]
+    pub fn logits<S: Simd>(&self, x: &[f32], out: &mut [f32]) {
+        let sq = S::dot(x, x) * self.root_scale * self.root_scale * 0.5;
+        for (f, o) in out.iter_mut().enumerate() {
+            *o = S::dot(&self.omega[f * self.d..(f + 1) * self.d], x) * self.root_scale - sq;
+        }
+    }
+}
+
+impl FeatureMap for PerformerMap {
+    fn width(&self) -> usize {
+        self.m
+    }
+    fn dim(&self) -> usize {
+        self.d
+    }
+    #[inline(always)]
+    fn features<S: Simd>(&self, x: &[f32], key: bool, out: &mut [f32]) {
+        self.logits::<S>(x, out);
+        let shift = if key { self.key_shift } else { out.iter().cloned().fold(f32::NEG_INFINITY, f32::max) };
+        let norm = 1.0 / (self.m as f32).sqrt();
+        out.iter_mut().for_each(|o| *o = (*o - shift).exp() * norm);
+    }
+}
+
+struct KeyShiftTask<'a> {
+    map: &'a PerformerMap,
+    k: super::state::Heads<'a>,
+}
+
+impl super::simd::WithSimd for KeyShiftTask<'_> {
+    type Output = f32;
+    #[inline(always)]
+    fn run<S: Simd>(self) -> f32 {
+        let mut buf = vec![0.0f32; self.map.m];
+        let mut mx = f32::NEG_INFINITY;
+        for h in 0..self.k.heads {
+            for j in 0..self.k.n {
+                self.map.logits::<S>(self.k.row(h, j), &mut buf);
+                mx = buf.iter().cloned().fold(mx, f32::max);
+            }
+        }
+        mx
+    }
+}
+
+/// A Performer map whose key shift is the maximum key log-feature (one pre-pass over keys).
+pub fn performer_map(omega: Vec<f32>, m: usize, d: usize, scale: f32, keys: super::state::Heads, isa: super::simd::Isa) -> PerformerMap {
+    let mut map = PerformerMap { omega, m, d, root_scale: scale.sqrt(), key_shift: 0.0 };
+    map.key_shift = super::simd::dispatch(isa, KeyShiftTask { map: &map, k: keys });
+    map
+}

@@ -1,0 +1,222 @@
+//! The fast forward engine for every "features, then sums over keys" estimator.
+//!
+//! Non-causal (two streaming passes): keys build `[B_f | A_f] = Σ_j φ_f(k_j) [v_j, 1]`
+//! per (head, segment), reduced in f64; queries read `Σ_f φ_f(q_i) [B_f | A_f] = [num | den]`.
+//!
+//! Causal (chunked scan, Algorithm 2): (1) per-segment totals, (2) an exclusive f64 scan over
+//! segments, (3) per segment, tokens in order: add the key, then read with the query (token t
+//! sees itself). With at least twice as many heads as threads there is one segment per head
+//! and step (1) is skipped.
+//!
+//! State per (head, segment) is one bank of `m × (dv + 1)` numbers; no `N × m × d` array is
+//! ever formed. A row with denominator 0 is 0 and counted.
+
+use super::features::FeatureMap;
+use super::simd::{dispatch, Isa, Simd, WithSimd};
+use super::state::{plan_segments, split_out, Bank, Heads};
+use rayon::prelude::*;
+
+/// What the forward pass keeps for the backward pass.
+#[derive(Debug, Clone)]
+pub struct Ctx {
+    pub causal: bool,
+    pub segs: Vec<(usize, usize)>,
+    /// Non-causal: one total bank per head. Causal: the bank entering each (head, segment),
+    /// `heads × segs` of them (chunk-boundary states; never per-token states).
+    pub banks: Vec<Vec<f64>>,
+    /// Per token: the Algorithm-1 denominator `Den_i` (including the `1/L` for RACE).
+    pub den: Vec<f32>,
+}
+
+/// Output of the forward pass.
+#[derive(Debug, Clone)]
+pub struct ForwardOut {
+    pub o: Vec<f32>,
+    pub empty_rows: usize,
+    pub ctx: Ctx,
+}
+
+struct TotalsTask<'a, F> {
+    map: &'a F,
+    k: Heads<'a>,
+    v: Heads<'a>,
+    h: usize,
+    range: (usize, usize),
+}
+
+impl<F: FeatureMap> WithSimd for TotalsTask<'_, F> {
+    type Output = Vec<f64>;
+    #[inline(always)]
+    fn run<S: Simd>(self) -> Vec<f64> {
+        let (m, dv) = (self.map.width(), self.v.cols);
+        let mut bank = Bank::new(m, dv + 1, None);
+        let mut phi = vec![0.0f32; m];
+        let mut ext = vec![1.0f32; dv + 1];
+        for j in self.range.0..self.range.1 {
+            self.map.features::<S>(self.k.row(self.h, j), true, &mut phi);
+            ext[..dv].copy_from_slice(self.v.row(self.h, j));
+            bank.add::<S>(&phi, 1.0, &ext);
+            bank.tick();
+        }
+        bank.total()
+    }
+}
+
+/// `Σ_j φ(k_j) [v_j, 1]` over `range` of head `h`, in f64.
+fn bank_total<F: FeatureMap>(isa: Isa, map: &F, k: Heads, v: Heads, h: usize, range: (usize, usize)) -> Vec<f64> {
+    dispatch(isa, TotalsTask { map, k, v, h, range })
+}
+
+struct ReadTask<'a, F> {
+    map: &'a F,
+    q: Heads<'a>,
+    h: usize,
+    range: (usize, usize),
+    bank: &'a [f32],
+    o: &'a mut [f32],
+    den: &'a mut [f32],
+}
+
+/// `o = num/den` for one row, or zeros (returns whether the row was empty).
+#[inline(always)]
+fn finish_row(acc: &[f32], o: &mut [f32], den: &mut f32, den_scale: f32) -> bool {
+    let dv = o.len();
+    let d = acc[dv];
+    if d == 0.0 || !d.is_finite() {
+        o.iter_mut().for_each(|x| *x = 0.0);
+        *den = 0.0;
+        return true;
+    }
+    let inv = 1.0 / d;
+    for (x, &a) in o.iter_mut().zip(&acc[..dv]) {
+        *x = a * inv;
+    }
+    *den = d * den_scale;
+    false
+}
+
+impl<F: FeatureMap> WithSimd for ReadTask<'_, F> {
+    type Output = usize;
+    #[inline(always)]
+    fn run<S: Simd>(self) -> usize {
+        let m = self.map.width();
+        let w = self.bank.len() / m;
+        let dv = w - 1;
+        let mut phi = vec![0.0f32; m];
+        let mut acc = vec![0.0f32; w];
+        let mut empty = 0;
+        for (t, i) in (self.range.0..self.range.1).enumerate() {
+            self.map.features::<S>(self.q.row(self.h, i), false, &mut phi);
+            acc.iter_mut().for_each(|a| *a = 0.0);
+            for (f, &p) in phi.iter().enumerate() {
+                if p != 0.0 {
+                    S::axpy(&mut acc, p, &self.bank[f * w..(f + 1) * w]);
+                }
+            }
+            empty += finish_row(&acc, &mut self.o[t * dv..(t + 1) * dv], &mut self.den[t], self.map.den_scale()) as usize;
+        }
+        empty
+    }
+}
+
+struct CausalTask<'a, F> {
+    map: &'a F,
+    q: Heads<'a>,
+    k: Heads<'a>,
+    v: Heads<'a>,
+    h: usize,
+    range: (usize, usize),
+    base: &'a [f64],
+    o: &'a mut [f32],
+    den: &'a mut [f32],
+}
+
+impl<F: FeatureMap> WithSimd for CausalTask<'_, F> {
+    type Output = usize;
+    #[inline(always)]
+    fn run<S: Simd>(self) -> usize {
+        let (m, dv) = (self.map.width(), self.v.cols);
+        let mut bank = Bank::new(m, dv + 1, Some(self.base));
+        let mut phi = vec![0.0f32; m];
+        let mut ext = vec![1.0f32; dv + 1];
+        let mut acc = vec![0.0f32; dv + 1];
+        let mut empty = 0;
+        for (t, i) in (self.range.0..self.range.1).enumerate() {
+            self.map.features::<S>(self.k.row(self.h, i), true, &mut phi);
+            ext[..dv].copy_from_slice(self.v.row(self.h, i));
+            bank.add::<S>(&phi, 1.0, &ext);
+            self.map.features::<S>(self.q.row(self.h, i), false, &mut phi);
+            bank.read::<S>(&phi, &mut acc);
+            empty += finish_row(&acc, &mut self.o[t * dv..(t + 1) * dv], &mut self.den[t], self.map.den_scale()) as usize;
+            bank.tick();
+        }
+        empty
+    }
+}
+
+/// Exclusive prefix (forward) or suffix (`reverse`) sums of per-segment banks, per head.
+pub fn exclusive_scan(totals: &[Vec<f64>], heads: usize, segs: usize, reverse: bool) -> Vec<Vec<f64>> {
+    let len = totals.first().map(|t| t.len()).unwrap_or(0);
+    let mut out = vec![Vec::new(); heads * segs];
+    for h in 0..heads {
+        let mut run = vec![0.0f64; len];
+        let order: Vec<usize> = if reverse { (0..segs).rev().collect() } else { (0..segs).collect() };
+        for s in order {
+            out[h * segs + s] = run.clone();
+            run.iter_mut().zip(&totals[h * segs + s]).for_each(|(r, t)| *r += t);
+        }
+    }
+    out
+}
+
+/// Run the forward pass of `map` on `[heads, n, d]` inputs.
+pub fn forward<F: FeatureMap>(map: &F, q: Heads, k: Heads, v: Heads, causal: bool, isa: Isa) -> ForwardOut {
+    let (heads, n, dv) = (q.heads, q.n, v.cols);
+    let m = map.width();
+    let segs = plan_segments(k.n.max(n), heads);
+    let mut o = vec![0.0f32; heads * n * dv];
+    let mut den = vec![0.0f32; heads * n];
+    if !causal {
+        let kseg = plan_segments(k.n, heads);
+        let parts: Vec<Vec<f64>> = (0..heads * kseg.len())
+            .into_par_iter()
+            .map(|i| bank_total(isa, map, k, v, i / kseg.len(), kseg[i % kseg.len()]))
+            .collect();
+        let banks: Vec<Vec<f64>> = parts
+            .chunks(kseg.len())
+            .map(|c| c.iter().fold(vec![0.0f64; m * (dv + 1)], |mut acc, p| {
+                acc.iter_mut().zip(p).for_each(|(a, b)| *a += b);
+                acc
+            }))
+            .collect();
+        let banks32: Vec<Vec<f32>> = banks.iter().map(|b| b.iter().map(|&x| x as f32).collect()).collect();
+        let qseg = plan_segments(n, heads);
+        let opieces = split_out(&mut o, n, dv, &qseg);
+        let dpieces = split_out(&mut den, n, 1, &qseg);
+        let empty: usize = opieces
+            .into_par_iter()
+            .zip(dpieces.into_par_iter())
+            .map(|((h, s, op), (_, _, dp))| dispatch(isa, ReadTask { map, q, h, range: qseg[s], bank: &banks32[h], o: op, den: dp }))
+            .sum();
+        return ForwardOut { o, empty_rows: empty, ctx: Ctx { causal, segs: qseg, banks, den } };
+    }
+    let totals: Vec<Vec<f64>> = if segs.len() > 1 {
+        (0..heads * segs.len())
+            .into_par_iter()
+            .map(|i| bank_total(isa, map, k, v, i / segs.len(), segs[i % segs.len()]))
+            .collect()
+    } else {
+        vec![vec![0.0; m * (dv + 1)]; heads]
+    };
+    let bases = exclusive_scan(&totals, heads, segs.len(), false);
+    let opieces = split_out(&mut o, n, dv, &segs);
+    let dpieces = split_out(&mut den, n, 1, &segs);
+    let empty: usize = opieces
+        .into_par_iter()
+        .zip(dpieces.into_par_iter())
+        .map(|((h, s, op), (_, _, dp))| {
+            dispatch(isa, CausalTask { map, q, k, v, h, range: segs[s], base: &bases[h * segs.len() + s], o: op, den: dp })
+        })
+        .sum();
+    ForwardOut { o, empty_rows: empty, ctx: Ctx { causal, segs, banks: bases, den } }
+}

@@ -1,0 +1,221 @@
+//! Runtime SIMD dispatch with a scalar twin.
+//!
+//! The hot loops are two primitives on `d`-length f32 rows: `dot` and `axpy` (and their
+//! two-operand forms for the two-level causal state, `x = base + local`). They are written
+//! once per [`Simd`] implementation:
+//!
+//! - [`Scalar`]: plain sequential loops, the always-tested twin;
+//! - [`Lanes`]: 16 independent accumulators with `mul_add`, which LLVM turns into one AVX-512
+//!   or two AVX2+FMA registers when compiled inside [`dispatch`]'s `#[target_feature]` frames.
+//!
+//! A kernel is a value implementing [`WithSimd`]; [`dispatch`] runs its `#[inline(always)]`
+//! `run::<S>` body inside a function compiled for the detected ISA, so every primitive is
+//! inlined and vectorised there. `RACELAB_ISA=scalar|avx2|avx512` overrides detection (tests
+//! use it to run both twins on the same inputs).
+
+use std::sync::OnceLock;
+
+/// Instruction-set level chosen at run time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    Scalar,
+    Avx2,
+    Avx512,
+}
+
+impl Isa {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2+fma",
+            Isa::Avx512 => "avx512f",
+        }
+    }
+}
+
+/// The best ISA this CPU supports (or `RACELAB_ISA`), detected once.
+pub fn detected_isa() -> Isa {
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    *ISA.get_or_init(|| {
+        let best = best_supported();
+        match std::env::var("RACELAB_ISA").as_deref() {
+            Ok("scalar") => Isa::Scalar,
+            Ok("avx2") if best != Isa::Scalar => Isa::Avx2,
+            Ok("avx512") if best == Isa::Avx512 => Isa::Avx512,
+            _ => best,
+        }
+    })
+}
+
+/// The best ISA this CPU supports, ignoring the environment.
+pub fn best_supported() -> Isa {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma") {
+            return Isa::Avx512;
+        }
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            return Isa::Avx2;
+        }
+    }
+    Isa::Scalar
+}
+
+/// The row primitives of the kernels.
+pub trait Simd: Copy {
+    /// `Σ a_i b_i`.
+    fn dot(a: &[f32], b: &[f32]) -> f32;
+    /// `Σ g_i (x_i + y_i)` (reading a two-level state).
+    fn dot2(g: &[f32], x: &[f32], y: &[f32]) -> f32;
+    /// `out += w · x`.
+    fn axpy(out: &mut [f32], w: f32, x: &[f32]);
+    /// `out += w · (x + y)`.
+    fn axpy2(out: &mut [f32], w: f32, x: &[f32], y: &[f32]);
+}
+
+/// Sequential loops: the reference twin of [`Lanes`].
+#[derive(Clone, Copy)]
+pub struct Scalar;
+
+impl Simd for Scalar {
+    #[inline(always)]
+    fn dot(a: &[f32], b: &[f32]) -> f32 {
+        let mut s = 0.0f32;
+        for i in 0..a.len().min(b.len()) {
+            s += a[i] * b[i];
+        }
+        s
+    }
+    #[inline(always)]
+    fn dot2(g: &[f32], x: &[f32], y: &[f32]) -> f32 {
+        let mut s = 0.0f32;
+        for i in 0..g.len() {
+            s += g[i] * (x[i] + y[i]);
+        }
+        s
+    }
+    #[inline(always)]
+    fn axpy(out: &mut [f32], w: f32, x: &[f32]) {
+        for (o, &xi) in out.iter_mut().zip(x) {
+            *o += w * xi;
+        }
+    }
+    #[inline(always)]
+    fn axpy2(out: &mut [f32], w: f32, x: &[f32], y: &[f32]) {
+        for i in 0..out.len() {
+            out[i] += w * (x[i] + y[i]);
+        }
+    }
+}
+
+/// 16 independent lanes with fused multiply-add: vectorised inside [`dispatch`].
+#[derive(Clone, Copy)]
+pub struct Lanes;
+
+const W: usize = 16;
+
+#[inline(always)]
+fn hsum(acc: [f32; W]) -> f32 {
+    // Pairwise: the same tree whatever the register width.
+    let mut a = acc;
+    let mut w = W;
+    while w > 1 {
+        w /= 2;
+        for i in 0..w {
+            a[i] += a[i + w];
+        }
+    }
+    a[0]
+}
+
+impl Simd for Lanes {
+    #[inline(always)]
+    fn dot(a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len().min(b.len());
+        let (a, b) = (&a[..n], &b[..n]);
+        let mut acc = [0.0f32; W];
+        let (ac, bc) = (a.chunks_exact(W), b.chunks_exact(W));
+        let (ar, br) = (ac.remainder(), bc.remainder());
+        for (x, y) in ac.zip(bc) {
+            for l in 0..W {
+                acc[l] = x[l].mul_add(y[l], acc[l]);
+            }
+        }
+        for l in 0..ar.len() {
+            acc[l] = ar[l].mul_add(br[l], acc[l]);
+        }
+        hsum(acc)
+    }
+    #[inline(always)]
+    fn dot2(g: &[f32], x: &[f32], y: &[f32]) -> f32 {
+        let n = g.len();
+        let (x, y) = (&x[..n], &y[..n]);
+        let mut acc = [0.0f32; W];
+        let full = n / W * W;
+        for c in (0..full).step_by(W) {
+            for l in 0..W {
+                acc[l] = g[c + l].mul_add(x[c + l] + y[c + l], acc[l]);
+            }
+        }
+        for i in full..n {
+            acc[i - full] = g[i].mul_add(x[i] + y[i], acc[i - full]);
+        }
+        hsum(acc)
+    }
+    #[inline(always)]
+    fn axpy(out: &mut [f32], w: f32, x: &[f32]) {
+        let x = &x[..out.len()];
+        for (o, &xi) in out.iter_mut().zip(x) {
+            *o = w.mul_add(xi, *o);
+        }
+    }
+    #[inline(always)]
+    fn axpy2(out: &mut [f32], w: f32, x: &[f32], y: &[f32]) {
+        let n = out.len();
+        let (x, y) = (&x[..n], &y[..n]);
+        for i in 0..n {
+            out[i] = w.mul_add(x[i] + y[i], out[i]);
+        }
+    }
+}
+
+/// A unit of kernel work, generic over the primitives. Implementations mark `run` as
+/// `#[inline(always)]` so it is compiled inside the ISA frame of [`dispatch`].
+pub trait WithSimd {
+    type Output;
+    fn run<S: Simd>(self) -> Self::Output;
+}
+
+/// Run `task` with the primitives for `isa`.
+pub fn dispatch<T: WithSimd>(isa: Isa, task: T) -> T::Output {
+    // Never run a frame the CPU cannot execute, whatever `isa` the caller built.
+    let isa = match (isa, best_supported()) {
+        (Isa::Avx512, Isa::Avx512) => Isa::Avx512,
+        (Isa::Avx512 | Isa::Avx2, Isa::Avx512 | Isa::Avx2) => Isa::Avx2,
+        _ => Isa::Scalar,
+    };
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => {
+            #[target_feature(enable = "avx512f,avx2,fma")]
+            unsafe fn frame<T: WithSimd>(t: T) -> T::Output {
+                t.run::<Lanes>()
+            }
+            // SAFETY: `isa` was clamped above to `best_supported()`, which returns Avx512 only
+            // after `is_x86_feature_detected!` confirmed avx512f and fma on this CPU, so the
+            // instructions this frame is compiled with exist here.
+            unsafe { frame(task) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => {
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn frame<T: WithSimd>(t: T) -> T::Output {
+                t.run::<Lanes>()
+            }
+            // SAFETY: `isa` was clamped above to `best_supported()`, which is Avx2 or better only
+            // after `is_x86_feature_detected!` confirmed avx2 and fma on this CPU.
+            unsafe { frame(task) }
+        }
+        _ => task.run::<Scalar>(),
+    }
+}

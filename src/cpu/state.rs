@@ -1,0 +1,142 @@
+//! The bucket bank and its two-level accumulation, plus the work split.
+//!
+//! A bank holds, for each of the `m` features, one row of width `w = dv + 1`: the value sums
+//! `B_f` and, in the last column, the mass `A_f` (keys enter as `[v_j, 1]`), so mass and
+//! values are one `axpy`. Backward banks hold `[dB_f, dA_f]` the same way.
+//!
+//! Long sums (DESIGN 2.7): a plain f32 running sum over 10^8 tokens drifts by 1e-3..1e-1. The
+//! bank adds tokens into an f32 `local` block started from zero, and every [`FLUSH`] tokens
+//! moves it into an f64 `base` (and refreshes the f32 copy `base32` used for reads). A read
+//! sees `base32 + local`: rounding error `O(eps)` relative to the state from `base32`, plus
+//! at most [`FLUSH`] f32 additions of small terms — independent of N.
+
+use super::simd::Simd;
+
+/// Tokens accumulated in f32 before the block is moved into the f64 base.
+pub const FLUSH: usize = 256;
+
+/// `m` rows of width `w`: f64 base, its f32 image, and the f32 block being accumulated.
+pub struct Bank {
+    pub m: usize,
+    pub w: usize,
+    pub base64: Vec<f64>,
+    pub base32: Vec<f32>,
+    pub local: Vec<f32>,
+    pending: usize,
+}
+
+impl Bank {
+    /// A bank starting at `base` (or zero).
+    pub fn new(m: usize, w: usize, base: Option<&[f64]>) -> Self {
+        let base64 = base.map(|b| b.to_vec()).unwrap_or_else(|| vec![0.0; m * w]);
+        let base32 = base64.iter().map(|&x| x as f32).collect();
+        Bank { m, w, base64, base32, local: vec![0.0; m * w], pending: 0 }
+    }
+
+    /// `local_f += φ_f · x` for every non-zero `φ_f`.
+    #[inline(always)]
+    pub fn add<S: Simd>(&mut self, phi: &[f32], scale: f32, x: &[f32]) {
+        let w = self.w;
+        for (f, &p) in phi.iter().enumerate() {
+            if p != 0.0 {
+                S::axpy(&mut self.local[f * w..(f + 1) * w], p * scale, x);
+            }
+        }
+    }
+
+    /// Count one token; flush the f32 block into the f64 base every [`FLUSH`] tokens.
+    #[inline(always)]
+    pub fn tick(&mut self) {
+        self.pending += 1;
+        if self.pending == FLUSH {
+            self.flush();
+        }
+    }
+
+    /// Move the f32 block into the f64 base.
+    pub fn flush(&mut self) {
+        for ((b, b32), l) in self.base64.iter_mut().zip(self.base32.iter_mut()).zip(self.local.iter_mut()) {
+            *b += *l as f64;
+            *b32 = *b as f32;
+            *l = 0.0;
+        }
+        self.pending = 0;
+    }
+
+    /// `out = Σ_f φ_f (base_f + local_f)` (`out.len() == w`, zeroed here).
+    #[inline(always)]
+    pub fn read<S: Simd>(&self, phi: &[f32], out: &mut [f32]) {
+        out.iter_mut().for_each(|o| *o = 0.0);
+        let w = self.w;
+        for (f, &p) in phi.iter().enumerate() {
+            if p != 0.0 {
+                S::axpy2(out, p, &self.base32[f * w..(f + 1) * w], &self.local[f * w..(f + 1) * w]);
+            }
+        }
+    }
+
+    /// `(base_f + local_f) · g`.
+    #[inline(always)]
+    pub fn dot_row<S: Simd>(&self, f: usize, g: &[f32]) -> f32 {
+        let w = self.w;
+        S::dot2(g, &self.base32[f * w..f * w + g.len()], &self.local[f * w..f * w + g.len()])
+    }
+
+    /// `out += p · (base_f + local_f)[..out.len()]`.
+    #[inline(always)]
+    pub fn axpy_row<S: Simd>(&self, out: &mut [f32], p: f32, f: usize) {
+        let (w, n) = (self.w, out.len());
+        S::axpy2(out, p, &self.base32[f * w..f * w + n], &self.local[f * w..f * w + n]);
+    }
+
+    /// The exact (f64) total.
+    pub fn total(mut self) -> Vec<f64> {
+        self.flush();
+        self.base64
+    }
+}
+
+/// `[heads, n, cols]` row-major f32 input.
+#[derive(Debug, Clone, Copy)]
+pub struct Heads<'a> {
+    pub heads: usize,
+    pub n: usize,
+    pub cols: usize,
+    pub data: &'a [f32],
+}
+
+impl<'a> Heads<'a> {
+    pub fn new(heads: usize, n: usize, cols: usize, data: &'a [f32]) -> Self {
+        assert_eq!(data.len(), heads * n * cols, "Heads: len != heads*n*cols");
+        Heads { heads, n, cols, data }
+    }
+    #[inline(always)]
+    pub fn row(&self, h: usize, i: usize) -> &'a [f32] {
+        let o = (h * self.n + i) * self.cols;
+        &self.data[o..o + self.cols]
+    }
+}
+
+/// Split `n` tokens into contiguous segments so that heads × segments keeps every thread busy
+/// (one segment per head when there are at least twice as many heads as threads).
+pub fn plan_segments(n: usize, heads: usize) -> Vec<(usize, usize)> {
+    let threads = rayon::current_num_threads().max(1);
+    let want = if heads >= 2 * threads { 1 } else { (2 * threads).div_ceil(heads.max(1)) };
+    let segs = want.min(n.div_ceil(FLUSH)).max(1);
+    let len = n.div_ceil(segs);
+    (0..segs).map(|s| (s * len, ((s + 1) * len).min(n))).filter(|(a, b)| a < b).collect()
+}
+
+/// Split a `[heads, n, cols]` output buffer into disjoint `(head, segment)` pieces.
+pub fn split_out<'a, T>(buf: &'a mut [T], n: usize, cols: usize, segs: &[(usize, usize)]) -> Vec<(usize, usize, &'a mut [T])> {
+    let mut out = Vec::new();
+    for (h, head) in buf.chunks_mut((n * cols).max(1)).enumerate() {
+        let mut rest = head;
+        for (s, &(a, b)) in segs.iter().enumerate() {
+            let (piece, tail) = rest.split_at_mut((b - a) * cols);
+            out.push((h, s, piece));
+            rest = tail;
+        }
+    }
+    out
+}

@@ -1,0 +1,265 @@
+//! Fast f32 kernels against the f64 reference on the same (f32-rounded) inputs and planes.
+//!
+//! Tolerances: forward relative error ≤ 1e-5 (max |Δ| / max |O_ref|); gradients ≤ 1e-4
+//! relative to the largest reference gradient; f64 analytic gradients vs central finite
+//! differences ≤ 1e-6 relative. Both ISA twins (scalar and the detected SIMD) are run.
+mod common;
+use common::assert_close;
+use racelab::analysis::metrics::rel_max_err;
+use racelab::cpu::decode::Decoder;
+use racelab::cpu::{forward, soft_backward, Heads, HardMap, Isa, LinearMap, PerformerMap, PlanesF32, SoftMap};
+use racelab::reference::backward::soft_race_backward;
+use racelab::reference::baselines::{linear_attention, performer_attention, performer_omega};
+use racelab::reference::race::{hard_lsh, soft_race};
+use racelab::rng::SeededRng;
+use racelab::{Combine, Mat, MatRef, Planes};
+
+const FWD_TOL: f64 = 1e-5;
+const GRAD_TOL: f64 = 1e-4;
+
+struct Case {
+    p: usize,
+    l: usize,
+    beta: f64,
+    d: usize,
+    dv: usize,
+    n: usize,
+    heads: usize,
+}
+
+fn cases() -> Vec<Case> {
+    vec![
+        Case { p: 2, l: 2, beta: 4.0, d: 16, dv: 8, n: 37, heads: 2 },
+        Case { p: 3, l: 3, beta: 1.0, d: 8, dv: 5, n: 1, heads: 1 },
+        Case { p: 1, l: 1, beta: 2.0, d: 1, dv: 1, n: 19, heads: 3 },
+        Case { p: 4, l: 4, beta: 8.0, d: 32, dv: 16, n: 1000, heads: 1 }, // several segments, flushes
+        Case { p: 2, l: 3, beta: 0.5, d: 64, dv: 64, n: 300, heads: 5 },
+    ]
+}
+
+fn isas() -> Vec<Isa> {
+    let mut v = vec![Isa::Scalar];
+    if racelab::cpu::simd::best_supported() != Isa::Scalar {
+        v.push(racelab::cpu::simd::best_supported());
+    }
+    v
+}
+
+/// f32 data and its exact f64 image.
+fn data(len: usize, seed: u64, scale: f64) -> (Vec<f32>, Vec<f64>) {
+    let mut rng = SeededRng::new(seed, 7);
+    let f: Vec<f32> = (0..len).map(|_| (rng.normal() * scale) as f32).collect();
+    let d = f.iter().map(|&x| x as f64).collect();
+    (f, d)
+}
+
+fn maxabs(x: &[f64]) -> f64 {
+    x.iter().map(|v| v.abs()).fold(0.0, f64::max)
+}
+
+fn head<'a>(x: &'a [f64], h: usize, n: usize, c: usize) -> MatRef<'a, f64> {
+    MatRef::new(n, c, &x[h * n * c..(h + 1) * n * c])
+}
+
+#[test]
+fn soft_forward_matches_reference() {
+    for c in cases() {
+        let planes = PlanesF32::from_planes(&Planes::gaussian(c.l, c.p, c.d, 5).unwrap());
+        let p64 = planes.to_planes();
+        let (qf, q) = data(c.heads * c.n * c.d, 1, 0.5);
+        let (kf, k) = data(c.heads * c.n * c.d, 2, 0.5);
+        let (vf, v) = data(c.heads * c.n * c.dv, 3, 1.0);
+        let map = SoftMap { planes: &planes, beta: c.beta as f32 };
+        for causal in [false, true] {
+            let mut want = Vec::new();
+            for h in 0..c.heads {
+                want.extend(soft_race(head(&q, h, c.n, c.d), head(&k, h, c.n, c.d), head(&v, h, c.n, c.dv), &p64, c.beta, causal, Combine::Paper).o.data);
+            }
+            for isa in isas() {
+                let out = forward(&map, Heads::new(c.heads, c.n, c.d, &qf), Heads::new(c.heads, c.n, c.d, &kf), Heads::new(c.heads, c.n, c.dv, &vf), causal, isa);
+                let got: Vec<f64> = out.o.iter().map(|&x| x as f64).collect();
+                let err = rel_max_err(&got, &want);
+                assert!(err <= FWD_TOL, "soft fwd P={} L={} beta={} d={} n={} causal={causal} {isa:?}: rel err {err:.2e}", c.p, c.l, c.beta, c.d, c.n);
+            }
+        }
+    }
+}
+
+#[test]
+fn soft_backward_matches_reference_gradients() {
+    for c in cases().into_iter().filter(|c| c.n <= 300) {
+        let planes = PlanesF32::from_planes(&Planes::gaussian(c.l, c.p, c.d, 6).unwrap());
+        let p64 = planes.to_planes();
+        let (qf, q) = data(c.heads * c.n * c.d, 11, 0.5);
+        let (kf, k) = data(c.heads * c.n * c.d, 12, 0.5);
+        let (vf, v) = data(c.heads * c.n * c.dv, 13, 1.0);
+        let (gf, g) = data(c.heads * c.n * c.dv, 14, 1.0);
+        let map = SoftMap { planes: &planes, beta: c.beta as f32 };
+        for causal in [false, true] {
+            let (mut dq, mut dk, mut dv, mut db) = (Vec::new(), Vec::new(), Vec::new(), 0.0);
+            for h in 0..c.heads {
+                let gr = soft_race_backward(head(&q, h, c.n, c.d), head(&k, h, c.n, c.d), head(&v, h, c.n, c.dv), head(&g, h, c.n, c.dv), &p64, c.beta, causal);
+                dq.extend(gr.dq.data);
+                dk.extend(gr.dk.data);
+                dv.extend(gr.dv.data);
+                db += gr.dbeta;
+            }
+            for isa in isas() {
+                let (qh, kh, vh) = (Heads::new(c.heads, c.n, c.d, &qf), Heads::new(c.heads, c.n, c.d, &kf), Heads::new(c.heads, c.n, c.dv, &vf));
+                let fwd = forward(&map, qh, kh, vh, causal, isa);
+                let grads = soft_backward(&map, &fwd.ctx, qh, kh, vh, Heads::new(c.heads, c.n, c.dv, &fwd.o), Heads::new(c.heads, c.n, c.dv, &gf), isa);
+                let tag = format!("P={} L={} beta={} d={} n={} causal={causal} {isa:?}", c.p, c.l, c.beta, c.d, c.n);
+                // Relative to the largest reference gradient, floored at 1e-3·max|G|·max|V|: at
+                // N = 1 the true dQ, dK are exactly 0 and only rounding remains.
+                let floor = 1e-3 * maxabs(&g) * maxabs(&v);
+                for (name, got, want) in [("dq", &grads.dq, &dq), ("dk", &grads.dk, &dk), ("dv", &grads.dv, &dv)] {
+                    let got: Vec<f64> = got.iter().map(|&x| x as f64).collect();
+                    let err = racelab::analysis::metrics::max_abs_diff(&got, want) / maxabs(want).max(floor);
+                    assert!(err <= GRAD_TOL, "{name} {tag}: rel err {err:.2e}");
+                }
+                let scale = db.abs().max(1e-3);
+                assert!((grads.dbeta - db).abs() / scale <= GRAD_TOL * 10.0, "dbeta {tag}: {} vs {db}", grads.dbeta);
+            }
+        }
+    }
+}
+
+/// ℓ = Σ Ô ⊙ G: the f64 analytic gradients against central differences.
+#[test]
+fn reference_gradients_match_finite_differences() {
+    let (n, d, dv, p, l, beta) = (6, 3, 2, 2, 2, 1.5);
+    let planes = Planes::gaussian(l, p, d, 9).unwrap();
+    let (_, q) = data(n * d, 21, 0.7);
+    let (_, k) = data(n * d, 22, 0.7);
+    let (_, v) = data(n * dv, 23, 1.0);
+    let (_, g) = data(n * dv, 24, 1.0);
+    for causal in [false, true] {
+        let loss = |q: &[f64], k: &[f64], v: &[f64], beta: f64| -> f64 {
+            let o = soft_race(MatRef::new(n, d, q), MatRef::new(n, d, k), MatRef::new(n, dv, v), &planes, beta, causal, Combine::Paper).o;
+            o.data.iter().zip(&g).map(|(a, b)| a * b).sum()
+        };
+        let an = soft_race_backward(MatRef::new(n, d, &q), MatRef::new(n, d, &k), MatRef::new(n, dv, &v), MatRef::new(n, dv, &g), &planes, beta, causal);
+        let h = 1e-5;
+        let fd = |which: usize, idx: usize| -> f64 {
+            let (mut qp, mut kp, mut vp, mut bp) = (q.clone(), k.clone(), v.clone(), beta);
+            let (mut qm, mut km, mut vm, mut bm) = (q.clone(), k.clone(), v.clone(), beta);
+            match which {
+                0 => { qp[idx] += h; qm[idx] -= h; }
+                1 => { kp[idx] += h; km[idx] -= h; }
+                2 => { vp[idx] += h; vm[idx] -= h; }
+                _ => { bp += h; bm -= h; }
+            }
+            (loss(&qp, &kp, &vp, bp) - loss(&qm, &km, &vm, bm)) / (2.0 * h)
+        };
+        for (which, name, an_vals) in [(0, "dq", &an.dq.data), (1, "dk", &an.dk.data), (2, "dv", &an.dv.data)] {
+            let num: Vec<f64> = (0..an_vals.len()).map(|i| fd(which, i)).collect();
+            let scale = num.iter().map(|x| x.abs()).fold(0.0, f64::max).max(1e-12);
+            assert_close(&format!("{name} analytic vs FD causal={causal}"), an_vals, &num, 1e-6 * scale);
+        }
+        let num_b = fd(3, 0);
+        assert!((an.dbeta - num_b).abs() <= 1e-6 * num_b.abs().max(1e-3), "dbeta causal={causal}: {} vs FD {num_b}", an.dbeta);
+    }
+}
+
+/// beta = 1e4 on inputs whose projections are away from 0 (|z| ≥ 0.05): the features are
+/// saturated, the kernel must stay finite and agree with the reference. (Nearer z = 0 the
+/// problem itself has condition number ~2·beta, so f32 inputs cannot meet 1e-5 there.)
+#[test]
+fn large_beta_is_finite_and_correct() {
+    let (p, l, d, dv, n, beta) = (3, 2, 8, 4, 64, 1e4);
+    let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, 3).unwrap());
+    let p64 = planes.to_planes();
+    let mut rng = SeededRng::new(77, 1);
+    let mut rows = |count: usize| -> Vec<f32> {
+        let mut out = Vec::new();
+        while out.len() < count * d {
+            let x: Vec<f32> = (0..d).map(|_| rng.normal() as f32).collect();
+            let xs: Vec<f64> = x.iter().map(|&t| t as f64).collect();
+            let ok = (0..l).all(|t| {
+                let mut z = vec![0.0; p];
+                p64.project(t, &xs, &mut z);
+                z.iter().all(|zz| zz.abs() >= 0.05)
+            });
+            if ok {
+                out.extend(x);
+            }
+        }
+        out
+    };
+    let (qf, kf) = (rows(n), rows(n));
+    let (vf, v) = data(n * dv, 5, 1.0);
+    let (q, k): (Vec<f64>, Vec<f64>) = (qf.iter().map(|&x| x as f64).collect(), kf.iter().map(|&x| x as f64).collect());
+    let map = SoftMap { planes: &planes, beta: beta as f32 };
+    for causal in [false, true] {
+        let want = soft_race(MatRef::new(n, d, &q), MatRef::new(n, d, &k), MatRef::new(n, dv, &v), &p64, beta, causal, Combine::Paper).o.data;
+        let out = forward(&map, Heads::new(1, n, d, &qf), Heads::new(1, n, d, &kf), Heads::new(1, n, dv, &vf), causal, racelab::cpu::detected_isa());
+        let got: Vec<f64> = out.o.iter().map(|&x| x as f64).collect();
+        assert!(rel_max_err(&got, &want) <= FWD_TOL, "beta=1e4 causal={causal}: {:.2e}", rel_max_err(&got, &want));
+        let (gf, _) = data(n * dv, 6, 1.0);
+        let gr = soft_backward(&map, &out.ctx, Heads::new(1, n, d, &qf), Heads::new(1, n, d, &kf), Heads::new(1, n, dv, &vf), Heads::new(1, n, dv, &out.o), Heads::new(1, n, dv, &gf), racelab::cpu::detected_isa());
+        assert!(gr.dq.iter().chain(&gr.dk).chain(&gr.dv).all(|x| x.is_finite()) && gr.dbeta.is_finite());
+    }
+}
+
+#[test]
+fn other_estimators_on_the_fast_path() {
+    let (n, d, dv, heads) = (300, 16, 8, 2);
+    let planes = PlanesF32::from_planes(&Planes::gaussian(3, 3, d, 8).unwrap());
+    let p64 = planes.to_planes();
+    let (qf, q) = data(heads * n * d, 31, 0.5);
+    let (kf, k) = data(heads * n * d, 32, 0.5);
+    let (vf, v) = data(heads * n * dv, 33, 1.0);
+    let omega = performer_omega(64, d, 4);
+    let omega32: Vec<f32> = omega.data.iter().map(|&x| x as f32).collect();
+    let omega_r = Mat::from_vec(64, d, omega32.iter().map(|&x| x as f64).collect());
+    let scale = 1.0 / (d as f64).sqrt();
+    for causal in [false, true] {
+        for isa in isas() {
+            let (qh, kh, vh) = (Heads::new(heads, n, d, &qf), Heads::new(heads, n, d, &kf), Heads::new(heads, n, dv, &vf));
+            // Hard LSH.
+            let hard = forward(&HardMap { planes: &planes }, qh, kh, vh, causal, isa);
+            let (mut want, mut empty) = (Vec::new(), 0);
+            for h in 0..heads {
+                let r = hard_lsh(head(&q, h, n, d), head(&k, h, n, d), head(&v, h, n, dv), &p64, causal);
+                empty += r.empty_rows;
+                want.extend(r.o.data);
+            }
+            let got: Vec<f64> = hard.o.iter().map(|&x| x as f64).collect();
+            assert!(rel_max_err(&got, &want) <= FWD_TOL, "hard causal={causal} {isa:?}: {:.2e}", rel_max_err(&got, &want));
+            assert_eq!(hard.empty_rows, empty, "hard empty rows");
+            // Linear.
+            let lin = forward(&LinearMap { d }, qh, kh, vh, causal, isa);
+            let want: Vec<f64> = (0..heads).flat_map(|h| linear_attention(head(&q, h, n, d), head(&k, h, n, d), head(&v, h, n, dv), causal).o.data).collect();
+            let got: Vec<f64> = lin.o.iter().map(|&x| x as f64).collect();
+            assert!(rel_max_err(&got, &want) <= FWD_TOL, "linear causal={causal}: {:.2e}", rel_max_err(&got, &want));
+            // Performer.
+            let pm = racelab::cpu::features::performer_map(omega32.clone(), 64, d, scale as f32, kh, isa);
+            let perf = forward(&pm, qh, kh, vh, causal, isa);
+            let want: Vec<f64> = (0..heads).flat_map(|h| performer_attention(head(&q, h, n, d), head(&k, h, n, d), head(&v, h, n, dv), &omega_r, Some(scale), causal).o.data).collect();
+            let got: Vec<f64> = perf.o.iter().map(|&x| x as f64).collect();
+            assert!(rel_max_err(&got, &want) <= FWD_TOL, "performer causal={causal}: {:.2e}", rel_max_err(&got, &want));
+        }
+    }
+}
+
+#[test]
+fn decoder_equals_causal_forward_row_by_row() {
+    let (n, d, dv) = (600, 16, 8);
+    let planes = PlanesF32::from_planes(&Planes::gaussian(3, 3, d, 2).unwrap());
+    let (qf, _) = data(n * d, 41, 0.5);
+    let (kf, _) = data(n * d, 42, 0.5);
+    let (vf, _) = data(n * dv, 43, 1.0);
+    let map = SoftMap { planes: &planes, beta: 3.0 };
+    let fwd = forward(&map, Heads::new(1, n, d, &qf), Heads::new(1, n, d, &kf), Heads::new(1, n, dv, &vf), true, racelab::cpu::detected_isa());
+    let mut dec = Decoder::new(planes.clone(), 3.0, dv).unwrap();
+    let scale = fwd.o.iter().map(|x| x.abs()).fold(0.0f32, f32::max) as f64;
+    for t in 0..n {
+        let o = dec.step(&qf[t * d..(t + 1) * d], &kf[t * d..(t + 1) * d], &vf[t * dv..(t + 1) * dv]).unwrap();
+        for c in 0..dv {
+            let diff = (o[c] as f64 - fwd.o[t * dv + c] as f64).abs();
+            assert!(diff <= FWD_TOL * scale, "decode row {t} col {c}: {} vs {}", o[c], fwd.o[t * dv + c]);
+        }
+    }
+    assert_eq!(dec.len(), n);
+    assert!(dec.step(&qf[..d - 1], &kf[..d], &vf[..dv]).is_err());
+}
