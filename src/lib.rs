@@ -23,11 +23,15 @@
 
 pub mod analysis;
 pub mod attend;
+pub mod bench;
 pub mod cpu;
+pub mod cuda;
 pub mod error;
 pub mod hashing;
 pub mod io;
 pub mod params;
+pub mod provenance;
+pub mod plot;
 pub mod reference;
 pub mod rng;
 pub mod tensor;

@@ -263,3 +263,28 @@ fn decoder_equals_causal_forward_row_by_row() {
     assert_eq!(dec.len(), n);
     assert!(dec.step(&qf[..d - 1], &kf[..d], &vf[..dv]).is_err());
 }
+
+#[test]
+fn exact_quadratic_kernels_match_reference() {
+    use racelab::cpu::exact::{exact_attention, Exact};
+    use racelab::reference::{angular::angular_attention, softmax::softmax_attention};
+    let (n, d, dv, heads) = (300, 32, 16, 2);
+    let (qf, q) = data(heads * n * d, 51, 1.0);
+    let (kf, k) = data(heads * n * d, 52, 1.0);
+    let (vf, v) = data(heads * n * dv, 53, 1.0);
+    for causal in [false, true] {
+        for isa in isas() {
+            let (qh, kh, vh) = (Heads::new(heads, n, d, &qf), Heads::new(heads, n, d, &kf), Heads::new(heads, n, dv, &vf));
+            let s = exact_attention(Exact::Softmax { scale: 1.0 / (d as f32).sqrt() }, qh, kh, vh, causal, isa);
+            let want: Vec<f64> = (0..heads).flat_map(|h| softmax_attention(head(&q, h, n, d), head(&k, h, n, d), head(&v, h, n, dv), None, causal).o.data).collect();
+            let got: Vec<f64> = s.iter().map(|&x| x as f64).collect();
+            assert!(rel_max_err(&got, &want) <= FWD_TOL, "softmax f32 causal={causal} {isa:?}: {:.2e}", rel_max_err(&got, &want));
+            for gamma in [2.0, 2.5] {
+                let a = exact_attention(Exact::Angular { gamma: gamma as f32 }, qh, kh, vh, causal, isa);
+                let want: Vec<f64> = (0..heads).flat_map(|h| angular_attention(head(&q, h, n, d), head(&k, h, n, d), head(&v, h, n, dv), gamma, causal).o.data).collect();
+                let got: Vec<f64> = a.iter().map(|&x| x as f64).collect();
+                assert!(rel_max_err(&got, &want) <= FWD_TOL, "angular f32 gamma={gamma} causal={causal}: {:.2e}", rel_max_err(&got, &want));
+            }
+        }
+    }
+}

@@ -35,6 +35,52 @@ enum Cmd {
     Attend(AttendArgs),
     /// Run every experiment that exists and write figures/REPORT.md.
     Reproduce(ReproduceArgs),
+    /// Time the fast kernels against exact attention and the machine's measured limits.
+    Bench(BenchArgs),
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    /// Sequence lengths (comma-separated). Default 2^10..2^20.
+    #[arg(long, value_delimiter = ',')]
+    n: Vec<usize>,
+    /// Bits per table, paired with --l.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![2, 3, 4])]
+    p: Vec<usize>,
+    /// Tables, paired with --p.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![2, 3, 4])]
+    l: Vec<usize>,
+    #[arg(long, default_value_t = 4)]
+    heads: usize,
+    #[arg(long, default_value_t = 128)]
+    d: usize,
+    #[arg(long, default_value_t = 8.0)]
+    beta: f64,
+    #[arg(long)]
+    causal: bool,
+    /// Time forward+backward (default: forward only).
+    #[arg(long)]
+    backward: bool,
+    /// Also time the exact quadratic references (softmax, angular).
+    #[arg(long)]
+    reference: bool,
+    /// cpu | cuda
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Timed runs per row (median reported; at least 3).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Stop timing a reference when its next run is predicted to exceed this (seconds).
+    #[arg(long, default_value_t = 30.0)]
+    ref_budget: f64,
+    /// Long-sequence accuracy of the causal f32 scan vs f64 (N default 1e6,1e7,1e8; d=4).
+    #[arg(long)]
+    accuracy: bool,
+    /// Streaming scale mode: forward+backward on inputs generated chunk by chunk.
+    #[arg(long)]
+    stream: bool,
+    #[command(flatten)]
+    common: Common,
 }
 
 #[derive(Args)]
@@ -101,6 +147,7 @@ fn main() {
     let r = match cli.cmd {
         Cmd::Attend(a) => run_attend(a),
         Cmd::Reproduce(a) => run_reproduce(a),
+        Cmd::Bench(a) => run_bench(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");
@@ -196,5 +243,91 @@ fn read_matrix(path: &std::path::Path, arg: &str) -> Result<racelab::Mat<f64>> {
 
 fn run_reproduce(a: ReproduceArgs) -> Result<()> {
     let _ = a;
+    Ok(())
+}
+
+fn progress(msg: &str) {
+    eprintln!("[racelab] {msg}");
+}
+
+fn run_bench(a: BenchArgs) -> Result<()> {
+    use racelab::bench;
+    if a.p.len() != a.l.len() {
+        anyhow::bail!("invalid parameter `p`/`l`: --p and --l are paired and need the same length (got {} and {})", a.p.len(), a.l.len());
+    }
+    let pl: Vec<(usize, usize)> = a.p.iter().cloned().zip(a.l.iter().cloned()).collect();
+    if a.accuracy {
+        let ns = if a.n.is_empty() { vec![1_000_000, 10_000_000, 100_000_000] } else { a.n.clone() };
+        let (p, l) = pl[0];
+        let rows = bench::accuracy::run(&ns, 4, 2, p, l, a.beta, a.common.seed, &progress)?;
+        if a.common.json {
+            println!("{}", json!({ "accuracy": rows, "provenance": racelab::provenance::Provenance::collect() }));
+        } else {
+            println!("causal f32 scan vs f64 recurrence (one head, d=4, dv=2, (P,L)=({p},{l}), beta={})", a.beta);
+            println!("{:>12} {:>16} {:>18} {:>10}", "N", "kernel rel err", "naive f32 rel err", "kernel s");
+            for r in &rows {
+                println!("{:>12} {:>16.3e} {:>18.3e} {:>10.2}", r.n, r.kernel_rel_err, r.naive_f32_rel_err, r.kernel_seconds);
+            }
+        }
+        return Ok(());
+    }
+    if a.stream {
+        let n = a.n.first().copied().unwrap_or(100_000_000);
+        let (p, l) = pl[0];
+        let rep = racelab::cpu::stream::run(n, a.heads, a.d, p, l, a.beta as f32, a.common.seed, a.causal, &progress)?;
+        if a.common.json {
+            println!("{}", serde_json::to_string(&rep)?);
+        } else {
+            println!(
+                "streaming {}forward+backward: N = {}, {} heads, d = {}, (P,L) = ({p},{l}): {:.1} s, {:.3e} tokens/s, peak RSS {:.2} GiB",
+                if a.causal { "causal " } else { "" },
+                rep.n, rep.heads, rep.d, rep.seconds, rep.tokens_per_s, rep.peak_rss_bytes as f64 / (1u64 << 30) as f64
+            );
+        }
+        return Ok(());
+    }
+    let cfg = bench::BenchConfig {
+        ns: if a.n.is_empty() { (10..=20).map(|e| 1usize << e).collect() } else { a.n.clone() },
+        pl,
+        heads: a.heads,
+        d: a.d,
+        causal: a.causal,
+        backward: a.backward,
+        reference: a.reference,
+        device: a.device.parse()?,
+        beta: a.beta,
+        seed: a.common.seed,
+        runs: a.runs.max(3),
+        ref_budget_s: a.ref_budget,
+        out: Some(a.common.out.clone().unwrap_or_else(|| {
+            let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+            PathBuf::from(format!("figures/bench/run-{t}"))
+        })),
+    };
+    let rep = bench::run(&cfg, &progress)?;
+    if a.common.json {
+        println!("{}", serde_json::to_string(&rep)?);
+        return Ok(());
+    }
+    println!("{}", rep.provenance.line());
+    println!("measured bandwidth {:.1} GB/s, FMA peak {:.0} GFLOP/s ({})", rep.bandwidth_gbs, rep.fma_peak_gflops, rep.isa);
+    println!("{:<10} {:>10} {:>6} {:>11} {:>12} {:>10} {:>9} {:>10}", "method", "N", "(P,L)", "seconds", "tokens/s", "RSS GiB", "x floor", "x flops");
+    for r in &rep.rows {
+        let pl = match (r.p, r.l) { (Some(p), Some(l)) => format!("({p},{l})"), _ => "-".into() };
+        let xf = r.flop_floor_seconds.map(|f| format!("{:.2}", r.seconds / f)).unwrap_or_default();
+        println!("{:<10} {:>10} {:>6} {:>11.4e} {:>12.4e} {:>10.2} {:>9.2} {:>10}", r.method, r.n, pl, r.seconds, r.tokens_per_s, r.peak_rss_bytes as f64 / (1u64 << 30) as f64, r.ratio_to_floor, xf);
+    }
+    for f in &rep.fits {
+        println!("fit {}: time ~ N^{:.2} ({} points)", f.series, f.exponent, f.points);
+    }
+    for c in &rep.crossovers {
+        println!("crossover {} vs exact softmax: {} ({})", c.series, c.n.map(|n| n.to_string()).unwrap_or_else(|| "not reached at measured N".into()), c.note);
+    }
+    for s in &rep.skipped {
+        println!("skipped: {s}");
+    }
+    if let Some(d) = &rep.out_dir {
+        println!("wrote {d}/bench.csv, bench.json, time_vs_n.png");
+    }
     Ok(())
 }

@@ -18,7 +18,7 @@
 use super::features::{BitState, FeatureMap, SoftMap};
 use super::forward::{exclusive_scan, Ctx};
 use super::simd::{dispatch, Isa, Simd, WithSimd};
-use super::state::{split_out, Bank, Heads};
+use super::state::{bank_width, ext_buffer, split_out, Bank, Heads};
 use rayon::prelude::*;
 
 /// Gradients of a scalar loss with respect to the soft-RACE inputs.
@@ -93,13 +93,14 @@ impl WithSimd for QueryGradTask<'_> {
         let (r, tables, dv, d) = (map.planes.r(), map.planes.l, self.v.cols, map.planes.d);
         let inv_l = 1.0 / tables as f32;
         let m = map.width();
-        let mut state = Bank::new(m, dv + 1, Some(self.base));
-        let mut dbank = Bank::new(m, dv + 1, None);
+        let w = bank_width(dv);
+        let mut state = Bank::new(m, w, Some(self.base));
+        let mut dbank = Bank::new(m, w, None);
         let mut phi_k = vec![0.0f32; m];
         let mut phi = vec![0.0f32; r];
         let mut gphi = vec![0.0f32; r];
-        let mut ext = vec![1.0f32; dv + 1];
-        let mut gx = vec![0.0f32; dv + 1];
+        let mut ext = ext_buffer(dv);
+        let mut gx = vec![0.0f32; bank_width(dv)];
         let mut dbeta = 0.0f64;
         for (t, i) in (self.range.0..self.range.1).enumerate() {
             if self.causal {
@@ -117,7 +118,6 @@ impl WithSimd for QueryGradTask<'_> {
                     gphi[rr] = state.dot_row::<S>(l * r + rr, &gx) * inv_l;
                 }
                 if !self.causal {
-                    let w = dv + 1;
                     for (rr, &p) in phi.iter().enumerate() {
                         if p != 0.0 {
                             let f = l * r + rr;
@@ -163,12 +163,12 @@ impl WithSimd for KeyGradTask<'_> {
         let (r, tables, dv, d) = (map.planes.r(), map.planes.l, self.v.cols, map.planes.d);
         let inv_l = 1.0 / tables as f32;
         let m = map.width();
-        let mut dbank = Bank::new(m, dv + 1, Some(self.base));
+        let mut dbank = Bank::new(m, bank_width(dv), Some(self.base));
         let mut phi_q = vec![0.0f32; m];
         let mut phi = vec![0.0f32; r];
         let mut gphi = vec![0.0f32; r];
-        let mut ext = vec![1.0f32; dv + 1];
-        let mut gx = vec![0.0f32; dv + 1];
+        let mut ext = ext_buffer(dv);
+        let mut gx = vec![0.0f32; bank_width(dv)];
         let mut dbeta = 0.0f64;
         let (a, b) = self.range;
         // Causal keys see the suffix i ≥ j: walk backwards, adding query j before reading.
@@ -206,17 +206,44 @@ impl WithSimd for KeyGradTask<'_> {
 /// Gradients of soft RACE given the forward context, inputs, output `o` and `g = ∂ℓ/∂o`.
 #[allow(clippy::too_many_arguments)]
 pub fn soft_backward(map: &SoftMap, ctx: &Ctx, q: Heads, k: Heads, v: Heads, o: Heads, g: Heads, isa: Isa) -> SoftGrads {
-    let (heads, n, d, dv) = (q.heads, q.n, q.cols, v.cols);
-    let segs = &ctx.segs;
-    let ns = segs.len();
-    let mut dq = vec![0.0f32; heads * n * d];
-    let mut dk = vec![0.0f32; heads * k.n * d];
-    let mut dvv = vec![0.0f32; heads * k.n * dv];
-    let den = &ctx.den;
+    let mut dq = vec![0.0f32; q.heads * q.n * q.cols];
+    let mut dk = vec![0.0f32; k.heads * k.n * k.cols];
+    let mut dv = vec![0.0f32; v.heads * v.n * v.cols];
+    let dbeta = soft_backward_into(map, ctx, q, k, v, o, g, isa, &mut dq, &mut dk, &mut dv);
+    SoftGrads { dq, dk, dv, dbeta }
+}
 
-    // Queries: ∂ℓ/∂q (and, non-causal, the per-segment [dB | dA]).
-    let pieces = split_out(&mut dq, n, d, segs);
-    let qres: Vec<(usize, Vec<f64>, f64)> = pieces
+/// [`soft_backward`] writing into caller buffers (every entry is overwritten); returns `∂ℓ/∂beta`.
+#[allow(clippy::too_many_arguments)]
+pub fn soft_backward_into(map: &SoftMap, ctx: &Ctx, q: Heads, k: Heads, v: Heads, o: Heads, g: Heads, isa: Isa, dq: &mut [f32], dk: &mut [f32], dv: &mut [f32]) -> f64 {
+    let (heads, ns, m, w) = (q.heads, ctx.segs.len(), map.width(), bank_width(v.cols));
+    let (dbanks, dbeta_q) = query_side(map, ctx, q, k, v, o, g, isa, dq);
+    let dbases: Vec<Vec<f64>> = if ctx.causal {
+        let totals: Vec<Vec<f64>> = if ns > 1 {
+            (0..heads * ns)
+                .into_par_iter()
+                .map(|i| dispatch(isa, SuffixTotalTask { map, q, o, g, den: &ctx.den, h: i / ns, range: ctx.segs[i % ns] }))
+                .collect()
+        } else {
+            vec![vec![0.0; m * w]; heads]
+        };
+        exclusive_scan(&totals, heads, ns, true)
+    } else {
+        (0..heads * ns).map(|i| dbanks[i / ns].clone()).collect()
+    };
+    let dbeta_k = key_side(map, &dbases, &ctx.segs, ctx.causal, q, k, v, o, g, &ctx.den, isa, dk, dv);
+    dbeta_q + dbeta_k
+}
+
+/// Queries' side of the backward: `∂ℓ/∂q` (into `dq`), the non-causal per-head `[dB | dA]` totals (empty
+/// when causal), and the queries' share of `∂ℓ/∂beta`.
+#[allow(clippy::too_many_arguments)]
+pub fn query_side(map: &SoftMap, ctx: &Ctx, q: Heads, k: Heads, v: Heads, o: Heads, g: Heads, isa: Isa, dq: &mut [f32]) -> (Vec<Vec<f64>>, f64) {
+    let (heads, n, d, m, w) = (q.heads, q.n, q.cols, map.width(), bank_width(v.cols));
+    let (segs, ns, den) = (&ctx.segs, ctx.segs.len(), &ctx.den);
+    dq.iter_mut().for_each(|x| *x = 0.0);
+    let pieces = split_out(dq, n, d, segs);
+    let res: Vec<(usize, Vec<f64>, f64)> = pieces
         .into_par_iter()
         .map(|(h, s, piece)| {
             let base = if ctx.causal { &ctx.banks[h * ns + s] } else { &ctx.banks[h] };
@@ -224,41 +251,27 @@ pub fn soft_backward(map: &SoftMap, ctx: &Ctx, q: Heads, k: Heads, v: Heads, o: 
             (h, bank, db)
         })
         .collect();
-    let mut dbeta: f64 = qres.iter().map(|x| x.2).sum();
+    let mut per_head = vec![vec![0.0f64; if ctx.causal { 0 } else { m * w }]; heads];
+    for (h, bank, _) in &res {
+        per_head[*h].iter_mut().zip(bank).for_each(|(a, b)| *a += b);
+    }
+    (per_head, res.iter().map(|x| x.2).sum())
+}
 
-    // The [dB | dA] each key segment starts from.
-    let w = dv + 1;
-    let m = map.width();
-    let dbases: Vec<Vec<f64>> = if ctx.causal {
-        let totals: Vec<Vec<f64>> = if ns > 1 {
-            (0..heads * ns)
-                .into_par_iter()
-                .map(|i| {
-                    let (h, s) = (i / ns, i % ns);
-                    query_suffix_total(isa, map, q, o, g, den, h, segs[s])
-                })
-                .collect()
-        } else {
-            vec![vec![0.0; m * w]; heads]
-        };
-        exclusive_scan(&totals, heads, ns, true)
-    } else {
-        let mut per_head = vec![vec![0.0f64; m * w]; heads];
-        for (h, bank, _) in &qres {
-            per_head[*h].iter_mut().zip(bank).for_each(|(a, b)| *a += b);
-        }
-        (0..heads * ns).map(|i| per_head[i / ns].clone()).collect()
-    };
-    let kp = split_out(&mut dk, k.n, d, segs);
-    let vp = split_out(&mut dvv, k.n, dv, segs);
-    dbeta += kp
+/// Keys' side of the backward from the `[dB | dA]` each (head, segment) starts with:
+/// `∂ℓ/∂k`, `∂ℓ/∂v` into `dk`, `dvv`; returns the keys' share of `∂ℓ/∂beta`. Non-causal runs never read q, o, g, den.
+#[allow(clippy::too_many_arguments)]
+pub fn key_side(map: &SoftMap, dbases: &[Vec<f64>], segs: &[(usize, usize)], causal: bool, q: Heads, k: Heads, v: Heads, o: Heads, g: Heads, den: &[f32], isa: Isa, dk: &mut [f32], dvv: &mut [f32]) -> f64 {
+    let (d, dv, ns) = (k.cols, v.cols, segs.len());
+    dk.iter_mut().for_each(|x| *x = 0.0);
+    dvv.iter_mut().for_each(|x| *x = 0.0);
+    let kp = split_out(dk, k.n, d, segs);
+    let vp = split_out(dvv, k.n, dv, segs);
+    kp
         .into_par_iter()
         .zip(vp.into_par_iter())
-        .map(|((h, s, dkp), (_, _, dvp))| {
-            dispatch(isa, KeyGradTask { map, q, k, v, o, g, den, h, range: segs[s], base: &dbases[h * ns + s], causal: ctx.causal, dk: dkp, dv: dvp })
-        })
-        .sum::<f64>();
-    SoftGrads { dq, dk, dv: dvv, dbeta }
+        .map(|((h, s, dkp), (_, _, dvp))| dispatch(isa, KeyGradTask { map, q, k, v, o, g, den, h, range: segs[s], base: &dbases[h * ns + s], causal, dk: dkp, dv: dvp }))
+        .sum::<f64>()
 }
 
 /// `Σ_{i in range} φ(q_i) ĝ_i / L` for one head, in f64 (ĝ formed token by token).
@@ -278,9 +291,9 @@ impl WithSimd for SuffixTotalTask<'_> {
     fn run<S: Simd>(self) -> Vec<f64> {
         let (m, dv) = (self.map.width(), self.o.cols);
         let inv_l = 1.0 / self.map.planes.l as f32;
-        let mut bank = Bank::new(m, dv + 1, None);
+        let mut bank = Bank::new(m, bank_width(dv), None);
         let mut phi = vec![0.0f32; m];
-        let mut gx = vec![0.0f32; dv + 1];
+        let mut gx = vec![0.0f32; bank_width(dv)];
         for i in self.range.0..self.range.1 {
             g_ext::<S>(self.g.row(self.h, i), self.o.row(self.h, i), self.den[self.h * self.q.n + i], &mut gx);
             self.map.features::<S>(self.q.row(self.h, i), false, &mut phi);
@@ -291,7 +304,3 @@ impl WithSimd for SuffixTotalTask<'_> {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn query_suffix_total(isa: Isa, map: &SoftMap, q: Heads, o: Heads, g: Heads, den: &[f32], h: usize, range: (usize, usize)) -> Vec<f64> {
-    dispatch(isa, SuffixTotalTask { map, q, o, g, den, h, range })
-}

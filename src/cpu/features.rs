@@ -9,7 +9,7 @@
 //! - [`PerformerMap`]: `exp(ωx' − |x'|²/2 − c)/sqrt(m)`, `x' = sqrt(s)·x`; queries take `c` per
 //!   row, keys one global `c` (measured by a pre-pass), both cancel in the ratio.
 
-use super::simd::Simd;
+use super::simd::{exp_f32, tanh_f32, Simd};
 use crate::hashing::Planes;
 use crate::params::MAX_P;
 
@@ -57,9 +57,9 @@ pub trait FeatureMap: Sync {
 #[inline(always)]
 pub fn sigmoid32(t: f32) -> f32 {
     if t >= 0.0 {
-        1.0 / (1.0 + (-t).exp())
+        1.0 / (1.0 + exp_f32(-t))
     } else {
-        let e = t.exp();
+        let e = exp_f32(t);
         e / (1.0 + e)
     }
 }
@@ -85,7 +85,7 @@ impl SoftMap<'_> {
         let p = self.planes.p;
         let mut st = BitState { u: [0.0; MAX_P], on: [0.0; MAX_P], off: [0.0; MAX_P] };
         for b in 0..p {
-            let u = S::dot(self.planes.row(l, b), x).tanh();
+            let u = tanh_f32(S::dot(self.planes.row(l, b), x));
             let t = 2.0 * self.beta * u;
             st.u[b] = u;
             st.on[b] = sigmoid32(t);

@@ -8,12 +8,12 @@
 //! sees itself). With at least twice as many heads as threads there is one segment per head
 //! and step (1) is skipped.
 //!
-//! State per (head, segment) is one bank of `m × (dv + 1)` numbers; no `N × m × d` array is
+//! State per (head, segment) is one bank of `m × bank_width(dv)` numbers; no `N × m × d` array is
 //! ever formed. A row with denominator 0 is 0 and counted.
 
 use super::features::FeatureMap;
 use super::simd::{dispatch, Isa, Simd, WithSimd};
-use super::state::{plan_segments, split_out, Bank, Heads};
+use super::state::{bank_width, ext_buffer, plan_segments, split_out, Bank, Heads};
 use rayon::prelude::*;
 
 /// What the forward pass keeps for the backward pass.
@@ -49,9 +49,9 @@ impl<F: FeatureMap> WithSimd for TotalsTask<'_, F> {
     #[inline(always)]
     fn run<S: Simd>(self) -> Vec<f64> {
         let (m, dv) = (self.map.width(), self.v.cols);
-        let mut bank = Bank::new(m, dv + 1, None);
+        let mut bank = Bank::new(m, bank_width(dv), None);
         let mut phi = vec![0.0f32; m];
-        let mut ext = vec![1.0f32; dv + 1];
+        let mut ext = ext_buffer(dv);
         for j in self.range.0..self.range.1 {
             self.map.features::<S>(self.k.row(self.h, j), true, &mut phi);
             ext[..dv].copy_from_slice(self.v.row(self.h, j));
@@ -69,6 +69,7 @@ fn bank_total<F: FeatureMap>(isa: Isa, map: &F, k: Heads, v: Heads, h: usize, ra
 
 struct ReadTask<'a, F> {
     map: &'a F,
+    dv: usize,
     q: Heads<'a>,
     h: usize,
     range: (usize, usize),
@@ -100,8 +101,7 @@ impl<F: FeatureMap> WithSimd for ReadTask<'_, F> {
     #[inline(always)]
     fn run<S: Simd>(self) -> usize {
         let m = self.map.width();
-        let w = self.bank.len() / m;
-        let dv = w - 1;
+        let (dv, w) = (self.dv, bank_width(self.dv));
         let mut phi = vec![0.0f32; m];
         let mut acc = vec![0.0f32; w];
         let mut empty = 0;
@@ -136,10 +136,10 @@ impl<F: FeatureMap> WithSimd for CausalTask<'_, F> {
     #[inline(always)]
     fn run<S: Simd>(self) -> usize {
         let (m, dv) = (self.map.width(), self.v.cols);
-        let mut bank = Bank::new(m, dv + 1, Some(self.base));
+        let mut bank = Bank::new(m, bank_width(dv), Some(self.base));
         let mut phi = vec![0.0f32; m];
-        let mut ext = vec![1.0f32; dv + 1];
-        let mut acc = vec![0.0f32; dv + 1];
+        let mut ext = ext_buffer(dv);
+        let mut acc = vec![0.0f32; bank_width(dv)];
         let mut empty = 0;
         for (t, i) in (self.range.0..self.range.1).enumerate() {
             self.map.features::<S>(self.k.row(self.h, i), true, &mut phi);
@@ -171,34 +171,26 @@ pub fn exclusive_scan(totals: &[Vec<f64>], heads: usize, segs: usize, reverse: b
 
 /// Run the forward pass of `map` on `[heads, n, d]` inputs.
 pub fn forward<F: FeatureMap>(map: &F, q: Heads, k: Heads, v: Heads, causal: bool, isa: Isa) -> ForwardOut {
+    let mut o = vec![0.0f32; q.heads * q.n * v.cols];
+    let (empty_rows, ctx) = forward_into(map, q, k, v, causal, isa, &mut o, Vec::new());
+    ForwardOut { o, empty_rows, ctx }
+}
+
+/// [`forward`] writing into a caller's `o` (`[heads, n, dv]`) and reusing `den`'s allocation,
+/// so repeated calls (benchmarks, training loops) do not pay page faults for fresh buffers.
+/// Returns the empty-row count and the context.
+#[allow(clippy::too_many_arguments)]
+pub fn forward_into<F: FeatureMap>(map: &F, q: Heads, k: Heads, v: Heads, causal: bool, isa: Isa, o: &mut [f32], mut den: Vec<f32>) -> (usize, Ctx) {
     let (heads, n, dv) = (q.heads, q.n, v.cols);
+    assert_eq!(o.len(), heads * n * dv, "forward_into: o has the wrong length");
     let m = map.width();
     let segs = plan_segments(k.n.max(n), heads);
-    let mut o = vec![0.0f32; heads * n * dv];
-    let mut den = vec![0.0f32; heads * n];
+    den.resize(heads * n, 0.0);
     if !causal {
-        let kseg = plan_segments(k.n, heads);
-        let parts: Vec<Vec<f64>> = (0..heads * kseg.len())
-            .into_par_iter()
-            .map(|i| bank_total(isa, map, k, v, i / kseg.len(), kseg[i % kseg.len()]))
-            .collect();
-        let banks: Vec<Vec<f64>> = parts
-            .chunks(kseg.len())
-            .map(|c| c.iter().fold(vec![0.0f64; m * (dv + 1)], |mut acc, p| {
-                acc.iter_mut().zip(p).for_each(|(a, b)| *a += b);
-                acc
-            }))
-            .collect();
-        let banks32: Vec<Vec<f32>> = banks.iter().map(|b| b.iter().map(|&x| x as f32).collect()).collect();
+        let banks = key_banks(map, k, v, isa);
         let qseg = plan_segments(n, heads);
-        let opieces = split_out(&mut o, n, dv, &qseg);
-        let dpieces = split_out(&mut den, n, 1, &qseg);
-        let empty: usize = opieces
-            .into_par_iter()
-            .zip(dpieces.into_par_iter())
-            .map(|((h, s, op), (_, _, dp))| dispatch(isa, ReadTask { map, q, h, range: qseg[s], bank: &banks32[h], o: op, den: dp }))
-            .sum();
-        return ForwardOut { o, empty_rows: empty, ctx: Ctx { causal, segs: qseg, banks, den } };
+        let empty = read_banks(map, q, &banks, dv, &qseg, o, &mut den, isa);
+        return (empty, Ctx { causal, segs: qseg, banks, den });
     }
     let totals: Vec<Vec<f64>> = if segs.len() > 1 {
         (0..heads * segs.len())
@@ -206,10 +198,10 @@ pub fn forward<F: FeatureMap>(map: &F, q: Heads, k: Heads, v: Heads, causal: boo
             .map(|i| bank_total(isa, map, k, v, i / segs.len(), segs[i % segs.len()]))
             .collect()
     } else {
-        vec![vec![0.0; m * (dv + 1)]; heads]
+        vec![vec![0.0; m * bank_width(dv)]; heads]
     };
     let bases = exclusive_scan(&totals, heads, segs.len(), false);
-    let opieces = split_out(&mut o, n, dv, &segs);
+    let opieces = split_out(o, n, dv, &segs);
     let dpieces = split_out(&mut den, n, 1, &segs);
     let empty: usize = opieces
         .into_par_iter()
@@ -218,5 +210,38 @@ pub fn forward<F: FeatureMap>(map: &F, q: Heads, k: Heads, v: Heads, causal: boo
             dispatch(isa, CausalTask { map, q, k, v, h, range: segs[s], base: &bases[h * segs.len() + s], o: op, den: dp })
         })
         .sum();
-    ForwardOut { o, empty_rows: empty, ctx: Ctx { causal, segs, banks: bases, den } }
+    (empty, Ctx { causal, segs, banks: bases, den })
+}
+
+/// Non-causal pass 1: `[B | A] = Σ_j φ(k_j)[v_j, 1]` per head (f64), parallel over segments.
+pub fn key_banks<F: FeatureMap>(map: &F, k: Heads, v: Heads, isa: Isa) -> Vec<Vec<f64>> {
+    let (heads, m, dv) = (k.heads, map.width(), v.cols);
+    let kseg = plan_segments(k.n, heads);
+    let parts: Vec<Vec<f64>> = (0..heads * kseg.len())
+        .into_par_iter()
+        .map(|i| bank_total(isa, map, k, v, i / kseg.len(), kseg[i % kseg.len()]))
+        .collect();
+    parts
+        .chunks(kseg.len())
+        .map(|c| {
+            c.iter().fold(vec![0.0f64; m * bank_width(dv)], |mut acc, p| {
+                acc.iter_mut().zip(p).for_each(|(a, b)| *a += b);
+                acc
+            })
+        })
+        .collect()
+}
+
+/// Non-causal pass 2: `o_i = num_i/den_i` from the per-head banks; returns the empty rows.
+#[allow(clippy::too_many_arguments)]
+pub fn read_banks<F: FeatureMap>(map: &F, q: Heads, banks: &[Vec<f64>], dv: usize, segs: &[(usize, usize)], o: &mut [f32], den: &mut [f32], isa: Isa) -> usize {
+    let n = q.n;
+    let banks32: Vec<Vec<f32>> = banks.iter().map(|b| b.iter().map(|&x| x as f32).collect()).collect();
+    let opieces = split_out(o, n, dv, segs);
+    let dpieces = split_out(den, n, 1, segs);
+    opieces
+        .into_par_iter()
+        .zip(dpieces.into_par_iter())
+        .map(|((h, s, op), (_, _, dp))| dispatch(isa, ReadTask { map, dv, q, h, range: segs[s], bank: &banks32[h], o: op, den: dp }))
+        .sum()
 }

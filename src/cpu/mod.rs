@@ -13,13 +13,15 @@
 
 pub mod backward;
 pub mod decode;
+pub mod exact;
 pub mod features;
 pub mod forward;
 pub mod simd;
 pub mod state;
+pub mod stream;
 
-pub use backward::{soft_backward, SoftGrads};
+pub use backward::{soft_backward, soft_backward_into, SoftGrads};
 pub use features::{FeatureMap, HardMap, LinearMap, PerformerMap, PlanesF32, SoftMap};
-pub use forward::{forward, Ctx, ForwardOut};
+pub use forward::{forward, forward_into, Ctx, ForwardOut};
 pub use simd::{detected_isa, Isa};
 pub use state::Heads;

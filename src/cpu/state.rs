@@ -1,6 +1,6 @@
 //! The bucket bank and its two-level accumulation, plus the work split.
 //!
-//! A bank holds, for each of the `m` features, one row of width `w = dv + 1`: the value sums
+//! A bank holds, for each of the `m` features, one row of width `w = bank_width(dv)` (≥ `dv + 1`): the value sums
 //! `B_f` and, in the last column, the mass `A_f` (keys enter as `[v_j, 1]`), so mass and
 //! values are one `axpy`. Backward banks hold `[dB_f, dA_f]` the same way.
 //!
@@ -14,6 +14,26 @@ use super::simd::Simd;
 
 /// Tokens accumulated in f32 before the block is moved into the f64 base.
 pub const FLUSH: usize = 256;
+
+/// Row width of a bank for values of width `dv`: `dv + 1` (values and mass) rounded up to a
+/// multiple of 16 floats, so every row is whole 64-byte vectors (the padding stays 0).
+pub fn bank_width(dv: usize) -> usize {
+    (dv + 1).next_multiple_of(16)
+}
+
+/// `[x, 1, 0, …, 0]` of length `bank_width(x.len())` into `out`.
+#[inline(always)]
+pub fn extend_one(x: &[f32], out: &mut [f32]) {
+    out[..x.len()].copy_from_slice(x);
+    out[x.len()] = 1.0;
+}
+
+/// A fresh `[·, 1, 0…]` buffer for values of width `dv`.
+pub fn ext_buffer(dv: usize) -> Vec<f32> {
+    let mut e = vec![0.0f32; bank_width(dv)];
+    e[dv] = 1.0;
+    e
+}
 
 /// `m` rows of width `w`: f64 base, its f32 image, and the f32 block being accumulated.
 pub struct Bank {

@@ -1,0 +1,425 @@
+//! `racelab bench`: the fast kernels timed against the exact quadratic references and the
+//! machine's measured limits, in one run.
+//!
+//! Each row reports the median of `runs` (≥ 3) timings, tokens/s, peak RSS (reset per row),
+//! the minimum bytes the operation must move, and `floor_seconds = bytes_moved / bandwidth`
+//! with the bandwidth measured at the start of the same run; RACE rows also report the
+//! arithmetic floor `flops / measured FMA peak`. Afterwards: fitted scaling exponents
+//! (least squares of log t on log N) and the crossover N against exact softmax.
+
+pub mod accuracy;
+pub mod machine;
+
+use crate::cpu::exact::{exact_attention, Exact};
+use crate::cpu::{self, forward_into, soft_backward_into, Heads, PlanesF32, SoftMap};
+use crate::error::{RaceError, Result};
+use crate::hashing::Planes;
+use crate::plot::{line_plot, LinePlot, Series};
+use crate::provenance::{available_memory_bytes, peak_rss_bytes, reset_peak_rss, Provenance};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Which backend runs the RACE kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Device {
+    Cpu,
+    Cuda,
+}
+
+impl std::str::FromStr for Device {
+    type Err = RaceError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" => Ok(Device::Cuda),
+            _ => Err(RaceError::param("device", format!("`{s}` is not a device; use cpu or cuda"))),
+        }
+    }
+}
+
+/// What to benchmark.
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    pub ns: Vec<usize>,
+    pub pl: Vec<(usize, usize)>,
+    pub heads: usize,
+    pub d: usize,
+    pub causal: bool,
+    pub backward: bool,
+    pub reference: bool,
+    pub device: Device,
+    pub beta: f64,
+    pub seed: u64,
+    pub runs: usize,
+    /// Stop timing a reference once its next run is predicted to exceed this many seconds.
+    pub ref_budget_s: f64,
+    pub out: Option<PathBuf>,
+}
+
+impl Default for BenchConfig {
+    fn default() -> Self {
+        BenchConfig {
+            ns: (10..=20).map(|e| 1usize << e).collect(),
+            pl: vec![(2, 2), (3, 3), (4, 4)],
+            heads: 4,
+            d: 128,
+            causal: false,
+            backward: false,
+            reference: false,
+            device: Device::Cpu,
+            beta: 8.0,
+            seed: 0,
+            runs: 3,
+            ref_budget_s: 30.0,
+            out: None,
+        }
+    }
+}
+
+/// One timed configuration.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchRow {
+    pub method: String,
+    pub device: Device,
+    pub n: usize,
+    pub p: Option<usize>,
+    pub l: Option<usize>,
+    pub heads: usize,
+    pub d: usize,
+    pub causal: bool,
+    pub backward: bool,
+    pub seconds: f64,
+    pub tokens_per_s: f64,
+    pub peak_rss_bytes: u64,
+    pub bytes_moved: f64,
+    pub floor_seconds: f64,
+    pub ratio_to_floor: f64,
+    pub flops: Option<f64>,
+    pub flop_floor_seconds: Option<f64>,
+    pub runs: Vec<f64>,
+}
+
+/// A fitted `t ∝ N^e`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Fit {
+    pub series: String,
+    pub exponent: f64,
+    pub points: usize,
+}
+
+/// A crossover: the smallest measured N at which the kernel beats exact softmax.
+#[derive(Debug, Clone, Serialize)]
+pub struct Crossover {
+    pub series: String,
+    pub n: Option<usize>,
+    pub note: String,
+}
+
+/// The whole run.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchReport {
+    pub bandwidth_gbs: f64,
+    pub fma_peak_gflops: f64,
+    pub isa: String,
+    pub rows: Vec<BenchRow>,
+    pub fits: Vec<Fit>,
+    pub crossovers: Vec<Crossover>,
+    pub skipped: Vec<String>,
+    pub provenance: Provenance,
+    pub out_dir: Option<String>,
+}
+
+/// Minimum bytes per token and head: fwd reads Q,K,V and writes O; bwd reads Q,K,V,O,G and
+/// writes dQ,dK,dV (f32).
+pub fn bytes_per_token(d: usize, dv: usize, backward: bool) -> f64 {
+    let fwd = 2 * d + 2 * dv;
+    let bwd = 4 * d + 4 * dv;
+    4.0 * (if backward { fwd + bwd } else { fwd }) as f64
+}
+
+/// FMA count of soft RACE per token and head, times 2 flops (see `cpu::backward` docs):
+/// forward `2Pd + 2R(dv+1)` per table, backward `4Pd + 4R(dv+1)`.
+pub fn race_flops_per_token(p: usize, l: usize, d: usize, dv: usize, backward: bool) -> f64 {
+    let r = 1usize << p;
+    let fwd = 2 * p * d + 2 * r * (dv + 1);
+    let bwd = 4 * p * d + 4 * r * (dv + 1);
+    2.0 * (l * if backward { fwd + bwd } else { fwd }) as f64
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+/// Least-squares slope of log y on log x.
+pub fn loglog_slope(pts: &[(f64, f64)]) -> f64 {
+    let n = pts.len() as f64;
+    let (sx, sy) = pts.iter().fold((0.0, 0.0), |(a, b), (x, y)| (a + x.ln(), b + y.ln()));
+    let (mx, my) = (sx / n, sy / n);
+    let (num, den) = pts.iter().fold((0.0, 0.0), |(a, b), (x, y)| (a + (x.ln() - mx) * (y.ln() - my), b + (x.ln() - mx).powi(2)));
+    num / den
+}
+
+/// Time `f` `runs` times; returns (median, all).
+fn time_runs(runs: usize, mut f: impl FnMut()) -> (f64, Vec<f64>) {
+    let mut ts: Vec<f64> = (0..runs.max(1))
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    let all = ts.clone();
+    (median(&mut ts), all)
+}
+
+/// Run the benchmark.
+pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
+    if cfg.ns.is_empty() || cfg.pl.is_empty() {
+        return Err(RaceError::param("n", "give at least one N and one (P, L) pair"));
+    }
+    if cfg.heads == 0 || cfg.d == 0 {
+        return Err(RaceError::param("heads", "heads and d must be ≥ 1"));
+    }
+    for &(p, l) in &cfg.pl {
+        crate::params::validate_pl(p, l)?;
+    }
+    crate::params::validate_beta(cfg.beta)?;
+    if cfg.device == Device::Cuda {
+        crate::cuda::ensure_device()?;
+    }
+    let isa = cpu::detected_isa();
+    progress("measuring memory bandwidth and FMA peak");
+    let bw = machine::bandwidth_gbs();
+    let peak = machine::fma_peak_gflops(isa);
+    let (h, d, dv) = (cfg.heads, cfg.d, cfg.d);
+    let mut rows = Vec::new();
+    let mut skipped = Vec::new();
+    let mut ref_alive = [cfg.reference, cfg.reference];
+    let mut ref_last: [Option<(usize, f64)>; 2] = [None, None];
+    let mut ns = cfg.ns.clone();
+    ns.sort_unstable();
+    for &n in &ns {
+        let floats = (if cfg.backward { 4 * d + 4 * dv + 1 } else { 2 * d + 2 * dv + 1 }) as u64;
+        let need = 4 * floats * (n * h) as u64;
+        if need > available_memory_bytes() * 8 / 10 {
+            skipped.push(format!("N = {n}: needs {:.1} GiB, more than 80% of available memory", need as f64 / (1u64 << 30) as f64));
+            continue;
+        }
+        let mut q = vec![0.0f32; h * n * d];
+        let mut k = vec![0.0f32; h * n * d];
+        let mut v = vec![0.0f32; h * n * dv];
+        machine::fill(&mut q, cfg.seed, 0);
+        machine::fill(&mut k, cfg.seed + 1, 0);
+        machine::fill(&mut v, cfg.seed + 2, 0);
+        let g = if cfg.backward {
+            let mut g = vec![0.0f32; h * n * dv];
+            machine::fill(&mut g, cfg.seed + 3, 0);
+            g
+        } else {
+            Vec::new()
+        };
+        let (qh, kh, vh) = (Heads::new(h, n, d, &q), Heads::new(h, n, d, &k), Heads::new(h, n, dv, &v));
+        let bytes = bytes_per_token(d, dv, cfg.backward) * (n * h) as f64;
+        for &(p, l) in &cfg.pl {
+            progress(&format!("race (P,L)=({p},{l}) N={n}"));
+            let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, cfg.seed)?);
+            let map = SoftMap { planes: &planes, beta: cfg.beta as f32 };
+            reset_peak_rss();
+            // Output and gradient buffers are allocated once per row and reused across runs,
+            // as a caching allocator would; runs time the kernels, not page faults.
+            let mut o = vec![0.0f32; h * n * dv];
+            let (mut dq, mut dk, mut dvb) = if cfg.backward {
+                (vec![0.0f32; h * n * d], vec![0.0f32; h * n * d], vec![0.0f32; h * n * dv])
+            } else {
+                (Vec::new(), Vec::new(), Vec::new())
+            };
+            let mut den = Vec::with_capacity(h * n);
+            let (secs, all) = match cfg.device {
+                Device::Cpu => time_runs(cfg.runs, || {
+                    let (_, ctx) = forward_into(&map, qh, kh, vh, cfg.causal, isa, &mut o, std::mem::take(&mut den));
+                    if cfg.backward {
+                        let db = soft_backward_into(&map, &ctx, qh, kh, vh, Heads::new(h, n, dv, &o), Heads::new(h, n, dv, &g), isa, &mut dq, &mut dk, &mut dvb);
+                        std::hint::black_box(db);
+                    }
+                    den = ctx.den;
+                }),
+                Device::Cuda => crate::cuda::time_soft(&planes, cfg.beta as f32, qh, kh, vh, if cfg.backward { Some(&g) } else { None }, cfg.causal, cfg.runs)?,
+            };
+            let flops = race_flops_per_token(p, l, d, dv, cfg.backward) * (n * h) as f64;
+            let floor = bytes / (bw * 1e9);
+            rows.push(BenchRow {
+                method: "race".into(),
+                device: cfg.device,
+                n,
+                p: Some(p),
+                l: Some(l),
+                heads: h,
+                d,
+                causal: cfg.causal,
+                backward: cfg.backward,
+                seconds: secs,
+                tokens_per_s: n as f64 / secs,
+                peak_rss_bytes: peak_rss_bytes(),
+                bytes_moved: bytes,
+                floor_seconds: floor,
+                ratio_to_floor: secs / floor,
+                flops: Some(flops),
+                flop_floor_seconds: Some(flops / (peak * 1e9)),
+                runs: all,
+            });
+        }
+        for (ri, name) in ["softmax", "angular"].iter().enumerate() {
+            if !ref_alive[ri] {
+                continue;
+            }
+            if let Some((n0, t0)) = ref_last[ri] {
+                let predicted = t0 * (n as f64 / n0 as f64).powi(2);
+                if predicted > cfg.ref_budget_s {
+                    ref_alive[ri] = false;
+                    skipped.push(format!("{name} reference from N = {n}: predicted {predicted:.0} s per run > {} s budget", cfg.ref_budget_s));
+                    continue;
+                }
+            }
+            progress(&format!("{name} reference N={n}"));
+            let kind = if ri == 0 { Exact::Softmax { scale: 1.0 / (d as f32).sqrt() } } else { Exact::Angular { gamma: 2.0 } };
+            reset_peak_rss();
+            let runs = if ref_last[ri].map(|(_, t)| t * 4.0 > 10.0).unwrap_or(false) { 1.max(cfg.runs.min(3)) } else { cfg.runs };
+            let (secs, all) = time_runs(runs, || {
+                std::hint::black_box(exact_attention(kind, qh, kh, vh, cfg.causal, isa));
+            });
+            ref_last[ri] = Some((n, secs));
+            let rbytes = bytes_per_token(d, dv, false) * (n * h) as f64;
+            let floor = rbytes / (bw * 1e9);
+            let flops = 4.0 * (n as f64) * (n as f64) * (d as f64) * h as f64 * if cfg.causal { 0.5 } else { 1.0 };
+            rows.push(BenchRow {
+                method: name.to_string(),
+                device: Device::Cpu,
+                n,
+                p: None,
+                l: None,
+                heads: h,
+                d,
+                causal: cfg.causal,
+                backward: false,
+                seconds: secs,
+                tokens_per_s: n as f64 / secs,
+                peak_rss_bytes: peak_rss_bytes(),
+                bytes_moved: rbytes,
+                floor_seconds: floor,
+                ratio_to_floor: secs / floor,
+                flops: Some(flops),
+                flop_floor_seconds: Some(flops / (peak * 1e9)),
+                runs: all,
+            });
+        }
+    }
+    let series_name = |r: &BenchRow| match (r.p, r.l) {
+        (Some(p), Some(l)) => format!("race ({p},{l})"),
+        _ => r.method.clone(),
+    };
+    let mut names: Vec<String> = rows.iter().map(series_name).collect();
+    names.dedup();
+    names.sort();
+    names.dedup();
+    let fits: Vec<Fit> = names
+        .iter()
+        .filter_map(|s| {
+            let pts: Vec<(f64, f64)> = rows.iter().filter(|r| &series_name(r) == s).map(|r| (r.n as f64, r.seconds)).collect();
+            // Fit the upper half of the sizes, where fixed costs no longer dominate.
+            let tail: Vec<(f64, f64)> = pts.iter().skip(pts.len() / 2).cloned().collect();
+            (tail.len() >= 2).then(|| Fit { series: s.clone(), exponent: loglog_slope(&tail), points: tail.len() })
+        })
+        .collect();
+    let crossovers: Vec<Crossover> = names
+        .iter()
+        .filter(|s| s.starts_with("race"))
+        .map(|s| {
+            let hit = rows.iter().filter(|r| &series_name(r) == s).find(|r| {
+                rows.iter().any(|x| x.method == "softmax" && x.n == r.n && x.seconds > r.seconds)
+            });
+            let note = if cfg.backward { "kernel forward+backward vs exact softmax forward only (conservative)" } else { "forward vs forward" };
+            Crossover { series: s.clone(), n: hit.map(|r| r.n), note: note.to_string() }
+        })
+        .collect();
+    let mut report = BenchReport {
+        bandwidth_gbs: bw,
+        fma_peak_gflops: peak,
+        isa: isa.name().to_string(),
+        rows,
+        fits,
+        crossovers,
+        skipped,
+        provenance: Provenance::collect(),
+        out_dir: None,
+    };
+    if let Some(dir) = &cfg.out {
+        write_outputs(dir, &report, cfg)?;
+        report.out_dir = Some(dir.display().to_string());
+    }
+    Ok(report)
+}
+
+fn write_outputs(dir: &std::path::Path, rep: &BenchReport, cfg: &BenchConfig) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| RaceError::io(dir, e))?;
+    let mut csv = String::from("method,device,n,p,l,heads,d,causal,backward,seconds,tokens_per_s,peak_rss_bytes,bytes_moved,floor_seconds,ratio_to_floor,flop_floor_seconds\n");
+    for r in &rep.rows {
+        csv += &format!(
+            "{},{:?},{},{},{},{},{},{},{},{:.6e},{:.6e},{},{:.6e},{:.6e},{:.4},{}\n",
+            r.method,
+            r.device,
+            r.n,
+            r.p.map(|x| x.to_string()).unwrap_or_default(),
+            r.l.map(|x| x.to_string()).unwrap_or_default(),
+            r.heads,
+            r.d,
+            r.causal,
+            r.backward,
+            r.seconds,
+            r.tokens_per_s,
+            r.peak_rss_bytes,
+            r.bytes_moved,
+            r.floor_seconds,
+            r.ratio_to_floor,
+            r.flop_floor_seconds.map(|x| format!("{x:.6e}")).unwrap_or_default()
+        );
+    }
+    let p = dir.join("bench.csv");
+    std::fs::write(&p, csv).map_err(|e| RaceError::io(&p, e))?;
+    let p = dir.join("bench.json");
+    std::fs::write(&p, serde_json::to_string_pretty(rep).unwrap_or_default()).map_err(|e| RaceError::io(&p, e))?;
+    let cmd: Vec<String> = std::env::args().collect();
+    let p = dir.join("COMMAND.txt");
+    std::fs::write(&p, format!("{}\n{}\n", cmd.join(" "), rep.provenance.line())).map_err(|e| RaceError::io(&p, e))?;
+    let mut names: Vec<String> = rep.rows.iter().map(|r| match (r.p, r.l) {
+        (Some(p), Some(l)) => format!("race ({p},{l})"),
+        _ => r.method.clone(),
+    }).collect();
+    names.sort();
+    names.dedup();
+    let mut series: Vec<Series> = names
+        .iter()
+        .map(|s| {
+            let pts = rep.rows.iter().filter(|r| match (r.p, r.l) {
+                (Some(p), Some(l)) => &format!("race ({p},{l})") == s,
+                _ => &r.method == s,
+            }).map(|r| (r.n as f64, r.seconds)).collect();
+            Series::new(s.clone(), pts)
+        })
+        .collect();
+    if let Some(first) = rep.rows.iter().find(|r| r.method == "race" && r.p == Some(cfg.pl[0].0)) {
+        let pts = rep.rows.iter().filter(|r| r.method == "race" && r.p == first.p).map(|r| (r.n as f64, r.floor_seconds)).collect();
+        series.push(Series::dashed("bandwidth floor (race, first (P,L))", pts));
+    }
+    let title = format!(
+        "time vs N ({}{}, {} heads, d={}, {})",
+        if cfg.causal { "causal " } else { "" },
+        if cfg.backward { "fwd+bwd" } else { "fwd" },
+        cfg.heads,
+        cfg.d,
+        rep.provenance.cpu
+    );
+    line_plot(&dir.join("time_vs_n"), &LinePlot { title: &title, xlabel: "N (tokens)", ylabel: "seconds", logx: true, logy: true }, &series)
+}
