@@ -46,8 +46,9 @@ proptest! {
         let out = run(&q, &k, &v, &opts(m, rp, seed, causal));
         for i in 0..n {
             let row = out.o.row_slice(i, dv);
-            // An empty row (hard: no collision; angular with d = 1: all keys antipodal) is 0 by definition.
-            if matches!(m, Method::Hard | Method::Angular) && out.empty_rows > 0 && row.iter().all(|&x| x == 0.0) { continue; }
+            // An empty row is 0 by definition (hard: no collision; angular with d = 1: all keys
+            // antipodal; soft at large beta: the kernel underflows below 1e-308).
+            if out.empty_rows > 0 && row.iter().all(|&x| x == 0.0) { continue; }
             for c in 0..dv {
                 let lim = if causal { i + 1 } else { n };
                 let col: Vec<f64> = (0..lim).map(|j| v.at(j, c)).collect();
@@ -66,7 +67,10 @@ proptest! {
         let k = if m == Method::Hard || (m == Method::Angular && d == 1) { q.clone() } else { randn(1, d, seed ^ 1) };
         let v = randn(1, dv, seed ^ 2);
         let out = run(&q, &k, &v, &opts(m, rp, seed, causal));
-        assert_close(&format!("{m:?} N=1"), &out.o.data, &v.data, 1e-12);
+        // Soft RACE at large beta may underflow to an (explicitly counted) empty row.
+        if !(m == Method::Soft && out.empty_rows == 1) {
+            assert_close(&format!("{m:?} N=1"), &out.o.data, &v.data, 1e-12);
+        }
     }
 
     #[test]
@@ -113,7 +117,12 @@ proptest! {
         let (mut f, mut g) = (vec![0.0; r], vec![0.0; r]);
         soft_features(&planes, 0, &x.data, beta, &mut f);
         soft_features_direct(&planes, 0, &x.data, beta, &mut g);
-        assert_close(&format!("phi factorised vs direct, beta={beta:e}"), &f, &g, 1e-14);
+        // The direct form rounds logits of size up to beta·P, so each φ_r carries a relative
+        // error up to ~eps·(P + beta·P); the bound below is 4× that, and 1e-14 for beta ≤ 1.
+        for r in 0..(1 << p) {
+            let tol = (4.0 * f64::EPSILON * (p as f64) * (1.0 + beta) * f[r].max(g[r])).max(1e-14 * f[r].max(g[r]));
+            prop_assert!((f[r] - g[r]).abs() <= tol.max(1e-300), "beta={:e} P={} r={}: {} vs {} (tol {:.1e})", beta, p, r, f[r], g[r], tol);
+        }
         prop_assert!((f.iter().sum::<f64>() - 1.0).abs() < 1e-14);
     }
 }

@@ -212,7 +212,7 @@ fn run_attend(a: AttendArgs) -> Result<()> {
         "seed": a.common.seed,
         "planes": a.planes.as_ref().map(|p| p.display().to_string()),
         "seconds": seconds,
-        "empty_rows": (method == Method::Hard).then_some(res.empty_rows),
+        "empty_rows": res.empty_rows,
         "out": out.display().to_string(),
     });
     if a.common.json {
@@ -226,7 +226,14 @@ fn run_attend(a: AttendArgs) -> Result<()> {
             v.tensor.shape,
             out.display(),
             seconds,
-            if method == Method::Hard { format!(", {} empty rows", res.empty_rows) } else { String::new() }
+            if res.empty_rows > 0 || method == Method::Hard { format!(", {} empty rows", res.empty_rows) } else { String::new() }
+        );
+    }
+    if res.empty_rows > 0 {
+        eprintln!(
+            "warning: {} rows had denominator 0 and were set to 0 ({})",
+            res.empty_rows,
+            if method == Method::Hard { "queries that collide with no key" } else { "the kernel underflowed; try a smaller --beta" }
         );
     }
     Ok(())
