@@ -27,6 +27,7 @@ pub mod bench;
 pub mod cpu;
 pub mod cuda;
 pub mod error;
+pub mod experiments;
 pub mod hashing;
 pub mod io;
 pub mod params;

@@ -3,7 +3,7 @@
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use racelab::io::{read_npy, read_planes, write_npy, write_planes, Dtype};
-use racelab::{attend, AttendOptions, Combine, Method};
+use racelab::{attend, experiments, AttendOptions, Combine, Method};
 use serde_json::json;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -37,6 +37,46 @@ enum Cmd {
     Reproduce(ReproduceArgs),
     /// Time the fast kernels against exact attention and the machine's measured limits.
     Bench(BenchArgs),
+    /// Fig. 3-style heatmaps: softmax, angular (gamma 1, 6, 10, 12), soft and hard S-hat.
+    Fig3(Fig3Args),
+    /// Soft-hash bias by exact quadrature vs kappa^P, over P and beta.
+    Bias(ExpArgs),
+    /// Sampling error alone (bias removed) vs L and N, quantiles over seeds.
+    Variance(ExpArgs),
+    /// Theorem 2: fit c in c(P/beta + sqrt(log(N/delta)/L))||V||_F.
+    Theorem(ExpArgs),
+    /// Singular values and numerical rank of S-hat vs LR and L(R-1)+1.
+    Rank(ExpArgs),
+    /// Lemma 10 counterexample and the repaired condition.
+    Lemma10(ExpArgs),
+    /// Error/cost trade-offs over P, L, beta; matched-state comparison.
+    Tradeoff(ExpArgs),
+    /// Paper (Algorithm 1) vs authors' combine rule, against angular attention.
+    Combine(ExpArgs),
+}
+
+#[derive(Args, Clone)]
+struct ExpArgs {
+    /// Small grids (minutes on 2 cores).
+    #[arg(long)]
+    quick: bool,
+    /// A TOML config replacing the built-in experiments/<name>.toml.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Args)]
+struct Fig3Args {
+    /// User queries (.npy, [N,d]; for [H,N,d] or [B,H,N,d] the first head is used).
+    #[arg(long, requires = "k")]
+    q: Option<PathBuf>,
+    /// User keys (.npy), same shape rules as --q.
+    #[arg(long, requires = "q")]
+    k: Option<PathBuf>,
+    #[command(flatten)]
+    exp: ExpArgs,
 }
 
 #[derive(Args)]
@@ -148,6 +188,23 @@ fn main() {
         Cmd::Attend(a) => run_attend(a),
         Cmd::Reproduce(a) => run_reproduce(a),
         Cmd::Bench(a) => run_bench(a),
+        Cmd::Fig3(a) => {
+            let user = match (&a.q, &a.k) {
+                (Some(q), Some(k)) => Some(load_qk(q, k)),
+                _ => None,
+            };
+            match user.transpose() {
+                Ok(u) => run_exp(&a.exp, |ctx| experiments::fig3::run(ctx, u)),
+                Err(e) => Err(e),
+            }
+        }
+        Cmd::Bias(a) => run_exp(&a, experiments::bias::run),
+        Cmd::Variance(a) => run_exp(&a, experiments::variance::run),
+        Cmd::Theorem(a) => run_exp(&a, experiments::theorem::run),
+        Cmd::Rank(a) => run_exp(&a, experiments::rank::run),
+        Cmd::Lemma10(a) => run_exp(&a, experiments::lemma10::run),
+        Cmd::Tradeoff(a) => run_exp(&a, experiments::tradeoff::run),
+        Cmd::Combine(a) => run_exp(&a, experiments::combine::run),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");
@@ -248,8 +305,93 @@ fn read_matrix(path: &std::path::Path, arg: &str) -> Result<racelab::Mat<f64>> {
     }
 }
 
+/// First head of a `[N,d]`, `[H,N,d]` or `[B,H,N,d]` .npy as a matrix.
+fn first_head(path: &std::path::Path) -> Result<racelab::Mat<f64>> {
+    let arr = read_npy(path)?;
+    let [_, _, n, d] = arr.tensor.bhnd(&path.display().to_string())?;
+    if n == 0 || d == 0 {
+        anyhow::bail!("`{}` is empty: N = {n}, d = {d}", path.display());
+    }
+    Ok(racelab::Mat::from_vec(n, d, arr.tensor.data[..n * d].to_vec()))
+}
+
+fn load_qk(q: &std::path::Path, k: &std::path::Path) -> Result<(racelab::Mat<f64>, racelab::Mat<f64>, String)> {
+    Ok((first_head(q)?, first_head(k)?, format!("user Q {} / K {}", q.display(), k.display())))
+}
+
+fn exp_ctx(a: &ExpArgs) -> experiments::Ctx {
+    experiments::Ctx { out: a.common.out.clone().unwrap_or_else(|| PathBuf::from("figures")), seed: a.common.seed, quick: a.quick, config: a.config.clone() }
+}
+
+fn print_result(r: &experiments::ExpResult, json: bool) {
+    if json {
+        // The headline figures at top level (the contract's `rows`, `max_shat`, …), plus claims.
+        let mut obj = match &r.headline {
+            serde_json::Value::Object(m) => m.clone(),
+            other => {
+                let mut m = serde_json::Map::new();
+                m.insert("headline".into(), other.clone());
+                m
+            }
+        };
+        for (k, v) in [("name", json!(r.name)), ("claims", json!(r.claims)), ("csv", json!(r.csv)), ("figures", json!(r.figures)), ("seconds", json!(r.seconds)), ("seed", json!(r.seed))] {
+            obj.insert(k.into(), v);
+        }
+        println!("{}", serde_json::Value::Object(obj));
+        return;
+    }
+    println!("{} ({:.1} s, seed {})", r.name, r.seconds, r.seed);
+    for c in &r.claims {
+        println!("  [{}] {}\n      measured: {}", c.verdict.text(), c.claim, c.measured);
+    }
+    println!("  wrote {} and {}", r.csv.join(", "), r.figures.iter().map(|f| format!("{f}.png/.svg")).collect::<Vec<_>>().join(", "));
+}
+
+fn run_exp(a: &ExpArgs, f: impl FnOnce(&experiments::Ctx) -> racelab::Result<experiments::ExpResult>) -> Result<()> {
+    let ctx = exp_ctx(a);
+    let r = f(&ctx)?;
+    print_result(&r, a.common.json);
+    Ok(())
+}
+
 fn run_reproduce(a: ReproduceArgs) -> Result<()> {
-    let _ = a;
+    let ctx = experiments::Ctx { out: a.common.out.clone().unwrap_or_else(|| PathBuf::from("figures")), seed: a.common.seed, quick: a.quick, config: None };
+    type Step = (&'static str, fn(&experiments::Ctx) -> racelab::Result<experiments::ExpResult>);
+    let steps: Vec<Step> = vec![
+        ("factorisation", experiments::report::factorisation),
+        ("rank", experiments::rank::run),
+        ("lemma10", experiments::lemma10::run),
+        ("bias", experiments::bias::run),
+        ("combine", experiments::combine::run),
+        ("fig3", |c| experiments::fig3::run(c, None)),
+        ("variance", experiments::variance::run),
+        ("theorem", experiments::theorem::run),
+        ("tradeoff", experiments::tradeoff::run),
+        ("scaling", experiments::report::scaling),
+    ];
+    let t0 = Instant::now();
+    let bar = indicatif::ProgressBar::new(steps.len() as u64);
+    bar.set_style(indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}").unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()));
+    let mut results = Vec::new();
+    for (name, step) in steps {
+        bar.set_message(name.to_string());
+        let r = step(&ctx).with_context(|| format!("experiment `{name}` failed"))?;
+        bar.println(format!("{name}: {:.1} s, {} claims", r.seconds, r.claims.len()));
+        results.push(r);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let total = t0.elapsed().as_secs_f64();
+    let report = experiments::report::write_report(&ctx, &results, total)?;
+    if a.common.json {
+        let claims: Vec<_> = results.iter().flat_map(|r| r.claims.clone()).collect();
+        println!("{}", json!({ "report": report.display().to_string(), "seconds": total, "claims": claims }));
+    } else {
+        for r in &results {
+            print_result(r, false);
+        }
+        println!("wrote {} ({:.1} s)", report.display(), total);
+    }
     Ok(())
 }
 

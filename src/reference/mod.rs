@@ -9,6 +9,7 @@
 pub mod angular;
 pub mod backward;
 pub mod baselines;
+pub mod expected;
 pub mod kernels;
 pub mod race;
 pub mod softmax;

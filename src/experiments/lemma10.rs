@@ -1,0 +1,186 @@
+//! `racelab lemma10`: Lemma 10 (paper p. 24) as written claims `‖E‖₂ ≤ s_min/2` from a
+//! table-count condition alone; it centres the biased soft estimator at S. Counterexample
+//! (slides, backup): all Q/K equal one unit vector x, P = 2, beta = 0.1. Then `S_ij = 1` but
+//! `Ŝ_ij = (1/L)Σ_l |φ_l(x)|² ≤ max_r φ_r ≤ e^{0.4}/4 < 0.373`, so `‖E‖₂/N > 0.627` for every L.
+//!
+//! Repair (DESIGN 2.4): with `b = max_ij |EŜ_ij − S_ij|`, w.p. ≥ 1 − δ
+//! `‖E‖₂/N ≤ b + sqrt(log(2N²/δ)/(2L))`; `b ≤ C1/4` and `L ≥ (8/C1²) log(2N²/δ)` suffice for
+//! `‖E‖₂ ≤ s_min/2`. Here `E = diag(Ŝ1 − S1)`, `S = κ^P`, `EŜ = g^P` by quadrature.
+
+use super::{data, f, fig, load_config, quantile, read_csv, write_csv, Claim, Ctx, ExpResult, Verdict};
+use crate::error::Result;
+use crate::hashing::{soft_feature_bank, soft_features, Planes};
+use crate::plot::{line_plot, LinePlot, Series};
+use crate::reference::angular::kappa;
+use crate::reference::expected::GTable;
+use crate::reference::kernels::soft_matrix;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct Config {
+    pub p: usize,
+    pub beta: f64,
+    pub d: usize,
+    pub n: usize,
+    pub ls: Vec<usize>,
+    pub grid_p: usize,
+    pub grid_betas: Vec<f64>,
+    pub grid_ls: Vec<usize>,
+    pub grid_ns: Vec<usize>,
+    pub grid_seeds: usize,
+    pub delta: f64,
+    pub spread: f64,
+    pub n_theta: usize,
+}
+
+pub fn run(ctx: &Ctx) -> Result<ExpResult> {
+    let t0 = std::time::Instant::now();
+    let cfg: Config = load_config(ctx, include_str!("../../experiments/lemma10.toml"), "lemma10")?;
+    // Part 1: the counterexample.
+    let x = data::concentrated_unit(1, cfg.d, 0.0, ctx.seed, 7);
+    let bound = (0.4f64).exp() / 4.0;
+    let mut rows = Vec::new();
+    let mut max_shat_all = 0.0f64;
+    for &l in &cfg.ls {
+        let planes = Planes::gaussian(l, cfg.p, cfg.d, ctx.seed + l as u64)?;
+        let r = planes.r();
+        let mut phi = vec![0.0; r];
+        let mut s = 0.0;
+        for t in 0..l {
+            soft_features(&planes, t, &x.data, cfg.beta, &mut phi);
+            s += phi.iter().map(|p| p * p).sum::<f64>() / l as f64;
+        }
+        // Cross-check on the explicit N × N matrix (every entry equals s).
+        let xs = crate::tensor::Mat::from_vec(cfg.n.min(64), cfg.d, x.data.repeat(cfg.n.min(64)));
+        let shat = soft_matrix(xs.view(), xs.view(), &planes, cfg.beta);
+        let max_shat = shat.data.iter().cloned().fold(0.0, f64::max);
+        assert!((max_shat - s).abs() < 1e-12, "explicit and per-table Ŝ disagree");
+        max_shat_all = max_shat_all.max(max_shat);
+        rows.push(vec![l.to_string(), f(max_shat), f(1.0 - s)]);
+    }
+    let csv1 = write_csv(ctx, "lemma10_counterexample", &["l", "max_shat", "e_norm_over_n"], &rows, &cfg)?;
+    let g0 = GTable::new(cfg.beta, 8).values[0];
+    let expected_limit = g0.powi(cfg.p as i32);
+
+    // Part 2: the repaired condition over a grid.
+    let mut grid = Vec::new();
+    for &beta in &cfg.grid_betas {
+        let table = GTable::new(beta, cfg.n_theta);
+        for &n in &cfg.grid_ns {
+            let q = data::concentrated_unit(n, cfg.d, cfg.spread, ctx.seed, 11);
+            let k = data::concentrated_unit(n, cfg.d, cfg.spread, ctx.seed, 12);
+            let p = cfg.grid_p as i32;
+            let mut s_row = vec![0.0; n];
+            let mut b = 0.0f64;
+            for i in 0..n {
+                for j in 0..n {
+                    let kap = kappa(q.row(i), k.row(j));
+                    let s = kap.powi(p);
+                    s_row[i] += s;
+                    let theta = std::f64::consts::PI * (1.0 - kap);
+                    b = b.max((table.g(theta).powi(p) - s).abs());
+                }
+            }
+            let s_min = s_row.iter().cloned().fold(f64::INFINITY, f64::min);
+            let c1 = s_min / n as f64;
+            let log_term = (2.0 * (n * n) as f64 / cfg.delta).ln();
+            for &l in &cfg.grid_ls {
+                for seed in 0..cfg.grid_seeds {
+                    let planes = Planes::gaussian(l, cfg.grid_p, cfg.d, ctx.seed * 1000 + seed as u64 + 17 * l as u64)?;
+                    // Row sums of Ŝ through bucket masses: Σ_j Ŝ_ij = (1/L) Σ_l φ_l(q_i)ᵀ A_l.
+                    let r = planes.r();
+                    let fq = soft_feature_bank(&planes, &q.data, n, beta);
+                    let fk = soft_feature_bank(&planes, &k.data, n, beta);
+                    let mut a = vec![0.0; l * r];
+                    for t in 0..l {
+                        for j in 0..n {
+                            for b in 0..r {
+                                a[t * r + b] += fk[(t * n + j) * r + b];
+                            }
+                        }
+                    }
+                    let e2 = (0..n)
+                        .map(|i| {
+                            let row: f64 = (0..l).map(|t| (0..r).map(|b| fq[(t * n + i) * r + b] * a[t * r + b]).sum::<f64>()).sum::<f64>() / l as f64;
+                            (row - s_row[i]).abs()
+                        })
+                        .fold(0.0, f64::max);
+                    let actual = e2 <= s_min / 2.0;
+                    let hp_bound = b + (log_term / (2.0 * l as f64)).sqrt();
+                    let sufficient = b <= c1 / 4.0 && (l as f64) >= 8.0 / (c1 * c1) * log_term;
+                    grid.push(vec![f(beta), n.to_string(), l.to_string(), seed.to_string(), f(c1), f(b), f(e2 / n as f64), f(hp_bound), (actual as u8).to_string(), (sufficient as u8).to_string()]);
+                }
+            }
+        }
+    }
+    let header = ["beta", "n", "l", "seed", "c1", "b", "e_norm_over_n", "hp_bound", "actual_holds", "sufficient_holds"];
+    let csv2 = write_csv(ctx, "lemma10_repair", &header, &grid, &cfg)?;
+
+    // Figures from the CSVs.
+    let (h, r) = read_csv(ctx, "lemma10_counterexample")?;
+    let ls = super::col(&h, &r, "l");
+    let e = super::col(&h, &r, "e_norm_over_n");
+    let ms = super::col(&h, &r, "max_shat");
+    line_plot(
+        &fig(ctx, "lemma10_counterexample"),
+        &LinePlot { title: "Lemma 10 counterexample (all Q/K equal, P=2, beta=0.1)", xlabel: "L (tables)", ylabel: "value", logx: true, logy: false },
+        &[
+            Series::new("||E||_2 / N", ls.iter().cloned().zip(e.iter().cloned()).collect()),
+            Series::new("max S-hat_ij", ls.iter().cloned().zip(ms.iter().cloned()).collect()),
+            Series::dashed("0.627 (lemma needs <= 0.5)", ls.iter().map(|&l| (l, 1.0 - bound)).collect()),
+            Series::dashed("e^0.4/4 = 0.373", ls.iter().map(|&l| (l, bound)).collect()),
+        ],
+    )?;
+    let (h2, r2) = read_csv(ctx, "lemma10_repair")?;
+    let e2 = super::col(&h2, &r2, "e_norm_over_n");
+    let hp = super::col(&h2, &r2, "hp_bound");
+    let act = super::col(&h2, &r2, "actual_holds");
+    let suf = super::col(&h2, &r2, "sufficient_holds");
+    let lcol = super::col(&h2, &r2, "l");
+    let bcol = super::col(&h2, &r2, "beta");
+    let mut series = Vec::new();
+    for &beta in &cfg.grid_betas {
+        let pts: Vec<(f64, f64)> = cfg.grid_ls.iter().map(|&l| {
+            let v: Vec<f64> = (0..e2.len()).filter(|&i| lcol[i] == l as f64 && bcol[i] == beta).map(|i| e2[i]).collect();
+            (l as f64, quantile(&v, 0.5))
+        }).collect();
+        series.push(Series::new(format!("beta={beta}: median ||E||/N"), pts));
+    }
+    line_plot(&fig(ctx, "lemma10_repair"), &LinePlot { title: "Denominator error vs L (concentrated unit Q/K, P=2)", xlabel: "L", ylabel: "||E||_2 / N", logx: true, logy: true }, &series)?;
+
+    let all_e = e.iter().cloned().fold(f64::INFINITY, f64::min);
+    let counter_holds = max_shat_all < bound && all_e > 1.0 - bound;
+    let bound_ok = (0..e2.len()).filter(|&i| e2[i] <= hp[i]).count();
+    let suff_true = (0..e2.len()).filter(|&i| suf[i] == 1.0).count();
+    let suff_viol = (0..e2.len()).filter(|&i| suf[i] == 1.0 && act[i] == 0.0).count();
+    let act_true = (0..e2.len()).filter(|&i| act[i] == 1.0).count();
+    let claims = vec![
+        Claim::new(
+            "lemma10-counterexample",
+            "Lemma 10 as written fails: with all Q/K equal (P=2, beta=0.1), max Ŝ < 0.373 and ‖E‖₂/N > 0.627 for every L",
+            "Slides, backup 'Lemma 10 omits the soft-hash bias' (paper p. 24)",
+            format!("max Ŝ over L∈[{},{}] = {:.4}; min ‖E‖₂/N = {:.4}; E-limit (quadrature) 1 − g(0)^P = {:.4}", cfg.ls[0], cfg.ls[cfg.ls.len() - 1], max_shat_all, all_e, 1.0 - expected_limit),
+            if counter_holds { Verdict::Holds } else { Verdict::Fails },
+            "the counterexample holds, i.e. the lemma as written is refuted",
+        ),
+        Claim::new(
+            "lemma10-repair",
+            "Repaired bound ‖E‖₂/N ≤ b + sqrt(log(2N²/δ)/(2L)) holds; b ≤ C1/4 and L ≥ (8/C1²)log(2N²/δ) suffice for ‖E‖₂ ≤ s_min/2",
+            "Slides, backup (repair); DESIGN 2.4",
+            format!(
+                "bound held at {bound_ok}/{} grid points; sufficient condition met at {suff_true}, violated (sufficient but ‖E‖₂ > s_min/2) at {suff_viol}; actual condition held at {act_true}",
+                e2.len()
+            ),
+            if bound_ok as f64 >= (1.0 - cfg.delta) * e2.len() as f64 && suff_viol == 0 { if suff_true == 0 { Verdict::HoldsWithCaveat } else { Verdict::Holds } } else { Verdict::Fails },
+            if suff_true == 0 { "the sufficient condition is never met on this grid: with the grid's C1 it needs L beyond the grid; it is very conservative" } else { "the sufficient condition is conservative: the actual condition holds far more often" },
+        ),
+    ];
+    let headline = serde_json::json!({
+        "max_shat": max_shat_all,
+        "bound_0_373": bound,
+        "rows": rows.iter().map(|r| serde_json::json!({"l": r[0].parse::<usize>().unwrap_or(0), "max_shat": r[1].parse::<f64>().unwrap_or(0.0), "e_norm_over_n": r[2].parse::<f64>().unwrap_or(0.0)})).collect::<Vec<_>>(),
+        "expected_limit_shat": expected_limit,
+        "repair": {"points": e2.len(), "hp_bound_held": bound_ok, "sufficient_met": suff_true, "sufficient_violated": suff_viol, "actual_held": act_true},
+    });
+    Ok(ExpResult { name: "lemma10".into(), claims, figures: vec!["lemma10_counterexample".into(), "lemma10_repair".into()], csv: vec![csv1, csv2], headline, seconds: t0.elapsed().as_secs_f64(), seed: ctx.seed })
+}

@@ -1,0 +1,172 @@
+//! The experiments: one module per claim family, each with a TOML config
+//! (`experiments/<name>.toml`, embedded as the built-in default, `[quick]` and `[full]`
+//! tables), CSV written before any figure, figures drawn from those rows, and claim rows
+//! with a measured value and a verdict for `figures/REPORT.md`.
+
+pub mod bias;
+pub mod combine;
+pub mod data;
+pub mod fig3;
+pub mod lemma10;
+pub mod rank;
+pub mod report;
+pub mod theorem;
+pub mod tradeoff;
+pub mod variance;
+
+use crate::error::{RaceError, Result};
+use crate::provenance::Provenance;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// Where and how an experiment runs.
+#[derive(Debug, Clone)]
+pub struct Ctx {
+    pub out: PathBuf,
+    pub seed: u64,
+    pub quick: bool,
+    /// A user config file replacing the built-in one.
+    pub config: Option<PathBuf>,
+}
+
+/// Verdict of one claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    Holds,
+    Fails,
+    HoldsWithCaveat,
+}
+
+impl Verdict {
+    pub fn text(&self) -> &'static str {
+        match self {
+            Verdict::Holds => "holds",
+            Verdict::Fails => "fails",
+            Verdict::HoldsWithCaveat => "holds with a caveat",
+        }
+    }
+}
+
+/// One row of REPORT.md.
+#[derive(Debug, Clone, Serialize)]
+pub struct Claim {
+    pub id: String,
+    pub claim: String,
+    pub source: String,
+    pub measured: String,
+    pub verdict: Verdict,
+    pub note: String,
+}
+
+impl Claim {
+    pub fn new(id: &str, claim: &str, source: &str, measured: String, verdict: Verdict, note: impl Into<String>) -> Self {
+        Claim { id: id.into(), claim: claim.into(), source: source.into(), measured, verdict, note: note.into() }
+    }
+}
+
+/// What an experiment returns.
+#[derive(Debug, Clone, Serialize)]
+pub struct ExpResult {
+    pub name: String,
+    pub claims: Vec<Claim>,
+    /// Figure stems relative to the output folder (`x` for `x.png` and `x.svg`).
+    pub figures: Vec<String>,
+    pub csv: Vec<String>,
+    pub headline: serde_json::Value,
+    pub seconds: f64,
+    pub seed: u64,
+}
+
+/// `[quick]` and `[full]` variants of one experiment's config.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Modes<C> {
+    pub quick: C,
+    pub full: C,
+}
+
+/// Load the experiment config: the user's file, or the built-in TOML.
+pub fn load_config<C: DeserializeOwned>(ctx: &Ctx, builtin: &str, name: &str) -> Result<C> {
+    let (text, path) = match &ctx.config {
+        Some(p) => (std::fs::read_to_string(p).map_err(|e| RaceError::io(p, e))?, p.display().to_string()),
+        None => (builtin.to_string(), format!("experiments/{name}.toml (built in)")),
+    };
+    let modes: Modes<C> = toml::from_str(&text).map_err(|e| RaceError::Config { path, msg: e.to_string() })?;
+    Ok(if ctx.quick { modes.quick } else { modes.full })
+}
+
+/// Write a CSV (header + rows) and a `.meta.json` sidecar with provenance and parameters.
+pub fn write_csv(ctx: &Ctx, name: &str, header: &[&str], rows: &[Vec<String>], params: &impl Serialize) -> Result<String> {
+    std::fs::create_dir_all(&ctx.out).map_err(|e| RaceError::io(&ctx.out, e))?;
+    let mut s = header.join(",");
+    s.push('\n');
+    for r in rows {
+        // Fields are numbers or simple labels; a comma would shift every later column.
+        debug_assert!(r.iter().all(|x| !x.contains(',')), "CSV field with a comma in {name}");
+        s.push_str(&r.iter().map(|x| x.replace(',', ";")).collect::<Vec<_>>().join(","));
+        s.push('\n');
+    }
+    let p = ctx.out.join(format!("{name}.csv"));
+    std::fs::write(&p, s).map_err(|e| RaceError::io(&p, e))?;
+    let meta = serde_json::json!({
+        "csv": format!("{name}.csv"),
+        "seed": ctx.seed,
+        "quick": ctx.quick,
+        "params": params,
+        "provenance": Provenance::collect(),
+    });
+    let m = ctx.out.join(format!("{name}.meta.json"));
+    std::fs::write(&m, serde_json::to_string_pretty(&meta).unwrap_or_default()).map_err(|e| RaceError::io(&m, e))?;
+    Ok(format!("{name}.csv"))
+}
+
+/// Read back a CSV written by [`write_csv`] (figures are drawn from these rows).
+pub fn read_csv(ctx: &Ctx, name: &str) -> Result<(Vec<String>, Vec<Vec<String>>)> {
+    let p = ctx.out.join(format!("{name}.csv"));
+    let text = std::fs::read_to_string(&p).map_err(|e| RaceError::io(&p, e))?;
+    let mut lines = text.lines();
+    let header = lines.next().unwrap_or("").split(',').map(String::from).collect();
+    Ok((header, lines.map(|l| l.split(',').map(String::from).collect()).collect()))
+}
+
+/// Column `name` of CSV rows parsed as f64.
+pub fn col(header: &[String], rows: &[Vec<String>], name: &str) -> Vec<f64> {
+    let i = header.iter().position(|h| h == name).unwrap_or(0);
+    rows.iter().map(|r| r.get(i).and_then(|x| x.parse().ok()).unwrap_or(f64::NAN)).collect()
+}
+
+/// Column `name` as strings.
+pub fn col_s(header: &[String], rows: &[Vec<String>], name: &str) -> Vec<String> {
+    let i = header.iter().position(|h| h == name).unwrap_or(0);
+    rows.iter().map(|r| r.get(i).cloned().unwrap_or_default()).collect()
+}
+
+/// `x` formatted for CSV (full precision).
+pub fn f(x: f64) -> String {
+    format!("{x:.9e}")
+}
+
+/// Path of a figure stem in the output folder.
+pub fn fig(ctx: &Ctx, stem: &str) -> PathBuf {
+    ctx.out.join(stem)
+}
+
+/// Quantile (linear interpolation) of unsorted data.
+pub fn quantile(v: &[f64], q: f64) -> f64 {
+    let mut s: Vec<f64> = v.iter().cloned().filter(|x| x.is_finite()).collect();
+    if s.is_empty() {
+        return f64::NAN;
+    }
+    s.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let t = q * (s.len() - 1) as f64;
+    let i = t.floor() as usize;
+    let j = (i + 1).min(s.len() - 1);
+    s[i] + (t - i as f64) * (s[j] - s[i])
+}
+
+/// The relative path used in REPORT.md for a figure stem.
+pub fn rel(out: &Path, stem: &str) -> String {
+    let _ = out;
+    format!("{stem}.png")
+}

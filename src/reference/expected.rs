@@ -1,0 +1,158 @@
+//! The expected soft-RACE kernel, by quadrature (DESIGN 2.2; `proofs-notes/soft-bias.md`).
+//!
+//! Rows of `W` are independent, so `E_W[φ(q)ᵀφ(k)] = g^P` with
+//! `g = E[a(X)a(Y) + (1 − a(X))(1 − a(Y))]`, `a(t) = σ(2 beta tanh t)`, where `(X, Y) = (wᵀq, wᵀk)`
+//! is bivariate normal with variances `|q|², |k|²` and covariance `qᵀk`. Writing
+//! `X = |q| z₁`, `Y = |k|(ρ z₁ + s z₂)` with `ρ = cos θ`, `s = sin θ`:
+//!
+//! `g = ∫ φ(z₁) [a(X) h(z₁) + (1 − a(X))(1 − h(z₁))] dz₁`, `h(z₁) = ∫ φ(z₂) a(Y) dz₂`.
+//!
+//! Both integrands are smooth except for a step of width `~1/(2 beta)` where `X = 0` (resp.
+//! `Y = 0`), which plain Gauss–Hermite cannot resolve at large beta. Each 1-D integral is
+//! therefore composite 16-point Gauss–Legendre on `[−9, 9]` (the normal mass outside is
+//! < 1e-18) with panel breaks refined geometrically around the step. The hard-hash limit is
+//! `g → κ = 1 − θ/π`. Accuracy is checked against Monte Carlo and by refinement in `bias`.
+
+use crate::hashing::sigmoid;
+use std::sync::OnceLock;
+
+/// 16-point Gauss–Legendre nodes and weights on [−1, 1] (Newton on P₁₆, f64).
+fn gl16() -> &'static ([f64; 16], [f64; 16]) {
+    static GL: OnceLock<([f64; 16], [f64; 16])> = OnceLock::new();
+    GL.get_or_init(|| {
+        let n = 16;
+        let (mut x, mut w) = ([0.0; 16], [0.0; 16]);
+        for i in 0..n {
+            let mut t = (std::f64::consts::PI * (i as f64 + 0.75) / (n as f64 + 0.5)).cos();
+            for _ in 0..100 {
+                let (mut p0, mut p1) = (1.0, t);
+                for k in 2..=n {
+                    let p2 = ((2 * k - 1) as f64 * t * p1 - (k - 1) as f64 * p0) / k as f64;
+                    p0 = p1;
+                    p1 = p2;
+                }
+                let dp = n as f64 * (t * p1 - p0) / (t * t - 1.0);
+                let dt = p1 / dp;
+                t -= dt;
+                if dt.abs() < 1e-16 {
+                    let (mut q0, mut q1) = (1.0, t);
+                    for k in 2..=n {
+                        let q2 = ((2 * k - 1) as f64 * t * q1 - (k - 1) as f64 * q0) / k as f64;
+                        q0 = q1;
+                        q1 = q2;
+                    }
+                    let dq = n as f64 * (t * q1 - q0) / (t * t - 1.0);
+                    x[i] = t;
+                    w[i] = 2.0 / ((1.0 - t * t) * dq * dq);
+                    break;
+                }
+            }
+        }
+        (x, w)
+    })
+}
+
+const LIM: f64 = 9.0;
+
+/// Panel breaks on [−9, 9]: uniform (width 0.5 / refine) plus geometric refinement around
+/// `c` at scale `width` (the step's width in this variable).
+fn breaks(c: f64, width: f64, refine: usize) -> Vec<f64> {
+    let mut b: Vec<f64> = (0..=36 * refine).map(|i| -LIM + i as f64 * (2.0 * LIM) / (36 * refine) as f64).collect();
+    if width.is_finite() && width > 0.0 && c.abs() < LIM {
+        let mut s = width / 8.0;
+        while s < 4.0 {
+            for &t in &[c - s, c + s] {
+                if t.abs() < LIM {
+                    b.push(t);
+                }
+            }
+            s *= 2.0_f64.powf(1.0 / refine as f64);
+        }
+        b.push(c);
+    }
+    b.sort_by(|x, y| x.partial_cmp(y).unwrap());
+    b.dedup_by(|a, b| (*a - *b).abs() < 1e-15);
+    b
+}
+
+/// `∫_{−9}^{9} f(z) φ(z) dz` on the given breaks.
+fn integrate(br: &[f64], f: impl Fn(f64) -> f64) -> f64 {
+    let (x, w) = gl16();
+    let norm = 1.0 / (2.0 * std::f64::consts::PI).sqrt();
+    let mut total = 0.0;
+    for p in br.windows(2) {
+        let (a, b) = (p[0], p[1]);
+        let (mid, half) = (0.5 * (a + b), 0.5 * (b - a));
+        let mut s = 0.0;
+        for i in 0..16 {
+            let z = mid + half * x[i];
+            s += w[i] * f(z) * (-0.5 * z * z).exp() * norm;
+        }
+        total += half * s;
+    }
+    total
+}
+
+/// `a(t) = σ(2 beta tanh t)`.
+#[inline]
+fn a(t: f64, beta: f64) -> f64 {
+    sigmoid(2.0 * beta * t.tanh())
+}
+
+/// `g(q, k)` for vectors of norms `nq`, `nk` at angle `theta`; `refine ≥ 1` multiplies the
+/// panel count (1 is the default; 2 is used to check convergence).
+pub fn expected_g(beta: f64, nq: f64, nk: f64, theta: f64, refine: usize) -> f64 {
+    let (rho, s) = (theta.cos(), theta.sin().abs());
+    let outer = breaks(0.0, 1.0 / (2.0 * beta * nq), refine);
+    integrate(&outer, |z1| {
+        let ax = a(nq * z1, beta);
+        let h = if s < 1e-12 {
+            a(nk * rho * z1, beta)
+        } else {
+            let c = -rho * z1 / s;
+            let inner = breaks(c, 1.0 / (2.0 * beta * nk * s), refine);
+            integrate(&inner, |z2| a(nk * (rho * z1 + s * z2), beta))
+        };
+        ax * h + (1.0 - ax) * (1.0 - h)
+    })
+}
+
+/// `g(θ)` for unit vectors tabulated on `n + 1` equally spaced angles in [0, π], with linear
+/// interpolation (unit Q/K: g depends on the angle only).
+#[derive(Debug, Clone)]
+pub struct GTable {
+    pub beta: f64,
+    pub values: Vec<f64>,
+}
+
+impl GTable {
+    pub fn new(beta: f64, n: usize) -> Self {
+        use rayon::prelude::*;
+        let values = (0..=n).into_par_iter().map(|i| expected_g(beta, 1.0, 1.0, std::f64::consts::PI * i as f64 / n as f64, 1)).collect();
+        GTable { beta, values }
+    }
+    /// Interpolated `g(θ)`.
+    pub fn g(&self, theta: f64) -> f64 {
+        let n = self.values.len() - 1;
+        let t = (theta / std::f64::consts::PI).clamp(0.0, 1.0) * n as f64;
+        let i = (t.floor() as usize).min(n - 1);
+        let f = t - i as f64;
+        self.values[i] * (1.0 - f) + self.values[i + 1] * f
+    }
+}
+
+/// Monte-Carlo estimate of `g` (mean, standard error) from `draws` seeded samples.
+pub fn monte_carlo_g(beta: f64, nq: f64, nk: f64, theta: f64, draws: usize, seed: u64) -> (f64, f64) {
+    let mut rng = crate::rng::SeededRng::new(seed, crate::rng::stream::EXPERIMENT);
+    let (rho, s) = (theta.cos(), theta.sin());
+    let (mut sum, mut sq) = (0.0, 0.0);
+    for _ in 0..draws {
+        let (z1, z2) = (rng.normal(), rng.normal());
+        let (ax, ay) = (a(nq * z1, beta), a(nk * (rho * z1 + s * z2), beta));
+        let v = ax * ay + (1.0 - ax) * (1.0 - ay);
+        sum += v;
+        sq += v * v;
+    }
+    let mean = sum / draws as f64;
+    (mean, ((sq / draws as f64 - mean * mean).max(0.0) / draws as f64).sqrt())
+}
