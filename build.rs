@@ -5,7 +5,9 @@ fn main() {
     println!("cargo::rustc-check-cfg=cfg(racelab_cuda_tests)");
     println!("cargo::rerun-if-env-changed=RACELAB_CUDA_TESTS");
     println!("cargo::rerun-if-changed=build.rs");
-    let forced = std::env::var("RACELAB_CUDA_TESTS").map(|v| v == "1").unwrap_or(false);
+    let forced = std::env::var("RACELAB_CUDA_TESTS")
+        .map(|v| v == "1")
+        .unwrap_or(false);
     if forced || std::path::Path::new("/dev/nvidia0").exists() {
         println!("cargo::rustc-cfg=racelab_cuda_tests");
     }

@@ -31,7 +31,14 @@ impl std::str::FromStr for Method {
             "soft" => Method::Soft,
             "linear" => Method::Linear,
             "performer" => Method::Performer,
-            _ => return Err(RaceError::param("method", format!("`{s}` is not a method; use softmax|angular|hard|soft|linear|performer"))),
+            _ => {
+                return Err(RaceError::param(
+                    "method",
+                    format!(
+                        "`{s}` is not a method; use softmax|angular|hard|soft|linear|performer"
+                    ),
+                ))
+            }
         })
     }
 }
@@ -110,7 +117,10 @@ pub fn resolve_planes(opts: &AttendOptions, d: usize) -> Result<Option<Planes>> 
     match &opts.planes {
         Some(pl) => {
             if pl.d != d {
-                return Err(RaceError::shape("planes", format!("planes have d = {} but q/k have d = {d}", pl.d)));
+                return Err(RaceError::shape(
+                    "planes",
+                    format!("planes have d = {} but q/k have d = {d}", pl.d),
+                ));
             }
             Ok(Some(pl.clone()))
         }
@@ -122,19 +132,30 @@ pub fn resolve_planes(opts: &AttendOptions, d: usize) -> Result<Option<Planes>> 
 }
 
 /// Run one operator (f64 reference) on `[N,d]`, `[H,N,d]` or `[B,H,N,d]` inputs.
-pub fn attend(q: &Tensor<f64>, k: &Tensor<f64>, v: &Tensor<f64>, opts: &AttendOptions) -> Result<AttendResult> {
+pub fn attend(
+    q: &Tensor<f64>,
+    k: &Tensor<f64>,
+    v: &Tensor<f64>,
+    opts: &AttendOptions,
+) -> Result<AttendResult> {
     let shape = check_qkv(q, k, v, opts.causal)?;
     match opts.method {
         Method::Soft => validate_beta(opts.beta)?,
         Method::Angular => validate_gamma(opts.gamma)?,
         Method::Performer if opts.features == 0 => {
-            return Err(RaceError::param("features", "Performer needs m ≥ 1 random features"))
+            return Err(RaceError::param(
+                "features",
+                "Performer needs m ≥ 1 random features",
+            ))
         }
         _ => {}
     }
     if let Some(s) = opts.scale {
         if !(s.is_finite() && s > 0.0) {
-            return Err(RaceError::param("scale", format!("scale = {s}; use a finite value > 0")));
+            return Err(RaceError::param(
+                "scale",
+                format!("scale = {s}; use a finite value > 0"),
+            ));
         }
     }
     let planes = resolve_planes(opts, shape.d)?;
@@ -148,27 +169,264 @@ pub fn attend(q: &Tensor<f64>, k: &Tensor<f64>, v: &Tensor<f64>, opts: &AttendOp
     let omega = match (&opts.omega, opts.method) {
         (_, m) if m != Method::Performer => None,
         (Some(w), _) if w.cols != shape.d => {
-            return Err(RaceError::shape("omega", format!("Performer features have d = {} but q/k have d = {}", w.cols, shape.d)))
+            return Err(RaceError::shape(
+                "omega",
+                format!(
+                    "Performer features have d = {} but q/k have d = {}",
+                    w.cols, shape.d
+                ),
+            ))
         }
         (Some(w), _) => Some(w.clone()),
-        (None, _) => Some(reference::baselines::performer_omega(opts.features, shape.d, opts.seed)),
+        (None, _) => Some(reference::baselines::performer_omega(
+            opts.features,
+            shape.d,
+            opts.seed,
+        )),
     };
     let outs: Vec<HeadOutput> = (0..qh.len())
         .into_par_iter()
         .map(|h| {
             let (qm, km, vm) = (qh[h], kh[h], vh[h]);
             match opts.method {
-                Method::Softmax => reference::softmax::softmax_attention(qm, km, vm, opts.scale, opts.causal),
-                Method::Angular => reference::angular::angular_attention(qm, km, vm, opts.gamma, opts.causal),
-                Method::Hard => reference::race::hard_lsh(qm, km, vm, planes.as_ref().unwrap(), opts.causal),
-                Method::Soft => reference::race::soft_race(qm, km, vm, planes.as_ref().unwrap(), opts.beta, opts.causal, opts.combine),
+                Method::Softmax => {
+                    reference::softmax::softmax_attention(qm, km, vm, opts.scale, opts.causal)
+                }
+                Method::Angular => {
+                    reference::angular::angular_attention(qm, km, vm, opts.gamma, opts.causal)
+                }
+                Method::Hard => {
+                    reference::race::hard_lsh(qm, km, vm, planes.as_ref().unwrap(), opts.causal)
+                }
+                Method::Soft => reference::race::soft_race(
+                    qm,
+                    km,
+                    vm,
+                    planes.as_ref().unwrap(),
+                    opts.beta,
+                    opts.causal,
+                    opts.combine,
+                ),
                 Method::Linear => reference::baselines::linear_attention(qm, km, vm, opts.causal),
-                Method::Performer => reference::baselines::performer_attention(qm, km, vm, omega.as_ref().unwrap(), opts.scale, opts.causal),
+                Method::Performer => reference::baselines::performer_attention(
+                    qm,
+                    km,
+                    vm,
+                    omega.as_ref().unwrap(),
+                    opts.scale,
+                    opts.causal,
+                ),
             }
         })
         .collect();
     let empty_rows = outs.iter().map(|o| o.empty_rows).sum();
     let lead = &q.shape[..q.shape.len() - 2];
-    let o = Tensor::stack_heads(lead, outs.into_iter().map(|h| h.o).collect::<Vec<Mat<f64>>>());
-    Ok(AttendResult { o, shape, empty_rows, planes })
+    let o = Tensor::stack_heads(
+        lead,
+        outs.into_iter().map(|h| h.o).collect::<Vec<Mat<f64>>>(),
+    );
+    Ok(AttendResult {
+        o,
+        shape,
+        empty_rows,
+        planes,
+    })
+}
+
+/// Which implementation runs an [`attend`] call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// The f64 reference estimators (default: exact to the last digit).
+    Reference,
+    /// The f32 production CPU kernels.
+    Cpu,
+    /// The CUDA kernels (soft RACE only).
+    Cuda,
+}
+
+impl std::str::FromStr for Backend {
+    type Err = RaceError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "reference" | "ref" => Ok(Backend::Reference),
+            "cpu" => Ok(Backend::Cpu),
+            "cuda" => Ok(Backend::Cuda),
+            _ => Err(RaceError::param(
+                "device",
+                format!("`{s}` is not a device; use reference, cpu or cuda"),
+            )),
+        }
+    }
+}
+
+/// Run one operator with the chosen backend. `Reference` is [`attend`]; `Cpu` and `Cuda`
+/// compute in f32 (inputs rounded to f32) on the same planes / features.
+pub fn attend_with(
+    q: &Tensor<f64>,
+    k: &Tensor<f64>,
+    v: &Tensor<f64>,
+    opts: &AttendOptions,
+    backend: Backend,
+) -> Result<AttendResult> {
+    use crate::cpu::{self, exact, features, Heads, PlanesF32};
+    if backend == Backend::Reference {
+        return attend(q, k, v, opts);
+    }
+    let shape = check_qkv(q, k, v, opts.causal)?;
+    if opts.combine != Combine::Paper && opts.method == Method::Soft {
+        return Err(RaceError::param("combine", "the authors' combine rule exists in the reference backend only; use --device reference"));
+    }
+    match opts.method {
+        Method::Soft => validate_beta(opts.beta)?,
+        Method::Angular => validate_gamma(opts.gamma)?,
+        _ => {}
+    }
+    if matches!(opts.method, Method::Angular | Method::Hard) {
+        for (h, (qm, km)) in q.heads("q")?.iter().zip(k.heads("k")?.iter()).enumerate() {
+            check_nonzero_rows(&format!("q (head {h})"), *qm)?;
+            check_nonzero_rows(&format!("k (head {h})"), *km)?;
+        }
+    }
+    let planes = resolve_planes(opts, shape.d)?;
+    let hn = shape.batch * shape.heads;
+    let (q32, k32, v32): (Vec<f32>, Vec<f32>, Vec<f32>) = (
+        q.data.iter().map(|&x| x as f32).collect(),
+        k.data.iter().map(|&x| x as f32).collect(),
+        v.data.iter().map(|&x| x as f32).collect(),
+    );
+    let (qh, kh, vh) = (
+        Heads::new(hn, shape.n, shape.d, &q32),
+        Heads::new(hn, shape.m, shape.d, &k32),
+        Heads::new(hn, shape.m, shape.dv, &v32),
+    );
+    let p32 = planes.as_ref().map(PlanesF32::from_planes);
+    let isa = cpu::detected_isa();
+    let (o, empty_rows): (Vec<f32>, usize) =
+        match (backend, opts.method) {
+            (Backend::Cuda, Method::Soft) => {
+                if shape.n != shape.m {
+                    return Err(RaceError::shape(
+                        "k",
+                        "the CUDA kernels need as many keys as queries",
+                    ));
+                }
+                let s = crate::cuda::GpuShape {
+                    heads: hn,
+                    n: shape.n,
+                    d: shape.d,
+                    dv: shape.dv,
+                };
+                let f = crate::cuda::soft_forward(
+                    p32.as_ref().unwrap(),
+                    opts.beta as f32,
+                    crate::cuda::GpuInput::F32(&q32),
+                    crate::cuda::GpuInput::F32(&k32),
+                    crate::cuda::GpuInput::F32(&v32),
+                    s,
+                    opts.causal,
+                )?;
+                (f.o, f.empty_rows)
+            }
+            (Backend::Cuda, m) => return Err(RaceError::param(
+                "device",
+                format!(
+                    "the CUDA backend runs soft RACE only, not `{}`; use --device cpu or reference",
+                    m.name()
+                ),
+            )),
+            (_, Method::Soft) => {
+                let f = cpu::forward(
+                    &cpu::SoftMap {
+                        planes: p32.as_ref().unwrap(),
+                        beta: opts.beta as f32,
+                    },
+                    qh,
+                    kh,
+                    vh,
+                    opts.causal,
+                    isa,
+                );
+                (f.o, f.empty_rows)
+            }
+            (_, Method::Hard) => {
+                let f = cpu::forward(
+                    &cpu::HardMap {
+                        planes: p32.as_ref().unwrap(),
+                    },
+                    qh,
+                    kh,
+                    vh,
+                    opts.causal,
+                    isa,
+                );
+                (f.o, f.empty_rows)
+            }
+            (_, Method::Linear) => {
+                let f = cpu::forward(&cpu::LinearMap { d: shape.d }, qh, kh, vh, opts.causal, isa);
+                (f.o, f.empty_rows)
+            }
+            (_, Method::Performer) => {
+                let om = opts.omega.clone().unwrap_or_else(|| {
+                    reference::baselines::performer_omega(opts.features, shape.d, opts.seed)
+                });
+                if om.cols != shape.d {
+                    return Err(RaceError::shape(
+                        "omega",
+                        format!(
+                            "Performer features have d = {} but q/k have d = {}",
+                            om.cols, shape.d
+                        ),
+                    ));
+                }
+                let scale = opts.scale.unwrap_or(1.0 / (shape.d as f64).sqrt()) as f32;
+                let map = features::performer_map(
+                    om.data.iter().map(|&x| x as f32).collect(),
+                    om.rows,
+                    shape.d,
+                    scale,
+                    kh,
+                    isa,
+                );
+                let f = cpu::forward(&map, qh, kh, vh, opts.causal, isa);
+                (f.o, f.empty_rows)
+            }
+            (_, Method::Softmax) => (
+                exact::exact_attention(
+                    exact::Exact::Softmax {
+                        scale: opts.scale.unwrap_or(1.0 / (shape.d as f64).sqrt()) as f32,
+                    },
+                    qh,
+                    kh,
+                    vh,
+                    opts.causal,
+                    isa,
+                ),
+                0,
+            ),
+            (_, Method::Angular) => (
+                exact::exact_attention(
+                    exact::Exact::Angular {
+                        gamma: opts.gamma as f32,
+                    },
+                    qh,
+                    kh,
+                    vh,
+                    opts.causal,
+                    isa,
+                ),
+                0,
+            ),
+        };
+    let mut oshape = q.shape[..q.shape.len() - 1].to_vec();
+    oshape.push(shape.dv);
+    Ok(AttendResult {
+        o: Tensor {
+            shape: oshape,
+            data: o.into_iter().map(|x| x as f64).collect(),
+        },
+        shape,
+        empty_rows,
+        planes,
+    })
 }

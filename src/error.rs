@@ -14,7 +14,11 @@ pub enum RaceError {
     Shape { arg: String, msg: String },
     /// A NaN or ±Inf in an input.
     #[error("`{arg}` contains a non-finite value ({value}) at flat index {index}; clean the input (no NaN or Inf) and retry")]
-    NonFinite { arg: String, index: usize, value: f64 },
+    NonFinite {
+        arg: String,
+        index: usize,
+        value: f64,
+    },
     /// A zero vector where an angle is needed.
     #[error("`{arg}` row {row} is the zero vector, which has no angle; angular/RACE methods need non-zero query and key rows (drop or perturb that row)")]
     ZeroVector { arg: String, row: usize },
@@ -43,15 +47,27 @@ pub enum RaceError {
 
 impl RaceError {
     pub fn param(arg: &str, msg: impl Into<String>) -> Self {
-        RaceError::Param { arg: arg.into(), msg: msg.into() }
+        RaceError::Param {
+            arg: arg.into(),
+            msg: msg.into(),
+        }
     }
     pub fn shape(arg: &str, msg: impl Into<String>) -> Self {
-        RaceError::Shape { arg: arg.into(), msg: msg.into() }
+        RaceError::Shape {
+            arg: arg.into(),
+            msg: msg.into(),
+        }
     }
     pub fn empty(arg: &str, msg: impl Into<String>) -> Self {
-        RaceError::Empty { arg: arg.into(), msg: msg.into() }
+        RaceError::Empty {
+            arg: arg.into(),
+            msg: msg.into(),
+        }
     }
     pub fn io(path: &std::path::Path, e: impl std::fmt::Display) -> Self {
-        RaceError::Io { path: path.display().to_string(), msg: e.to_string() }
+        RaceError::Io {
+            path: path.display().to_string(),
+            msg: e.to_string(),
+        }
     }
 }

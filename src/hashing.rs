@@ -37,7 +37,12 @@ impl Planes {
             return Err(RaceError::empty("d", "planes need d ≥ 1"));
         }
         let mut rng = SeededRng::new(seed, stream::PLANES);
-        Ok(Planes { l, p, d, w: rng.normals(l * p * d) })
+        Ok(Planes {
+            l,
+            p,
+            d,
+            w: rng.normals(l * p * d),
+        })
     }
 
     /// Planes from raw `[L, P, d]` data (e.g. an imported `.npy`), validated.
@@ -47,7 +52,10 @@ impl Planes {
             return Err(RaceError::empty("planes", "planes have d = 0"));
         }
         if w.len() != l * p * d {
-            return Err(RaceError::shape("planes", format!("{} values for shape [{l}, {p}, {d}]", w.len())));
+            return Err(RaceError::shape(
+                "planes",
+                format!("{} values for shape [{l}, {p}, {d}]", w.len()),
+            ));
         }
         crate::tensor::check_finite("planes", &w)?;
         Ok(Planes { l, p, d, w })
@@ -66,7 +74,10 @@ impl Planes {
     /// Check that these planes fit inputs of dimension `d` and the requested (P, L).
     pub fn check(&self, d: usize, p: usize, l: usize) -> Result<()> {
         if self.d != d {
-            return Err(RaceError::shape("planes", format!("planes have d = {} but the inputs have d = {d}", self.d)));
+            return Err(RaceError::shape(
+                "planes",
+                format!("planes have d = {} but the inputs have d = {d}", self.d),
+            ));
         }
         if self.p != p || self.l != l {
             return Err(RaceError::shape(
@@ -142,7 +153,15 @@ pub fn soft_features_direct(planes: &Planes, l: usize, x: &[f64], beta: f64, out
     planes.project(l, x, &mut z);
     let u: Vec<f64> = z.iter().map(|v| v.tanh()).collect();
     for (r, o) in out.iter_mut().enumerate() {
-        let s: f64 = (0..p).map(|bit| if (r >> (p - 1 - bit)) & 1 == 1 { u[bit] } else { -u[bit] }).sum();
+        let s: f64 = (0..p)
+            .map(|bit| {
+                if (r >> (p - 1 - bit)) & 1 == 1 {
+                    u[bit]
+                } else {
+                    -u[bit]
+                }
+            })
+            .sum();
         *o = beta * s;
     }
     let m = out.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -159,7 +178,8 @@ pub fn soft_features_direct(planes: &Planes, l: usize, x: &[f64], beta: f64, out
 /// Bucket index from projections: `b_p = 1 ⇔ z_p ≥ 0` (sign(0) = +1), first bit MSB.
 #[inline]
 pub fn bucket_of(z: &[f64]) -> usize {
-    z.iter().fold(0usize, |acc, &zp| (acc << 1) | (zp >= 0.0) as usize)
+    z.iter()
+        .fold(0usize, |acc, &zp| (acc << 1) | (zp >= 0.0) as usize)
 }
 
 /// Hard code `h_l(x)`.

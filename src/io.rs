@@ -26,7 +26,10 @@ pub struct NpyArray {
 }
 
 fn bad(path: &str, msg: impl Into<String>) -> RaceError {
-    RaceError::Npy { path: path.to_string(), msg: msg.into() }
+    RaceError::Npy {
+        path: path.to_string(),
+        msg: msg.into(),
+    }
 }
 
 /// Read an `.npy` file.
@@ -38,7 +41,10 @@ pub fn read_npy(path: &Path) -> Result<NpyArray> {
 /// Parse `.npy` bytes; `name` is used in error messages.
 pub fn parse_npy(bytes: &[u8], name: &str) -> Result<NpyArray> {
     if bytes.len() < 10 || &bytes[..6] != MAGIC {
-        return Err(bad(name, "missing the \\x93NUMPY magic string; not an .npy file"));
+        return Err(bad(
+            name,
+            "missing the \\x93NUMPY magic string; not an .npy file",
+        ));
     }
     let major = bytes[6];
     let (hlen, start) = match major {
@@ -47,16 +53,26 @@ pub fn parse_npy(bytes: &[u8], name: &str) -> Result<NpyArray> {
             if bytes.len() < 12 {
                 return Err(bad(name, "truncated header"));
             }
-            (u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize, 12)
+            (
+                u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
+                12,
+            )
         }
-        v => return Err(bad(name, format!("unsupported .npy format version {v}; expected 1, 2 or 3"))),
+        v => {
+            return Err(bad(
+                name,
+                format!("unsupported .npy format version {v}; expected 1, 2 or 3"),
+            ))
+        }
     };
     if bytes.len() < start + hlen {
         return Err(bad(name, "truncated header"));
     }
-    let header = std::str::from_utf8(&bytes[start..start + hlen]).map_err(|_| bad(name, "header is not text"))?;
+    let header = std::str::from_utf8(&bytes[start..start + hlen])
+        .map_err(|_| bad(name, "header is not text"))?;
     let descr = header_value(header, "descr").ok_or_else(|| bad(name, "header lacks 'descr'"))?;
-    let fortran = header_value(header, "fortran_order").ok_or_else(|| bad(name, "header lacks 'fortran_order'"))?;
+    let fortran = header_value(header, "fortran_order")
+        .ok_or_else(|| bad(name, "header lacks 'fortran_order'"))?;
     let shape_s = header_value(header, "shape").ok_or_else(|| bad(name, "header lacks 'shape'"))?;
     let descr = descr.trim().trim_matches(|c| c == '\'' || c == '"');
     let (dtype, big_endian) = match descr {
@@ -71,17 +87,41 @@ pub fn parse_npy(bytes: &[u8], name: &str) -> Result<NpyArray> {
     let fortran = match fortran.trim() {
         "False" => false,
         "True" => true,
-        f => return Err(bad(name, format!("fortran_order is '{f}', expected True or False"))),
+        f => {
+            return Err(bad(
+                name,
+                format!("fortran_order is '{f}', expected True or False"),
+            ))
+        }
     };
-    let shape = parse_shape(shape_s.trim()).ok_or_else(|| bad(name, format!("malformed shape '{}'", shape_s.trim())))?;
-    let count: usize = shape.iter().try_fold(1usize, |a, &b| a.checked_mul(b)).ok_or_else(|| bad(name, "shape overflows"))?;
+    let shape = parse_shape(shape_s.trim())
+        .ok_or_else(|| bad(name, format!("malformed shape '{}'", shape_s.trim())))?;
+    let count: usize = shape
+        .iter()
+        .try_fold(1usize, |a, &b| a.checked_mul(b))
+        .ok_or_else(|| bad(name, "shape overflows"))?;
     let width = if dtype == Dtype::F32 { 4 } else { 8 };
     let body = &bytes[start + hlen..];
     if body.len() < count * width {
-        return Err(bad(name, format!("truncated data: shape {:?} needs {} bytes, file has {}", shape, count * width, body.len())));
+        return Err(bad(
+            name,
+            format!(
+                "truncated data: shape {:?} needs {} bytes, file has {}",
+                shape,
+                count * width,
+                body.len()
+            ),
+        ));
     }
     if body.len() > count * width {
-        return Err(bad(name, format!("{} trailing bytes after the data of shape {:?}", body.len() - count * width, shape)));
+        return Err(bad(
+            name,
+            format!(
+                "{} trailing bytes after the data of shape {:?}",
+                body.len() - count * width,
+                shape
+            ),
+        ));
     }
     let mut data: Vec<f64> = Vec::with_capacity(count);
     for chunk in body.chunks_exact(width) {
@@ -96,7 +136,10 @@ pub fn parse_npy(bytes: &[u8], name: &str) -> Result<NpyArray> {
     if fortran && shape.len() > 1 {
         data = fortran_to_c(&data, &shape);
     }
-    Ok(NpyArray { tensor: Tensor { shape, data }, dtype })
+    Ok(NpyArray {
+        tensor: Tensor { shape, data },
+        dtype,
+    })
 }
 
 /// Reorder column-major data of `shape` into row-major.
@@ -125,7 +168,10 @@ fn fortran_to_c(data: &[f64], shape: &[usize]) -> Vec<f64> {
 fn header_value<'a>(header: &'a str, key: &str) -> Option<&'a str> {
     let pat1 = format!("'{key}':");
     let pat2 = format!("\"{key}\":");
-    let pos = header.find(&pat1).map(|p| p + pat1.len()).or_else(|| header.find(&pat2).map(|p| p + pat2.len()))?;
+    let pos = header
+        .find(&pat1)
+        .map(|p| p + pat1.len())
+        .or_else(|| header.find(&pat2).map(|p| p + pat2.len()))?;
     let rest = &header[pos..];
     let rest_t = rest.trim_start();
     if rest_t.starts_with('(') {
@@ -151,9 +197,17 @@ pub fn npy_bytes(shape: &[usize], data: &[f64], dtype: Dtype) -> Vec<u8> {
     let descr = if dtype == Dtype::F32 { "<f4" } else { "<f8" };
     let shape_s = match shape.len() {
         1 => format!("({},)", shape[0]),
-        _ => format!("({})", shape.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", ")),
+        _ => format!(
+            "({})",
+            shape
+                .iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     };
-    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape_s}, }}");
+    let mut header =
+        format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape_s}, }}");
     // Pad so that magic + version + len + header + '\n' is a multiple of 64.
     let total = 10 + header.len() + 1;
     header.push_str(&" ".repeat((64 - total % 64) % 64));
@@ -187,7 +241,10 @@ pub fn read_planes(path: &Path) -> Result<crate::hashing::Planes> {
     let arr = read_npy(path)?;
     match arr.tensor.shape.as_slice() {
         [l, p, d] => crate::hashing::Planes::from_data(*l, *p, *d, arr.tensor.data),
-        s => Err(bad(&path.display().to_string(), format!("planes must have shape [L, P, d], got {s:?}"))),
+        s => Err(bad(
+            &path.display().to_string(),
+            format!("planes must have shape [L, P, d], got {s:?}"),
+        )),
     }
 }
 

@@ -26,7 +26,10 @@ impl std::str::FromStr for Combine {
         match s {
             "paper" => Ok(Combine::Paper),
             "authors" => Ok(Combine::Authors),
-            _ => Err(RaceError::param("combine", format!("`{s}` is not a combine rule; use `paper` or `authors`"))),
+            _ => Err(RaceError::param(
+                "combine",
+                format!("`{s}` is not a combine rule; use `paper` or `authors`"),
+            )),
         }
     }
 }
@@ -43,13 +46,25 @@ pub struct RaceParams {
 
 impl Default for RaceParams {
     fn default() -> Self {
-        RaceParams { p: 2, l: 2, beta: 10.0, seed: 0, combine: Combine::Paper }
+        RaceParams {
+            p: 2,
+            l: 2,
+            beta: 10.0,
+            seed: 0,
+            combine: Combine::Paper,
+        }
     }
 }
 
 impl RaceParams {
     pub fn new(p: usize, l: usize, beta: f64, seed: u64) -> Result<Self> {
-        let s = RaceParams { p, l, beta, seed, combine: Combine::Paper };
+        let s = RaceParams {
+            p,
+            l,
+            beta,
+            seed,
+            combine: Combine::Paper,
+        };
         s.validate()?;
         Ok(s)
     }
@@ -66,16 +81,24 @@ impl RaceParams {
 /// Check P and L (shared by hard and soft estimators).
 pub fn validate_pl(p: usize, l: usize) -> Result<()> {
     if p == 0 {
-        return Err(RaceError::param("p", "P = 0 bits gives one bucket; use P ≥ 1"));
+        return Err(RaceError::param(
+            "p",
+            "P = 0 bits gives one bucket; use P ≥ 1",
+        ));
     }
     if p > MAX_P {
         return Err(RaceError::param(
             "p",
-            format!("P = {p} needs 2^{p} buckets per table, more than can be held; use P ≤ {MAX_P}"),
+            format!(
+                "P = {p} needs 2^{p} buckets per table, more than can be held; use P ≤ {MAX_P}"
+            ),
         ));
     }
     if l == 0 {
-        return Err(RaceError::param("l", "L = 0 tables estimates nothing; use L ≥ 1"));
+        return Err(RaceError::param(
+            "l",
+            "L = 0 tables estimates nothing; use L ≥ 1",
+        ));
     }
     Ok(())
 }
@@ -83,7 +106,10 @@ pub fn validate_pl(p: usize, l: usize) -> Result<()> {
 /// Check beta: finite and > 0.
 pub fn validate_beta(beta: f64) -> Result<()> {
     if !(beta.is_finite() && beta > 0.0) {
-        return Err(RaceError::param("beta", format!("beta = {beta}; the soft-hash temperature must be finite and > 0")));
+        return Err(RaceError::param(
+            "beta",
+            format!("beta = {beta}; the soft-hash temperature must be finite and > 0"),
+        ));
     }
     Ok(())
 }
@@ -91,7 +117,10 @@ pub fn validate_beta(beta: f64) -> Result<()> {
 /// Check gamma (angular power): finite and > 0.
 pub fn validate_gamma(gamma: f64) -> Result<()> {
     if !(gamma.is_finite() && gamma > 0.0) {
-        return Err(RaceError::param("gamma", format!("gamma = {gamma}; the angular power must be finite and > 0")));
+        return Err(RaceError::param(
+            "gamma",
+            format!("gamma = {gamma}; the angular power must be finite and > 0"),
+        ));
     }
     Ok(())
 }

@@ -41,14 +41,22 @@ impl<'a, T> MatRef<'a, T> {
 
 impl<T: Copy + Default> Mat<T> {
     pub fn zeros(rows: usize, cols: usize) -> Self {
-        Mat { rows, cols, data: vec![T::default(); rows * cols] }
+        Mat {
+            rows,
+            cols,
+            data: vec![T::default(); rows * cols],
+        }
     }
     pub fn from_vec(rows: usize, cols: usize, data: Vec<T>) -> Self {
         assert_eq!(rows * cols, data.len(), "Mat: rows*cols != len");
         Mat { rows, cols, data }
     }
     pub fn view(&self) -> MatRef<'_, T> {
-        MatRef { rows: self.rows, cols: self.cols, data: &self.data }
+        MatRef {
+            rows: self.rows,
+            cols: self.cols,
+            data: &self.data,
+        }
     }
     #[inline]
     pub fn row(&self, i: usize) -> &[T] {
@@ -70,7 +78,12 @@ impl<T: Copy> Tensor<T> {
         if n != data.len() {
             return Err(RaceError::shape(
                 "tensor",
-                format!("shape {:?} holds {} elements but {} were given", shape, n, data.len()),
+                format!(
+                    "shape {:?} holds {} elements but {} were given",
+                    shape,
+                    n,
+                    data.len()
+                ),
             ));
         }
         Ok(Tensor { shape, data })
@@ -84,7 +97,11 @@ impl<T: Copy> Tensor<T> {
             [b, h, n, d] => Ok([*b, *h, *n, *d]),
             s => Err(RaceError::shape(
                 arg,
-                format!("rank {} shape {:?}; expected [N,d], [H,N,d] or [B,H,N,d]", s.len(), s),
+                format!(
+                    "rank {} shape {:?}; expected [N,d], [H,N,d] or [B,H,N,d]",
+                    s.len(),
+                    s
+                ),
             )),
         }
     }
@@ -92,11 +109,16 @@ impl<T: Copy> Tensor<T> {
     /// The independent `N × d` problems (batch × heads), in order.
     pub fn heads(&self, arg: &str) -> Result<Vec<MatRef<'_, T>>> {
         let [b, h, n, d] = self.bhnd(arg)?;
-        Ok((0..b * h).map(|i| MatRef::new(n, d, &self.data[i * n * d..(i + 1) * n * d])).collect())
+        Ok((0..b * h)
+            .map(|i| MatRef::new(n, d, &self.data[i * n * d..(i + 1) * n * d]))
+            .collect())
     }
 
     pub fn map<U: Copy>(&self, f: impl Fn(T) -> U) -> Tensor<U> {
-        Tensor { shape: self.shape.clone(), data: self.data.iter().map(|&x| f(x)).collect() }
+        Tensor {
+            shape: self.shape.clone(),
+            data: self.data.iter().map(|&x| f(x)).collect(),
+        }
     }
 }
 
@@ -117,7 +139,11 @@ pub fn check_finite<T: Copy + Into<f64>>(arg: &str, data: &[T]) -> Result<()> {
     for (i, &x) in data.iter().enumerate() {
         let x: f64 = x.into();
         if !x.is_finite() {
-            return Err(RaceError::NonFinite { arg: arg.into(), index: i, value: x });
+            return Err(RaceError::NonFinite {
+                arg: arg.into(),
+                index: i,
+                value: x,
+            });
         }
     }
     Ok(())
@@ -127,7 +153,10 @@ pub fn check_finite<T: Copy + Into<f64>>(arg: &str, data: &[T]) -> Result<()> {
 pub fn check_nonzero_rows(arg: &str, m: MatRef<'_, f64>) -> Result<()> {
     for i in 0..m.rows {
         if m.row(i).iter().all(|&x| x == 0.0) {
-            return Err(RaceError::ZeroVector { arg: arg.into(), row: i });
+            return Err(RaceError::ZeroVector {
+                arg: arg.into(),
+                row: i,
+            });
         }
     }
     Ok(())
@@ -163,29 +192,54 @@ pub fn check_qkv<T: Copy + Into<f64>>(
     if (qb, qh) != (kb, kh) || (qb, qh) != (vb, vh) {
         return Err(RaceError::shape(
             "q/k/v",
-            format!("batch/head dims differ: q {:?}, k {:?}, v {:?}", q.shape, k.shape, v.shape),
+            format!(
+                "batch/head dims differ: q {:?}, k {:?}, v {:?}",
+                q.shape, k.shape, v.shape
+            ),
         ));
     }
     if n == 0 || m == 0 {
-        return Err(RaceError::empty(if n == 0 { "q" } else { "k" }, "N = 0 tokens; give at least one row"));
+        return Err(RaceError::empty(
+            if n == 0 { "q" } else { "k" },
+            "N = 0 tokens; give at least one row",
+        ));
     }
     if d == 0 || dv == 0 {
-        return Err(RaceError::empty(if d == 0 { "q" } else { "v" }, "feature dimension is 0"));
+        return Err(RaceError::empty(
+            if d == 0 { "q" } else { "v" },
+            "feature dimension is 0",
+        ));
     }
     if qb * qh == 0 {
         return Err(RaceError::empty("q", "batch or head dimension is 0"));
     }
     if kd != d {
-        return Err(RaceError::shape("k", format!("k has d = {kd} but q has d = {d}; q and k must share the last dimension")));
+        return Err(RaceError::shape(
+            "k",
+            format!("k has d = {kd} but q has d = {d}; q and k must share the last dimension"),
+        ));
     }
     if vm != m {
-        return Err(RaceError::shape("v", format!("v has {vm} rows but k has {m}; v needs one row per key")));
+        return Err(RaceError::shape(
+            "v",
+            format!("v has {vm} rows but k has {m}; v needs one row per key"),
+        ));
     }
     if causal && n != m {
-        return Err(RaceError::shape("q/k", format!("causal attention needs as many queries as keys (q has {n}, k has {m})")));
+        return Err(RaceError::shape(
+            "q/k",
+            format!("causal attention needs as many queries as keys (q has {n}, k has {m})"),
+        ));
     }
     check_finite("q", &q.data)?;
     check_finite("k", &k.data)?;
     check_finite("v", &v.data)?;
-    Ok(AttnShape { batch: qb, heads: qh, n, m, d, dv })
+    Ok(AttnShape {
+        batch: qb,
+        heads: qh,
+        n,
+        m,
+        d,
+        dv,
+    })
 }

@@ -7,7 +7,7 @@ mod common;
 use common::assert_close;
 use racelab::analysis::metrics::rel_max_err;
 use racelab::cpu::decode::Decoder;
-use racelab::cpu::{forward, soft_backward, Heads, HardMap, Isa, LinearMap, PerformerMap, PlanesF32, SoftMap};
+use racelab::cpu::{forward, soft_backward, HardMap, Heads, Isa, LinearMap, PlanesF32, SoftMap};
 use racelab::reference::backward::soft_race_backward;
 use racelab::reference::baselines::{linear_attention, performer_attention, performer_omega};
 use racelab::reference::race::{hard_lsh, soft_race};
@@ -29,11 +29,51 @@ struct Case {
 
 fn cases() -> Vec<Case> {
     vec![
-        Case { p: 2, l: 2, beta: 4.0, d: 16, dv: 8, n: 37, heads: 2 },
-        Case { p: 3, l: 3, beta: 1.0, d: 8, dv: 5, n: 1, heads: 1 },
-        Case { p: 1, l: 1, beta: 2.0, d: 1, dv: 1, n: 19, heads: 3 },
-        Case { p: 4, l: 4, beta: 8.0, d: 32, dv: 16, n: 1000, heads: 1 }, // several segments, flushes
-        Case { p: 2, l: 3, beta: 0.5, d: 64, dv: 64, n: 300, heads: 5 },
+        Case {
+            p: 2,
+            l: 2,
+            beta: 4.0,
+            d: 16,
+            dv: 8,
+            n: 37,
+            heads: 2,
+        },
+        Case {
+            p: 3,
+            l: 3,
+            beta: 1.0,
+            d: 8,
+            dv: 5,
+            n: 1,
+            heads: 1,
+        },
+        Case {
+            p: 1,
+            l: 1,
+            beta: 2.0,
+            d: 1,
+            dv: 1,
+            n: 19,
+            heads: 3,
+        },
+        Case {
+            p: 4,
+            l: 4,
+            beta: 8.0,
+            d: 32,
+            dv: 16,
+            n: 1000,
+            heads: 1,
+        }, // several segments, flushes
+        Case {
+            p: 2,
+            l: 3,
+            beta: 0.5,
+            d: 64,
+            dv: 64,
+            n: 300,
+            heads: 5,
+        },
     ]
 }
 
@@ -69,14 +109,36 @@ fn soft_forward_matches_reference() {
         let (qf, q) = data(c.heads * c.n * c.d, 1, 0.5);
         let (kf, k) = data(c.heads * c.n * c.d, 2, 0.5);
         let (vf, v) = data(c.heads * c.n * c.dv, 3, 1.0);
-        let map = SoftMap { planes: &planes, beta: c.beta as f32 };
+        let map = SoftMap {
+            planes: &planes,
+            beta: c.beta as f32,
+        };
         for causal in [false, true] {
             let mut want = Vec::new();
             for h in 0..c.heads {
-                want.extend(soft_race(head(&q, h, c.n, c.d), head(&k, h, c.n, c.d), head(&v, h, c.n, c.dv), &p64, c.beta, causal, Combine::Paper).o.data);
+                want.extend(
+                    soft_race(
+                        head(&q, h, c.n, c.d),
+                        head(&k, h, c.n, c.d),
+                        head(&v, h, c.n, c.dv),
+                        &p64,
+                        c.beta,
+                        causal,
+                        Combine::Paper,
+                    )
+                    .o
+                    .data,
+                );
             }
             for isa in isas() {
-                let out = forward(&map, Heads::new(c.heads, c.n, c.d, &qf), Heads::new(c.heads, c.n, c.d, &kf), Heads::new(c.heads, c.n, c.dv, &vf), causal, isa);
+                let out = forward(
+                    &map,
+                    Heads::new(c.heads, c.n, c.d, &qf),
+                    Heads::new(c.heads, c.n, c.d, &kf),
+                    Heads::new(c.heads, c.n, c.dv, &vf),
+                    causal,
+                    isa,
+                );
                 let got: Vec<f64> = out.o.iter().map(|&x| x as f64).collect();
                 let err = rel_max_err(&got, &want);
                 assert!(err <= FWD_TOL, "soft fwd P={} L={} beta={} d={} n={} causal={causal} {isa:?}: rel err {err:.2e}", c.p, c.l, c.beta, c.d, c.n);
@@ -94,31 +156,67 @@ fn soft_backward_matches_reference_gradients() {
         let (kf, k) = data(c.heads * c.n * c.d, 12, 0.5);
         let (vf, v) = data(c.heads * c.n * c.dv, 13, 1.0);
         let (gf, g) = data(c.heads * c.n * c.dv, 14, 1.0);
-        let map = SoftMap { planes: &planes, beta: c.beta as f32 };
+        let map = SoftMap {
+            planes: &planes,
+            beta: c.beta as f32,
+        };
         for causal in [false, true] {
             let (mut dq, mut dk, mut dv, mut db) = (Vec::new(), Vec::new(), Vec::new(), 0.0);
             for h in 0..c.heads {
-                let gr = soft_race_backward(head(&q, h, c.n, c.d), head(&k, h, c.n, c.d), head(&v, h, c.n, c.dv), head(&g, h, c.n, c.dv), &p64, c.beta, causal);
+                let gr = soft_race_backward(
+                    head(&q, h, c.n, c.d),
+                    head(&k, h, c.n, c.d),
+                    head(&v, h, c.n, c.dv),
+                    head(&g, h, c.n, c.dv),
+                    &p64,
+                    c.beta,
+                    causal,
+                );
                 dq.extend(gr.dq.data);
                 dk.extend(gr.dk.data);
                 dv.extend(gr.dv.data);
                 db += gr.dbeta;
             }
             for isa in isas() {
-                let (qh, kh, vh) = (Heads::new(c.heads, c.n, c.d, &qf), Heads::new(c.heads, c.n, c.d, &kf), Heads::new(c.heads, c.n, c.dv, &vf));
+                let (qh, kh, vh) = (
+                    Heads::new(c.heads, c.n, c.d, &qf),
+                    Heads::new(c.heads, c.n, c.d, &kf),
+                    Heads::new(c.heads, c.n, c.dv, &vf),
+                );
                 let fwd = forward(&map, qh, kh, vh, causal, isa);
-                let grads = soft_backward(&map, &fwd.ctx, qh, kh, vh, Heads::new(c.heads, c.n, c.dv, &fwd.o), Heads::new(c.heads, c.n, c.dv, &gf), isa);
-                let tag = format!("P={} L={} beta={} d={} n={} causal={causal} {isa:?}", c.p, c.l, c.beta, c.d, c.n);
+                let grads = soft_backward(
+                    &map,
+                    &fwd.ctx,
+                    qh,
+                    kh,
+                    vh,
+                    Heads::new(c.heads, c.n, c.dv, &fwd.o),
+                    Heads::new(c.heads, c.n, c.dv, &gf),
+                    isa,
+                );
+                let tag = format!(
+                    "P={} L={} beta={} d={} n={} causal={causal} {isa:?}",
+                    c.p, c.l, c.beta, c.d, c.n
+                );
                 // Relative to the largest reference gradient, floored at 1e-3·max|G|·max|V|: at
                 // N = 1 the true dQ, dK are exactly 0 and only rounding remains.
                 let floor = 1e-3 * maxabs(&g) * maxabs(&v);
-                for (name, got, want) in [("dq", &grads.dq, &dq), ("dk", &grads.dk, &dk), ("dv", &grads.dv, &dv)] {
+                for (name, got, want) in [
+                    ("dq", &grads.dq, &dq),
+                    ("dk", &grads.dk, &dk),
+                    ("dv", &grads.dv, &dv),
+                ] {
                     let got: Vec<f64> = got.iter().map(|&x| x as f64).collect();
-                    let err = racelab::analysis::metrics::max_abs_diff(&got, want) / maxabs(want).max(floor);
+                    let err = racelab::analysis::metrics::max_abs_diff(&got, want)
+                        / maxabs(want).max(floor);
                     assert!(err <= GRAD_TOL, "{name} {tag}: rel err {err:.2e}");
                 }
                 let scale = db.abs().max(1e-3);
-                assert!((grads.dbeta - db).abs() / scale <= GRAD_TOL * 10.0, "dbeta {tag}: {} vs {db}", grads.dbeta);
+                assert!(
+                    (grads.dbeta - db).abs() / scale <= GRAD_TOL * 10.0,
+                    "dbeta {tag}: {} vs {db}",
+                    grads.dbeta
+                );
             }
         }
     }
@@ -135,29 +233,71 @@ fn reference_gradients_match_finite_differences() {
     let (_, g) = data(n * dv, 24, 1.0);
     for causal in [false, true] {
         let loss = |q: &[f64], k: &[f64], v: &[f64], beta: f64| -> f64 {
-            let o = soft_race(MatRef::new(n, d, q), MatRef::new(n, d, k), MatRef::new(n, dv, v), &planes, beta, causal, Combine::Paper).o;
+            let o = soft_race(
+                MatRef::new(n, d, q),
+                MatRef::new(n, d, k),
+                MatRef::new(n, dv, v),
+                &planes,
+                beta,
+                causal,
+                Combine::Paper,
+            )
+            .o;
             o.data.iter().zip(&g).map(|(a, b)| a * b).sum()
         };
-        let an = soft_race_backward(MatRef::new(n, d, &q), MatRef::new(n, d, &k), MatRef::new(n, dv, &v), MatRef::new(n, dv, &g), &planes, beta, causal);
+        let an = soft_race_backward(
+            MatRef::new(n, d, &q),
+            MatRef::new(n, d, &k),
+            MatRef::new(n, dv, &v),
+            MatRef::new(n, dv, &g),
+            &planes,
+            beta,
+            causal,
+        );
         let h = 1e-5;
         let fd = |which: usize, idx: usize| -> f64 {
             let (mut qp, mut kp, mut vp, mut bp) = (q.clone(), k.clone(), v.clone(), beta);
             let (mut qm, mut km, mut vm, mut bm) = (q.clone(), k.clone(), v.clone(), beta);
             match which {
-                0 => { qp[idx] += h; qm[idx] -= h; }
-                1 => { kp[idx] += h; km[idx] -= h; }
-                2 => { vp[idx] += h; vm[idx] -= h; }
-                _ => { bp += h; bm -= h; }
+                0 => {
+                    qp[idx] += h;
+                    qm[idx] -= h;
+                }
+                1 => {
+                    kp[idx] += h;
+                    km[idx] -= h;
+                }
+                2 => {
+                    vp[idx] += h;
+                    vm[idx] -= h;
+                }
+                _ => {
+                    bp += h;
+                    bm -= h;
+                }
             }
             (loss(&qp, &kp, &vp, bp) - loss(&qm, &km, &vm, bm)) / (2.0 * h)
         };
-        for (which, name, an_vals) in [(0, "dq", &an.dq.data), (1, "dk", &an.dk.data), (2, "dv", &an.dv.data)] {
+        for (which, name, an_vals) in [
+            (0, "dq", &an.dq.data),
+            (1, "dk", &an.dk.data),
+            (2, "dv", &an.dv.data),
+        ] {
             let num: Vec<f64> = (0..an_vals.len()).map(|i| fd(which, i)).collect();
             let scale = num.iter().map(|x| x.abs()).fold(0.0, f64::max).max(1e-12);
-            assert_close(&format!("{name} analytic vs FD causal={causal}"), an_vals, &num, 1e-6 * scale);
+            assert_close(
+                &format!("{name} analytic vs FD causal={causal}"),
+                an_vals,
+                &num,
+                1e-6 * scale,
+            );
         }
         let num_b = fd(3, 0);
-        assert!((an.dbeta - num_b).abs() <= 1e-6 * num_b.abs().max(1e-3), "dbeta causal={causal}: {} vs FD {num_b}", an.dbeta);
+        assert!(
+            (an.dbeta - num_b).abs() <= 1e-6 * num_b.abs().max(1e-3),
+            "dbeta causal={causal}: {} vs FD {num_b}",
+            an.dbeta
+        );
     }
 }
 
@@ -188,16 +328,59 @@ fn large_beta_is_finite_and_correct() {
     };
     let (qf, kf) = (rows(n), rows(n));
     let (vf, v) = data(n * dv, 5, 1.0);
-    let (q, k): (Vec<f64>, Vec<f64>) = (qf.iter().map(|&x| x as f64).collect(), kf.iter().map(|&x| x as f64).collect());
-    let map = SoftMap { planes: &planes, beta: beta as f32 };
+    let (q, k): (Vec<f64>, Vec<f64>) = (
+        qf.iter().map(|&x| x as f64).collect(),
+        kf.iter().map(|&x| x as f64).collect(),
+    );
+    let map = SoftMap {
+        planes: &planes,
+        beta: beta as f32,
+    };
     for causal in [false, true] {
-        let want = soft_race(MatRef::new(n, d, &q), MatRef::new(n, d, &k), MatRef::new(n, dv, &v), &p64, beta, causal, Combine::Paper).o.data;
-        let out = forward(&map, Heads::new(1, n, d, &qf), Heads::new(1, n, d, &kf), Heads::new(1, n, dv, &vf), causal, racelab::cpu::detected_isa());
+        let want = soft_race(
+            MatRef::new(n, d, &q),
+            MatRef::new(n, d, &k),
+            MatRef::new(n, dv, &v),
+            &p64,
+            beta,
+            causal,
+            Combine::Paper,
+        )
+        .o
+        .data;
+        let out = forward(
+            &map,
+            Heads::new(1, n, d, &qf),
+            Heads::new(1, n, d, &kf),
+            Heads::new(1, n, dv, &vf),
+            causal,
+            racelab::cpu::detected_isa(),
+        );
         let got: Vec<f64> = out.o.iter().map(|&x| x as f64).collect();
-        assert!(rel_max_err(&got, &want) <= FWD_TOL, "beta=1e4 causal={causal}: {:.2e}", rel_max_err(&got, &want));
+        assert!(
+            rel_max_err(&got, &want) <= FWD_TOL,
+            "beta=1e4 causal={causal}: {:.2e}",
+            rel_max_err(&got, &want)
+        );
         let (gf, _) = data(n * dv, 6, 1.0);
-        let gr = soft_backward(&map, &out.ctx, Heads::new(1, n, d, &qf), Heads::new(1, n, d, &kf), Heads::new(1, n, dv, &vf), Heads::new(1, n, dv, &out.o), Heads::new(1, n, dv, &gf), racelab::cpu::detected_isa());
-        assert!(gr.dq.iter().chain(&gr.dk).chain(&gr.dv).all(|x| x.is_finite()) && gr.dbeta.is_finite());
+        let gr = soft_backward(
+            &map,
+            &out.ctx,
+            Heads::new(1, n, d, &qf),
+            Heads::new(1, n, d, &kf),
+            Heads::new(1, n, dv, &vf),
+            Heads::new(1, n, dv, &out.o),
+            Heads::new(1, n, dv, &gf),
+            racelab::cpu::detected_isa(),
+        );
+        assert!(
+            gr.dq
+                .iter()
+                .chain(&gr.dk)
+                .chain(&gr.dv)
+                .all(|x| x.is_finite())
+                && gr.dbeta.is_finite()
+        );
     }
 }
 
@@ -215,29 +398,82 @@ fn other_estimators_on_the_fast_path() {
     let scale = 1.0 / (d as f64).sqrt();
     for causal in [false, true] {
         for isa in isas() {
-            let (qh, kh, vh) = (Heads::new(heads, n, d, &qf), Heads::new(heads, n, d, &kf), Heads::new(heads, n, dv, &vf));
+            let (qh, kh, vh) = (
+                Heads::new(heads, n, d, &qf),
+                Heads::new(heads, n, d, &kf),
+                Heads::new(heads, n, dv, &vf),
+            );
             // Hard LSH.
             let hard = forward(&HardMap { planes: &planes }, qh, kh, vh, causal, isa);
             let (mut want, mut empty) = (Vec::new(), 0);
             for h in 0..heads {
-                let r = hard_lsh(head(&q, h, n, d), head(&k, h, n, d), head(&v, h, n, dv), &p64, causal);
+                let r = hard_lsh(
+                    head(&q, h, n, d),
+                    head(&k, h, n, d),
+                    head(&v, h, n, dv),
+                    &p64,
+                    causal,
+                );
                 empty += r.empty_rows;
                 want.extend(r.o.data);
             }
             let got: Vec<f64> = hard.o.iter().map(|&x| x as f64).collect();
-            assert!(rel_max_err(&got, &want) <= FWD_TOL, "hard causal={causal} {isa:?}: {:.2e}", rel_max_err(&got, &want));
+            assert!(
+                rel_max_err(&got, &want) <= FWD_TOL,
+                "hard causal={causal} {isa:?}: {:.2e}",
+                rel_max_err(&got, &want)
+            );
             assert_eq!(hard.empty_rows, empty, "hard empty rows");
             // Linear.
             let lin = forward(&LinearMap { d }, qh, kh, vh, causal, isa);
-            let want: Vec<f64> = (0..heads).flat_map(|h| linear_attention(head(&q, h, n, d), head(&k, h, n, d), head(&v, h, n, dv), causal).o.data).collect();
+            let want: Vec<f64> = (0..heads)
+                .flat_map(|h| {
+                    linear_attention(
+                        head(&q, h, n, d),
+                        head(&k, h, n, d),
+                        head(&v, h, n, dv),
+                        causal,
+                    )
+                    .o
+                    .data
+                })
+                .collect();
             let got: Vec<f64> = lin.o.iter().map(|&x| x as f64).collect();
-            assert!(rel_max_err(&got, &want) <= FWD_TOL, "linear causal={causal}: {:.2e}", rel_max_err(&got, &want));
+            assert!(
+                rel_max_err(&got, &want) <= FWD_TOL,
+                "linear causal={causal}: {:.2e}",
+                rel_max_err(&got, &want)
+            );
             // Performer.
-            let pm = racelab::cpu::features::performer_map(omega32.clone(), 64, d, scale as f32, kh, isa);
+            let pm = racelab::cpu::features::performer_map(
+                omega32.clone(),
+                64,
+                d,
+                scale as f32,
+                kh,
+                isa,
+            );
             let perf = forward(&pm, qh, kh, vh, causal, isa);
-            let want: Vec<f64> = (0..heads).flat_map(|h| performer_attention(head(&q, h, n, d), head(&k, h, n, d), head(&v, h, n, dv), &omega_r, Some(scale), causal).o.data).collect();
+            let want: Vec<f64> = (0..heads)
+                .flat_map(|h| {
+                    performer_attention(
+                        head(&q, h, n, d),
+                        head(&k, h, n, d),
+                        head(&v, h, n, dv),
+                        &omega_r,
+                        Some(scale),
+                        causal,
+                    )
+                    .o
+                    .data
+                })
+                .collect();
             let got: Vec<f64> = perf.o.iter().map(|&x| x as f64).collect();
-            assert!(rel_max_err(&got, &want) <= FWD_TOL, "performer causal={causal}: {:.2e}", rel_max_err(&got, &want));
+            assert!(
+                rel_max_err(&got, &want) <= FWD_TOL,
+                "performer causal={causal}: {:.2e}",
+                rel_max_err(&got, &want)
+            );
         }
     }
 }
@@ -249,15 +485,36 @@ fn decoder_equals_causal_forward_row_by_row() {
     let (qf, _) = data(n * d, 41, 0.5);
     let (kf, _) = data(n * d, 42, 0.5);
     let (vf, _) = data(n * dv, 43, 1.0);
-    let map = SoftMap { planes: &planes, beta: 3.0 };
-    let fwd = forward(&map, Heads::new(1, n, d, &qf), Heads::new(1, n, d, &kf), Heads::new(1, n, dv, &vf), true, racelab::cpu::detected_isa());
+    let map = SoftMap {
+        planes: &planes,
+        beta: 3.0,
+    };
+    let fwd = forward(
+        &map,
+        Heads::new(1, n, d, &qf),
+        Heads::new(1, n, d, &kf),
+        Heads::new(1, n, dv, &vf),
+        true,
+        racelab::cpu::detected_isa(),
+    );
     let mut dec = Decoder::new(planes.clone(), 3.0, dv).unwrap();
     let scale = fwd.o.iter().map(|x| x.abs()).fold(0.0f32, f32::max) as f64;
     for t in 0..n {
-        let o = dec.step(&qf[t * d..(t + 1) * d], &kf[t * d..(t + 1) * d], &vf[t * dv..(t + 1) * dv]).unwrap();
+        let o = dec
+            .step(
+                &qf[t * d..(t + 1) * d],
+                &kf[t * d..(t + 1) * d],
+                &vf[t * dv..(t + 1) * dv],
+            )
+            .unwrap();
         for c in 0..dv {
             let diff = (o[c] as f64 - fwd.o[t * dv + c] as f64).abs();
-            assert!(diff <= FWD_TOL * scale, "decode row {t} col {c}: {} vs {}", o[c], fwd.o[t * dv + c]);
+            assert!(
+                diff <= FWD_TOL * scale,
+                "decode row {t} col {c}: {} vs {}",
+                o[c],
+                fwd.o[t * dv + c]
+            );
         }
     }
     assert_eq!(dec.len(), n);
@@ -274,16 +531,70 @@ fn exact_quadratic_kernels_match_reference() {
     let (vf, v) = data(heads * n * dv, 53, 1.0);
     for causal in [false, true] {
         for isa in isas() {
-            let (qh, kh, vh) = (Heads::new(heads, n, d, &qf), Heads::new(heads, n, d, &kf), Heads::new(heads, n, dv, &vf));
-            let s = exact_attention(Exact::Softmax { scale: 1.0 / (d as f32).sqrt() }, qh, kh, vh, causal, isa);
-            let want: Vec<f64> = (0..heads).flat_map(|h| softmax_attention(head(&q, h, n, d), head(&k, h, n, d), head(&v, h, n, dv), None, causal).o.data).collect();
+            let (qh, kh, vh) = (
+                Heads::new(heads, n, d, &qf),
+                Heads::new(heads, n, d, &kf),
+                Heads::new(heads, n, dv, &vf),
+            );
+            let s = exact_attention(
+                Exact::Softmax {
+                    scale: 1.0 / (d as f32).sqrt(),
+                },
+                qh,
+                kh,
+                vh,
+                causal,
+                isa,
+            );
+            let want: Vec<f64> = (0..heads)
+                .flat_map(|h| {
+                    softmax_attention(
+                        head(&q, h, n, d),
+                        head(&k, h, n, d),
+                        head(&v, h, n, dv),
+                        None,
+                        causal,
+                    )
+                    .o
+                    .data
+                })
+                .collect();
             let got: Vec<f64> = s.iter().map(|&x| x as f64).collect();
-            assert!(rel_max_err(&got, &want) <= FWD_TOL, "softmax f32 causal={causal} {isa:?}: {:.2e}", rel_max_err(&got, &want));
+            assert!(
+                rel_max_err(&got, &want) <= FWD_TOL,
+                "softmax f32 causal={causal} {isa:?}: {:.2e}",
+                rel_max_err(&got, &want)
+            );
             for gamma in [2.0, 2.5] {
-                let a = exact_attention(Exact::Angular { gamma: gamma as f32 }, qh, kh, vh, causal, isa);
-                let want: Vec<f64> = (0..heads).flat_map(|h| angular_attention(head(&q, h, n, d), head(&k, h, n, d), head(&v, h, n, dv), gamma, causal).o.data).collect();
+                let a = exact_attention(
+                    Exact::Angular {
+                        gamma: gamma as f32,
+                    },
+                    qh,
+                    kh,
+                    vh,
+                    causal,
+                    isa,
+                );
+                let want: Vec<f64> = (0..heads)
+                    .flat_map(|h| {
+                        angular_attention(
+                            head(&q, h, n, d),
+                            head(&k, h, n, d),
+                            head(&v, h, n, dv),
+                            gamma,
+                            causal,
+                        )
+                        .o
+                        .data
+                    })
+                    .collect();
                 let got: Vec<f64> = a.iter().map(|&x| x as f64).collect();
-                assert!(rel_max_err(&got, &want) <= FWD_TOL, "angular f32 gamma={gamma} causal={causal}: {:.2e}", rel_max_err(&got, &want));
+                assert!(
+                    rel_max_err(&got, &want) <= FWD_TOL,
+                    "angular f32 gamma={gamma} causal={causal}: {:.2e}",
+                    rel_max_err(&got, &want)
+                );
             }
         }
     }

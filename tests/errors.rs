@@ -8,7 +8,11 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn qkv(n: usize, d: usize) -> (Tensor<f64>, Tensor<f64>, Tensor<f64>) {
-    (randn_t(&[n, d], 1), randn_t(&[n, d], 2), randn_t(&[n, 3], 3))
+    (
+        randn_t(&[n, d], 1),
+        randn_t(&[n, d], 2),
+        randn_t(&[n, 3], 3),
+    )
 }
 
 fn err(q: &Tensor<f64>, k: &Tensor<f64>, v: &Tensor<f64>, opts: AttendOptions) -> String {
@@ -21,19 +25,34 @@ fn err(q: &Tensor<f64>, k: &Tensor<f64>, v: &Tensor<f64>, opts: AttendOptions) -
 #[test]
 fn library_errors_name_the_argument() {
     let (q, k, v) = qkv(6, 4);
-    let soft = AttendOptions { method: Method::Soft, ..Default::default() };
+    let soft = AttendOptions {
+        method: Method::Soft,
+        ..Default::default()
+    };
     // Shape mismatches.
     let (k5, _, _) = qkv(6, 5);
     assert!(err(&q, &k5, &v, soft.clone()).contains("`k`"));
     let v_short = randn_t(&[5, 3], 4);
     assert!(err(&q, &k, &v_short, soft.clone()).contains("`v`"));
     let q_causal = randn_t(&[4, 4], 5);
-    assert!(err(&q_causal, &k, &v, AttendOptions { causal: true, ..soft.clone() }).contains("causal"));
+    assert!(err(
+        &q_causal,
+        &k,
+        &v,
+        AttendOptions {
+            causal: true,
+            ..soft.clone()
+        }
+    )
+    .contains("causal"));
     // NaN and Inf.
     let mut qn = q.clone();
     qn.data[7] = f64::NAN;
     let e = err(&qn, &k, &v, soft.clone());
-    assert!(e.contains("`q`") && e.contains("non-finite") && e.contains("index 7"), "{e}");
+    assert!(
+        e.contains("`q`") && e.contains("non-finite") && e.contains("index 7"),
+        "{e}"
+    );
     let mut vi = v.clone();
     vi.data[0] = f64::INFINITY;
     assert!(err(&q, &k, &vi, soft.clone()).contains("`v`"));
@@ -41,21 +60,79 @@ fn library_errors_name_the_argument() {
     let mut kz = k.clone();
     kz.data[8..12].iter_mut().for_each(|x| *x = 0.0);
     for m in [Method::Angular, Method::Hard] {
-        let e = err(&q, &kz, &v, AttendOptions { method: m, ..Default::default() });
+        let e = err(
+            &q,
+            &kz,
+            &v,
+            AttendOptions {
+                method: m,
+                ..Default::default()
+            },
+        );
         assert!(e.contains("row 2") && e.contains("zero vector"), "{e}");
     }
     // P too large, L = 0, beta ≤ 0, gamma ≤ 0.
-    assert!(err(&q, &k, &v, AttendOptions { p: 21, ..soft.clone() }).contains("`p`"));
-    assert!(err(&q, &k, &v, AttendOptions { p: 0, ..soft.clone() }).contains("`p`"));
-    assert!(err(&q, &k, &v, AttendOptions { l: 0, ..soft.clone() }).contains("`l`"));
+    assert!(err(
+        &q,
+        &k,
+        &v,
+        AttendOptions {
+            p: 21,
+            ..soft.clone()
+        }
+    )
+    .contains("`p`"));
+    assert!(err(
+        &q,
+        &k,
+        &v,
+        AttendOptions {
+            p: 0,
+            ..soft.clone()
+        }
+    )
+    .contains("`p`"));
+    assert!(err(
+        &q,
+        &k,
+        &v,
+        AttendOptions {
+            l: 0,
+            ..soft.clone()
+        }
+    )
+    .contains("`l`"));
     for beta in [0.0, -1.0, f64::NAN, f64::INFINITY] {
-        assert!(err(&q, &k, &v, AttendOptions { beta, ..soft.clone() }).contains("`beta`"));
+        assert!(err(
+            &q,
+            &k,
+            &v,
+            AttendOptions {
+                beta,
+                ..soft.clone()
+            }
+        )
+        .contains("`beta`"));
     }
     for gamma in [0.0, -2.0] {
-        assert!(err(&q, &k, &v, AttendOptions { method: Method::Angular, gamma, ..Default::default() }).contains("`gamma`"));
+        assert!(err(
+            &q,
+            &k,
+            &v,
+            AttendOptions {
+                method: Method::Angular,
+                gamma,
+                ..Default::default()
+            }
+        )
+        .contains("`gamma`"));
     }
     // N = 0.
-    let (q0, k0, v0) = (Tensor::new(vec![0, 4], vec![]).unwrap(), Tensor::new(vec![0, 4], vec![]).unwrap(), Tensor::new(vec![0, 3], vec![]).unwrap());
+    let (q0, k0, v0) = (
+        Tensor::new(vec![0, 4], vec![]).unwrap(),
+        Tensor::new(vec![0, 4], vec![]).unwrap(),
+        Tensor::new(vec![0, 3], vec![]).unwrap(),
+    );
     let e = err(&q0, &k0, &v0, soft.clone());
     assert!(e.contains("empty") && e.contains("N = 0"), "{e}");
 }
@@ -67,7 +144,9 @@ fn malformed_npy_is_an_error_not_a_panic() {
     let trunc = &good[..good.len() - 5];
     let e = parse_npy(trunc, "t.npy").unwrap_err().to_string();
     assert!(e.contains("t.npy") && e.contains("truncated"), "{e}");
-    let e = parse_npy(b"hello world, not npy", "x.npy").unwrap_err().to_string();
+    let e = parse_npy(b"hello world, not npy", "x.npy")
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("magic"), "{e}");
     let e = parse_npy(&good[..12], "h.npy").unwrap_err().to_string();
     assert!(e.contains("truncated"), "{e}");
@@ -75,12 +154,18 @@ fn malformed_npy_is_an_error_not_a_panic() {
     let e = parse_npy(&int, "i.npy").unwrap_err().to_string();
     assert!(e.contains("unsupported dtype '<i8'"), "{e}");
     let shape = replace_bytes(&good, b"(3, 2)", b"(3, x)");
-    assert!(matches!(parse_npy(&shape, "s.npy"), Err(RaceError::Npy { .. })));
+    assert!(matches!(
+        parse_npy(&shape, "s.npy"),
+        Err(RaceError::Npy { .. })
+    ));
 }
 
 /// Replace the first occurrence of `from` (same length as `to`) in a byte string.
 fn replace_bytes(b: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
-    let pos = b.windows(from.len()).position(|w| w == from).expect("pattern present");
+    let pos = b
+        .windows(from.len())
+        .position(|w| w == from)
+        .expect("pattern present");
     let mut out = b.to_vec();
     out[pos..pos + to.len()].copy_from_slice(to);
     out
@@ -100,8 +185,14 @@ fn cli_fail(tag: &str, files: &[(&str, Vec<usize>, Vec<f64>)], extra: &[&str]) -
     }
     let o = Command::new(env!("CARGO_BIN_EXE_racelab"))
         .arg("attend")
-        .arg("--q").arg(dir.join("q.npy")).arg("--k").arg(dir.join("k.npy")).arg("--v").arg(dir.join("v.npy"))
-        .arg("--out").arg(dir.join("o.npy"))
+        .arg("--q")
+        .arg(dir.join("q.npy"))
+        .arg("--k")
+        .arg(dir.join("k.npy"))
+        .arg("--v")
+        .arg(dir.join("v.npy"))
+        .arg("--out")
+        .arg(dir.join("o.npy"))
         .args(extra)
         .output()
         .unwrap();
@@ -117,7 +208,11 @@ fn cli_fail(tag: &str, files: &[(&str, Vec<usize>, Vec<f64>)], extra: &[&str]) -
 fn cli_bad_inputs_exit_nonzero_with_message() {
     let (q, k, v) = qkv(5, 4);
     let f = |q: &Tensor<f64>, k: &Tensor<f64>, v: &Tensor<f64>| {
-        vec![("q", q.shape.clone(), q.data.clone()), ("k", k.shape.clone(), k.data.clone()), ("v", v.shape.clone(), v.data.clone())]
+        vec![
+            ("q", q.shape.clone(), q.data.clone()),
+            ("k", k.shape.clone(), k.data.clone()),
+            ("v", v.shape.clone(), v.data.clone()),
+        ]
     };
     let ok = f(&q, &k, &v);
     let v_bad = randn_t(&[4, 3], 9);
@@ -133,7 +228,11 @@ fn cli_bad_inputs_exit_nonzero_with_message() {
     assert!(cli_fail("beta", &ok, &["--method", "soft", "--beta=-1"]).contains("`beta`"));
     assert!(cli_fail("gamma", &ok, &["--method", "angular", "--gamma", "0"]).contains("`gamma`"));
     assert!(cli_fail("method", &ok, &["--method", "magic"]).contains("`method`"));
-    let empty = vec![("q", vec![0, 4], vec![]), ("k", vec![0, 4], vec![]), ("v", vec![0, 3], vec![])];
+    let empty = vec![
+        ("q", vec![0, 4], vec![]),
+        ("k", vec![0, 4], vec![]),
+        ("v", vec![0, 3], vec![]),
+    ];
     assert!(cli_fail("empty", &empty, &["--method", "soft"]).contains("N = 0"));
     // Truncated and unsupported-dtype files.
     let dir = tmpdir("npy");
@@ -142,13 +241,25 @@ fn cli_bad_inputs_exit_nonzero_with_message() {
     let bytes = npy_bytes(&q.shape, &q.data, Dtype::F64);
     for (tag, body, want) in [
         ("trunc", bytes[..bytes.len() - 3].to_vec(), "truncated"),
-        ("dtype", replace_bytes(&bytes, b"<f8", b"<i8"), "unsupported dtype"),
+        (
+            "dtype",
+            replace_bytes(&bytes, b"<f8", b"<i8"),
+            "unsupported dtype",
+        ),
     ] {
         std::fs::write(dir.join("q.npy"), &body).unwrap();
         let o = Command::new(env!("CARGO_BIN_EXE_racelab"))
-            .arg("attend").arg("--method").arg("soft")
-            .arg("--q").arg(dir.join("q.npy")).arg("--k").arg(dir.join("k.npy")).arg("--v").arg(dir.join("v.npy"))
-            .arg("--out").arg(dir.join("o.npy"))
+            .arg("attend")
+            .arg("--method")
+            .arg("soft")
+            .arg("--q")
+            .arg(dir.join("q.npy"))
+            .arg("--k")
+            .arg(dir.join("k.npy"))
+            .arg("--v")
+            .arg(dir.join("v.npy"))
+            .arg("--out")
+            .arg(dir.join("o.npy"))
             .output()
             .unwrap();
         let s = String::from_utf8_lossy(&o.stderr);

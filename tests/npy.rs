@@ -14,7 +14,11 @@ fn round_trip_f32_and_f64_all_ranks() {
             assert_eq!(back.dtype, dtype);
             assert_eq!(back.tensor.shape, shape);
             for (a, b) in back.tensor.data.iter().zip(&data) {
-                let want = if dtype == Dtype::F32 { *b as f32 as f64 } else { *b };
+                let want = if dtype == Dtype::F32 {
+                    *b as f32 as f64
+                } else {
+                    *b
+                };
                 assert_eq!(*a, want);
             }
             // Header is 64-byte aligned as the format requires.
@@ -44,5 +48,8 @@ fn big_endian_is_read() {
     bytes[pos] = b'>';
     let n = bytes.len();
     bytes[n - 8..].copy_from_slice(&1.5f64.to_be_bytes());
-    assert_eq!(parse_npy(&bytes, "be.npy").unwrap().tensor.data, vec![0.0, 1.5]);
+    assert_eq!(
+        parse_npy(&bytes, "be.npy").unwrap().tensor.data,
+        vec![0.0, 1.5]
+    );
 }

@@ -8,7 +8,14 @@ use racelab::reference::kernels::{hard_matrix, soft_matrix};
 use racelab::{attend, AttendOptions, Combine, Mat, Method, Tensor};
 
 /// The methods whose output is a convex combination of value rows.
-const CONVEX: [Method; 6] = [Method::Softmax, Method::Angular, Method::Hard, Method::Soft, Method::Linear, Method::Performer];
+const CONVEX: [Method; 6] = [
+    Method::Softmax,
+    Method::Angular,
+    Method::Hard,
+    Method::Soft,
+    Method::Linear,
+    Method::Performer,
+];
 
 /// Strategy: a small attention problem `(n, d, dv, seed)`.
 fn problem() -> impl Strategy<Value = (usize, usize, usize, u64)> {
@@ -26,11 +33,29 @@ fn method() -> impl Strategy<Value = Method> {
 }
 
 fn tensor(m: &Mat<f64>) -> Tensor<f64> {
-    Tensor { shape: vec![m.rows, m.cols], data: m.data.clone() }
+    Tensor {
+        shape: vec![m.rows, m.cols],
+        data: m.data.clone(),
+    }
 }
 
-fn opts(method: Method, (p, l, beta): (usize, usize, f64), seed: u64, causal: bool) -> AttendOptions {
-    AttendOptions { method, p, l, beta, gamma: 1.5, seed, causal, features: 32, ..Default::default() }
+fn opts(
+    method: Method,
+    (p, l, beta): (usize, usize, f64),
+    seed: u64,
+    causal: bool,
+) -> AttendOptions {
+    AttendOptions {
+        method,
+        p,
+        l,
+        beta,
+        gamma: 1.5,
+        seed,
+        causal,
+        features: 32,
+        ..Default::default()
+    }
 }
 
 fn run(q: &Mat<f64>, k: &Mat<f64>, v: &Mat<f64>, o: &AttendOptions) -> racelab::AttendResult {
@@ -147,7 +172,10 @@ fn features_are_finite_from_beta_1e_minus6_to_1e6() {
         for input in [&x, &huge] {
             let mut f = vec![0.0; 64];
             soft_features(&planes, 1, &input.data, beta, &mut f);
-            assert!(f.iter().all(|v| v.is_finite() && *v >= 0.0), "beta={beta:e}: {f:?}");
+            assert!(
+                f.iter().all(|v| v.is_finite() && *v >= 0.0),
+                "beta={beta:e}: {f:?}"
+            );
             assert!((f.iter().sum::<f64>() - 1.0).abs() < 1e-13, "beta={beta:e}");
         }
     }
@@ -164,13 +192,23 @@ fn soft_features_tend_to_hard_buckets() {
             let mut f = vec![0.0; 16];
             soft_features(&planes, l, &x.data, beta, &mut f);
             let h = hard_code(&planes, l, &x.data);
-            let dist: f64 = f.iter().enumerate().map(|(r, &v)| (v - (r == h) as u8 as f64).abs()).sum();
+            let dist: f64 = f
+                .iter()
+                .enumerate()
+                .map(|(r, &v)| (v - (r == h) as u8 as f64).abs())
+                .sum();
             worst = worst.max(dist);
         }
-        assert!(worst <= prev + 1e-15, "L1 distance to hard bucket grew at beta={beta}: {worst} > {prev}");
+        assert!(
+            worst <= prev + 1e-15,
+            "L1 distance to hard bucket grew at beta={beta}: {worst} > {prev}"
+        );
         prev = worst;
     }
-    assert!(prev < 1e-10, "at beta=1e5 soft features are {prev} from the hard bucket");
+    assert!(
+        prev < 1e-10,
+        "at beta=1e5 soft features are {prev} from the hard bucket"
+    );
 }
 
 /// Exact two-sided binomial test (statrs) that hard collisions have frequency κ^P.
@@ -183,7 +221,11 @@ fn hard_collision_frequency_matches_kappa_pow_p() {
         let planes = Planes::gaussian(l, p, d, seed).unwrap();
         // q = e_0, k at angle theta from it in the (e_0, e_1) plane, rotated by a random map.
         let rot = randn(d, d, seed + 100);
-        let apply = |x: &[f64]| -> Vec<f64> { (0..d).map(|i| (0..d).map(|j| rot.at(i, j) * x[j]).sum()).collect() };
+        let apply = |x: &[f64]| -> Vec<f64> {
+            (0..d)
+                .map(|i| (0..d).map(|j| rot.at(i, j) * x[j]).sum())
+                .collect()
+        };
         let mut e0 = vec![0.0; d];
         e0[0] = 1.0;
         let mut kt = vec![0.0; d];
@@ -191,17 +233,25 @@ fn hard_collision_frequency_matches_kappa_pow_p() {
         kt[1] = theta.sin();
         let q = Mat::from_vec(1, d, apply(&e0));
         let k = Mat::from_vec(1, d, apply(&kt));
-        let hits = (0..l).filter(|&t| hard_code(&planes, t, &q.data) == hard_code(&planes, t, &k.data)).count() as u64;
+        let hits = (0..l)
+            .filter(|&t| hard_code(&planes, t, &q.data) == hard_code(&planes, t, &k.data))
+            .count() as u64;
         let prob = racelab::reference::angular::kappa(&q.data, &k.data).powi(p as i32);
         let bin = Binomial::new(prob, l as u64).unwrap();
         let lower = bin.cdf(hits);
         let upper = 1.0 - if hits == 0 { 0.0 } else { bin.cdf(hits - 1) };
         let pval = (2.0 * lower.min(upper)).min(1.0);
-        assert!(pval > 1e-3, "P={p}: {hits}/{l} collisions vs κ^P = {prob:.4}: two-sided p = {pval:.2e}");
+        assert!(
+            pval > 1e-3,
+            "P={p}: {hits}/{l} collisions vs κ^P = {prob:.4}: two-sided p = {pval:.2e}"
+        );
         // And the test has power: a 2% shift in the probability is rejected.
         let off = Binomial::new((prob * 1.1).min(1.0), l as u64).unwrap();
         let p_off = 2.0 * off.cdf(hits).min(1.0 - off.cdf(hits.saturating_sub(1)));
-        assert!(p_off < 1e-3, "P={p}: the test cannot tell κ^P from 1.1·κ^P (p = {p_off:.2e})");
+        assert!(
+            p_off < 1e-3,
+            "P={p}: the test cannot tell κ^P from 1.1·κ^P (p = {p_off:.2e})"
+        );
     }
 }
 
@@ -215,7 +265,12 @@ fn rank_meets_the_sharp_bound() {
         let planes = Planes::gaussian(l, p, d, 33 + p as u64).unwrap();
         let bound = sharp_rank_bound(p, l);
         let soft = numerical_rank(&soft_matrix(q.view(), k.view(), &planes, 2.0));
-        assert_eq!(soft, bound, "soft (P,L)=({p},{l}): rank {soft}, sharp bound {bound}, LR = {}", l << p);
+        assert_eq!(
+            soft,
+            bound,
+            "soft (P,L)=({p},{l}): rank {soft}, sharp bound {bound}, LR = {}",
+            l << p
+        );
         let hard = numerical_rank(&hard_matrix(q.view(), k.view(), &planes));
         assert!(hard <= bound, "hard (P,L)=({p},{l}): rank {hard} > {bound}");
         if l * (1 << p) <= 16 {
@@ -229,7 +284,15 @@ fn authors_rule_differs_from_paper_rule() {
     let (q, k, v) = (randn(16, 4, 1), randn(16, 4, 2), randn(16, 2, 3));
     let o = opts(Method::Soft, (2, 3, 5.0), 4, false);
     let a = run(&q, &k, &v, &o);
-    let b = run(&q, &k, &v, &AttendOptions { combine: Combine::Authors, ..o });
+    let b = run(
+        &q,
+        &k,
+        &v,
+        &AttendOptions {
+            combine: Combine::Authors,
+            ..o
+        },
+    );
     let diff = racelab::analysis::metrics::max_abs_diff(&a.o.data, &b.o.data);
     assert!(diff > 1e-3, "combine rules agree to {diff}");
 }

@@ -2,12 +2,19 @@
 
 /// `max_i |a_i − b_i|`.
 pub fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
 }
 
 /// `max_i |a_i − b_i| / max(max_i |b_i|, tiny)`: error relative to the reference's scale.
 pub fn rel_max_err(a: &[f64], reference: &[f64]) -> f64 {
-    let scale = reference.iter().map(|x| x.abs()).fold(0.0, f64::max).max(f64::MIN_POSITIVE);
+    let scale = reference
+        .iter()
+        .map(|x| x.abs())
+        .fold(0.0, f64::max)
+        .max(f64::MIN_POSITIVE);
     max_abs_diff(a, reference) / scale
 }
 

@@ -15,7 +15,9 @@ pub fn singular_values(a: &Mat<f64>) -> Vec<f64> {
         return Vec::new();
     }
     let m = faer::Mat::<f64>::from_fn(a.rows, a.cols, |i, j| a.at(i, j));
-    let mut s = m.singular_values().expect("SVD of a finite matrix converges");
+    let mut s = m
+        .singular_values()
+        .expect("SVD of a finite matrix converges");
     s.sort_by(|x, y| y.partial_cmp(x).unwrap_or(std::cmp::Ordering::Equal));
     s
 }

@@ -25,7 +25,16 @@ pub struct AccuracyRow {
 }
 
 /// Measure at each N (one head).
-pub fn run(ns: &[usize], d: usize, dv: usize, p: usize, l: usize, beta: f64, seed: u64, progress: &dyn Fn(&str)) -> crate::Result<Vec<AccuracyRow>> {
+pub fn run(
+    ns: &[usize],
+    d: usize,
+    dv: usize,
+    p: usize,
+    l: usize,
+    beta: f64,
+    seed: u64,
+    progress: &dyn Fn(&str),
+) -> crate::Result<Vec<AccuracyRow>> {
     crate::params::validate_pl(p, l)?;
     crate::params::validate_beta(beta)?;
     let planes32 = PlanesF32::from_planes(&Planes::gaussian(l, p, d, seed)?);
@@ -41,9 +50,19 @@ pub fn run(ns: &[usize], d: usize, dv: usize, p: usize, l: usize, beta: f64, see
         fill(&mut q, seed, 0);
         fill(&mut k, seed + 1, 0);
         fill(&mut v, seed + 2, 0);
-        let map = SoftMap { planes: &planes32, beta: beta as f32 };
+        let map = SoftMap {
+            planes: &planes32,
+            beta: beta as f32,
+        };
         let t = Instant::now();
-        let fwd = forward(&map, Heads::new(1, n, d, &q), Heads::new(1, n, d, &k), Heads::new(1, n, dv, &v), true, detected_isa());
+        let fwd = forward(
+            &map,
+            Heads::new(1, n, d, &q),
+            Heads::new(1, n, d, &k),
+            Heads::new(1, n, dv, &v),
+            true,
+            detected_isa(),
+        );
         let kernel_seconds = t.elapsed().as_secs_f64();
         let t = Instant::now();
         let mut s64 = vec![0.0f64; m * w];
@@ -52,8 +71,12 @@ pub fn run(ns: &[usize], d: usize, dv: usize, p: usize, l: usize, beta: f64, see
         let (mut xq, mut xk) = (vec![0.0f64; d], vec![0.0f64; d]);
         let (mut worst_k, mut worst_n, mut scale) = (0.0f64, 0.0f64, 0.0f64);
         for t_ in 0..n {
-            xq.iter_mut().zip(&q[t_ * d..(t_ + 1) * d]).for_each(|(a, &b)| *a = b as f64);
-            xk.iter_mut().zip(&k[t_ * d..(t_ + 1) * d]).for_each(|(a, &b)| *a = b as f64);
+            xq.iter_mut()
+                .zip(&q[t_ * d..(t_ + 1) * d])
+                .for_each(|(a, &b)| *a = b as f64);
+            xk.iter_mut()
+                .zip(&k[t_ * d..(t_ + 1) * d])
+                .for_each(|(a, &b)| *a = b as f64);
             for tb in 0..l {
                 soft_features(&planes64, tb, &xq, beta, &mut fq[tb * r..(tb + 1) * r]);
                 soft_features(&planes64, tb, &xk, beta, &mut fk[tb * r..(tb + 1) * r]);

@@ -17,11 +17,14 @@ pub fn bandwidth_gbs() -> f64 {
     let mut best = 0.0f64;
     for _ in 0..5 {
         let t = Instant::now();
-        a.par_chunks_mut(chunk).zip(b.par_chunks(chunk)).zip(c.par_chunks(chunk)).for_each(|((a, b), c)| {
-            for i in 0..a.len() {
-                a[i] = b[i] + 0.5 * c[i];
-            }
-        });
+        a.par_chunks_mut(chunk)
+            .zip(b.par_chunks(chunk))
+            .zip(c.par_chunks(chunk))
+            .for_each(|((a, b), c)| {
+                for i in 0..a.len() {
+                    a[i] = b[i] + 0.5 * c[i];
+                }
+            });
         let s = t.elapsed().as_secs_f64();
         best = best.max(12.0 * n as f64 / s / 1e9);
     }
@@ -56,15 +59,21 @@ fn fma_chains(isa: Isa, iters: usize) -> (f64, f32) {
                 }
             }
             let mut out = [0.0f32; 8];
-            let s = a.iter().fold(_mm256_setzero_ps(), |acc, v| _mm256_add_ps(acc, *v));
+            let s = a
+                .iter()
+                .fold(_mm256_setzero_ps(), |acc, v| _mm256_add_ps(acc, *v));
             _mm256_storeu_ps(out.as_mut_ptr(), s);
             out.iter().sum()
         }
         match (isa, super::super::cpu::simd::best_supported()) {
             // SAFETY: each branch runs only when `best_supported` (CPUID via
             // `is_x86_feature_detected!`) reports the features the function is compiled for.
-            (Isa::Avx512, Isa::Avx512) => return ((iters * 10 * 16 * 2) as f64, unsafe { z(iters) }),
-            (Isa::Avx512 | Isa::Avx2, Isa::Avx512 | Isa::Avx2) => return ((iters * 10 * 8 * 2) as f64, unsafe { y8(iters) }),
+            (Isa::Avx512, Isa::Avx512) => {
+                return ((iters * 10 * 16 * 2) as f64, unsafe { z(iters) })
+            }
+            (Isa::Avx512 | Isa::Avx2, Isa::Avx512 | Isa::Avx2) => {
+                return ((iters * 10 * 8 * 2) as f64, unsafe { y8(iters) })
+            }
             _ => {}
         }
     }
@@ -85,7 +94,10 @@ pub fn fma_peak_gflops(isa: Isa) -> f64 {
     let mut best = 0.0f64;
     for _ in 0..3 {
         let t = Instant::now();
-        let (flops, s): (f64, f32) = (0..threads).into_par_iter().map(|_| fma_chains(isa, iters)).reduce(|| (0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
+        let (flops, s): (f64, f32) = (0..threads)
+            .into_par_iter()
+            .map(|_| fma_chains(isa, iters))
+            .reduce(|| (0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
         std::hint::black_box(s);
         best = best.max(flops / t.elapsed().as_secs_f64() / 1e9);
     }

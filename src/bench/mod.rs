@@ -34,7 +34,10 @@ impl std::str::FromStr for Device {
         match s {
             "cpu" => Ok(Device::Cpu),
             "cuda" => Ok(Device::Cuda),
-            _ => Err(RaceError::param("device", format!("`{s}` is not a device; use cpu or cuda"))),
+            _ => Err(RaceError::param(
+                "device",
+                format!("`{s}` is not a device; use cpu or cuda"),
+            )),
         }
     }
 }
@@ -156,9 +159,13 @@ fn median(v: &mut [f64]) -> f64 {
 /// Least-squares slope of log y on log x.
 pub fn loglog_slope(pts: &[(f64, f64)]) -> f64 {
     let n = pts.len() as f64;
-    let (sx, sy) = pts.iter().fold((0.0, 0.0), |(a, b), (x, y)| (a + x.ln(), b + y.ln()));
+    let (sx, sy) = pts
+        .iter()
+        .fold((0.0, 0.0), |(a, b), (x, y)| (a + x.ln(), b + y.ln()));
     let (mx, my) = (sx / n, sy / n);
-    let (num, den) = pts.iter().fold((0.0, 0.0), |(a, b), (x, y)| (a + (x.ln() - mx) * (y.ln() - my), b + (x.ln() - mx).powi(2)));
+    let (num, den) = pts.iter().fold((0.0, 0.0), |(a, b), (x, y)| {
+        (a + (x.ln() - mx) * (y.ln() - my), b + (x.ln() - mx).powi(2))
+    });
     num / den
 }
 
@@ -178,7 +185,10 @@ fn time_runs(runs: usize, mut f: impl FnMut()) -> (f64, Vec<f64>) {
 /// Run the benchmark.
 pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
     if cfg.ns.is_empty() || cfg.pl.is_empty() {
-        return Err(RaceError::param("n", "give at least one N and one (P, L) pair"));
+        return Err(RaceError::param(
+            "n",
+            "give at least one N and one (P, L) pair",
+        ));
     }
     if cfg.heads == 0 || cfg.d == 0 {
         return Err(RaceError::param("heads", "heads and d must be ≥ 1"));
@@ -202,10 +212,17 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
     let mut ns = cfg.ns.clone();
     ns.sort_unstable();
     for &n in &ns {
-        let floats = (if cfg.backward { 4 * d + 4 * dv + 1 } else { 2 * d + 2 * dv + 1 }) as u64;
+        let floats = (if cfg.backward {
+            4 * d + 4 * dv + 1
+        } else {
+            2 * d + 2 * dv + 1
+        }) as u64;
         let need = 4 * floats * (n * h) as u64;
         if need > available_memory_bytes() * 8 / 10 {
-            skipped.push(format!("N = {n}: needs {:.1} GiB, more than 80% of available memory", need as f64 / (1u64 << 30) as f64));
+            skipped.push(format!(
+                "N = {n}: needs {:.1} GiB, more than 80% of available memory",
+                need as f64 / (1u64 << 30) as f64
+            ));
             continue;
         }
         let mut q = vec![0.0f32; h * n * d];
@@ -221,32 +238,73 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
         } else {
             Vec::new()
         };
-        let (qh, kh, vh) = (Heads::new(h, n, d, &q), Heads::new(h, n, d, &k), Heads::new(h, n, dv, &v));
+        let (qh, kh, vh) = (
+            Heads::new(h, n, d, &q),
+            Heads::new(h, n, d, &k),
+            Heads::new(h, n, dv, &v),
+        );
         let bytes = bytes_per_token(d, dv, cfg.backward) * (n * h) as f64;
         for &(p, l) in &cfg.pl {
             progress(&format!("race (P,L)=({p},{l}) N={n}"));
             let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, cfg.seed)?);
-            let map = SoftMap { planes: &planes, beta: cfg.beta as f32 };
+            let map = SoftMap {
+                planes: &planes,
+                beta: cfg.beta as f32,
+            };
             reset_peak_rss();
             // Output and gradient buffers are allocated once per row and reused across runs,
             // as a caching allocator would; runs time the kernels, not page faults.
             let mut o = vec![0.0f32; h * n * dv];
             let (mut dq, mut dk, mut dvb) = if cfg.backward {
-                (vec![0.0f32; h * n * d], vec![0.0f32; h * n * d], vec![0.0f32; h * n * dv])
+                (
+                    vec![0.0f32; h * n * d],
+                    vec![0.0f32; h * n * d],
+                    vec![0.0f32; h * n * dv],
+                )
             } else {
                 (Vec::new(), Vec::new(), Vec::new())
             };
             let mut den = Vec::with_capacity(h * n);
             let (secs, all) = match cfg.device {
                 Device::Cpu => time_runs(cfg.runs, || {
-                    let (_, ctx) = forward_into(&map, qh, kh, vh, cfg.causal, isa, &mut o, std::mem::take(&mut den));
+                    let (_, ctx) = forward_into(
+                        &map,
+                        qh,
+                        kh,
+                        vh,
+                        cfg.causal,
+                        isa,
+                        &mut o,
+                        std::mem::take(&mut den),
+                    );
                     if cfg.backward {
-                        let db = soft_backward_into(&map, &ctx, qh, kh, vh, Heads::new(h, n, dv, &o), Heads::new(h, n, dv, &g), isa, &mut dq, &mut dk, &mut dvb);
+                        let db = soft_backward_into(
+                            &map,
+                            &ctx,
+                            qh,
+                            kh,
+                            vh,
+                            Heads::new(h, n, dv, &o),
+                            Heads::new(h, n, dv, &g),
+                            isa,
+                            &mut dq,
+                            &mut dk,
+                            &mut dvb,
+                        );
                         std::hint::black_box(db);
                     }
                     den = ctx.den;
                 }),
-                Device::Cuda => crate::cuda::time_soft(&planes, cfg.beta as f32, qh, kh, vh, if cfg.backward { Some(&g) } else { None }, cfg.causal, cfg.runs)?,
+                Device::Cuda => crate::cuda::time_soft(
+                    &planes,
+                    cfg.beta as f32,
+                    qh,
+                    kh,
+                    vh,
+                    if cfg.backward { Some(&g) } else { None },
+                    cfg.causal,
+                    cfg.runs,
+                )?,
             };
             let flops = race_flops_per_token(p, l, d, dv, cfg.backward) * (n * h) as f64;
             let floor = bytes / (bw * 1e9);
@@ -284,16 +342,31 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
                 }
             }
             progress(&format!("{name} reference N={n}"));
-            let kind = if ri == 0 { Exact::Softmax { scale: 1.0 / (d as f32).sqrt() } } else { Exact::Angular { gamma: 2.0 } };
+            let kind = if ri == 0 {
+                Exact::Softmax {
+                    scale: 1.0 / (d as f32).sqrt(),
+                }
+            } else {
+                Exact::Angular { gamma: 2.0 }
+            };
             reset_peak_rss();
-            let runs = if ref_last[ri].map(|(_, t)| t * 4.0 > 10.0).unwrap_or(false) { 1.max(cfg.runs.min(3)) } else { cfg.runs };
+            let runs = if ref_last[ri].map(|(_, t)| t * 4.0 > 10.0).unwrap_or(false) {
+                1.max(cfg.runs.min(3))
+            } else {
+                cfg.runs
+            };
             let (secs, all) = time_runs(runs, || {
                 std::hint::black_box(exact_attention(kind, qh, kh, vh, cfg.causal, isa));
             });
             ref_last[ri] = Some((n, secs));
             let rbytes = bytes_per_token(d, dv, false) * (n * h) as f64;
             let floor = rbytes / (bw * 1e9);
-            let flops = 4.0 * (n as f64) * (n as f64) * (d as f64) * h as f64 * if cfg.causal { 0.5 } else { 1.0 };
+            let flops = 4.0
+                * (n as f64)
+                * (n as f64)
+                * (d as f64)
+                * h as f64
+                * if cfg.causal { 0.5 } else { 1.0 };
             rows.push(BenchRow {
                 method: name.to_string(),
                 device: Device::Cpu,
@@ -327,10 +400,18 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
     let fits: Vec<Fit> = names
         .iter()
         .filter_map(|s| {
-            let pts: Vec<(f64, f64)> = rows.iter().filter(|r| &series_name(r) == s).map(|r| (r.n as f64, r.seconds)).collect();
+            let pts: Vec<(f64, f64)> = rows
+                .iter()
+                .filter(|r| &series_name(r) == s)
+                .map(|r| (r.n as f64, r.seconds))
+                .collect();
             // Fit the upper half of the sizes, where fixed costs no longer dominate.
             let tail: Vec<(f64, f64)> = pts.iter().skip(pts.len() / 2).cloned().collect();
-            (tail.len() >= 2).then(|| Fit { series: s.clone(), exponent: loglog_slope(&tail), points: tail.len() })
+            (tail.len() >= 2).then(|| Fit {
+                series: s.clone(),
+                exponent: loglog_slope(&tail),
+                points: tail.len(),
+            })
         })
         .collect();
     let crossovers: Vec<Crossover> = names
@@ -338,10 +419,19 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
         .filter(|s| s.starts_with("race"))
         .map(|s| {
             let hit = rows.iter().filter(|r| &series_name(r) == s).find(|r| {
-                rows.iter().any(|x| x.method == "softmax" && x.n == r.n && x.seconds > r.seconds)
+                rows.iter()
+                    .any(|x| x.method == "softmax" && x.n == r.n && x.seconds > r.seconds)
             });
-            let note = if cfg.backward { "kernel forward+backward vs exact softmax forward only (conservative)" } else { "forward vs forward" };
-            Crossover { series: s.clone(), n: hit.map(|r| r.n), note: note.to_string() }
+            let note = if cfg.backward {
+                "kernel forward+backward vs exact softmax forward only (conservative)"
+            } else {
+                "forward vs forward"
+            };
+            Crossover {
+                series: s.clone(),
+                n: hit.map(|r| r.n),
+                note: note.to_string(),
+            }
         })
         .collect();
     let mut report = BenchReport {
@@ -383,34 +473,59 @@ fn write_outputs(dir: &std::path::Path, rep: &BenchReport, cfg: &BenchConfig) ->
             r.bytes_moved,
             r.floor_seconds,
             r.ratio_to_floor,
-            r.flop_floor_seconds.map(|x| format!("{x:.6e}")).unwrap_or_default()
+            r.flop_floor_seconds
+                .map(|x| format!("{x:.6e}"))
+                .unwrap_or_default()
         );
     }
     let p = dir.join("bench.csv");
     std::fs::write(&p, csv).map_err(|e| RaceError::io(&p, e))?;
     let p = dir.join("bench.json");
-    std::fs::write(&p, serde_json::to_string_pretty(rep).unwrap_or_default()).map_err(|e| RaceError::io(&p, e))?;
+    std::fs::write(&p, serde_json::to_string_pretty(rep).unwrap_or_default())
+        .map_err(|e| RaceError::io(&p, e))?;
     let cmd: Vec<String> = std::env::args().collect();
     let p = dir.join("COMMAND.txt");
-    std::fs::write(&p, format!("{}\n{}\n", cmd.join(" "), rep.provenance.line())).map_err(|e| RaceError::io(&p, e))?;
-    let mut names: Vec<String> = rep.rows.iter().map(|r| match (r.p, r.l) {
-        (Some(p), Some(l)) => format!("race ({p},{l})"),
-        _ => r.method.clone(),
-    }).collect();
+    std::fs::write(
+        &p,
+        format!("{}\n{}\n", cmd.join(" "), rep.provenance.line()),
+    )
+    .map_err(|e| RaceError::io(&p, e))?;
+    let mut names: Vec<String> = rep
+        .rows
+        .iter()
+        .map(|r| match (r.p, r.l) {
+            (Some(p), Some(l)) => format!("race ({p},{l})"),
+            _ => r.method.clone(),
+        })
+        .collect();
     names.sort();
     names.dedup();
     let mut series: Vec<Series> = names
         .iter()
         .map(|s| {
-            let pts = rep.rows.iter().filter(|r| match (r.p, r.l) {
-                (Some(p), Some(l)) => &format!("race ({p},{l})") == s,
-                _ => &r.method == s,
-            }).map(|r| (r.n as f64, r.seconds)).collect();
+            let pts = rep
+                .rows
+                .iter()
+                .filter(|r| match (r.p, r.l) {
+                    (Some(p), Some(l)) => &format!("race ({p},{l})") == s,
+                    _ => &r.method == s,
+                })
+                .map(|r| (r.n as f64, r.seconds))
+                .collect();
             Series::new(s.clone(), pts)
         })
         .collect();
-    if let Some(first) = rep.rows.iter().find(|r| r.method == "race" && r.p == Some(cfg.pl[0].0)) {
-        let pts = rep.rows.iter().filter(|r| r.method == "race" && r.p == first.p).map(|r| (r.n as f64, r.floor_seconds)).collect();
+    if let Some(first) = rep
+        .rows
+        .iter()
+        .find(|r| r.method == "race" && r.p == Some(cfg.pl[0].0))
+    {
+        let pts = rep
+            .rows
+            .iter()
+            .filter(|r| r.method == "race" && r.p == first.p)
+            .map(|r| (r.n as f64, r.floor_seconds))
+            .collect();
         series.push(Series::dashed("bandwidth floor (race, first (P,L))", pts));
     }
     let title = format!(
@@ -421,5 +536,15 @@ fn write_outputs(dir: &std::path::Path, rep: &BenchReport, cfg: &BenchConfig) ->
         cfg.d,
         rep.provenance.cpu
     );
-    line_plot(&dir.join("time_vs_n"), &LinePlot { title: &title, xlabel: "N (tokens)", ylabel: "seconds", logx: true, logy: true }, &series)
+    line_plot(
+        &dir.join("time_vs_n"),
+        &LinePlot {
+            title: &title,
+            xlabel: "N (tokens)",
+            ylabel: "seconds",
+            logx: true,
+            logy: true,
+        },
+        &series,
+    )
 }

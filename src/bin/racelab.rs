@@ -3,13 +3,17 @@
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use racelab::io::{read_npy, read_planes, write_npy, write_planes, Dtype};
-use racelab::{attend, experiments, AttendOptions, Combine, Method};
+use racelab::{experiments, AttendOptions, Combine, Method};
 use serde_json::json;
 use std::path::PathBuf;
 use std::time::Instant;
 
 #[derive(Parser)]
-#[command(name = "racelab", version, about = "RACE attention lab: exact, hashed and soft-hashed attention side by side")]
+#[command(
+    name = "racelab",
+    version,
+    about = "RACE attention lab: exact, hashed and soft-hashed attention side by side"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -53,6 +57,9 @@ enum Cmd {
     Tradeoff(ExpArgs),
     /// Paper (Algorithm 1) vs authors' combine rule, against angular attention.
     Combine(ExpArgs),
+    /// Real transformer Q/K/V: heatmaps per head, RACE errors, tanh saturation (default: the
+    /// bundled MiniLM sample).
+    Real(ExpArgs),
 }
 
 #[derive(Args, Clone)]
@@ -63,6 +70,10 @@ struct ExpArgs {
     /// A TOML config replacing the built-in experiments/<name>.toml.
     #[arg(long)]
     config: Option<PathBuf>,
+    /// A directory of real Q/K/V (experiments/extract_qk.py format; e.g. experiments/data/minilm)
+    /// to use instead of synthetic inputs (fig3, theorem, tradeoff, combine, real).
+    #[arg(long)]
+    data: Option<PathBuf>,
     #[command(flatten)]
     common: Common,
 }
@@ -169,6 +180,9 @@ struct AttendArgs {
     /// Output dtype: f32 or f64 (default: that of --q).
     #[arg(long)]
     dtype: Option<String>,
+    /// reference (f64, default) | cpu (f32 kernels) | cuda (f32, soft only)
+    #[arg(long, default_value = "reference")]
+    device: String,
     #[command(flatten)]
     common: Common,
 }
@@ -189,8 +203,9 @@ fn main() {
         Cmd::Reproduce(a) => run_reproduce(a),
         Cmd::Bench(a) => run_bench(a),
         Cmd::Fig3(a) => {
-            let user = match (&a.q, &a.k) {
-                (Some(q), Some(k)) => Some(load_qk(q, k)),
+            let user = match (&a.q, &a.k, &a.exp.data) {
+                (Some(q), Some(k), _) => Some(load_qk(q, k)),
+                (_, _, Some(dir)) => Some(real_qk(dir)),
                 _ => None,
             };
             match user.transpose() {
@@ -198,13 +213,24 @@ fn main() {
                 Err(e) => Err(e),
             }
         }
-        Cmd::Bias(a) => run_exp(&a, experiments::bias::run),
-        Cmd::Variance(a) => run_exp(&a, experiments::variance::run),
+        Cmd::Bias(a) => no_data(&a, "bias").and_then(|_| run_exp(&a, experiments::bias::run)),
+        Cmd::Variance(a) => {
+            no_data(&a, "variance").and_then(|_| run_exp(&a, experiments::variance::run))
+        }
         Cmd::Theorem(a) => run_exp(&a, experiments::theorem::run),
-        Cmd::Rank(a) => run_exp(&a, experiments::rank::run),
-        Cmd::Lemma10(a) => run_exp(&a, experiments::lemma10::run),
+        Cmd::Rank(a) => no_data(&a, "rank").and_then(|_| run_exp(&a, experiments::rank::run)),
+        Cmd::Lemma10(a) => {
+            no_data(&a, "lemma10").and_then(|_| run_exp(&a, experiments::lemma10::run))
+        }
         Cmd::Tradeoff(a) => run_exp(&a, experiments::tradeoff::run),
         Cmd::Combine(a) => run_exp(&a, experiments::combine::run),
+        Cmd::Real(a) => {
+            let dir = a.data.clone().or_else(experiments::real::bundled);
+            match dir {
+                Some(dir) => run_exp(&a, |ctx| experiments::real::run(ctx, &dir)),
+                None => Err(anyhow::anyhow!("no real data: pass --data DIR (made by experiments/extract_qk.py); the bundled experiments/data/minilm was not found")),
+            }
+        }
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");
@@ -243,15 +269,20 @@ fn run_attend(a: AttendArgs) -> Result<()> {
             None => None,
         },
     };
-    let out = a.common.out.clone().context("--out O.npy is required for attend")?;
+    let out = a
+        .common
+        .out
+        .clone()
+        .context("--out O.npy is required for attend")?;
     let dtype = match a.dtype.as_deref() {
         None => q.dtype,
         Some("f32") => Dtype::F32,
         Some("f64") => Dtype::F64,
         Some(other) => anyhow::bail!("invalid parameter `dtype`: `{other}`; use f32 or f64"),
     };
+    let backend: racelab::attend::Backend = a.device.parse()?;
     let t0 = Instant::now();
-    let res = attend(&q.tensor, &k.tensor, &v.tensor, &opts)?;
+    let res = racelab::attend::attend_with(&q.tensor, &k.tensor, &v.tensor, &opts, backend)?;
     let seconds = t0.elapsed().as_secs_f64();
     write_npy(&out, &res.o.shape, &res.o.data, dtype)?;
     if let (Some(path), Some(pl)) = (&a.save_planes, &res.planes) {
@@ -267,6 +298,7 @@ fn run_attend(a: AttendArgs) -> Result<()> {
         "combine": (method == Method::Soft).then_some(a.combine.as_str()),
         "features": (method == Method::Performer).then_some(a.features),
         "seed": a.common.seed,
+        "device": backend,
         "planes": a.planes.as_ref().map(|p| p.display().to_string()),
         "seconds": seconds,
         "empty_rows": res.empty_rows,
@@ -283,14 +315,22 @@ fn run_attend(a: AttendArgs) -> Result<()> {
             v.tensor.shape,
             out.display(),
             seconds,
-            if res.empty_rows > 0 || method == Method::Hard { format!(", {} empty rows", res.empty_rows) } else { String::new() }
+            if res.empty_rows > 0 || method == Method::Hard {
+                format!(", {} empty rows", res.empty_rows)
+            } else {
+                String::new()
+            }
         );
     }
     if res.empty_rows > 0 {
         eprintln!(
             "warning: {} rows had denominator 0 and were set to 0 ({})",
             res.empty_rows,
-            if method == Method::Hard { "queries that collide with no key" } else { "the kernel underflowed; try a smaller --beta" }
+            if method == Method::Hard {
+                "queries that collide with no key"
+            } else {
+                "the kernel underflowed; try a smaller --beta"
+            }
         );
     }
     Ok(())
@@ -301,7 +341,10 @@ fn read_matrix(path: &std::path::Path, arg: &str) -> Result<racelab::Mat<f64>> {
     let arr = read_npy(path)?;
     match arr.tensor.shape.as_slice() {
         [r, c] => Ok(racelab::Mat::from_vec(*r, *c, arr.tensor.data)),
-        s => anyhow::bail!("`{arg}` ({}) must be 2-D [m, d], got shape {s:?}", path.display()),
+        s => anyhow::bail!(
+            "`{arg}` ({}) must be 2-D [m, d], got shape {s:?}",
+            path.display()
+        ),
     }
 }
 
@@ -312,15 +355,60 @@ fn first_head(path: &std::path::Path) -> Result<racelab::Mat<f64>> {
     if n == 0 || d == 0 {
         anyhow::bail!("`{}` is empty: N = {n}, d = {d}", path.display());
     }
-    Ok(racelab::Mat::from_vec(n, d, arr.tensor.data[..n * d].to_vec()))
+    Ok(racelab::Mat::from_vec(
+        n,
+        d,
+        arr.tensor.data[..n * d].to_vec(),
+    ))
 }
 
-fn load_qk(q: &std::path::Path, k: &std::path::Path) -> Result<(racelab::Mat<f64>, racelab::Mat<f64>, String)> {
-    Ok((first_head(q)?, first_head(k)?, format!("user Q {} / K {}", q.display(), k.display())))
+fn load_qk(
+    q: &std::path::Path,
+    k: &std::path::Path,
+) -> Result<(racelab::Mat<f64>, racelab::Mat<f64>, String, String)> {
+    Ok((
+        first_head(q)?,
+        first_head(k)?,
+        format!("user Q {} / K {}", q.display(), k.display()),
+        "fig3_user".into(),
+    ))
+}
+
+/// Raw Q/K of the middle stored layer, head 0, of a real-data directory.
+fn real_qk(
+    dir: &std::path::Path,
+) -> Result<(racelab::Mat<f64>, racelab::Mat<f64>, String, String)> {
+    let rd = experiments::real::RealData::open(dir)?;
+    let layer = rd.mid_layer();
+    let (q, k, _) = rd.head(layer, 0)?;
+    let n = q.rows.min(96);
+    Ok((
+        experiments::real::take_rows(&q, n),
+        experiments::real::take_rows(&k, n),
+        format!("{} layer {layer} head 0, first {n} tokens", rd.model),
+        "fig3_real".into(),
+    ))
+}
+
+fn no_data(a: &ExpArgs, name: &str) -> Result<()> {
+    if a.data.is_some() {
+        anyhow::bail!("invalid parameter `data`: `{name}` runs on its own synthetic inputs (the theory's setting) and does not take --data");
+    }
+    Ok(())
 }
 
 fn exp_ctx(a: &ExpArgs) -> experiments::Ctx {
-    experiments::Ctx { out: a.common.out.clone().unwrap_or_else(|| PathBuf::from("figures")), seed: a.common.seed, quick: a.quick, config: a.config.clone() }
+    experiments::Ctx {
+        out: a
+            .common
+            .out
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("figures")),
+        seed: a.common.seed,
+        quick: a.quick,
+        config: a.config.clone(),
+        data: a.data.clone(),
+    }
 }
 
 fn print_result(r: &experiments::ExpResult, json: bool) {
@@ -334,7 +422,14 @@ fn print_result(r: &experiments::ExpResult, json: bool) {
                 m
             }
         };
-        for (k, v) in [("name", json!(r.name)), ("claims", json!(r.claims)), ("csv", json!(r.csv)), ("figures", json!(r.figures)), ("seconds", json!(r.seconds)), ("seed", json!(r.seed))] {
+        for (k, v) in [
+            ("name", json!(r.name)),
+            ("claims", json!(r.claims)),
+            ("csv", json!(r.csv)),
+            ("figures", json!(r.figures)),
+            ("seconds", json!(r.seconds)),
+            ("seed", json!(r.seed)),
+        ] {
             obj.insert(k.into(), v);
         }
         println!("{}", serde_json::Value::Object(obj));
@@ -342,12 +437,28 @@ fn print_result(r: &experiments::ExpResult, json: bool) {
     }
     println!("{} ({:.1} s, seed {})", r.name, r.seconds, r.seed);
     for c in &r.claims {
-        println!("  [{}] {}\n      measured: {}", c.verdict.text(), c.claim, c.measured);
+        println!(
+            "  [{}] {}\n      measured: {}",
+            c.verdict.text(),
+            c.claim,
+            c.measured
+        );
     }
-    println!("  wrote {} and {}", r.csv.join(", "), r.figures.iter().map(|f| format!("{f}.png/.svg")).collect::<Vec<_>>().join(", "));
+    println!(
+        "  wrote {} and {}",
+        r.csv.join(", "),
+        r.figures
+            .iter()
+            .map(|f| format!("{f}.png/.svg"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
 }
 
-fn run_exp(a: &ExpArgs, f: impl FnOnce(&experiments::Ctx) -> racelab::Result<experiments::ExpResult>) -> Result<()> {
+fn run_exp(
+    a: &ExpArgs,
+    f: impl FnOnce(&experiments::Ctx) -> racelab::Result<experiments::ExpResult>,
+) -> Result<()> {
     let ctx = exp_ctx(a);
     let r = f(&ctx)?;
     print_result(&r, a.common.json);
@@ -355,9 +466,22 @@ fn run_exp(a: &ExpArgs, f: impl FnOnce(&experiments::Ctx) -> racelab::Result<exp
 }
 
 fn run_reproduce(a: ReproduceArgs) -> Result<()> {
-    let ctx = experiments::Ctx { out: a.common.out.clone().unwrap_or_else(|| PathBuf::from("figures")), seed: a.common.seed, quick: a.quick, config: None };
-    type Step = (&'static str, fn(&experiments::Ctx) -> racelab::Result<experiments::ExpResult>);
-    let steps: Vec<Step> = vec![
+    let ctx = experiments::Ctx {
+        out: a
+            .common
+            .out
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("figures")),
+        seed: a.common.seed,
+        quick: a.quick,
+        config: None,
+        data: None,
+    };
+    type Step = (
+        &'static str,
+        fn(&experiments::Ctx) -> racelab::Result<experiments::ExpResult>,
+    );
+    let mut steps: Vec<Step> = vec![
         ("factorisation", experiments::report::factorisation),
         ("rank", experiments::rank::run),
         ("lemma10", experiments::lemma10::run),
@@ -369,14 +493,61 @@ fn run_reproduce(a: ReproduceArgs) -> Result<()> {
         ("tradeoff", experiments::tradeoff::run),
         ("scaling", experiments::report::scaling),
     ];
+    // The real-data section, on the bundled sample (committed; no download).
+    let real_dir = experiments::real::bundled();
+    if real_dir.is_some() {
+        steps.extend([
+            (
+                "fig3 (real)",
+                (|c: &experiments::Ctx| {
+                    let dir = experiments::real::bundled().expect("checked");
+                    let (q, k, label, stem) =
+                        real_qk(&dir).map_err(|e| racelab::RaceError::Config {
+                            path: dir.display().to_string(),
+                            msg: e.to_string(),
+                        })?;
+                    experiments::fig3::run(c, Some((q, k, label, stem)))
+                })
+                    as fn(&experiments::Ctx) -> racelab::Result<experiments::ExpResult>,
+            ),
+            ("real", |c| {
+                experiments::real::run(c, &experiments::real::bundled().expect("checked"))
+            }),
+            ("theorem (real)", |c| {
+                experiments::theorem::run(&experiments::Ctx {
+                    data: experiments::real::bundled(),
+                    ..c.clone()
+                })
+            }),
+            ("tradeoff (real)", |c| {
+                experiments::tradeoff::run(&experiments::Ctx {
+                    data: experiments::real::bundled(),
+                    ..c.clone()
+                })
+            }),
+            ("combine (real)", |c| {
+                experiments::combine::run(&experiments::Ctx {
+                    data: experiments::real::bundled(),
+                    ..c.clone()
+                })
+            }),
+        ]);
+    }
     let t0 = Instant::now();
     let bar = indicatif::ProgressBar::new(steps.len() as u64);
-    bar.set_style(indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}").unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()));
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
     let mut results = Vec::new();
     for (name, step) in steps {
         bar.set_message(name.to_string());
         let r = step(&ctx).with_context(|| format!("experiment `{name}` failed"))?;
-        bar.println(format!("{name}: {:.1} s, {} claims", r.seconds, r.claims.len()));
+        bar.println(format!(
+            "{name}: {:.1} s, {} claims",
+            r.seconds,
+            r.claims.len()
+        ));
         results.push(r);
         bar.inc(1);
     }
@@ -385,7 +556,10 @@ fn run_reproduce(a: ReproduceArgs) -> Result<()> {
     let report = experiments::report::write_report(&ctx, &results, total)?;
     if a.common.json {
         let claims: Vec<_> = results.iter().flat_map(|r| r.claims.clone()).collect();
-        println!("{}", json!({ "report": report.display().to_string(), "seconds": total, "claims": claims }));
+        println!(
+            "{}",
+            json!({ "report": report.display().to_string(), "seconds": total, "claims": claims })
+        );
     } else {
         for r in &results {
             print_result(r, false);
@@ -406,16 +580,32 @@ fn run_bench(a: BenchArgs) -> Result<()> {
     }
     let pl: Vec<(usize, usize)> = a.p.iter().cloned().zip(a.l.iter().cloned()).collect();
     if a.accuracy {
-        let ns = if a.n.is_empty() { vec![1_000_000, 10_000_000, 100_000_000] } else { a.n.clone() };
+        let ns = if a.n.is_empty() {
+            vec![1_000_000, 10_000_000, 100_000_000]
+        } else {
+            a.n.clone()
+        };
         let (p, l) = pl[0];
         let rows = bench::accuracy::run(&ns, 4, 2, p, l, a.beta, a.common.seed, &progress)?;
         if a.common.json {
-            println!("{}", json!({ "accuracy": rows, "provenance": racelab::provenance::Provenance::collect() }));
+            println!(
+                "{}",
+                json!({ "accuracy": rows, "provenance": racelab::provenance::Provenance::collect() })
+            );
         } else {
-            println!("causal f32 scan vs f64 recurrence (one head, d=4, dv=2, (P,L)=({p},{l}), beta={})", a.beta);
-            println!("{:>12} {:>16} {:>18} {:>10}", "N", "kernel rel err", "naive f32 rel err", "kernel s");
+            println!(
+                "causal f32 scan vs f64 recurrence (one head, d=4, dv=2, (P,L)=({p},{l}), beta={})",
+                a.beta
+            );
+            println!(
+                "{:>12} {:>16} {:>18} {:>10}",
+                "N", "kernel rel err", "naive f32 rel err", "kernel s"
+            );
             for r in &rows {
-                println!("{:>12} {:>16.3e} {:>18.3e} {:>10.2}", r.n, r.kernel_rel_err, r.naive_f32_rel_err, r.kernel_seconds);
+                println!(
+                    "{:>12} {:>16.3e} {:>18.3e} {:>10.2}",
+                    r.n, r.kernel_rel_err, r.naive_f32_rel_err, r.kernel_seconds
+                );
             }
         }
         return Ok(());
@@ -423,7 +613,17 @@ fn run_bench(a: BenchArgs) -> Result<()> {
     if a.stream {
         let n = a.n.first().copied().unwrap_or(100_000_000);
         let (p, l) = pl[0];
-        let rep = racelab::cpu::stream::run(n, a.heads, a.d, p, l, a.beta as f32, a.common.seed, a.causal, &progress)?;
+        let rep = racelab::cpu::stream::run(
+            n,
+            a.heads,
+            a.d,
+            p,
+            l,
+            a.beta as f32,
+            a.common.seed,
+            a.causal,
+            &progress,
+        )?;
         if a.common.json {
             println!("{}", serde_json::to_string(&rep)?);
         } else {
@@ -436,7 +636,11 @@ fn run_bench(a: BenchArgs) -> Result<()> {
         return Ok(());
     }
     let cfg = bench::BenchConfig {
-        ns: if a.n.is_empty() { (10..=20).map(|e| 1usize << e).collect() } else { a.n.clone() },
+        ns: if a.n.is_empty() {
+            (10..=20).map(|e| 1usize << e).collect()
+        } else {
+            a.n.clone()
+        },
         pl,
         heads: a.heads,
         d: a.d,
@@ -449,7 +653,10 @@ fn run_bench(a: BenchArgs) -> Result<()> {
         runs: a.runs.max(3),
         ref_budget_s: a.ref_budget,
         out: Some(a.common.out.clone().unwrap_or_else(|| {
-            let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0);
             PathBuf::from(format!("figures/bench/run-{t}"))
         })),
     };
@@ -459,18 +666,49 @@ fn run_bench(a: BenchArgs) -> Result<()> {
         return Ok(());
     }
     println!("{}", rep.provenance.line());
-    println!("measured bandwidth {:.1} GB/s, FMA peak {:.0} GFLOP/s ({})", rep.bandwidth_gbs, rep.fma_peak_gflops, rep.isa);
-    println!("{:<10} {:>10} {:>6} {:>11} {:>12} {:>10} {:>9} {:>10}", "method", "N", "(P,L)", "seconds", "tokens/s", "RSS GiB", "x floor", "x flops");
+    println!(
+        "measured bandwidth {:.1} GB/s, FMA peak {:.0} GFLOP/s ({})",
+        rep.bandwidth_gbs, rep.fma_peak_gflops, rep.isa
+    );
+    println!(
+        "{:<10} {:>10} {:>6} {:>11} {:>12} {:>10} {:>9} {:>10}",
+        "method", "N", "(P,L)", "seconds", "tokens/s", "RSS GiB", "x floor", "x flops"
+    );
     for r in &rep.rows {
-        let pl = match (r.p, r.l) { (Some(p), Some(l)) => format!("({p},{l})"), _ => "-".into() };
-        let xf = r.flop_floor_seconds.map(|f| format!("{:.2}", r.seconds / f)).unwrap_or_default();
-        println!("{:<10} {:>10} {:>6} {:>11.4e} {:>12.4e} {:>10.2} {:>9.2} {:>10}", r.method, r.n, pl, r.seconds, r.tokens_per_s, r.peak_rss_bytes as f64 / (1u64 << 30) as f64, r.ratio_to_floor, xf);
+        let pl = match (r.p, r.l) {
+            (Some(p), Some(l)) => format!("({p},{l})"),
+            _ => "-".into(),
+        };
+        let xf = r
+            .flop_floor_seconds
+            .map(|f| format!("{:.2}", r.seconds / f))
+            .unwrap_or_default();
+        println!(
+            "{:<10} {:>10} {:>6} {:>11.4e} {:>12.4e} {:>10.2} {:>9.2} {:>10}",
+            r.method,
+            r.n,
+            pl,
+            r.seconds,
+            r.tokens_per_s,
+            r.peak_rss_bytes as f64 / (1u64 << 30) as f64,
+            r.ratio_to_floor,
+            xf
+        );
     }
     for f in &rep.fits {
-        println!("fit {}: time ~ N^{:.2} ({} points)", f.series, f.exponent, f.points);
+        println!(
+            "fit {}: time ~ N^{:.2} ({} points)",
+            f.series, f.exponent, f.points
+        );
     }
     for c in &rep.crossovers {
-        println!("crossover {} vs exact softmax: {} ({})", c.series, c.n.map(|n| n.to_string()).unwrap_or_else(|| "not reached at measured N".into()), c.note);
+        println!(
+            "crossover {} vs exact softmax: {} ({})",
+            c.series,
+            c.n.map(|n| n.to_string())
+                .unwrap_or_else(|| "not reached at measured N".into()),
+            c.note
+        );
     }
     for s in &rep.skipped {
         println!("skipped: {s}");

@@ -33,7 +33,14 @@ pub struct SoftGrads {
 /// Back-propagate `gphi` (one table, length R) through the factorised softmax into `dx`;
 /// returns this table's `∂ℓ/∂beta` contribution.
 #[inline(always)]
-fn table_backward<S: Simd>(map: &SoftMap, l: usize, st: &BitState, phi: &[f32], gphi: &[f32], dx: &mut [f32]) -> f32 {
+fn table_backward<S: Simd>(
+    map: &SoftMap,
+    l: usize,
+    st: &BitState,
+    phi: &[f32],
+    gphi: &[f32],
+    dx: &mut [f32],
+) -> f32 {
     let p = map.planes.p;
     let gbar: f32 = phi.iter().zip(gphi).map(|(a, b)| a * b).sum();
     let mut dbeta = 0.0f32;
@@ -109,7 +116,12 @@ impl WithSimd for QueryGradTask<'_> {
                 state.add::<S>(&phi_k, 1.0, &ext);
             }
             let gi = (self.h * self.q.n) + i;
-            g_ext::<S>(self.g.row(self.h, i), self.o.row(self.h, i), self.den[gi], &mut gx);
+            g_ext::<S>(
+                self.g.row(self.h, i),
+                self.o.row(self.h, i),
+                self.den[gi],
+                &mut gx,
+            );
             let dx = &mut self.dq[t * d..(t + 1) * d];
             let mut db = 0.0f32;
             for l in 0..tables {
@@ -134,7 +146,14 @@ impl WithSimd for QueryGradTask<'_> {
                 dbank.tick();
             }
         }
-        (if self.causal { Vec::new() } else { dbank.total() }, dbeta)
+        (
+            if self.causal {
+                Vec::new()
+            } else {
+                dbank.total()
+            },
+            dbeta,
+        )
     }
 }
 
@@ -172,12 +191,21 @@ impl WithSimd for KeyGradTask<'_> {
         let mut dbeta = 0.0f64;
         let (a, b) = self.range;
         // Causal keys see the suffix i ≥ j: walk backwards, adding query j before reading.
-        let order: Box<dyn Iterator<Item = usize>> = if self.causal { Box::new((a..b).rev()) } else { Box::new(a..b) };
+        let order: Box<dyn Iterator<Item = usize>> = if self.causal {
+            Box::new((a..b).rev())
+        } else {
+            Box::new(a..b)
+        };
         for j in order {
             let t = j - a;
             if self.causal {
                 let gi = self.h * self.q.n + j;
-                g_ext::<S>(self.g.row(self.h, j), self.o.row(self.h, j), self.den[gi], &mut gx);
+                g_ext::<S>(
+                    self.g.row(self.h, j),
+                    self.o.row(self.h, j),
+                    self.den[gi],
+                    &mut gx,
+                );
                 map.features::<S>(self.q.row(self.h, j), false, &mut phi_q);
                 dbank.add::<S>(&phi_q, inv_l, &gx);
             }
@@ -205,7 +233,16 @@ impl WithSimd for KeyGradTask<'_> {
 
 /// Gradients of soft RACE given the forward context, inputs, output `o` and `g = ∂ℓ/∂o`.
 #[allow(clippy::too_many_arguments)]
-pub fn soft_backward(map: &SoftMap, ctx: &Ctx, q: Heads, k: Heads, v: Heads, o: Heads, g: Heads, isa: Isa) -> SoftGrads {
+pub fn soft_backward(
+    map: &SoftMap,
+    ctx: &Ctx,
+    q: Heads,
+    k: Heads,
+    v: Heads,
+    o: Heads,
+    g: Heads,
+    isa: Isa,
+) -> SoftGrads {
     let mut dq = vec![0.0f32; q.heads * q.n * q.cols];
     let mut dk = vec![0.0f32; k.heads * k.n * k.cols];
     let mut dv = vec![0.0f32; v.heads * v.n * v.cols];
@@ -215,14 +252,39 @@ pub fn soft_backward(map: &SoftMap, ctx: &Ctx, q: Heads, k: Heads, v: Heads, o: 
 
 /// [`soft_backward`] writing into caller buffers (every entry is overwritten); returns `∂ℓ/∂beta`.
 #[allow(clippy::too_many_arguments)]
-pub fn soft_backward_into(map: &SoftMap, ctx: &Ctx, q: Heads, k: Heads, v: Heads, o: Heads, g: Heads, isa: Isa, dq: &mut [f32], dk: &mut [f32], dv: &mut [f32]) -> f64 {
+pub fn soft_backward_into(
+    map: &SoftMap,
+    ctx: &Ctx,
+    q: Heads,
+    k: Heads,
+    v: Heads,
+    o: Heads,
+    g: Heads,
+    isa: Isa,
+    dq: &mut [f32],
+    dk: &mut [f32],
+    dv: &mut [f32],
+) -> f64 {
     let (heads, ns, m, w) = (q.heads, ctx.segs.len(), map.width(), bank_width(v.cols));
     let (dbanks, dbeta_q) = query_side(map, ctx, q, k, v, o, g, isa, dq);
     let dbases: Vec<Vec<f64>> = if ctx.causal {
         let totals: Vec<Vec<f64>> = if ns > 1 {
             (0..heads * ns)
                 .into_par_iter()
-                .map(|i| dispatch(isa, SuffixTotalTask { map, q, o, g, den: &ctx.den, h: i / ns, range: ctx.segs[i % ns] }))
+                .map(|i| {
+                    dispatch(
+                        isa,
+                        SuffixTotalTask {
+                            map,
+                            q,
+                            o,
+                            g,
+                            den: &ctx.den,
+                            h: i / ns,
+                            range: ctx.segs[i % ns],
+                        },
+                    )
+                })
                 .collect()
         } else {
             vec![vec![0.0; m * w]; heads]
@@ -231,14 +293,26 @@ pub fn soft_backward_into(map: &SoftMap, ctx: &Ctx, q: Heads, k: Heads, v: Heads
     } else {
         (0..heads * ns).map(|i| dbanks[i / ns].clone()).collect()
     };
-    let dbeta_k = key_side(map, &dbases, &ctx.segs, ctx.causal, q, k, v, o, g, &ctx.den, isa, dk, dv);
+    let dbeta_k = key_side(
+        map, &dbases, &ctx.segs, ctx.causal, q, k, v, o, g, &ctx.den, isa, dk, dv,
+    );
     dbeta_q + dbeta_k
 }
 
 /// Queries' side of the backward: `∂ℓ/∂q` (into `dq`), the non-causal per-head `[dB | dA]` totals (empty
 /// when causal), and the queries' share of `∂ℓ/∂beta`.
 #[allow(clippy::too_many_arguments)]
-pub fn query_side(map: &SoftMap, ctx: &Ctx, q: Heads, k: Heads, v: Heads, o: Heads, g: Heads, isa: Isa, dq: &mut [f32]) -> (Vec<Vec<f64>>, f64) {
+pub fn query_side(
+    map: &SoftMap,
+    ctx: &Ctx,
+    q: Heads,
+    k: Heads,
+    v: Heads,
+    o: Heads,
+    g: Heads,
+    isa: Isa,
+    dq: &mut [f32],
+) -> (Vec<Vec<f64>>, f64) {
     let (heads, n, d, m, w) = (q.heads, q.n, q.cols, map.width(), bank_width(v.cols));
     let (segs, ns, den) = (&ctx.segs, ctx.segs.len(), &ctx.den);
     dq.iter_mut().for_each(|x| *x = 0.0);
@@ -246,8 +320,28 @@ pub fn query_side(map: &SoftMap, ctx: &Ctx, q: Heads, k: Heads, v: Heads, o: Hea
     let res: Vec<(usize, Vec<f64>, f64)> = pieces
         .into_par_iter()
         .map(|(h, s, piece)| {
-            let base = if ctx.causal { &ctx.banks[h * ns + s] } else { &ctx.banks[h] };
-            let (bank, db) = dispatch(isa, QueryGradTask { map, q, k, v, o, g, den, h, range: segs[s], base, causal: ctx.causal, dq: piece });
+            let base = if ctx.causal {
+                &ctx.banks[h * ns + s]
+            } else {
+                &ctx.banks[h]
+            };
+            let (bank, db) = dispatch(
+                isa,
+                QueryGradTask {
+                    map,
+                    q,
+                    k,
+                    v,
+                    o,
+                    g,
+                    den,
+                    h,
+                    range: segs[s],
+                    base,
+                    causal: ctx.causal,
+                    dq: piece,
+                },
+            );
             (h, bank, db)
         })
         .collect();
@@ -261,16 +355,48 @@ pub fn query_side(map: &SoftMap, ctx: &Ctx, q: Heads, k: Heads, v: Heads, o: Hea
 /// Keys' side of the backward from the `[dB | dA]` each (head, segment) starts with:
 /// `∂ℓ/∂k`, `∂ℓ/∂v` into `dk`, `dvv`; returns the keys' share of `∂ℓ/∂beta`. Non-causal runs never read q, o, g, den.
 #[allow(clippy::too_many_arguments)]
-pub fn key_side(map: &SoftMap, dbases: &[Vec<f64>], segs: &[(usize, usize)], causal: bool, q: Heads, k: Heads, v: Heads, o: Heads, g: Heads, den: &[f32], isa: Isa, dk: &mut [f32], dvv: &mut [f32]) -> f64 {
+pub fn key_side(
+    map: &SoftMap,
+    dbases: &[Vec<f64>],
+    segs: &[(usize, usize)],
+    causal: bool,
+    q: Heads,
+    k: Heads,
+    v: Heads,
+    o: Heads,
+    g: Heads,
+    den: &[f32],
+    isa: Isa,
+    dk: &mut [f32],
+    dvv: &mut [f32],
+) -> f64 {
     let (d, dv, ns) = (k.cols, v.cols, segs.len());
     dk.iter_mut().for_each(|x| *x = 0.0);
     dvv.iter_mut().for_each(|x| *x = 0.0);
     let kp = split_out(dk, k.n, d, segs);
     let vp = split_out(dvv, k.n, dv, segs);
-    kp
-        .into_par_iter()
+    kp.into_par_iter()
         .zip(vp.into_par_iter())
-        .map(|((h, s, dkp), (_, _, dvp))| dispatch(isa, KeyGradTask { map, q, k, v, o, g, den, h, range: segs[s], base: &dbases[h * ns + s], causal, dk: dkp, dv: dvp }))
+        .map(|((h, s, dkp), (_, _, dvp))| {
+            dispatch(
+                isa,
+                KeyGradTask {
+                    map,
+                    q,
+                    k,
+                    v,
+                    o,
+                    g,
+                    den,
+                    h,
+                    range: segs[s],
+                    base: &dbases[h * ns + s],
+                    causal,
+                    dk: dkp,
+                    dv: dvp,
+                },
+            )
+        })
         .sum::<f64>()
 }
 
@@ -295,12 +421,17 @@ impl WithSimd for SuffixTotalTask<'_> {
         let mut phi = vec![0.0f32; m];
         let mut gx = vec![0.0f32; bank_width(dv)];
         for i in self.range.0..self.range.1 {
-            g_ext::<S>(self.g.row(self.h, i), self.o.row(self.h, i), self.den[self.h * self.q.n + i], &mut gx);
-            self.map.features::<S>(self.q.row(self.h, i), false, &mut phi);
+            g_ext::<S>(
+                self.g.row(self.h, i),
+                self.o.row(self.h, i),
+                self.den[self.h * self.q.n + i],
+                &mut gx,
+            );
+            self.map
+                .features::<S>(self.q.row(self.h, i), false, &mut phi);
             bank.add::<S>(&phi, inv_l, &gx);
             bank.tick();
         }
         bank.total()
     }
 }
-

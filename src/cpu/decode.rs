@@ -40,7 +40,14 @@ impl Decoder {
             return Err(RaceError::empty("dv", "values need at least one column"));
         }
         let m = planes.l * planes.r();
-        Ok(Decoder { planes, beta, dv, state: vec![0.0; m * (dv + 1)], isa: detected_isa(), tokens: 0 })
+        Ok(Decoder {
+            planes,
+            beta,
+            dv,
+            state: vec![0.0; m * (dv + 1)],
+            isa: detected_isa(),
+            tokens: 0,
+        })
     }
 
     /// Tokens consumed so far.
@@ -56,19 +63,39 @@ impl Decoder {
     pub fn step(&mut self, q: &[f32], k: &[f32], v: &[f32]) -> Result<Vec<f32>> {
         let d = self.planes.d;
         if q.len() != d || k.len() != d {
-            return Err(RaceError::shape("q/k", format!("decoder expects rows of length d = {d}, got q {} and k {}", q.len(), k.len())));
+            return Err(RaceError::shape(
+                "q/k",
+                format!(
+                    "decoder expects rows of length d = {d}, got q {} and k {}",
+                    q.len(),
+                    k.len()
+                ),
+            ));
         }
         if v.len() != self.dv {
-            return Err(RaceError::shape("v", format!("decoder expects v of length {}, got {}", self.dv, v.len())));
+            return Err(RaceError::shape(
+                "v",
+                format!("decoder expects v of length {}, got {}", self.dv, v.len()),
+            ));
         }
         crate::tensor::check_finite("q", q)?;
         crate::tensor::check_finite("k", k)?;
         crate::tensor::check_finite("v", v)?;
-        let map = SoftMap { planes: &self.planes, beta: self.beta };
+        let map = SoftMap {
+            planes: &self.planes,
+            beta: self.beta,
+        };
         let m = map.width();
         let w = self.dv + 1;
         let mut phi = vec![0.0f32; m];
-        dispatch(self.isa, FeatTask { map: &map, x: k, out: &mut phi });
+        dispatch(
+            self.isa,
+            FeatTask {
+                map: &map,
+                x: k,
+                out: &mut phi,
+            },
+        );
         for (f, &p) in phi.iter().enumerate() {
             let row = &mut self.state[f * w..(f + 1) * w];
             for (s, &x) in row.iter_mut().zip(v) {
@@ -76,7 +103,14 @@ impl Decoder {
             }
             row[self.dv] += p as f64;
         }
-        dispatch(self.isa, FeatTask { map: &map, x: q, out: &mut phi });
+        dispatch(
+            self.isa,
+            FeatTask {
+                map: &map,
+                x: q,
+                out: &mut phi,
+            },
+        );
         let mut acc = vec![0.0f64; w];
         for (f, &p) in phi.iter().enumerate() {
             for (a, &s) in acc.iter_mut().zip(&self.state[f * w..(f + 1) * w]) {
@@ -85,6 +119,10 @@ impl Decoder {
         }
         self.tokens += 1;
         let den = acc[self.dv];
-        Ok(if den == 0.0 { vec![0.0; self.dv] } else { acc[..self.dv].iter().map(|a| (a / den) as f32).collect() })
+        Ok(if den == 0.0 {
+            vec![0.0; self.dv]
+        } else {
+            acc[..self.dv].iter().map(|a| (a / den) as f32).collect()
+        })
     }
 }

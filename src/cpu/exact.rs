@@ -23,7 +23,12 @@ const BK: usize = 256;
 #[inline(always)]
 pub fn acos_f32(x: f32) -> f32 {
     let a = x.abs().min(1.0);
-    let p = 1.570_796_3 + a * (-0.214_598_8 + a * (0.088_978_99 + a * (-0.050_174_3 + a * (0.030_891_88 + a * (-0.017_088_126 + a * (0.006_670_09 + a * -0.001_262_491))))));
+    let p = 1.570_796_3
+        + a * (-0.214_598_8
+            + a * (0.088_978_99
+                + a * (-0.050_174_3
+                    + a * (0.030_891_88
+                        + a * (-0.017_088_126 + a * (0.006_670_09 + a * -0.001_262_491))))));
     let r = (1.0 - a).sqrt() * p;
     if x < 0.0 {
         std::f32::consts::PI - r
@@ -82,7 +87,11 @@ impl WithSimd for RowsTask<'_> {
         };
         for r in 0..self.rows {
             let row = &mut self.s[r * self.cols..(r + 1) * self.cols];
-            let lim = if self.causal { (self.i0 + r + 1).saturating_sub(self.j0).min(self.cols) } else { self.cols };
+            let lim = if self.causal {
+                (self.i0 + r + 1).saturating_sub(self.j0).min(self.cols)
+            } else {
+                self.cols
+            };
             match self.kind {
                 Exact::Softmax { scale } => {
                     let mut mx = self.m[r];
@@ -90,7 +99,11 @@ impl WithSimd for RowsTask<'_> {
                         *x *= scale;
                         mx = mx.max(*x);
                     }
-                    let alpha = if self.m[r] == f32::NEG_INFINITY { 0.0 } else { exp_f32(self.m[r] - mx) };
+                    let alpha = if self.m[r] == f32::NEG_INFINITY {
+                        0.0
+                    } else {
+                        exp_f32(self.m[r] - mx)
+                    };
                     let mut sum = 0.0f32;
                     for x in row[..lim].iter_mut() {
                         *x = exp_f32(*x - mx);
@@ -104,7 +117,8 @@ impl WithSimd for RowsTask<'_> {
                 Exact::Angular { gamma } => {
                     let mut sum = 0.0f32;
                     for x in row[..lim].iter_mut() {
-                        let kappa = 1.0 - acos_f32(x.clamp(-1.0, 1.0)) * std::f32::consts::FRAC_1_PI;
+                        let kappa =
+                            1.0 - acos_f32(x.clamp(-1.0, 1.0)) * std::f32::consts::FRAC_1_PI;
                         *x = pow_gamma(kappa, gamma, int_gamma);
                         sum += *x;
                     }
@@ -130,7 +144,14 @@ fn normalised(x: Heads) -> Vec<f32> {
 }
 
 /// Exact softmax or angular attention of `[heads, n, d]` inputs, f32.
-pub fn exact_attention(kind: Exact, q: Heads, k: Heads, v: Heads, causal: bool, isa: Isa) -> Vec<f32> {
+pub fn exact_attention(
+    kind: Exact,
+    q: Heads,
+    k: Heads,
+    v: Heads,
+    causal: bool,
+    isa: Isa,
+) -> Vec<f32> {
     let (heads, n, d, dv, nk) = (q.heads, q.n, q.cols, v.cols, k.n);
     let (qn, kn);
     let (qd, kd) = match kind {
@@ -141,7 +162,9 @@ pub fn exact_attention(kind: Exact, q: Heads, k: Heads, v: Heads, causal: bool, 
         }
         Exact::Softmax { .. } => (q.data, k.data),
     };
-    let blocks: Vec<(usize, usize)> = (0..n.div_ceil(BQ)).map(|b| (b * BQ, ((b + 1) * BQ).min(n))).collect();
+    let blocks: Vec<(usize, usize)> = (0..n.div_ceil(BQ))
+        .map(|b| (b * BQ, ((b + 1) * BQ).min(n)))
+        .collect();
     let mut o = vec![0.0f32; heads * n * dv];
     let pieces = split_out(&mut o, n, dv, &blocks);
     pieces.into_par_iter().for_each(|(h, b, ob)| {
@@ -149,26 +172,56 @@ pub fn exact_attention(kind: Exact, q: Heads, k: Heads, v: Heads, causal: bool, 
         let rows = i1 - i0;
         let qb = MatRef::from_row_major_slice(&qd[(h * n + i0) * d..(h * n + i1) * d], rows, d);
         let mut s = vec![0.0f32; rows * BK];
-        let (mut m, mut l, mut alpha) = (vec![f32::NEG_INFINITY; rows], vec![0.0f32; rows], vec![1.0f32; rows]);
+        let (mut m, mut l, mut alpha) = (
+            vec![f32::NEG_INFINITY; rows],
+            vec![0.0f32; rows],
+            vec![1.0f32; rows],
+        );
         let kend = if causal { i1.min(nk) } else { nk };
         let mut j0 = 0;
         while j0 < kend {
             let j1 = (j0 + BK).min(kend);
             let cols = j1 - j0;
-            let kb = MatRef::from_row_major_slice(&kd[(h * nk + j0) * d..(h * nk + j1) * d], cols, d);
-            let vb = MatRef::from_row_major_slice(&v.data[(h * nk + j0) * dv..(h * nk + j1) * dv], cols, dv);
+            let kb =
+                MatRef::from_row_major_slice(&kd[(h * nk + j0) * d..(h * nk + j1) * d], cols, d);
+            let vb = MatRef::from_row_major_slice(
+                &v.data[(h * nk + j0) * dv..(h * nk + j1) * dv],
+                cols,
+                dv,
+            );
             {
                 let sm = MatMut::from_row_major_slice_mut(&mut s[..rows * cols], rows, cols);
                 matmul(sm, Accum::Replace, qb, kb.transpose(), 1.0f32, Par::Seq);
             }
-            dispatch(isa, RowsTask { kind, s: &mut s[..rows * cols], rows, cols, i0, j0, causal, m: &mut m, l: &mut l, alpha: &mut alpha });
+            dispatch(
+                isa,
+                RowsTask {
+                    kind,
+                    s: &mut s[..rows * cols],
+                    rows,
+                    cols,
+                    i0,
+                    j0,
+                    causal,
+                    m: &mut m,
+                    l: &mut l,
+                    alpha: &mut alpha,
+                },
+            );
             for (r, &a) in alpha.iter().enumerate() {
                 if a != 1.0 {
                     ob[r * dv..(r + 1) * dv].iter_mut().for_each(|x| *x *= a);
                 }
             }
             let om = MatMut::from_row_major_slice_mut(&mut ob[..], rows, dv);
-            matmul(om, Accum::Add, MatRef::from_row_major_slice(&s[..rows * cols], rows, cols), vb, 1.0f32, Par::Seq);
+            matmul(
+                om,
+                Accum::Add,
+                MatRef::from_row_major_slice(&s[..rows * cols], rows, cols),
+                vb,
+                1.0f32,
+                Par::Seq,
+            );
             j0 = j1;
         }
         for r in 0..rows {

@@ -24,11 +24,21 @@ pub struct PlanesF32 {
 
 impl PlanesF32 {
     pub fn from_planes(p: &Planes) -> Self {
-        PlanesF32 { l: p.l, p: p.p, d: p.d, w: p.w.iter().map(|&x| x as f32).collect() }
+        PlanesF32 {
+            l: p.l,
+            p: p.p,
+            d: p.d,
+            w: p.w.iter().map(|&x| x as f32).collect(),
+        }
     }
     /// The f64 planes holding exactly these f32 values (for references on the same planes).
     pub fn to_planes(&self) -> Planes {
-        Planes { l: self.l, p: self.p, d: self.d, w: self.w.iter().map(|&x| x as f64).collect() }
+        Planes {
+            l: self.l,
+            p: self.p,
+            d: self.d,
+            w: self.w.iter().map(|&x| x as f64).collect(),
+        }
     }
     #[inline(always)]
     pub fn row(&self, l: usize, p: usize) -> &[f32] {
@@ -83,7 +93,11 @@ impl SoftMap<'_> {
     #[inline(always)]
     pub fn table<S: Simd>(&self, l: usize, x: &[f32], out: &mut [f32]) -> BitState {
         let p = self.planes.p;
-        let mut st = BitState { u: [0.0; MAX_P], on: [0.0; MAX_P], off: [0.0; MAX_P] };
+        let mut st = BitState {
+            u: [0.0; MAX_P],
+            on: [0.0; MAX_P],
+            off: [0.0; MAX_P],
+        };
         for b in 0..p {
             let u = tanh_f32(S::dot(self.planes.row(l, b), x));
             let t = 2.0 * self.beta * u;
@@ -205,7 +219,11 @@ impl FeatureMap for PerformerMap {
     #[inline(always)]
     fn features<S: Simd>(&self, x: &[f32], key: bool, out: &mut [f32]) {
         self.logits::<S>(x, out);
-        let shift = if key { self.key_shift } else { out.iter().cloned().fold(f32::NEG_INFINITY, f32::max) };
+        let shift = if key {
+            self.key_shift
+        } else {
+            out.iter().cloned().fold(f32::NEG_INFINITY, f32::max)
+        };
         let norm = 1.0 / (self.m as f32).sqrt();
         out.iter_mut().for_each(|o| *o = (*o - shift).exp() * norm);
     }
@@ -233,8 +251,21 @@ impl super::simd::WithSimd for KeyShiftTask<'_> {
 }
 
 /// A Performer map whose key shift is the maximum key log-feature (one pre-pass over keys).
-pub fn performer_map(omega: Vec<f32>, m: usize, d: usize, scale: f32, keys: super::state::Heads, isa: super::simd::Isa) -> PerformerMap {
-    let mut map = PerformerMap { omega, m, d, root_scale: scale.sqrt(), key_shift: 0.0 };
+pub fn performer_map(
+    omega: Vec<f32>,
+    m: usize,
+    d: usize,
+    scale: f32,
+    keys: super::state::Heads,
+    isa: super::simd::Isa,
+) -> PerformerMap {
+    let mut map = PerformerMap {
+        omega,
+        m,
+        d,
+        root_scale: scale.sqrt(),
+        key_shift: 0.0,
+    };
     map.key_shift = super::simd::dispatch(isa, KeyShiftTask { map: &map, k: keys });
     map
 }

@@ -53,7 +53,8 @@ impl<F: FeatureMap> WithSimd for TotalsTask<'_, F> {
         let mut phi = vec![0.0f32; m];
         let mut ext = ext_buffer(dv);
         for j in self.range.0..self.range.1 {
-            self.map.features::<S>(self.k.row(self.h, j), true, &mut phi);
+            self.map
+                .features::<S>(self.k.row(self.h, j), true, &mut phi);
             ext[..dv].copy_from_slice(self.v.row(self.h, j));
             bank.add::<S>(&phi, 1.0, &ext);
             bank.tick();
@@ -63,8 +64,24 @@ impl<F: FeatureMap> WithSimd for TotalsTask<'_, F> {
 }
 
 /// `Σ_j φ(k_j) [v_j, 1]` over `range` of head `h`, in f64.
-fn bank_total<F: FeatureMap>(isa: Isa, map: &F, k: Heads, v: Heads, h: usize, range: (usize, usize)) -> Vec<f64> {
-    dispatch(isa, TotalsTask { map, k, v, h, range })
+fn bank_total<F: FeatureMap>(
+    isa: Isa,
+    map: &F,
+    k: Heads,
+    v: Heads,
+    h: usize,
+    range: (usize, usize),
+) -> Vec<f64> {
+    dispatch(
+        isa,
+        TotalsTask {
+            map,
+            k,
+            v,
+            h,
+            range,
+        },
+    )
 }
 
 struct ReadTask<'a, F> {
@@ -106,14 +123,20 @@ impl<F: FeatureMap> WithSimd for ReadTask<'_, F> {
         let mut acc = vec![0.0f32; w];
         let mut empty = 0;
         for (t, i) in (self.range.0..self.range.1).enumerate() {
-            self.map.features::<S>(self.q.row(self.h, i), false, &mut phi);
+            self.map
+                .features::<S>(self.q.row(self.h, i), false, &mut phi);
             acc.iter_mut().for_each(|a| *a = 0.0);
             for (f, &p) in phi.iter().enumerate() {
                 if p != 0.0 {
                     S::axpy(&mut acc, p, &self.bank[f * w..(f + 1) * w]);
                 }
             }
-            empty += finish_row(&acc, &mut self.o[t * dv..(t + 1) * dv], &mut self.den[t], self.map.den_scale()) as usize;
+            empty += finish_row(
+                &acc,
+                &mut self.o[t * dv..(t + 1) * dv],
+                &mut self.den[t],
+                self.map.den_scale(),
+            ) as usize;
         }
         empty
     }
@@ -142,12 +165,19 @@ impl<F: FeatureMap> WithSimd for CausalTask<'_, F> {
         let mut acc = vec![0.0f32; bank_width(dv)];
         let mut empty = 0;
         for (t, i) in (self.range.0..self.range.1).enumerate() {
-            self.map.features::<S>(self.k.row(self.h, i), true, &mut phi);
+            self.map
+                .features::<S>(self.k.row(self.h, i), true, &mut phi);
             ext[..dv].copy_from_slice(self.v.row(self.h, i));
             bank.add::<S>(&phi, 1.0, &ext);
-            self.map.features::<S>(self.q.row(self.h, i), false, &mut phi);
+            self.map
+                .features::<S>(self.q.row(self.h, i), false, &mut phi);
             bank.read::<S>(&phi, &mut acc);
-            empty += finish_row(&acc, &mut self.o[t * dv..(t + 1) * dv], &mut self.den[t], self.map.den_scale()) as usize;
+            empty += finish_row(
+                &acc,
+                &mut self.o[t * dv..(t + 1) * dv],
+                &mut self.den[t],
+                self.map.den_scale(),
+            ) as usize;
             bank.tick();
         }
         empty
@@ -155,22 +185,40 @@ impl<F: FeatureMap> WithSimd for CausalTask<'_, F> {
 }
 
 /// Exclusive prefix (forward) or suffix (`reverse`) sums of per-segment banks, per head.
-pub fn exclusive_scan(totals: &[Vec<f64>], heads: usize, segs: usize, reverse: bool) -> Vec<Vec<f64>> {
+pub fn exclusive_scan(
+    totals: &[Vec<f64>],
+    heads: usize,
+    segs: usize,
+    reverse: bool,
+) -> Vec<Vec<f64>> {
     let len = totals.first().map(|t| t.len()).unwrap_or(0);
     let mut out = vec![Vec::new(); heads * segs];
     for h in 0..heads {
         let mut run = vec![0.0f64; len];
-        let order: Vec<usize> = if reverse { (0..segs).rev().collect() } else { (0..segs).collect() };
+        let order: Vec<usize> = if reverse {
+            (0..segs).rev().collect()
+        } else {
+            (0..segs).collect()
+        };
         for s in order {
             out[h * segs + s] = run.clone();
-            run.iter_mut().zip(&totals[h * segs + s]).for_each(|(r, t)| *r += t);
+            run.iter_mut()
+                .zip(&totals[h * segs + s])
+                .for_each(|(r, t)| *r += t);
         }
     }
     out
 }
 
 /// Run the forward pass of `map` on `[heads, n, d]` inputs.
-pub fn forward<F: FeatureMap>(map: &F, q: Heads, k: Heads, v: Heads, causal: bool, isa: Isa) -> ForwardOut {
+pub fn forward<F: FeatureMap>(
+    map: &F,
+    q: Heads,
+    k: Heads,
+    v: Heads,
+    causal: bool,
+    isa: Isa,
+) -> ForwardOut {
     let mut o = vec![0.0f32; q.heads * q.n * v.cols];
     let (empty_rows, ctx) = forward_into(map, q, k, v, causal, isa, &mut o, Vec::new());
     ForwardOut { o, empty_rows, ctx }
@@ -180,9 +228,22 @@ pub fn forward<F: FeatureMap>(map: &F, q: Heads, k: Heads, v: Heads, causal: boo
 /// so repeated calls (benchmarks, training loops) do not pay page faults for fresh buffers.
 /// Returns the empty-row count and the context.
 #[allow(clippy::too_many_arguments)]
-pub fn forward_into<F: FeatureMap>(map: &F, q: Heads, k: Heads, v: Heads, causal: bool, isa: Isa, o: &mut [f32], mut den: Vec<f32>) -> (usize, Ctx) {
+pub fn forward_into<F: FeatureMap>(
+    map: &F,
+    q: Heads,
+    k: Heads,
+    v: Heads,
+    causal: bool,
+    isa: Isa,
+    o: &mut [f32],
+    mut den: Vec<f32>,
+) -> (usize, Ctx) {
     let (heads, n, dv) = (q.heads, q.n, v.cols);
-    assert_eq!(o.len(), heads * n * dv, "forward_into: o has the wrong length");
+    assert_eq!(
+        o.len(),
+        heads * n * dv,
+        "forward_into: o has the wrong length"
+    );
     let m = map.width();
     let segs = plan_segments(k.n.max(n), heads);
     den.resize(heads * n, 0.0);
@@ -190,7 +251,15 @@ pub fn forward_into<F: FeatureMap>(map: &F, q: Heads, k: Heads, v: Heads, causal
         let banks = key_banks(map, k, v, isa);
         let qseg = plan_segments(n, heads);
         let empty = read_banks(map, q, &banks, dv, &qseg, o, &mut den, isa);
-        return (empty, Ctx { causal, segs: qseg, banks, den });
+        return (
+            empty,
+            Ctx {
+                causal,
+                segs: qseg,
+                banks,
+                den,
+            },
+        );
     }
     let totals: Vec<Vec<f64>> = if segs.len() > 1 {
         (0..heads * segs.len())
@@ -207,10 +276,31 @@ pub fn forward_into<F: FeatureMap>(map: &F, q: Heads, k: Heads, v: Heads, causal
         .into_par_iter()
         .zip(dpieces.into_par_iter())
         .map(|((h, s, op), (_, _, dp))| {
-            dispatch(isa, CausalTask { map, q, k, v, h, range: segs[s], base: &bases[h * segs.len() + s], o: op, den: dp })
+            dispatch(
+                isa,
+                CausalTask {
+                    map,
+                    q,
+                    k,
+                    v,
+                    h,
+                    range: segs[s],
+                    base: &bases[h * segs.len() + s],
+                    o: op,
+                    den: dp,
+                },
+            )
         })
         .sum();
-    (empty, Ctx { causal, segs, banks: bases, den })
+    (
+        empty,
+        Ctx {
+            causal,
+            segs,
+            banks: bases,
+            den,
+        },
+    )
 }
 
 /// Non-causal pass 1: `[B | A] = Σ_j φ(k_j)[v_j, 1]` per head (f64), parallel over segments.
@@ -224,24 +314,51 @@ pub fn key_banks<F: FeatureMap>(map: &F, k: Heads, v: Heads, isa: Isa) -> Vec<Ve
     parts
         .chunks(kseg.len())
         .map(|c| {
-            c.iter().fold(vec![0.0f64; m * bank_width(dv)], |mut acc, p| {
-                acc.iter_mut().zip(p).for_each(|(a, b)| *a += b);
-                acc
-            })
+            c.iter()
+                .fold(vec![0.0f64; m * bank_width(dv)], |mut acc, p| {
+                    acc.iter_mut().zip(p).for_each(|(a, b)| *a += b);
+                    acc
+                })
         })
         .collect()
 }
 
 /// Non-causal pass 2: `o_i = num_i/den_i` from the per-head banks; returns the empty rows.
 #[allow(clippy::too_many_arguments)]
-pub fn read_banks<F: FeatureMap>(map: &F, q: Heads, banks: &[Vec<f64>], dv: usize, segs: &[(usize, usize)], o: &mut [f32], den: &mut [f32], isa: Isa) -> usize {
+pub fn read_banks<F: FeatureMap>(
+    map: &F,
+    q: Heads,
+    banks: &[Vec<f64>],
+    dv: usize,
+    segs: &[(usize, usize)],
+    o: &mut [f32],
+    den: &mut [f32],
+    isa: Isa,
+) -> usize {
     let n = q.n;
-    let banks32: Vec<Vec<f32>> = banks.iter().map(|b| b.iter().map(|&x| x as f32).collect()).collect();
+    let banks32: Vec<Vec<f32>> = banks
+        .iter()
+        .map(|b| b.iter().map(|&x| x as f32).collect())
+        .collect();
     let opieces = split_out(o, n, dv, segs);
     let dpieces = split_out(den, n, 1, segs);
     opieces
         .into_par_iter()
         .zip(dpieces.into_par_iter())
-        .map(|((h, s, op), (_, _, dp))| dispatch(isa, ReadTask { map, dv, q, h, range: segs[s], bank: &banks32[h], o: op, den: dp }))
+        .map(|((h, s, op), (_, _, dp))| {
+            dispatch(
+                isa,
+                ReadTask {
+                    map,
+                    dv,
+                    q,
+                    h,
+                    range: segs[s],
+                    bank: &banks32[h],
+                    o: op,
+                    den: dp,
+                },
+            )
+        })
         .sum()
 }

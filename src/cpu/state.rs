@@ -50,7 +50,14 @@ impl Bank {
     pub fn new(m: usize, w: usize, base: Option<&[f64]>) -> Self {
         let base64 = base.map(|b| b.to_vec()).unwrap_or_else(|| vec![0.0; m * w]);
         let base32 = base64.iter().map(|&x| x as f32).collect();
-        Bank { m, w, base64, base32, local: vec![0.0; m * w], pending: 0 }
+        Bank {
+            m,
+            w,
+            base64,
+            base32,
+            local: vec![0.0; m * w],
+            pending: 0,
+        }
     }
 
     /// `local_f += φ_f · x` for every non-zero `φ_f`.
@@ -75,7 +82,12 @@ impl Bank {
 
     /// Move the f32 block into the f64 base.
     pub fn flush(&mut self) {
-        for ((b, b32), l) in self.base64.iter_mut().zip(self.base32.iter_mut()).zip(self.local.iter_mut()) {
+        for ((b, b32), l) in self
+            .base64
+            .iter_mut()
+            .zip(self.base32.iter_mut())
+            .zip(self.local.iter_mut())
+        {
             *b += *l as f64;
             *b32 = *b as f32;
             *l = 0.0;
@@ -90,7 +102,12 @@ impl Bank {
         let w = self.w;
         for (f, &p) in phi.iter().enumerate() {
             if p != 0.0 {
-                S::axpy2(out, p, &self.base32[f * w..(f + 1) * w], &self.local[f * w..(f + 1) * w]);
+                S::axpy2(
+                    out,
+                    p,
+                    &self.base32[f * w..(f + 1) * w],
+                    &self.local[f * w..(f + 1) * w],
+                );
             }
         }
     }
@@ -99,14 +116,23 @@ impl Bank {
     #[inline(always)]
     pub fn dot_row<S: Simd>(&self, f: usize, g: &[f32]) -> f32 {
         let w = self.w;
-        S::dot2(g, &self.base32[f * w..f * w + g.len()], &self.local[f * w..f * w + g.len()])
+        S::dot2(
+            g,
+            &self.base32[f * w..f * w + g.len()],
+            &self.local[f * w..f * w + g.len()],
+        )
     }
 
     /// `out += p · (base_f + local_f)[..out.len()]`.
     #[inline(always)]
     pub fn axpy_row<S: Simd>(&self, out: &mut [f32], p: f32, f: usize) {
         let (w, n) = (self.w, out.len());
-        S::axpy2(out, p, &self.base32[f * w..f * w + n], &self.local[f * w..f * w + n]);
+        S::axpy2(
+            out,
+            p,
+            &self.base32[f * w..f * w + n],
+            &self.local[f * w..f * w + n],
+        );
     }
 
     /// The exact (f64) total.
@@ -128,7 +154,12 @@ pub struct Heads<'a> {
 impl<'a> Heads<'a> {
     pub fn new(heads: usize, n: usize, cols: usize, data: &'a [f32]) -> Self {
         assert_eq!(data.len(), heads * n * cols, "Heads: len != heads*n*cols");
-        Heads { heads, n, cols, data }
+        Heads {
+            heads,
+            n,
+            cols,
+            data,
+        }
     }
     #[inline(always)]
     pub fn row(&self, h: usize, i: usize) -> &'a [f32] {
@@ -141,14 +172,26 @@ impl<'a> Heads<'a> {
 /// (one segment per head when there are at least twice as many heads as threads).
 pub fn plan_segments(n: usize, heads: usize) -> Vec<(usize, usize)> {
     let threads = rayon::current_num_threads().max(1);
-    let want = if heads >= 2 * threads { 1 } else { (2 * threads).div_ceil(heads.max(1)) };
+    let want = if heads >= 2 * threads {
+        1
+    } else {
+        (2 * threads).div_ceil(heads.max(1))
+    };
     let segs = want.min(n.div_ceil(FLUSH)).max(1);
     let len = n.div_ceil(segs);
-    (0..segs).map(|s| (s * len, ((s + 1) * len).min(n))).filter(|(a, b)| a < b).collect()
+    (0..segs)
+        .map(|s| (s * len, ((s + 1) * len).min(n)))
+        .filter(|(a, b)| a < b)
+        .collect()
 }
 
 /// Split a `[heads, n, cols]` output buffer into disjoint `(head, segment)` pieces.
-pub fn split_out<'a, T>(buf: &'a mut [T], n: usize, cols: usize, segs: &[(usize, usize)]) -> Vec<(usize, usize, &'a mut [T])> {
+pub fn split_out<'a, T>(
+    buf: &'a mut [T],
+    n: usize,
+    cols: usize,
+    segs: &[(usize, usize)],
+) -> Vec<(usize, usize, &'a mut [T])> {
     let mut out = Vec::new();
     for (h, head) in buf.chunks_mut((n * cols).max(1)).enumerate() {
         let mut rest = head;

@@ -38,34 +38,62 @@ pub struct StreamReport {
 }
 
 /// `[heads, len, cols]` chunk of the virtual `[heads, n, cols]` tensor `seed`, from token `t0`.
-fn gen_chunk(buf: &mut Vec<f32>, seed: u64, heads: usize, n: usize, t0: usize, len: usize, cols: usize) {
+fn gen_chunk(
+    buf: &mut Vec<f32>,
+    seed: u64,
+    heads: usize,
+    n: usize,
+    t0: usize,
+    len: usize,
+    cols: usize,
+) {
     buf.resize(heads * len * cols, 0.0);
-    buf.par_chunks_mut(len * cols).enumerate().for_each(|(h, hb)| {
-        let base = ((h * n + t0) * cols) as u64;
-        for (i, x) in hb.iter_mut().enumerate() {
-            *x = counter_uniform(seed, base + i as u64);
-        }
-    });
+    buf.par_chunks_mut(len * cols)
+        .enumerate()
+        .for_each(|(h, hb)| {
+            let base = ((h * n + t0) * cols) as u64;
+            for (i, x) in hb.iter_mut().enumerate() {
+                *x = counter_uniform(seed, base + i as u64);
+            }
+        });
 }
 
 /// Run streaming forward+backward.
 #[allow(clippy::too_many_arguments)]
-pub fn run(n: usize, heads: usize, d: usize, p: usize, l: usize, beta: f32, seed: u64, causal: bool, progress: &dyn Fn(&str)) -> Result<StreamReport> {
+pub fn run(
+    n: usize,
+    heads: usize,
+    d: usize,
+    p: usize,
+    l: usize,
+    beta: f32,
+    seed: u64,
+    causal: bool,
+    progress: &dyn Fn(&str),
+) -> Result<StreamReport> {
     if causal {
-        return Err(RaceError::param("causal", "the streaming mode runs the non-causal operator only; drop --causal"));
+        return Err(RaceError::param(
+            "causal",
+            "the streaming mode runs the non-causal operator only; drop --causal",
+        ));
     }
     if n == 0 || heads == 0 || d == 0 {
         return Err(RaceError::param("n", "streaming needs N, heads and d ≥ 1"));
     }
     let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, seed)?);
-    let map = SoftMap { planes: &planes, beta };
+    let map = SoftMap {
+        planes: &planes,
+        beta,
+    };
     let isa = detected_isa();
     let dv = d;
     let (m, w) = (l << p, super::state::bank_width(dv));
     let (sq, sk, sv, sg) = (seed, seed + 1, seed + 2, seed + 3);
     reset_peak_rss();
     let t = Instant::now();
-    let chunks: Vec<(usize, usize)> = (0..n.div_ceil(CHUNK)).map(|c| (c * CHUNK, ((c + 1) * CHUNK).min(n))).collect();
+    let chunks: Vec<(usize, usize)> = (0..n.div_ceil(CHUNK))
+        .map(|c| (c * CHUNK, ((c + 1) * CHUNK).min(n)))
+        .collect();
     let (mut qb, mut kb, mut vb, mut gb) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut dq, mut dk, mut dvv) = (Vec::new(), Vec::new(), Vec::new());
     let mut checksum = 0.0f64;
@@ -75,7 +103,12 @@ pub fn run(n: usize, heads: usize, d: usize, p: usize, l: usize, beta: f32, seed
     for &(a, b) in &chunks {
         gen_chunk(&mut kb, sk, heads, n, a, b - a, d);
         gen_chunk(&mut vb, sv, heads, n, a, b - a, dv);
-        for (tot, part) in banks.iter_mut().zip(key_banks(&map, Heads::new(heads, b - a, d, &kb), Heads::new(heads, b - a, dv, &vb), isa)) {
+        for (tot, part) in banks.iter_mut().zip(key_banks(
+            &map,
+            Heads::new(heads, b - a, d, &kb),
+            Heads::new(heads, b - a, dv, &vb),
+            isa,
+        )) {
             tot.iter_mut().zip(&part).for_each(|(x, y)| *x += y);
         }
     }
@@ -94,10 +127,25 @@ pub fn run(n: usize, heads: usize, d: usize, p: usize, l: usize, beta: f32, seed
         checksum += o.iter().map(|&x| x as f64).sum::<f64>();
         // G does not depend on O here, so the chunk's O serves both the forward output and the
         // backward (a stored-O backward would read it back instead).
-        let ctx = Ctx { causal: false, segs: segs.clone(), banks: banks.clone(), den };
+        let ctx = Ctx {
+            causal: false,
+            segs: segs.clone(),
+            banks: banks.clone(),
+            den,
+        };
         let oh = Heads::new(heads, len, dv, &o);
         dq.resize(heads * len * d, 0.0);
-        let (parts, db) = query_side(&map, &ctx, qh, qh, oh, oh, Heads::new(heads, len, dv, &gb), isa, &mut dq);
+        let (parts, db) = query_side(
+            &map,
+            &ctx,
+            qh,
+            qh,
+            oh,
+            oh,
+            Heads::new(heads, len, dv, &gb),
+            isa,
+            &mut dq,
+        );
         checksum += dq.iter().map(|&x| x as f64).sum::<f64>();
         dbeta += db;
         for (tot, part) in dbanks.iter_mut().zip(&parts) {
@@ -111,14 +159,44 @@ pub fn run(n: usize, heads: usize, d: usize, p: usize, l: usize, beta: f32, seed
         gen_chunk(&mut kb, sk, heads, n, a, len, d);
         gen_chunk(&mut vb, sv, heads, n, a, len, dv);
         let segs = plan_segments(len, heads);
-        let dbases: Vec<Vec<f64>> = (0..heads * segs.len()).map(|i| dbanks[i / segs.len()].clone()).collect();
-        let (kh, vh) = (Heads::new(heads, len, d, &kb), Heads::new(heads, len, dv, &vb));
+        let dbases: Vec<Vec<f64>> = (0..heads * segs.len())
+            .map(|i| dbanks[i / segs.len()].clone())
+            .collect();
+        let (kh, vh) = (
+            Heads::new(heads, len, d, &kb),
+            Heads::new(heads, len, dv, &vb),
+        );
         dk.resize(heads * len * d, 0.0);
         dvv.resize(heads * len * dv, 0.0);
-        let db = key_side(&map, &dbases, &segs, false, kh, kh, vh, vh, vh, &[], isa, &mut dk, &mut dvv);
+        let db = key_side(
+            &map,
+            &dbases,
+            &segs,
+            false,
+            kh,
+            kh,
+            vh,
+            vh,
+            vh,
+            &[],
+            isa,
+            &mut dk,
+            &mut dvv,
+        );
         dbeta += db;
         checksum += dk.iter().chain(&dvv).map(|&x| x as f64).sum::<f64>();
     }
     let seconds = t.elapsed().as_secs_f64();
-    Ok(StreamReport { n, heads, d, p, l, seconds, tokens_per_s: n as f64 / seconds, peak_rss_bytes: peak_rss_bytes(), chunk: CHUNK, checksum: checksum + dbeta })
+    Ok(StreamReport {
+        n,
+        heads,
+        d,
+        p,
+        l,
+        seconds,
+        tokens_per_s: n as f64 / seconds,
+        peak_rss_bytes: peak_rss_bytes(),
+        chunk: CHUNK,
+        checksum: checksum + dbeta,
+    })
 }

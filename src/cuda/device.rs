@@ -3,7 +3,9 @@
 use super::{check_problem, shared_floats, GpuForward, GpuInput, GpuShape, CHUNK, RACE_CU};
 use crate::cpu::{Heads, PlanesF32, SoftGrads};
 use crate::error::{RaceError, Result};
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
+};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
@@ -27,11 +29,27 @@ fn cuda_err(what: &str, e: impl std::fmt::Debug) -> RaceError {
 }
 
 fn compile(ctx: &Arc<CudaContext>, bf16: bool) -> Result<Kernels> {
-    let opts = cudarc::nvrtc::CompileOptions { options: if bf16 { vec!["-DRACE_BF16".into()] } else { vec![] }, ..Default::default() };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(RACE_CU, opts).map_err(|e| cuda_err("NVRTC compilation of race.cu", e))?;
-    let module = ctx.load_module(ptx).map_err(|e| cuda_err("loading the PTX module", e))?;
+    let opts = cudarc::nvrtc::CompileOptions {
+        options: if bf16 {
+            vec!["-DRACE_BF16".into()]
+        } else {
+            vec![]
+        },
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(RACE_CU, opts)
+        .map_err(|e| cuda_err("NVRTC compilation of race.cu", e))?;
+    let module = ctx
+        .load_module(ptx)
+        .map_err(|e| cuda_err("loading the PTX module", e))?;
     let f = |name: &str| module.load_function(name).map_err(|e| cuda_err(name, e));
-    Ok(Kernels { partial: f("race_partial")?, scan: f("race_scan")?, fwd: f("race_fwd")?, bwd_q: f("race_bwd_q")?, bwd_k: f("race_bwd_k")? })
+    Ok(Kernels {
+        partial: f("race_partial")?,
+        scan: f("race_scan")?,
+        fwd: f("race_fwd")?,
+        bwd_q: f("race_bwd_q")?,
+        bwd_k: f("race_bwd_k")?,
+    })
 }
 
 fn open() -> std::result::Result<Gpu, RaceError> {
@@ -39,11 +57,15 @@ fn open() -> std::result::Result<Gpu, RaceError> {
     // it has no preconditions. Checking first is what keeps `CudaContext::new` from panicking
     // on machines without a driver.
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
-        return Err(RaceError::NoCuda("the CUDA driver library (libcuda) is not installed".into()));
+        return Err(RaceError::NoCuda(
+            "the CUDA driver library (libcuda) is not installed".into(),
+        ));
     }
     // SAFETY: as above, for NVRTC.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return Err(RaceError::NoCuda("the NVRTC library (libnvrtc) is not installed".into()));
+        return Err(RaceError::NoCuda(
+            "the NVRTC library (libnvrtc) is not installed".into(),
+        ));
     }
     let ctx = std::panic::catch_unwind(|| CudaContext::new(0))
         .map_err(|_| RaceError::NoCuda("the CUDA driver panicked while opening device 0".into()))?
@@ -51,7 +73,12 @@ fn open() -> std::result::Result<Gpu, RaceError> {
     let stream = ctx.default_stream();
     let f32k = compile(&ctx, false)?;
     let bf16k = compile(&ctx, true)?;
-    Ok(Gpu { _ctx: ctx, stream, f32k, bf16k })
+    Ok(Gpu {
+        _ctx: ctx,
+        stream,
+        f32k,
+        bf16k,
+    })
 }
 
 fn gpu() -> Result<&'static Gpu> {
@@ -98,14 +125,19 @@ fn dims(planes: &PlanesF32, beta: f32, s: GpuShape) -> Dims {
 }
 
 fn cfg(dm: &Dims) -> LaunchConfig {
-    LaunchConfig { grid_dim: (dm.nchunks, dm.heads, 1), block_dim: (256, 1, 1), shared_mem_bytes: dm.shared }
+    LaunchConfig {
+        grid_dim: (dm.nchunks, dm.heads, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: dm.shared,
+    }
 }
 
 fn allow_shared(k: &Kernels, bytes: u32) -> Result<()> {
     if bytes > 48 * 1024 {
         use cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as A;
         for f in [&k.partial, &k.fwd, &k.bwd_q, &k.bwd_k] {
-            f.set_attribute(A, bytes as i32).map_err(|e| cuda_err("raising the shared-memory limit", e))?;
+            f.set_attribute(A, bytes as i32)
+                .map_err(|e| cuda_err("raising the shared-memory limit", e))?;
         }
     }
     Ok(())
@@ -119,49 +151,113 @@ struct Dev<T: DeviceRepr> {
     w: CudaSlice<f32>,
 }
 
-fn upload<T: DeviceRepr + Copy>(st: &Arc<CudaStream>, planes: &PlanesF32, q: &[T], k: &[T], v: &[T]) -> Result<Dev<T>> {
-    let up = |x: &[T]| st.clone_htod(x).map_err(|e| cuda_err("copying inputs to the device", e));
-    Ok(Dev { q: up(q)?, k: up(k)?, v: up(v)?, w: st.clone_htod(&planes.w).map_err(|e| cuda_err("copying planes", e))? })
+fn upload<T: DeviceRepr + Copy>(
+    st: &Arc<CudaStream>,
+    planes: &PlanesF32,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+) -> Result<Dev<T>> {
+    let up = |x: &[T]| {
+        st.clone_htod(x)
+            .map_err(|e| cuda_err("copying inputs to the device", e))
+    };
+    Ok(Dev {
+        q: up(q)?,
+        k: up(k)?,
+        v: up(v)?,
+        w: st
+            .clone_htod(&planes.w)
+            .map_err(|e| cuda_err("copying planes", e))?,
+    })
 }
 
 /// Forward on the device; returns (o, den, bases) device buffers.
-fn fwd_dev<T: DeviceRepr>(g: &Gpu, kn: &Kernels, dev: &Dev<T>, dm: &Dims, causal: bool) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
+fn fwd_dev<T: DeviceRepr>(
+    g: &Gpu,
+    kn: &Kernels,
+    dev: &Dev<T>,
+    dm: &Dims,
+    causal: bool,
+) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
     let st = &g.stream;
     fn e(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> RaceError {
         move |x| cuda_err(what, x)
     }
     let total = dm.heads as usize * dm.n as usize;
     let dummy = st.alloc_zeros::<f32>(1).map_err(e("alloc"))?;
-    let mut partials = st.alloc_zeros::<f32>(dm.heads as usize * dm.nchunks as usize * dm.mw).map_err(e("alloc partials"))?;
+    let mut partials = st
+        .alloc_zeros::<f32>(dm.heads as usize * dm.nchunks as usize * dm.mw)
+        .map_err(e("alloc partials"))?;
     let mode = 0i32;
     {
         let mut b = st.launch_builder(&kn.partial);
-        b.arg(&dev.k).arg(&dev.v).arg(&dummy).arg(&dummy).arg(&dummy).arg(&dev.w).arg(&mut partials);
-        b.arg(&dm.n).arg(&dm.d).arg(&dm.dv).arg(&dm.l).arg(&dm.p).arg(&dm.beta).arg(&dm.chunk).arg(&mode);
+        b.arg(&dev.k)
+            .arg(&dev.v)
+            .arg(&dummy)
+            .arg(&dummy)
+            .arg(&dummy)
+            .arg(&dev.w)
+            .arg(&mut partials);
+        b.arg(&dm.n)
+            .arg(&dm.d)
+            .arg(&dm.dv)
+            .arg(&dm.l)
+            .arg(&dm.p)
+            .arg(&dm.beta)
+            .arg(&dm.chunk)
+            .arg(&mode);
         // SAFETY: argument order and types match `race_partial` in race.cu; every buffer holds
         // the [heads, n, ·] extents the kernel indexes (checked by `check_problem`), and the
         // dynamic shared memory is sized by `shared_floats` for the SH_LAYOUT it carves.
         unsafe { b.launch(cfg(dm)) }.map_err(e("race_partial"))?;
     }
-    let nb = if causal { dm.heads as usize * dm.nchunks as usize * dm.mw } else { dm.heads as usize * dm.mw };
+    let nb = if causal {
+        dm.heads as usize * dm.nchunks as usize * dm.mw
+    } else {
+        dm.heads as usize * dm.mw
+    };
     let mut bases = st.alloc_zeros::<f32>(nb).map_err(e("alloc bases"))?;
     let smode = if causal { 0i32 } else { 2i32 };
     let (nch, mw) = (dm.nchunks as i32, dm.mw as i32);
     {
         let mut b = st.launch_builder(&kn.scan);
-        b.arg(&partials).arg(&mut bases).arg(&nch).arg(&mw).arg(&smode);
-        let c = LaunchConfig { grid_dim: ((dm.mw as u32).div_ceil(256), dm.heads, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        b.arg(&partials)
+            .arg(&mut bases)
+            .arg(&nch)
+            .arg(&mw)
+            .arg(&smode);
+        let c = LaunchConfig {
+            grid_dim: ((dm.mw as u32).div_ceil(256), dm.heads, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: matches `race_scan`; `partials` holds heads·nchunks·mw floats and `bases`
         // heads·nchunks·mw (causal) or heads·mw (total) as the mode requires.
         unsafe { b.launch(c) }.map_err(e("race_scan"))?;
     }
-    let mut o = st.alloc_zeros::<f32>(total * dm.dv as usize).map_err(e("alloc o"))?;
+    let mut o = st
+        .alloc_zeros::<f32>(total * dm.dv as usize)
+        .map_err(e("alloc o"))?;
     let mut den = st.alloc_zeros::<f32>(total).map_err(e("alloc den"))?;
     let causal_i = causal as i32;
     {
         let mut b = st.launch_builder(&kn.fwd);
-        b.arg(&dev.q).arg(&dev.k).arg(&dev.v).arg(&dev.w).arg(&bases).arg(&mut o).arg(&mut den);
-        b.arg(&dm.n).arg(&dm.d).arg(&dm.dv).arg(&dm.l).arg(&dm.p).arg(&dm.beta).arg(&dm.chunk).arg(&causal_i);
+        b.arg(&dev.q)
+            .arg(&dev.k)
+            .arg(&dev.v)
+            .arg(&dev.w)
+            .arg(&bases)
+            .arg(&mut o)
+            .arg(&mut den);
+        b.arg(&dm.n)
+            .arg(&dm.d)
+            .arg(&dm.dv)
+            .arg(&dm.l)
+            .arg(&dm.p)
+            .arg(&dm.beta)
+            .arg(&dm.chunk)
+            .arg(&causal_i);
         // SAFETY: matches `race_fwd`; o has heads·n·dv floats, den heads·n.
         unsafe { b.launch(cfg(dm)) }.map_err(e("race_fwd"))?;
     }
@@ -180,49 +276,121 @@ fn bwd_dev<T: DeviceRepr>(
     o: &CudaSlice<f32>,
     den: &CudaSlice<f32>,
     gr: &CudaSlice<f32>,
-) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
+) -> Result<(
+    CudaSlice<f32>,
+    CudaSlice<f32>,
+    CudaSlice<f32>,
+    CudaSlice<f32>,
+    CudaSlice<f32>,
+)> {
     let st = &g.stream;
     fn e(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> RaceError {
         move |x| cuda_err(what, x)
     }
     let total = dm.heads as usize * dm.n as usize;
     let causal_i = causal as i32;
-    let mut dq = st.alloc_zeros::<f32>(total * dm.d as usize).map_err(e("alloc dq"))?;
+    let mut dq = st
+        .alloc_zeros::<f32>(total * dm.d as usize)
+        .map_err(e("alloc dq"))?;
     let mut dbq = st.alloc_zeros::<f32>(total).map_err(e("alloc"))?;
     {
         let mut b = st.launch_builder(&kn.bwd_q);
-        b.arg(&dev.q).arg(&dev.k).arg(&dev.v).arg(&dev.w).arg(bases).arg(o).arg(gr).arg(den).arg(&mut dq).arg(&mut dbq);
-        b.arg(&dm.n).arg(&dm.d).arg(&dm.dv).arg(&dm.l).arg(&dm.p).arg(&dm.beta).arg(&dm.chunk).arg(&causal_i);
+        b.arg(&dev.q)
+            .arg(&dev.k)
+            .arg(&dev.v)
+            .arg(&dev.w)
+            .arg(bases)
+            .arg(o)
+            .arg(gr)
+            .arg(den)
+            .arg(&mut dq)
+            .arg(&mut dbq);
+        b.arg(&dm.n)
+            .arg(&dm.d)
+            .arg(&dm.dv)
+            .arg(&dm.l)
+            .arg(&dm.p)
+            .arg(&dm.beta)
+            .arg(&dm.chunk)
+            .arg(&causal_i);
         // SAFETY: matches `race_bwd_q`; bases come from the forward of the same shape/mode.
         unsafe { b.launch(cfg(dm)) }.map_err(e("race_bwd_q"))?;
     }
-    let mut partials = st.alloc_zeros::<f32>(dm.heads as usize * dm.nchunks as usize * dm.mw).map_err(e("alloc"))?;
+    let mut partials = st
+        .alloc_zeros::<f32>(dm.heads as usize * dm.nchunks as usize * dm.mw)
+        .map_err(e("alloc"))?;
     let mode = 1i32;
     {
         let mut b = st.launch_builder(&kn.partial);
-        b.arg(&dev.q).arg(&dev.q).arg(gr).arg(o).arg(den).arg(&dev.w).arg(&mut partials);
-        b.arg(&dm.n).arg(&dm.d).arg(&dm.dv).arg(&dm.l).arg(&dm.p).arg(&dm.beta).arg(&dm.chunk).arg(&mode);
+        b.arg(&dev.q)
+            .arg(&dev.q)
+            .arg(gr)
+            .arg(o)
+            .arg(den)
+            .arg(&dev.w)
+            .arg(&mut partials);
+        b.arg(&dm.n)
+            .arg(&dm.d)
+            .arg(&dm.dv)
+            .arg(&dm.l)
+            .arg(&dm.p)
+            .arg(&dm.beta)
+            .arg(&dm.chunk)
+            .arg(&mode);
         // SAFETY: matches `race_partial` in mode 1 (the V argument is unused in that mode).
         unsafe { b.launch(cfg(dm)) }.map_err(e("race_partial"))?;
     }
-    let nb = if causal { dm.heads as usize * dm.nchunks as usize * dm.mw } else { dm.heads as usize * dm.mw };
+    let nb = if causal {
+        dm.heads as usize * dm.nchunks as usize * dm.mw
+    } else {
+        dm.heads as usize * dm.mw
+    };
     let mut dbases = st.alloc_zeros::<f32>(nb).map_err(e("alloc"))?;
     let smode = if causal { 1i32 } else { 2i32 };
     let (nch, mw) = (dm.nchunks as i32, dm.mw as i32);
     {
         let mut b = st.launch_builder(&kn.scan);
-        b.arg(&partials).arg(&mut dbases).arg(&nch).arg(&mw).arg(&smode);
-        let c = LaunchConfig { grid_dim: ((dm.mw as u32).div_ceil(256), dm.heads, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        b.arg(&partials)
+            .arg(&mut dbases)
+            .arg(&nch)
+            .arg(&mw)
+            .arg(&smode);
+        let c = LaunchConfig {
+            grid_dim: ((dm.mw as u32).div_ceil(256), dm.heads, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: matches `race_scan` (see the forward).
         unsafe { b.launch(c) }.map_err(e("race_scan"))?;
     }
-    let mut dk = st.alloc_zeros::<f32>(total * dm.d as usize).map_err(e("alloc"))?;
-    let mut dvv = st.alloc_zeros::<f32>(total * dm.dv as usize).map_err(e("alloc"))?;
+    let mut dk = st
+        .alloc_zeros::<f32>(total * dm.d as usize)
+        .map_err(e("alloc"))?;
+    let mut dvv = st
+        .alloc_zeros::<f32>(total * dm.dv as usize)
+        .map_err(e("alloc"))?;
     let mut dbk = st.alloc_zeros::<f32>(total).map_err(e("alloc"))?;
     {
         let mut b = st.launch_builder(&kn.bwd_k);
-        b.arg(&dev.q).arg(&dev.k).arg(&dev.v).arg(&dev.w).arg(&dbases).arg(o).arg(gr).arg(den).arg(&mut dk).arg(&mut dvv).arg(&mut dbk);
-        b.arg(&dm.n).arg(&dm.d).arg(&dm.dv).arg(&dm.l).arg(&dm.p).arg(&dm.beta).arg(&dm.chunk).arg(&causal_i);
+        b.arg(&dev.q)
+            .arg(&dev.k)
+            .arg(&dev.v)
+            .arg(&dev.w)
+            .arg(&dbases)
+            .arg(o)
+            .arg(gr)
+            .arg(den)
+            .arg(&mut dk)
+            .arg(&mut dvv)
+            .arg(&mut dbk);
+        b.arg(&dm.n)
+            .arg(&dm.d)
+            .arg(&dm.dv)
+            .arg(&dm.l)
+            .arg(&dm.p)
+            .arg(&dm.beta)
+            .arg(&dm.chunk)
+            .arg(&causal_i);
         // SAFETY: matches `race_bwd_k`; dk, dv, dbk sized heads·n·{d, dv, 1}.
         unsafe { b.launch(cfg(dm)) }.map_err(e("race_bwd_k"))?;
     }
@@ -230,7 +398,8 @@ fn bwd_dev<T: DeviceRepr>(
 }
 
 fn host<T: DeviceRepr + Default + Clone>(st: &Arc<CudaStream>, x: &CudaSlice<T>) -> Result<Vec<T>> {
-    st.clone_dtoh(x).map_err(|e| cuda_err("copying results to the host", e))
+    st.clone_dtoh(x)
+        .map_err(|e| cuda_err("copying results to the host", e))
 }
 
 fn finish_forward(o: Vec<f32>, den: Vec<f32>) -> GpuForward {
@@ -251,13 +420,26 @@ macro_rules! with_input {
                 let $kn = &$g.bf16k;
                 $body
             }
-            _ => return Err(RaceError::param("dtype", "q, k and v must share one dtype (all f32 or all bf16)")),
+            _ => {
+                return Err(RaceError::param(
+                    "dtype",
+                    "q, k and v must share one dtype (all f32 or all bf16)",
+                ))
+            }
         }
     };
 }
 
 /// Soft-RACE forward on the GPU.
-pub fn soft_forward(planes: &PlanesF32, beta: f32, q: GpuInput, k: GpuInput, v: GpuInput, s: GpuShape, causal: bool) -> Result<GpuForward> {
+pub fn soft_forward(
+    planes: &PlanesF32,
+    beta: f32,
+    q: GpuInput,
+    k: GpuInput,
+    v: GpuInput,
+    s: GpuShape,
+    causal: bool,
+) -> Result<GpuForward> {
     check_problem(planes, beta, &q, &k, &v, s)?;
     let g = gpu()?;
     let dm = dims(planes, beta, s);
@@ -270,36 +452,88 @@ pub fn soft_forward(planes: &PlanesF32, beta: f32, q: GpuInput, k: GpuInput, v: 
 
 /// Soft-RACE forward and backward on the GPU with upstream gradient `g` (`[heads, n, dv]`).
 #[allow(clippy::too_many_arguments)]
-pub fn soft_backward(planes: &PlanesF32, beta: f32, q: GpuInput, k: GpuInput, v: GpuInput, gr: &[f32], s: GpuShape, causal: bool) -> Result<(GpuForward, SoftGrads)> {
+pub fn soft_backward(
+    planes: &PlanesF32,
+    beta: f32,
+    q: GpuInput,
+    k: GpuInput,
+    v: GpuInput,
+    gr: &[f32],
+    s: GpuShape,
+    causal: bool,
+) -> Result<(GpuForward, SoftGrads)> {
     check_problem(planes, beta, &q, &k, &v, s)?;
     if gr.len() != s.heads * s.n * s.dv {
-        return Err(RaceError::shape("g", format!("{} values for [{}, {}, {}]", gr.len(), s.heads, s.n, s.dv)));
+        return Err(RaceError::shape(
+            "g",
+            format!("{} values for [{}, {}, {}]", gr.len(), s.heads, s.n, s.dv),
+        ));
     }
     let g = gpu()?;
     let dm = dims(planes, beta, s);
     with_input!(g, planes, q, k, v, |dev, kn| {
         allow_shared(kn, dm.shared)?;
         let (o, den, bases) = fwd_dev(g, kn, &dev, &dm, causal)?;
-        let gd = g.stream.clone_htod(gr).map_err(|e| cuda_err("copying g", e))?;
+        let gd = g
+            .stream
+            .clone_htod(gr)
+            .map_err(|e| cuda_err("copying g", e))?;
         let (dq, dk, dvv, dbq, dbk) = bwd_dev(g, kn, &dev, &dm, causal, &bases, &o, &den, &gd)?;
-        let dbeta = host(&g.stream, &dbq)?.iter().chain(host(&g.stream, &dbk)?.iter()).map(|&x| x as f64).sum();
+        let dbeta = host(&g.stream, &dbq)?
+            .iter()
+            .chain(host(&g.stream, &dbk)?.iter())
+            .map(|&x| x as f64)
+            .sum();
         let fwd = finish_forward(host(&g.stream, &o)?, host(&g.stream, &den)?);
-        Ok((fwd, SoftGrads { dq: host(&g.stream, &dq)?, dk: host(&g.stream, &dk)?, dv: host(&g.stream, &dvv)?, dbeta }))
+        Ok((
+            fwd,
+            SoftGrads {
+                dq: host(&g.stream, &dq)?,
+                dk: host(&g.stream, &dk)?,
+                dv: host(&g.stream, &dvv)?,
+                dbeta,
+            },
+        ))
     })
 }
 
 /// Time forward (and backward with `g`) on device-resident f32 inputs: median of `runs`.
 #[allow(clippy::too_many_arguments)]
-pub fn time_soft(planes: &PlanesF32, beta: f32, q: Heads, k: Heads, v: Heads, gr: Option<&[f32]>, causal: bool, runs: usize) -> Result<(f64, Vec<f64>)> {
-    let s = GpuShape { heads: q.heads, n: q.n, d: q.cols, dv: v.cols };
-    check_problem(planes, beta, &GpuInput::F32(q.data), &GpuInput::F32(k.data), &GpuInput::F32(v.data), s)?;
+pub fn time_soft(
+    planes: &PlanesF32,
+    beta: f32,
+    q: Heads,
+    k: Heads,
+    v: Heads,
+    gr: Option<&[f32]>,
+    causal: bool,
+    runs: usize,
+) -> Result<(f64, Vec<f64>)> {
+    let s = GpuShape {
+        heads: q.heads,
+        n: q.n,
+        d: q.cols,
+        dv: v.cols,
+    };
+    check_problem(
+        planes,
+        beta,
+        &GpuInput::F32(q.data),
+        &GpuInput::F32(k.data),
+        &GpuInput::F32(v.data),
+        s,
+    )?;
     let g = gpu()?;
     let dm = dims(planes, beta, s);
     let kn = &g.f32k;
     allow_shared(kn, dm.shared)?;
     let dev = upload(&g.stream, planes, q.data, k.data, v.data)?;
     let gd = match gr {
-        Some(x) => Some(g.stream.clone_htod(x).map_err(|e| cuda_err("copying g", e))?),
+        Some(x) => Some(
+            g.stream
+                .clone_htod(x)
+                .map_err(|e| cuda_err("copying g", e))?,
+        ),
         None => None,
     };
     let once = || -> Result<()> {
@@ -308,7 +542,9 @@ pub fn time_soft(planes: &PlanesF32, beta: f32, q: Heads, k: Heads, v: Heads, gr
             let out = bwd_dev(g, kn, &dev, &dm, causal, &bases, &o, &den, gd)?;
             drop(out);
         }
-        g.stream.synchronize().map_err(|e| cuda_err("synchronize", e))
+        g.stream
+            .synchronize()
+            .map_err(|e| cuda_err("synchronize", e))
     };
     once()?; // warm-up (module load, allocator)
     let mut ts = Vec::new();

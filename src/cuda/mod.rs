@@ -20,7 +20,13 @@ pub const RACE_CU: &str = include_str!("race.cu");
 pub const CHUNK: usize = 256;
 
 /// Kernel names the Rust side launches (checked against the source in tests).
-pub const KERNELS: [&str; 5] = ["race_partial", "race_scan", "race_fwd", "race_bwd_q", "race_bwd_k"];
+pub const KERNELS: [&str; 5] = [
+    "race_partial",
+    "race_scan",
+    "race_fwd",
+    "race_bwd_q",
+    "race_bwd_k",
+];
 
 /// Input element type on the device.
 #[derive(Debug, Clone, Copy)]
@@ -55,7 +61,9 @@ pub fn to_bf16(x: &[f32]) -> Vec<u16> {
 
 /// Widen bf16 bits to f32 exactly.
 pub fn from_bf16(x: &[u16]) -> Vec<f32> {
-    x.iter().map(|&b| f32::from_bits((b as u32) << 16)).collect()
+    x.iter()
+        .map(|&b| f32::from_bits((b as u32) << 16))
+        .collect()
 }
 
 /// Shape of one GPU problem.
@@ -82,17 +90,40 @@ pub fn shared_floats(p: usize, l: usize, dv: usize) -> usize {
 }
 
 /// Validate a GPU problem before touching the device.
-pub fn check_problem(planes: &PlanesF32, beta: f32, q: &GpuInput, k: &GpuInput, v: &GpuInput, s: GpuShape) -> Result<()> {
+pub fn check_problem(
+    planes: &PlanesF32,
+    beta: f32,
+    q: &GpuInput,
+    k: &GpuInput,
+    v: &GpuInput,
+    s: GpuShape,
+) -> Result<()> {
     crate::params::validate_beta(beta as f64)?;
     if s.heads == 0 || s.n == 0 || s.d == 0 || s.dv == 0 {
         return Err(RaceError::empty("q", "heads, N, d and dv must all be ≥ 1"));
     }
     if planes.d != s.d {
-        return Err(RaceError::shape("planes", format!("planes have d = {} but inputs have d = {}", planes.d, s.d)));
+        return Err(RaceError::shape(
+            "planes",
+            format!("planes have d = {} but inputs have d = {}", planes.d, s.d),
+        ));
     }
-    for (name, x, want) in [("q", q, s.heads * s.n * s.d), ("k", k, s.heads * s.n * s.d), ("v", v, s.heads * s.n * s.dv)] {
+    for (name, x, want) in [
+        ("q", q, s.heads * s.n * s.d),
+        ("k", k, s.heads * s.n * s.d),
+        ("v", v, s.heads * s.n * s.dv),
+    ] {
         if x.len() != want {
-            return Err(RaceError::shape(name, format!("{} values for [{}, {}, {}]", x.len(), s.heads, s.n, if name == "v" { s.dv } else { s.d })));
+            return Err(RaceError::shape(
+                name,
+                format!(
+                    "{} values for [{}, {}, {}]",
+                    x.len(),
+                    s.heads,
+                    s.n,
+                    if name == "v" { s.dv } else { s.d }
+                ),
+            ));
         }
     }
     let bytes = 4 * shared_floats(planes.p, planes.l, s.dv);

@@ -4,7 +4,9 @@
 //! relative to the RMS row norm of `O`. The authors' rule sums (does not average) L
 //! per-table estimates, so its output grows like L.
 
-use super::{data, f, fig, load_config, quantile, read_csv, write_csv, Claim, Ctx, ExpResult, Verdict};
+use super::{
+    data, f, fig, load_config, quantile, read_csv, write_csv, Claim, Ctx, ExpResult, Verdict,
+};
 use crate::analysis::metrics::{frob, rms_row_err};
 use crate::error::Result;
 use crate::hashing::Planes;
@@ -29,10 +31,30 @@ pub struct Config {
 
 pub fn run(ctx: &Ctx) -> Result<ExpResult> {
     let t0 = std::time::Instant::now();
-    let cfg: Config = load_config(ctx, include_str!("../../experiments/combine.toml"), "combine")?;
-    let q = data::clustered_unit(cfg.n, cfg.d, cfg.clusters, cfg.noise, ctx.seed, 21);
-    let k = data::clustered_unit(cfg.n, cfg.d, cfg.clusters, cfg.noise, ctx.seed, 22);
-    let v = data::values_from_keys(&k, cfg.dv, ctx.seed + 23);
+    let cfg: Config = load_config(
+        ctx,
+        include_str!("../../experiments/combine.toml"),
+        "combine",
+    )?;
+    let real = super::real::unit_inputs(ctx)?;
+    let stem = if real.is_some() {
+        "combine_real"
+    } else {
+        "combine"
+    };
+    let (q, k, v, label) = match real {
+        Some((q, k, v, label)) => (q, k, v, label),
+        None => {
+            let q = data::clustered_unit(cfg.n, cfg.d, cfg.clusters, cfg.noise, ctx.seed, 21);
+            let k = data::clustered_unit(cfg.n, cfg.d, cfg.clusters, cfg.noise, ctx.seed, 22);
+            let v = data::values_from_keys(&k, cfg.dv, ctx.seed + 23);
+            (q, k, v, "synthetic clustered unit Q/K".to_string())
+        }
+    };
+    let mut cfg = cfg;
+    cfg.n = q.rows;
+    cfg.d = q.cols;
+    cfg.dv = v.cols;
     let mut jobs: Vec<(usize, usize, f64, usize)> = Vec::new();
     for &[p, l] in &cfg.pl {
         for &b in &cfg.betas {
@@ -43,59 +65,141 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
         let mut ps: Vec<usize> = cfg.pl.iter().map(|x| x[0]).collect();
         ps.sort();
         ps.dedup();
-        ps.into_iter().map(|p| (p, angular_attention(q.view(), k.view(), v.view(), p as f64, false).o)).collect()
+        ps.into_iter()
+            .map(|p| {
+                (
+                    p,
+                    angular_attention(q.view(), k.view(), v.view(), p as f64, false).o,
+                )
+            })
+            .collect()
     };
     let rows: Vec<Vec<String>> = jobs
         .par_iter()
         .map(|&(p, l, beta, s)| {
-            let planes = Planes::gaussian(l, p, cfg.d, ctx.seed * 7919 + (s * 131 + p * 17 + l) as u64).expect("valid P, L");
+            let planes =
+                Planes::gaussian(l, p, cfg.d, ctx.seed * 7919 + (s * 131 + p * 17 + l) as u64)
+                    .expect("valid P, L");
             let target = &targets.iter().find(|t| t.0 == p).unwrap().1;
             let scale = frob(&target.data) / (cfg.n as f64).sqrt();
-            let a = soft_race(q.view(), k.view(), v.view(), &planes, beta, false, Combine::Paper).o;
-            let b = soft_race(q.view(), k.view(), v.view(), &planes, beta, false, Combine::Authors).o;
+            let a = soft_race(
+                q.view(),
+                k.view(),
+                v.view(),
+                &planes,
+                beta,
+                false,
+                Combine::Paper,
+            )
+            .o;
+            let b = soft_race(
+                q.view(),
+                k.view(),
+                v.view(),
+                &planes,
+                beta,
+                false,
+                Combine::Authors,
+            )
+            .o;
             let ea = rms_row_err(&a.data, &target.data, cfg.n) / scale;
             let eb = rms_row_err(&b.data, &target.data, cfg.n) / scale;
             let diff = rms_row_err(&a.data, &b.data, cfg.n) / scale;
             let ratio = frob(&b.data) / frob(&a.data);
-            vec![p.to_string(), l.to_string(), f(beta), s.to_string(), f(ea), f(eb), f(diff), f(ratio)]
+            vec![
+                p.to_string(),
+                l.to_string(),
+                f(beta),
+                s.to_string(),
+                f(ea),
+                f(eb),
+                f(diff),
+                f(ratio),
+            ]
         })
         .collect();
-    let header = ["p", "l", "beta", "seed", "err_paper", "err_authors", "paper_vs_authors", "norm_ratio_authors_over_paper"];
-    let csv = write_csv(ctx, "combine", &header, &rows, &cfg)?;
-    let (h, r) = read_csv(ctx, "combine")?;
-    let (pc, lc, bc) = (super::col(&h, &r, "p"), super::col(&h, &r, "l"), super::col(&h, &r, "beta"));
-    let (ea, eb, nr) = (super::col(&h, &r, "err_paper"), super::col(&h, &r, "err_authors"), super::col(&h, &r, "norm_ratio_authors_over_paper"));
+    let header = [
+        "p",
+        "l",
+        "beta",
+        "seed",
+        "err_paper",
+        "err_authors",
+        "paper_vs_authors",
+        "norm_ratio_authors_over_paper",
+    ];
+    let csv = write_csv(ctx, stem, &header, &rows, &cfg)?;
+    let (h, r) = read_csv(ctx, stem)?;
+    let (pc, lc, bc) = (
+        super::col(&h, &r, "p"),
+        super::col(&h, &r, "l"),
+        super::col(&h, &r, "beta"),
+    );
+    let (ea, eb, nr) = (
+        super::col(&h, &r, "err_paper"),
+        super::col(&h, &r, "err_authors"),
+        super::col(&h, &r, "norm_ratio_authors_over_paper"),
+    );
     let beta_mid = cfg.betas[cfg.betas.len() / 2];
     let ls: Vec<usize> = cfg.pl.iter().filter(|x| x[0] == 2).map(|x| x[1]).collect();
     let med = |e: &[f64], l: usize| -> f64 {
-        let v: Vec<f64> = (0..r.len()).filter(|&i| pc[i] == 2.0 && lc[i] == l as f64 && bc[i] == beta_mid).map(|i| e[i]).collect();
+        let v: Vec<f64> = (0..r.len())
+            .filter(|&i| pc[i] == 2.0 && lc[i] == l as f64 && bc[i] == beta_mid)
+            .map(|i| e[i])
+            .collect();
         quantile(&v, 0.5)
     };
     line_plot(
-        &fig(ctx, "combine"),
-        &LinePlot { title: &format!("Combine rules vs angular attention (P=2, beta={beta_mid})"), xlabel: "L", ylabel: "relative RMS error", logx: true, logy: true },
+        &fig(ctx, stem),
+        &LinePlot {
+            title: &format!("Combine rules vs angular attention (P=2, beta={beta_mid})"),
+            xlabel: "L",
+            ylabel: "relative RMS error",
+            logx: true,
+            logy: true,
+        },
         &[
-            Series::new("paper (Algorithm 1)", ls.iter().map(|&l| (l as f64, med(&ea, l))).collect()),
-            Series::new("authors (per-bucket means, summed)", ls.iter().map(|&l| (l as f64, med(&eb, l))).collect()),
+            Series::new(
+                "paper (Algorithm 1)",
+                ls.iter().map(|&l| (l as f64, med(&ea, l))).collect(),
+            ),
+            Series::new(
+                "authors (per-bucket means, summed)",
+                ls.iter().map(|&l| (l as f64, med(&eb, l))).collect(),
+            ),
         ],
     )?;
     let better = (0..r.len()).filter(|&i| ea[i] < eb[i]).count();
     let l1: Vec<usize> = (0..r.len()).filter(|&i| lc[i] == 1.0).collect();
     let l1_better = l1.iter().filter(|&&i| ea[i] < eb[i]).count();
-    let ratio_vs_l: Vec<String> = ls.iter().map(|&l| {
-        let v: Vec<f64> = (0..r.len()).filter(|&i| pc[i] == 2.0 && lc[i] == l as f64).map(|i| nr[i]).collect();
-        format!("L={l}: {:.2}", quantile(&v, 0.5))
-    }).collect();
+    let ratio_vs_l: Vec<String> = ls
+        .iter()
+        .map(|&l| {
+            let v: Vec<f64> = (0..r.len())
+                .filter(|&i| pc[i] == 2.0 && lc[i] == l as f64)
+                .map(|i| nr[i])
+                .collect();
+            format!("L={l}: {:.2}", quantile(&v, 0.5))
+        })
+        .collect();
     let claims = vec![
         Claim::new(
-            "combine-different",
+            if stem == "combine" { "combine-different" } else { "combine-different-real" },
             "The authors' released rule (per-bucket means, summed over tables) is a different operator from Algorithm 1",
             "Slides, backup 'bucket masses change the answer' (paper Alg. 1 p. 5 vs Fig. 7 p. 28); DESIGN §1",
-            format!("paper closer to angular attention at {better}/{} grid points ({l1_better}/{} at L=1); output-norm ratio authors/paper (P=2) {}", r.len(), l1.len(), ratio_vs_l.join(", ")),
+            format!("[{label}] paper closer to angular attention at {better}/{} grid points ({l1_better}/{} at L=1); output-norm ratio authors/paper (P=2) {}", r.len(), l1.len(), ratio_vs_l.join(", ")),
             Verdict::Holds,
             "summing L per-table estimates scales the output by ≈L; at L=1 the two rules differ by the mass weighting alone",
         ),
     ];
     let headline = serde_json::json!({"points": r.len(), "paper_better": better, "median_err_paper": quantile(&ea, 0.5), "median_err_authors": quantile(&eb, 0.5)});
-    Ok(ExpResult { name: "combine".into(), claims, figures: vec!["combine".into()], csv: vec![csv], headline, seconds: t0.elapsed().as_secs_f64(), seed: ctx.seed })
+    Ok(ExpResult {
+        name: stem.into(),
+        claims,
+        figures: vec![stem.into()],
+        csv: vec![csv],
+        headline,
+        seconds: t0.elapsed().as_secs_f64(),
+        seed: ctx.seed,
+    })
 }

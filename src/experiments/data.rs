@@ -26,7 +26,14 @@ pub fn gaussian(n: usize, d: usize, seed: u64) -> Mat<f64> {
 }
 
 /// Unit rows `normalise(c_{⌊i·C/n⌋} + noise · z)` with random unit centres `c`.
-pub fn clustered_unit(n: usize, d: usize, clusters: usize, noise: f64, seed: u64, salt: u64) -> Mat<f64> {
+pub fn clustered_unit(
+    n: usize,
+    d: usize,
+    clusters: usize,
+    noise: f64,
+    seed: u64,
+    salt: u64,
+) -> Mat<f64> {
     let mut centres = gaussian(clusters.max(1), d, seed);
     normalise_rows(&mut centres);
     let mut rng = SeededRng::new(seed ^ salt.wrapping_mul(0x9E37_79B9), stream::INPUTS + 10);

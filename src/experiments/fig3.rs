@@ -29,7 +29,9 @@ pub struct Config {
 pub fn softmax_matrix(q: &Mat<f64>, k: &Mat<f64>, s: f64) -> Mat<f64> {
     let mut m = Mat::zeros(q.rows, k.rows);
     for i in 0..q.rows {
-        let logits: Vec<f64> = (0..k.rows).map(|j| s * crate::hashing::dot(q.row(i), k.row(j))).collect();
+        let logits: Vec<f64> = (0..k.rows)
+            .map(|j| s * crate::hashing::dot(q.row(i), k.row(j)))
+            .collect();
         let mx = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
         let z: f64 = logits.iter().map(|l| (l - mx).exp()).sum();
         for j in 0..k.rows {
@@ -44,10 +46,15 @@ pub fn row_entropy(m: &Mat<f64>) -> f64 {
     let mut tot = 0.0;
     for i in 0..m.rows {
         let s: f64 = m.row(i).iter().sum();
-        let h: f64 = m.row(i).iter().filter(|&&x| x > 0.0).map(|&x| {
-            let p = x / s;
-            -p * p.ln()
-        }).sum();
+        let h: f64 = m
+            .row(i)
+            .iter()
+            .filter(|&&x| x > 0.0)
+            .map(|&x| {
+                let p = x / s;
+                -p * p.ln()
+            })
+            .sum();
         tot += h / (m.cols as f64).ln();
     }
     tot / m.rows as f64
@@ -63,11 +70,12 @@ fn pearson(a: &[f64], b: &[f64]) -> f64 {
 }
 
 /// Run on the built-in structured inputs, or on user Q/K (`[N, d]` each).
-pub fn run(ctx: &Ctx, user: Option<(Mat<f64>, Mat<f64>, String)>) -> Result<ExpResult> {
+/// `user` = (q, k, label, file stem); `None` runs the built-in synthetic inputs (`fig3`).
+pub fn run(ctx: &Ctx, user: Option<(Mat<f64>, Mat<f64>, String, String)>) -> Result<ExpResult> {
     let t0 = std::time::Instant::now();
     let cfg: Config = load_config(ctx, include_str!("../../experiments/fig3.toml"), "fig3")?;
     let (q, k, label, stem) = match user {
-        Some((q, k, label)) => (q, k, label, "fig3_user".to_string()),
+        Some((q, k, label, stem)) => (q, k, label, stem),
         None => (
             data::clustered_unit(cfg.n, cfg.d, cfg.clusters, cfg.noise, ctx.seed, 61),
             data::clustered_unit(cfg.n, cfg.d, cfg.clusters, cfg.noise, ctx.seed, 62),
@@ -80,12 +88,21 @@ pub fn run(ctx: &Ctx, user: Option<(Mat<f64>, Mat<f64>, String)>) -> Result<ExpR
         crate::tensor::check_nonzero_rows(name, m.view())?;
     }
     if q.cols != k.cols {
-        return Err(crate::RaceError::shape("k", format!("q has d = {} but k has d = {}", q.cols, k.cols)));
+        return Err(crate::RaceError::shape(
+            "k",
+            format!("q has d = {} but k has d = {}", q.cols, k.cols),
+        ));
     }
     let d = q.cols;
-    let mut panels: Vec<(String, Mat<f64>)> = vec![(format!("softmax (s={})", cfg.softmax_scale), softmax_matrix(&q, &k, cfg.softmax_scale))];
+    let mut panels: Vec<(String, Mat<f64>)> = vec![(
+        format!("softmax (s={})", cfg.softmax_scale),
+        softmax_matrix(&q, &k, cfg.softmax_scale),
+    )];
     for &g in &cfg.gammas {
-        panels.push((format!("angular gamma={g}"), angular_matrix(q.view(), k.view(), g)));
+        panels.push((
+            format!("angular gamma={g}"),
+            angular_matrix(q.view(), k.view(), g),
+        ));
     }
     let mut corr = Vec::new();
     for (i, &(p, l, beta)) in cfg.soft.iter().enumerate() {
@@ -97,12 +114,20 @@ pub fn run(ctx: &Ctx, user: Option<(Mat<f64>, Mat<f64>, String)>) -> Result<ExpR
     }
     let (hp, hl) = cfg.hard;
     let planes = Planes::gaussian(hl, hp, d, ctx.seed + 99)?;
-    panels.push((format!("hard P={hp} L={hl}"), hard_matrix(q.view(), k.view(), &planes)));
+    panels.push((
+        format!("hard P={hp} L={hl}"),
+        hard_matrix(q.view(), k.view(), &planes),
+    ));
     let mut rows = Vec::new();
     for (name, m) in &panels {
         for i in 0..m.rows {
             for j in 0..m.cols {
-                rows.push(vec![name.clone(), i.to_string(), j.to_string(), f(m.at(i, j))]);
+                rows.push(vec![
+                    name.clone(),
+                    i.to_string(),
+                    j.to_string(),
+                    f(m.at(i, j)),
+                ]);
             }
         }
     }
@@ -116,15 +141,33 @@ pub fn run(ctx: &Ctx, user: Option<(Mat<f64>, Mat<f64>, String)>) -> Result<ExpR
             let (i, j): (usize, usize) = (row[1].parse().unwrap_or(0), row[2].parse().unwrap_or(0));
             mm.data[i * m.cols + j] = row[3].parse().unwrap_or(f64::NAN);
         }
-        drawn.push(Panel { title: name.clone(), m: mm });
+        drawn.push(Panel {
+            title: name.clone(),
+            m: mm,
+        });
     }
-    heatmaps(&fig(ctx, &stem), &format!("Fig. 3 style: rows = queries, columns = keys ({label}); each panel has its own scale"), &drawn, 5)?;
-    let ent: Vec<(f64, f64)> = cfg.gammas.iter().zip(&panels[1..=cfg.gammas.len()]).map(|(&g, (_, m))| (g, row_entropy(m))).collect();
+    heatmaps(
+        &fig(ctx, &stem),
+        &format!(
+            "Fig. 3 style: rows = queries, columns = keys ({label}); each panel has its own scale"
+        ),
+        &drawn,
+        5,
+    )?;
+    let ent: Vec<(f64, f64)> = cfg
+        .gammas
+        .iter()
+        .zip(&panels[1..=cfg.gammas.len()])
+        .map(|(&g, (_, m))| (g, row_entropy(m)))
+        .collect();
     let monotone = ent.windows(2).all(|w| w[1].1 <= w[0].1);
     let ent_txt: Vec<String> = ent.iter().map(|(g, e)| format!("γ={g}: {e:.3}")).collect();
-    let corr_txt: Vec<String> = corr.iter().map(|((p, l, b), c)| format!("({p},{l},{b}): {c:.3}")).collect();
+    let corr_txt: Vec<String> = corr
+        .iter()
+        .map(|((p, l, b), c)| format!("({p},{l},{b}): {c:.3}"))
+        .collect();
     let claims = vec![Claim::new(
-        if stem == "fig3" { "fig3-powers" } else { "fig3-powers-user" },
+        &format!("{}-powers", stem.replace('_', "-")),
         "Larger angular powers concentrate the high-similarity regions",
         "Slides, 'Powers sharpen the angular similarity pattern' (paper Fig. 3 p. 6)",
         format!("mean normalised row entropy {}; corr(Ŝ, κ^P) {}", ent_txt.join(", "), corr_txt.join(", ")),
@@ -132,5 +175,13 @@ pub fn run(ctx: &Ctx, user: Option<(Mat<f64>, Mat<f64>, String)>) -> Result<ExpR
         format!("inputs: {label}; colour scales differ per panel, so visual similarity is not kernel equivalence"),
     )];
     let headline = serde_json::json!({"row_entropy": ent.iter().map(|(g, e)| serde_json::json!({"gamma": g, "entropy": e})).collect::<Vec<_>>(), "corr_soft_vs_kappa_p": corr.iter().map(|((p, l, b), c)| serde_json::json!({"p": p, "l": l, "beta": b, "corr": c})).collect::<Vec<_>>()});
-    Ok(ExpResult { name: stem.clone(), claims, figures: vec![stem], csv: vec![csv], headline, seconds: t0.elapsed().as_secs_f64(), seed: ctx.seed })
+    Ok(ExpResult {
+        name: stem.clone(),
+        claims,
+        figures: vec![stem],
+        csv: vec![csv],
+        headline,
+        seconds: t0.elapsed().as_secs_f64(),
+        seed: ctx.seed,
+    })
 }

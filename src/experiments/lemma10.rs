@@ -7,7 +7,9 @@
 //! `‖E‖₂/N ≤ b + sqrt(log(2N²/δ)/(2L))`; `b ≤ C1/4` and `L ≥ (8/C1²) log(2N²/δ)` suffice for
 //! `‖E‖₂ ≤ s_min/2`. Here `E = diag(Ŝ1 − S1)`, `S = κ^P`, `EŜ = g^P` by quadrature.
 
-use super::{data, f, fig, load_config, quantile, read_csv, write_csv, Claim, Ctx, ExpResult, Verdict};
+use super::{
+    data, f, fig, load_config, quantile, read_csv, write_csv, Claim, Ctx, ExpResult, Verdict,
+};
 use crate::error::Result;
 use crate::hashing::{soft_feature_bank, soft_features, Planes};
 use crate::plot::{line_plot, LinePlot, Series};
@@ -35,7 +37,11 @@ pub struct Config {
 
 pub fn run(ctx: &Ctx) -> Result<ExpResult> {
     let t0 = std::time::Instant::now();
-    let cfg: Config = load_config(ctx, include_str!("../../experiments/lemma10.toml"), "lemma10")?;
+    let cfg: Config = load_config(
+        ctx,
+        include_str!("../../experiments/lemma10.toml"),
+        "lemma10",
+    )?;
     // Part 1: the counterexample.
     let x = data::concentrated_unit(1, cfg.d, 0.0, ctx.seed, 7);
     let bound = (0.4f64).exp() / 4.0;
@@ -54,11 +60,20 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
         let xs = crate::tensor::Mat::from_vec(cfg.n.min(64), cfg.d, x.data.repeat(cfg.n.min(64)));
         let shat = soft_matrix(xs.view(), xs.view(), &planes, cfg.beta);
         let max_shat = shat.data.iter().cloned().fold(0.0, f64::max);
-        assert!((max_shat - s).abs() < 1e-12, "explicit and per-table Ŝ disagree");
+        assert!(
+            (max_shat - s).abs() < 1e-12,
+            "explicit and per-table Ŝ disagree"
+        );
         max_shat_all = max_shat_all.max(max_shat);
         rows.push(vec![l.to_string(), f(max_shat), f(1.0 - s)]);
     }
-    let csv1 = write_csv(ctx, "lemma10_counterexample", &["l", "max_shat", "e_norm_over_n"], &rows, &cfg)?;
+    let csv1 = write_csv(
+        ctx,
+        "lemma10_counterexample",
+        &["l", "max_shat", "e_norm_over_n"],
+        &rows,
+        &cfg,
+    )?;
     let g0 = GTable::new(cfg.beta, 8).values[0];
     let expected_limit = g0.powi(cfg.p as i32);
 
@@ -86,7 +101,12 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
             let log_term = (2.0 * (n * n) as f64 / cfg.delta).ln();
             for &l in &cfg.grid_ls {
                 for seed in 0..cfg.grid_seeds {
-                    let planes = Planes::gaussian(l, cfg.grid_p, cfg.d, ctx.seed * 1000 + seed as u64 + 17 * l as u64)?;
+                    let planes = Planes::gaussian(
+                        l,
+                        cfg.grid_p,
+                        cfg.d,
+                        ctx.seed * 1000 + seed as u64 + 17 * l as u64,
+                    )?;
                     // Row sums of Ŝ through bucket masses: Σ_j Ŝ_ij = (1/L) Σ_l φ_l(q_i)ᵀ A_l.
                     let r = planes.r();
                     let fq = soft_feature_bank(&planes, &q.data, n, beta);
@@ -101,19 +121,48 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
                     }
                     let e2 = (0..n)
                         .map(|i| {
-                            let row: f64 = (0..l).map(|t| (0..r).map(|b| fq[(t * n + i) * r + b] * a[t * r + b]).sum::<f64>()).sum::<f64>() / l as f64;
+                            let row: f64 = (0..l)
+                                .map(|t| {
+                                    (0..r)
+                                        .map(|b| fq[(t * n + i) * r + b] * a[t * r + b])
+                                        .sum::<f64>()
+                                })
+                                .sum::<f64>()
+                                / l as f64;
                             (row - s_row[i]).abs()
                         })
                         .fold(0.0, f64::max);
                     let actual = e2 <= s_min / 2.0;
                     let hp_bound = b + (log_term / (2.0 * l as f64)).sqrt();
                     let sufficient = b <= c1 / 4.0 && (l as f64) >= 8.0 / (c1 * c1) * log_term;
-                    grid.push(vec![f(beta), n.to_string(), l.to_string(), seed.to_string(), f(c1), f(b), f(e2 / n as f64), f(hp_bound), (actual as u8).to_string(), (sufficient as u8).to_string()]);
+                    grid.push(vec![
+                        f(beta),
+                        n.to_string(),
+                        l.to_string(),
+                        seed.to_string(),
+                        f(c1),
+                        f(b),
+                        f(e2 / n as f64),
+                        f(hp_bound),
+                        (actual as u8).to_string(),
+                        (sufficient as u8).to_string(),
+                    ]);
                 }
             }
         }
     }
-    let header = ["beta", "n", "l", "seed", "c1", "b", "e_norm_over_n", "hp_bound", "actual_holds", "sufficient_holds"];
+    let header = [
+        "beta",
+        "n",
+        "l",
+        "seed",
+        "c1",
+        "b",
+        "e_norm_over_n",
+        "hp_bound",
+        "actual_holds",
+        "sufficient_holds",
+    ];
     let csv2 = write_csv(ctx, "lemma10_repair", &header, &grid, &cfg)?;
 
     // Figures from the CSVs.
@@ -123,11 +172,26 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
     let ms = super::col(&h, &r, "max_shat");
     line_plot(
         &fig(ctx, "lemma10_counterexample"),
-        &LinePlot { title: "Lemma 10 counterexample (all Q/K equal, P=2, beta=0.1)", xlabel: "L (tables)", ylabel: "value", logx: true, logy: false },
+        &LinePlot {
+            title: "Lemma 10 counterexample (all Q/K equal, P=2, beta=0.1)",
+            xlabel: "L (tables)",
+            ylabel: "value",
+            logx: true,
+            logy: false,
+        },
         &[
-            Series::new("||E||_2 / N", ls.iter().cloned().zip(e.iter().cloned()).collect()),
-            Series::new("max S-hat_ij", ls.iter().cloned().zip(ms.iter().cloned()).collect()),
-            Series::dashed("0.627 (lemma needs <= 0.5)", ls.iter().map(|&l| (l, 1.0 - bound)).collect()),
+            Series::new(
+                "||E||_2 / N",
+                ls.iter().cloned().zip(e.iter().cloned()).collect(),
+            ),
+            Series::new(
+                "max S-hat_ij",
+                ls.iter().cloned().zip(ms.iter().cloned()).collect(),
+            ),
+            Series::dashed(
+                "0.627 (lemma needs <= 0.5)",
+                ls.iter().map(|&l| (l, 1.0 - bound)).collect(),
+            ),
             Series::dashed("e^0.4/4 = 0.373", ls.iter().map(|&l| (l, bound)).collect()),
         ],
     )?;
@@ -140,19 +204,38 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
     let bcol = super::col(&h2, &r2, "beta");
     let mut series = Vec::new();
     for &beta in &cfg.grid_betas {
-        let pts: Vec<(f64, f64)> = cfg.grid_ls.iter().map(|&l| {
-            let v: Vec<f64> = (0..e2.len()).filter(|&i| lcol[i] == l as f64 && bcol[i] == beta).map(|i| e2[i]).collect();
-            (l as f64, quantile(&v, 0.5))
-        }).collect();
+        let pts: Vec<(f64, f64)> = cfg
+            .grid_ls
+            .iter()
+            .map(|&l| {
+                let v: Vec<f64> = (0..e2.len())
+                    .filter(|&i| lcol[i] == l as f64 && bcol[i] == beta)
+                    .map(|i| e2[i])
+                    .collect();
+                (l as f64, quantile(&v, 0.5))
+            })
+            .collect();
         series.push(Series::new(format!("beta={beta}: median ||E||/N"), pts));
     }
-    line_plot(&fig(ctx, "lemma10_repair"), &LinePlot { title: "Denominator error vs L (concentrated unit Q/K, P=2)", xlabel: "L", ylabel: "||E||_2 / N", logx: true, logy: true }, &series)?;
+    line_plot(
+        &fig(ctx, "lemma10_repair"),
+        &LinePlot {
+            title: "Denominator error vs L (concentrated unit Q/K, P=2)",
+            xlabel: "L",
+            ylabel: "||E||_2 / N",
+            logx: true,
+            logy: true,
+        },
+        &series,
+    )?;
 
     let all_e = e.iter().cloned().fold(f64::INFINITY, f64::min);
     let counter_holds = max_shat_all < bound && all_e > 1.0 - bound;
     let bound_ok = (0..e2.len()).filter(|&i| e2[i] <= hp[i]).count();
     let suff_true = (0..e2.len()).filter(|&i| suf[i] == 1.0).count();
-    let suff_viol = (0..e2.len()).filter(|&i| suf[i] == 1.0 && act[i] == 0.0).count();
+    let suff_viol = (0..e2.len())
+        .filter(|&i| suf[i] == 1.0 && act[i] == 0.0)
+        .count();
     let act_true = (0..e2.len()).filter(|&i| act[i] == 1.0).count();
     let claims = vec![
         Claim::new(
@@ -182,5 +265,13 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
         "expected_limit_shat": expected_limit,
         "repair": {"points": e2.len(), "hp_bound_held": bound_ok, "sufficient_met": suff_true, "sufficient_violated": suff_viol, "actual_held": act_true},
     });
-    Ok(ExpResult { name: "lemma10".into(), claims, figures: vec!["lemma10_counterexample".into(), "lemma10_repair".into()], csv: vec![csv1, csv2], headline, seconds: t0.elapsed().as_secs_f64(), seed: ctx.seed })
+    Ok(ExpResult {
+        name: "lemma10".into(),
+        claims,
+        figures: vec!["lemma10_counterexample".into(), "lemma10_repair".into()],
+        csv: vec![csv1, csv2],
+        headline,
+        seconds: t0.elapsed().as_secs_f64(),
+        seed: ctx.seed,
+    })
 }

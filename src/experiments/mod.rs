@@ -9,6 +9,7 @@ pub mod data;
 pub mod fig3;
 pub mod lemma10;
 pub mod rank;
+pub mod real;
 pub mod report;
 pub mod theorem;
 pub mod tradeoff;
@@ -28,6 +29,9 @@ pub struct Ctx {
     pub quick: bool,
     /// A user config file replacing the built-in one.
     pub config: Option<PathBuf>,
+    /// A directory of real Q/K/V (`experiments/extract_qk.py` format) to run on instead of
+    /// synthetic inputs (fig3, theorem, tradeoff, combine).
+    pub data: Option<PathBuf>,
 }
 
 /// Verdict of one claim.
@@ -61,8 +65,22 @@ pub struct Claim {
 }
 
 impl Claim {
-    pub fn new(id: &str, claim: &str, source: &str, measured: String, verdict: Verdict, note: impl Into<String>) -> Self {
-        Claim { id: id.into(), claim: claim.into(), source: source.into(), measured, verdict, note: note.into() }
+    pub fn new(
+        id: &str,
+        claim: &str,
+        source: &str,
+        measured: String,
+        verdict: Verdict,
+        note: impl Into<String>,
+    ) -> Self {
+        Claim {
+            id: id.into(),
+            claim: claim.into(),
+            source: source.into(),
+            measured,
+            verdict,
+            note: note.into(),
+        }
     }
 }
 
@@ -89,22 +107,45 @@ pub struct Modes<C> {
 /// Load the experiment config: the user's file, or the built-in TOML.
 pub fn load_config<C: DeserializeOwned>(ctx: &Ctx, builtin: &str, name: &str) -> Result<C> {
     let (text, path) = match &ctx.config {
-        Some(p) => (std::fs::read_to_string(p).map_err(|e| RaceError::io(p, e))?, p.display().to_string()),
-        None => (builtin.to_string(), format!("experiments/{name}.toml (built in)")),
+        Some(p) => (
+            std::fs::read_to_string(p).map_err(|e| RaceError::io(p, e))?,
+            p.display().to_string(),
+        ),
+        None => (
+            builtin.to_string(),
+            format!("experiments/{name}.toml (built in)"),
+        ),
     };
-    let modes: Modes<C> = toml::from_str(&text).map_err(|e| RaceError::Config { path, msg: e.to_string() })?;
+    let modes: Modes<C> = toml::from_str(&text).map_err(|e| RaceError::Config {
+        path,
+        msg: e.to_string(),
+    })?;
     Ok(if ctx.quick { modes.quick } else { modes.full })
 }
 
 /// Write a CSV (header + rows) and a `.meta.json` sidecar with provenance and parameters.
-pub fn write_csv(ctx: &Ctx, name: &str, header: &[&str], rows: &[Vec<String>], params: &impl Serialize) -> Result<String> {
+pub fn write_csv(
+    ctx: &Ctx,
+    name: &str,
+    header: &[&str],
+    rows: &[Vec<String>],
+    params: &impl Serialize,
+) -> Result<String> {
     std::fs::create_dir_all(&ctx.out).map_err(|e| RaceError::io(&ctx.out, e))?;
     let mut s = header.join(",");
     s.push('\n');
     for r in rows {
         // Fields are numbers or simple labels; a comma would shift every later column.
-        debug_assert!(r.iter().all(|x| !x.contains(',')), "CSV field with a comma in {name}");
-        s.push_str(&r.iter().map(|x| x.replace(',', ";")).collect::<Vec<_>>().join(","));
+        debug_assert!(
+            r.iter().all(|x| !x.contains(',')),
+            "CSV field with a comma in {name}"
+        );
+        s.push_str(
+            &r.iter()
+                .map(|x| x.replace(',', ";"))
+                .collect::<Vec<_>>()
+                .join(","),
+        );
         s.push('\n');
     }
     let p = ctx.out.join(format!("{name}.csv"));
@@ -117,7 +158,8 @@ pub fn write_csv(ctx: &Ctx, name: &str, header: &[&str], rows: &[Vec<String>], p
         "provenance": Provenance::collect(),
     });
     let m = ctx.out.join(format!("{name}.meta.json"));
-    std::fs::write(&m, serde_json::to_string_pretty(&meta).unwrap_or_default()).map_err(|e| RaceError::io(&m, e))?;
+    std::fs::write(&m, serde_json::to_string_pretty(&meta).unwrap_or_default())
+        .map_err(|e| RaceError::io(&m, e))?;
     Ok(format!("{name}.csv"))
 }
 
@@ -126,20 +168,34 @@ pub fn read_csv(ctx: &Ctx, name: &str) -> Result<(Vec<String>, Vec<Vec<String>>)
     let p = ctx.out.join(format!("{name}.csv"));
     let text = std::fs::read_to_string(&p).map_err(|e| RaceError::io(&p, e))?;
     let mut lines = text.lines();
-    let header = lines.next().unwrap_or("").split(',').map(String::from).collect();
-    Ok((header, lines.map(|l| l.split(',').map(String::from).collect()).collect()))
+    let header = lines
+        .next()
+        .unwrap_or("")
+        .split(',')
+        .map(String::from)
+        .collect();
+    Ok((
+        header,
+        lines
+            .map(|l| l.split(',').map(String::from).collect())
+            .collect(),
+    ))
 }
 
 /// Column `name` of CSV rows parsed as f64.
 pub fn col(header: &[String], rows: &[Vec<String>], name: &str) -> Vec<f64> {
     let i = header.iter().position(|h| h == name).unwrap_or(0);
-    rows.iter().map(|r| r.get(i).and_then(|x| x.parse().ok()).unwrap_or(f64::NAN)).collect()
+    rows.iter()
+        .map(|r| r.get(i).and_then(|x| x.parse().ok()).unwrap_or(f64::NAN))
+        .collect()
 }
 
 /// Column `name` as strings.
 pub fn col_s(header: &[String], rows: &[Vec<String>], name: &str) -> Vec<String> {
     let i = header.iter().position(|h| h == name).unwrap_or(0);
-    rows.iter().map(|r| r.get(i).cloned().unwrap_or_default()).collect()
+    rows.iter()
+        .map(|r| r.get(i).cloned().unwrap_or_default())
+        .collect()
 }
 
 /// `x` formatted for CSV (full precision).

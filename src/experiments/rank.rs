@@ -28,7 +28,8 @@ fn stacked(planes: &Planes, x: &Mat<f64>, soft: bool, beta: f64) -> Mat<f64> {
         let bank = soft_feature_bank(planes, &x.data, n, beta);
         for t in 0..l {
             for i in 0..n {
-                out.row_mut(i)[t * r..(t + 1) * r].copy_from_slice(&bank[(t * n + i) * r..(t * n + i + 1) * r]);
+                out.row_mut(i)[t * r..(t + 1) * r]
+                    .copy_from_slice(&bank[(t * n + i) * r..(t * n + i + 1) * r]);
             }
         }
     } else {
@@ -54,14 +55,24 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
     for &[p, l] in &cfg.pl {
         let planes = Planes::gaussian(l, p, d, ctx.seed + (p * 100 + l) as u64)?;
         for kind in ["soft", "hard"] {
-            let s = if kind == "soft" { soft_matrix(q.view(), k.view(), &planes, cfg.beta) } else { hard_matrix(q.view(), k.view(), &planes) };
+            let s = if kind == "soft" {
+                soft_matrix(q.view(), k.view(), &planes, cfg.beta)
+            } else {
+                hard_matrix(q.view(), k.view(), &planes)
+            };
             let sv = singular_values(&s);
             let tol = default_tol(&s, &sv);
             let rank = sv.iter().filter(|&&x| x > tol).count();
             let feat_rank = numerical_rank(&stacked(&planes, &qf, kind == "soft", cfg.beta));
             let top = sv[0].max(f64::MIN_POSITIVE);
             for (i, v) in sv.iter().enumerate().take((l << p) + 8) {
-                spectra.push(vec![kind.to_string(), p.to_string(), l.to_string(), i.to_string(), f(v / top)]);
+                spectra.push(vec![
+                    kind.to_string(),
+                    p.to_string(),
+                    l.to_string(),
+                    i.to_string(),
+                    f(v / top),
+                ]);
             }
             rows.push(vec![
                 kind.to_string(),
@@ -77,9 +88,26 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
             ]);
         }
     }
-    let header = ["kind", "p", "l", "n", "rank", "lr", "sharp_bound", "n_features", "feature_rank", "rel_tol"];
+    let header = [
+        "kind",
+        "p",
+        "l",
+        "n",
+        "rank",
+        "lr",
+        "sharp_bound",
+        "n_features",
+        "feature_rank",
+        "rel_tol",
+    ];
     let csv1 = write_csv(ctx, "rank", &header, &rows, &cfg)?;
-    let csv2 = write_csv(ctx, "rank_spectra", &["kind", "p", "l", "index", "sigma_over_sigma1"], &spectra, &cfg)?;
+    let csv2 = write_csv(
+        ctx,
+        "rank_spectra",
+        &["kind", "p", "l", "index", "sigma_over_sigma1"],
+        &spectra,
+        &cfg,
+    )?;
     // Figure from the CSV.
     let (h, r) = read_csv(ctx, "rank_spectra")?;
     let mut series = Vec::new();
@@ -87,18 +115,46 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
         let pts: Vec<(f64, f64)> = r
             .iter()
             .filter(|row| row[0] == "soft" && row[1] == p.to_string() && row[2] == l.to_string())
-            .map(|row| (row[3].parse::<f64>().unwrap_or(0.0) + 1.0, row[4].parse::<f64>().unwrap_or(f64::NAN).max(1e-18)))
+            .map(|row| {
+                (
+                    row[3].parse::<f64>().unwrap_or(0.0) + 1.0,
+                    row[4].parse::<f64>().unwrap_or(f64::NAN).max(1e-18),
+                )
+            })
             .collect();
-        series.push(Series::new(format!("soft (P,L)=({p},{l}), L(R-1)+1={}", sharp_rank_bound(p, l)), pts));
+        series.push(Series::new(
+            format!("soft (P,L)=({p},{l}), L(R-1)+1={}", sharp_rank_bound(p, l)),
+            pts,
+        ));
     }
     let _ = h;
-    line_plot(&fig(ctx, "rank_spectra"), &LinePlot { title: "Singular values of soft-RACE S-hat (normalised)", xlabel: "index i", ylabel: "sigma_i / sigma_1", logx: false, logy: true }, &series)?;
+    line_plot(
+        &fig(ctx, "rank_spectra"),
+        &LinePlot {
+            title: "Singular values of soft-RACE S-hat (normalised)",
+            xlabel: "index i",
+            ylabel: "sigma_i / sigma_1",
+            logx: false,
+            logy: true,
+        },
+        &series,
+    )?;
     let soft_eq = rows.iter().filter(|r| r[0] == "soft").all(|r| r[4] == r[6]);
-    let hard_le = rows.iter().filter(|r| r[0] == "hard").all(|r| r[4].parse::<usize>().unwrap_or(usize::MAX) <= r[6].parse().unwrap_or(0));
+    let hard_le = rows
+        .iter()
+        .filter(|r| r[0] == "hard")
+        .all(|r| r[4].parse::<usize>().unwrap_or(usize::MAX) <= r[6].parse().unwrap_or(0));
     let feat_eq = rows.iter().all(|r| r[8] == r[6]);
     // For L = 1 the two bounds coincide (R); for L ≥ 2 the sharp one is L − 1 lower.
-    let below_lr = rows.iter().filter(|r| r[0] == "soft" && r[2] != "1").all(|r| r[4].parse::<usize>().unwrap_or(0) < r[5].parse().unwrap_or(0));
-    let summary: Vec<String> = rows.iter().filter(|r| r[0] == "soft").map(|r| format!("({},{}): {} vs LR={}", r[1], r[2], r[4], r[5])).collect();
+    let below_lr = rows
+        .iter()
+        .filter(|r| r[0] == "soft" && r[2] != "1")
+        .all(|r| r[4].parse::<usize>().unwrap_or(0) < r[5].parse().unwrap_or(0));
+    let summary: Vec<String> = rows
+        .iter()
+        .filter(|r| r[0] == "soft")
+        .map(|r| format!("({},{}): {} vs LR={}", r[1], r[2], r[4], r[5]))
+        .collect();
     let claims = vec![
         Claim::new(
             "rank-sharp",
@@ -120,5 +176,13 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
     let headline = serde_json::json!({
         "rows": rows.iter().map(|r| serde_json::json!({"kind": r[0], "p": r[1].parse::<usize>().unwrap_or(0), "l": r[2].parse::<usize>().unwrap_or(0), "n": n, "rank": r[4].parse::<usize>().unwrap_or(0), "lr": r[5].parse::<usize>().unwrap_or(0), "sharp_bound": r[6].parse::<usize>().unwrap_or(0), "feature_rank": r[8].parse::<usize>().unwrap_or(0)})).collect::<Vec<_>>()
     });
-    Ok(ExpResult { name: "rank".into(), claims, figures: vec!["rank_spectra".into()], csv: vec![csv1, csv2], headline, seconds: t0.elapsed().as_secs_f64(), seed: ctx.seed })
+    Ok(ExpResult {
+        name: "rank".into(),
+        claims,
+        figures: vec!["rank_spectra".into()],
+        csv: vec![csv1, csv2],
+        headline,
+        seconds: t0.elapsed().as_secs_f64(),
+        seed: ctx.seed,
+    })
 }

@@ -28,7 +28,12 @@ pub fn factorisation(ctx: &Ctx) -> Result<ExpResult> {
                 soft_features(&planes, 0, &x, beta, &mut a);
                 soft_features_direct(&planes, 0, &x, beta, &mut b);
                 all_finite &= a.iter().all(|v| v.is_finite());
-                worst = worst.max(a.iter().zip(&b).map(|(u, w)| (u - w).abs()).fold(0.0, f64::max));
+                worst = worst.max(
+                    a.iter()
+                        .zip(&b)
+                        .map(|(u, w)| (u - w).abs())
+                        .fold(0.0, f64::max),
+                );
                 // The textbook softmax without max-subtraction: exp(beta·uᵀv_r) overflows.
                 if p == 8 && naive_overflow_beta.is_nan() && (beta * p as f64) > f64::MAX.ln() {
                     naive_overflow_beta = beta;
@@ -40,8 +45,17 @@ pub fn factorisation(ctx: &Ctx) -> Result<ExpResult> {
             rows.push(vec![p.to_string(), f(beta), f(worst)]);
         }
     }
-    let csv = write_csv(ctx, "factorisation", &["p", "beta", "max_abs_diff"], &rows, &serde_json::json!({"inputs": "N(0,1), d=16, 50 per cell"}))?;
-    let worst_all = rows.iter().map(|r| r[2].parse::<f64>().unwrap_or(f64::NAN)).fold(0.0, f64::max);
+    let csv = write_csv(
+        ctx,
+        "factorisation",
+        &["p", "beta", "max_abs_diff"],
+        &rows,
+        &serde_json::json!({"inputs": "N(0,1), d=16, 50 per cell"}),
+    )?;
+    let worst_all = rows
+        .iter()
+        .map(|r| r[2].parse::<f64>().unwrap_or(f64::NAN))
+        .fold(0.0, f64::max);
     let claim = Claim::new(
         "phi-factorisation",
         "The R-way soft-hash softmax factorises into P sigmoids a_p = σ(2·beta·u_p) and a product tree: no exponentials over R, no overflow for any beta",
@@ -50,21 +64,80 @@ pub fn factorisation(ctx: &Ctx) -> Result<ExpResult> {
         if all_finite && worst_all < 1e-11 { Verdict::Holds } else { Verdict::Fails },
         "the direct form's logits carry ~eps·beta·P rounding, which bounds the agreement at large beta",
     );
-    Ok(ExpResult { name: "factorisation".into(), claims: vec![claim], figures: vec![], csv: vec![csv], headline: serde_json::json!({"max_diff_beta_le_1": worst_moderate, "max_diff_all": worst_all}), seconds: t0.elapsed().as_secs_f64(), seed: ctx.seed })
+    Ok(ExpResult {
+        name: "factorisation".into(),
+        claims: vec![claim],
+        figures: vec![],
+        csv: vec![csv],
+        headline: serde_json::json!({"max_diff_beta_le_1": worst_moderate, "max_diff_all": worst_all}),
+        seconds: t0.elapsed().as_secs_f64(),
+        seed: ctx.seed,
+    })
 }
 
 /// Linear-time claim: fitted exponents of the f32 kernel and the exact references, ratio to
 /// the bandwidth floor, from a small `racelab bench` run.
 pub fn scaling(ctx: &Ctx) -> Result<ExpResult> {
     let t0 = std::time::Instant::now();
-    let (ns, heads, d) = if ctx.quick { ((10..=13).map(|e| 1usize << e).collect::<Vec<_>>(), 2, 64) } else { ((10..=16).map(|e| 1usize << e).collect(), 4, 128) };
-    let cfg = BenchConfig { ns, pl: vec![(2, 2), (4, 4)], heads, d, backward: true, reference: true, seed: ctx.seed, runs: 3, ref_budget_s: if ctx.quick { 2.0 } else { 30.0 }, out: Some(ctx.out.join("bench")), ..Default::default() };
+    let (ns, heads, d) = if ctx.quick {
+        ((10..=13).map(|e| 1usize << e).collect::<Vec<_>>(), 2, 64)
+    } else {
+        ((10..=16).map(|e| 1usize << e).collect(), 4, 128)
+    };
+    let cfg = BenchConfig {
+        ns,
+        pl: vec![(2, 2), (4, 4)],
+        heads,
+        d,
+        backward: true,
+        reference: true,
+        seed: ctx.seed,
+        runs: 3,
+        ref_budget_s: if ctx.quick { 2.0 } else { 30.0 },
+        out: Some(ctx.out.join("bench")),
+        ..Default::default()
+    };
     let rep = bench::run(&cfg, &|_| {})?;
-    let fit = |s: &str| rep.fits.iter().find(|x| x.series == s).map(|x| x.exponent).unwrap_or(f64::NAN);
+    let fit = |s: &str| {
+        rep.fits
+            .iter()
+            .find(|x| x.series == s)
+            .map(|x| x.exponent)
+            .unwrap_or(f64::NAN)
+    };
     let (k22, k44, sm) = (fit("race (2,2)"), fit("race (4,4)"), fit("softmax"));
-    let nmax = rep.rows.iter().filter(|r| r.method == "race").map(|r| r.n).max().unwrap_or(0);
-    let floors: Vec<String> = rep.rows.iter().filter(|r| r.method == "race" && r.n == nmax).map(|r| format!("({},{}) {:.1}× floor", r.p.unwrap_or(0), r.l.unwrap_or(0), r.ratio_to_floor)).collect();
-    let cross: Vec<String> = rep.crossovers.iter().map(|c| format!("{}: {}", c.series, c.n.map(|n| n.to_string()).unwrap_or_else(|| "not reached".into()))).collect();
+    let nmax = rep
+        .rows
+        .iter()
+        .filter(|r| r.method == "race")
+        .map(|r| r.n)
+        .max()
+        .unwrap_or(0);
+    let floors: Vec<String> = rep
+        .rows
+        .iter()
+        .filter(|r| r.method == "race" && r.n == nmax)
+        .map(|r| {
+            format!(
+                "({},{}) {:.1}× floor",
+                r.p.unwrap_or(0),
+                r.l.unwrap_or(0),
+                r.ratio_to_floor
+            )
+        })
+        .collect();
+    let cross: Vec<String> = rep
+        .crossovers
+        .iter()
+        .map(|c| {
+            format!(
+                "{}: {}",
+                c.series,
+                c.n.map(|n| n.to_string())
+                    .unwrap_or_else(|| "not reached".into())
+            )
+        })
+        .collect();
     let claim = Claim::new(
         "linear-time",
         "RACE attention costs O(N) per layer (exact attention O(N²))",
@@ -78,11 +151,23 @@ pub fn scaling(ctx: &Ctx) -> Result<ExpResult> {
         if k22 < 1.2 && k44 < 1.2 && sm > 1.7 { Verdict::Holds } else { Verdict::HoldsWithCaveat },
         format!("{} heads, d = {}, f32 forward+backward on {}; timings are this machine's, ratios are what carries over", heads, d, rep.isa),
     );
-    Ok(ExpResult { name: "scaling".into(), claims: vec![claim], figures: vec!["bench/time_vs_n".into()], csv: vec!["bench/bench.csv".into()], headline: serde_json::to_value(&rep.fits).unwrap_or_default(), seconds: t0.elapsed().as_secs_f64(), seed: ctx.seed })
+    Ok(ExpResult {
+        name: "scaling".into(),
+        claims: vec![claim],
+        figures: vec!["bench/time_vs_n".into()],
+        csv: vec!["bench/bench.csv".into()],
+        headline: serde_json::to_value(&rep.fits).unwrap_or_default(),
+        seconds: t0.elapsed().as_secs_f64(),
+        seed: ctx.seed,
+    })
 }
 
 /// Write `REPORT.md` into `ctx.out`.
-pub fn write_report(ctx: &Ctx, results: &[ExpResult], total_seconds: f64) -> Result<std::path::PathBuf> {
+pub fn write_report(
+    ctx: &Ctx,
+    results: &[ExpResult],
+    total_seconds: f64,
+) -> Result<std::path::PathBuf> {
     let prov = Provenance::collect();
     let mut s = String::new();
     s += "# racelab report\n\n";
@@ -96,18 +181,48 @@ pub fn write_report(ctx: &Ctx, results: &[ExpResult], total_seconds: f64) -> Res
     s += "## Claims\n\n| id | claim | source | measured | verdict |\n|---|---|---|---|---|\n";
     for r in results {
         for c in &r.claims {
-            s += &format!("| `{}` | {} | {} | {} | **{}**{} |\n", c.id, esc(&c.claim), esc(&c.source), esc(&c.measured), c.verdict.text(), if c.note.is_empty() { String::new() } else { format!(" — {}", esc(&c.note)) });
+            s += &format!(
+                "| `{}` | {} | {} | {} | **{}**{} |\n",
+                c.id,
+                esc(&c.claim),
+                esc(&c.source),
+                esc(&c.measured),
+                c.verdict.text(),
+                if c.note.is_empty() {
+                    String::new()
+                } else {
+                    format!(" — {}", esc(&c.note))
+                }
+            );
         }
     }
     s += "\n## Summary\n\n";
-    for id in ["rank-sharp", "lemma10-counterexample", "lemma10-repair", "phi-factorisation", "theorem2-terms", "bias-slope", "variance-l"] {
+    for id in [
+        "rank-sharp",
+        "lemma10-counterexample",
+        "lemma10-repair",
+        "phi-factorisation",
+        "theorem2-terms",
+        "bias-slope",
+        "variance-l",
+    ] {
         if let Some(c) = results.iter().flat_map(|r| &r.claims).find(|c| c.id == id) {
             s += &format!("- **{}** ({}): {}\n", c.claim, c.verdict.text(), c.measured);
         }
     }
     s += "\n## Experiments\n\n";
     for r in results {
-        s += &format!("### {}\n\nRun time {:.1} s, seed {}. Data: {}.\n\n", r.name, r.seconds, r.seed, r.csv.iter().map(|c| format!("[`{c}`]({c})")).collect::<Vec<_>>().join(", "));
+        s += &format!(
+            "### {}\n\nRun time {:.1} s, seed {}. Data: {}.\n\n",
+            r.name,
+            r.seconds,
+            r.seed,
+            r.csv
+                .iter()
+                .map(|c| format!("[`{c}`]({c})"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
         for fgr in &r.figures {
             s += &format!("![{fgr}]({fgr}.png)\n\n");
         }

@@ -4,7 +4,9 @@
 //! Measured on sampled query rows, relative to the RMS row norm of `Ō`, with quantiles over
 //! seeds (planes redrawn, inputs fixed). Theory: `~ sqrt(log N / L)`.
 
-use super::{data, f, fig, load_config, quantile, read_csv, write_csv, Claim, Ctx, ExpResult, Verdict};
+use super::{
+    data, f, fig, load_config, quantile, read_csv, write_csv, Claim, Ctx, ExpResult, Verdict,
+};
 use crate::bench::loglog_slope;
 use crate::cpu::{detected_isa, forward, Heads, PlanesF32, SoftMap};
 use crate::error::Result;
@@ -45,7 +47,14 @@ struct Problem {
 
 fn problem(cfg: &Config, n: usize, seed: u64, table: &GTable) -> Problem {
     let r32 = |m: &Mat<f64>| -> Vec<f32> { m.data.iter().map(|&x| x as f32).collect() };
-    let q = r32(&data::clustered_unit(n, cfg.d, cfg.clusters, cfg.noise, seed, 31));
+    let q = r32(&data::clustered_unit(
+        n,
+        cfg.d,
+        cfg.clusters,
+        cfg.noise,
+        seed,
+        31,
+    ));
     let km = data::clustered_unit(n, cfg.d, cfg.clusters, cfg.noise, seed, 32);
     let k = r32(&km);
     let v = r32(&data::values_from_keys(&km, cfg.dv, seed + 33));
@@ -70,13 +79,31 @@ fn problem(cfg: &Config, n: usize, seed: u64, table: &GTable) -> Problem {
         })
         .collect();
     let scale = (obar.iter().map(|x| x * x).sum::<f64>() / m as f64).sqrt();
-    Problem { q, k, v, rows, obar, scale }
+    Problem {
+        q,
+        k,
+        v,
+        rows,
+        obar,
+        scale,
+    }
 }
 
 fn error(cfg: &Config, pr: &Problem, n: usize, l: usize, seed: u64) -> f64 {
-    let planes = PlanesF32::from_planes(&Planes::gaussian(l, cfg.p, cfg.d, seed).expect("valid P, L"));
-    let map = SoftMap { planes: &planes, beta: cfg.beta as f32 };
-    let out = forward(&map, Heads::new(1, n, cfg.d, &pr.q), Heads::new(1, n, cfg.d, &pr.k), Heads::new(1, n, cfg.dv, &pr.v), false, detected_isa());
+    let planes =
+        PlanesF32::from_planes(&Planes::gaussian(l, cfg.p, cfg.d, seed).expect("valid P, L"));
+    let map = SoftMap {
+        planes: &planes,
+        beta: cfg.beta as f32,
+    };
+    let out = forward(
+        &map,
+        Heads::new(1, n, cfg.d, &pr.q),
+        Heads::new(1, n, cfg.d, &pr.k),
+        Heads::new(1, n, cfg.dv, &pr.v),
+        false,
+        detected_isa(),
+    );
     let dv = cfg.dv;
     let mut s = 0.0;
     for (t, &i) in pr.rows.iter().enumerate() {
@@ -90,54 +117,139 @@ fn error(cfg: &Config, pr: &Problem, n: usize, l: usize, seed: u64) -> f64 {
 
 pub fn run(ctx: &Ctx) -> Result<ExpResult> {
     let t0 = std::time::Instant::now();
-    let cfg: Config = load_config(ctx, include_str!("../../experiments/variance.toml"), "variance")?;
+    let cfg: Config = load_config(
+        ctx,
+        include_str!("../../experiments/variance.toml"),
+        "variance",
+    )?;
     crate::params::validate_pl(cfg.p, 1)?;
     let table = GTable::new(cfg.beta, cfg.n_theta);
     let mut rows = Vec::new();
     let pr = problem(&cfg, cfg.n_for_l, ctx.seed, &table);
     for &l in &cfg.ls {
-        let errs: Vec<f64> = (0..cfg.seeds).map(|s| error(&cfg, &pr, cfg.n_for_l, l, ctx.seed * 100_003 + (l * 1009 + s) as u64)).collect();
-        rows.push(vec!["l".into(), cfg.n_for_l.to_string(), l.to_string(), f(quantile(&errs, 0.1)), f(quantile(&errs, 0.5)), f(quantile(&errs, 0.9)), errs.len().to_string()]);
+        let errs: Vec<f64> = (0..cfg.seeds)
+            .map(|s| {
+                error(
+                    &cfg,
+                    &pr,
+                    cfg.n_for_l,
+                    l,
+                    ctx.seed * 100_003 + (l * 1009 + s) as u64,
+                )
+            })
+            .collect();
+        rows.push(vec![
+            "l".into(),
+            cfg.n_for_l.to_string(),
+            l.to_string(),
+            f(quantile(&errs, 0.1)),
+            f(quantile(&errs, 0.5)),
+            f(quantile(&errs, 0.9)),
+            errs.len().to_string(),
+        ]);
     }
     for &n in &cfg.ns {
         let prn = problem(&cfg, n, ctx.seed, &table);
-        let errs: Vec<f64> = (0..cfg.seeds).map(|s| error(&cfg, &prn, n, cfg.l_for_n, ctx.seed * 100_003 + (n * 7 + s) as u64)).collect();
-        rows.push(vec!["n".into(), n.to_string(), cfg.l_for_n.to_string(), f(quantile(&errs, 0.1)), f(quantile(&errs, 0.5)), f(quantile(&errs, 0.9)), errs.len().to_string()]);
+        let errs: Vec<f64> = (0..cfg.seeds)
+            .map(|s| {
+                error(
+                    &cfg,
+                    &prn,
+                    n,
+                    cfg.l_for_n,
+                    ctx.seed * 100_003 + (n * 7 + s) as u64,
+                )
+            })
+            .collect();
+        rows.push(vec![
+            "n".into(),
+            n.to_string(),
+            cfg.l_for_n.to_string(),
+            f(quantile(&errs, 0.1)),
+            f(quantile(&errs, 0.5)),
+            f(quantile(&errs, 0.9)),
+            errs.len().to_string(),
+        ]);
     }
-    let csv = write_csv(ctx, "variance", &["sweep", "n", "l", "q10", "q50", "q90", "seeds"], &rows, &cfg)?;
+    let csv = write_csv(
+        ctx,
+        "variance",
+        &["sweep", "n", "l", "q10", "q50", "q90", "seeds"],
+        &rows,
+        &cfg,
+    )?;
     let (h, r) = read_csv(ctx, "variance")?;
     let sw = super::col_s(&h, &r, "sweep");
     let (nc, lc) = (super::col(&h, &r, "n"), super::col(&h, &r, "l"));
-    let (q10, q50, q90) = (super::col(&h, &r, "q10"), super::col(&h, &r, "q50"), super::col(&h, &r, "q90"));
+    let (q10, q50, q90) = (
+        super::col(&h, &r, "q10"),
+        super::col(&h, &r, "q50"),
+        super::col(&h, &r, "q90"),
+    );
     let li: Vec<usize> = (0..r.len()).filter(|&i| sw[i] == "l").collect();
     let ni: Vec<usize> = (0..r.len()).filter(|&i| sw[i] == "n").collect();
-    let pts = |idx: &[usize], x: &[f64], y: &[f64]| -> Vec<(f64, f64)> { idx.iter().map(|&i| (x[i], y[i])).collect() };
-    let fit_pts: Vec<(f64, f64)> = li.iter().filter(|&&i| lc[i] >= 4.0).map(|&i| (lc[i], q50[i])).collect();
+    let pts = |idx: &[usize], x: &[f64], y: &[f64]| -> Vec<(f64, f64)> {
+        idx.iter().map(|&i| (x[i], y[i])).collect()
+    };
+    let fit_pts: Vec<(f64, f64)> = li
+        .iter()
+        .filter(|&&i| lc[i] >= 4.0)
+        .map(|&i| (lc[i], q50[i]))
+        .collect();
     let slope_l = loglog_slope(&fit_pts);
     let mid = li[li.len() / 2];
     line_plot(
         &fig(ctx, "variance_vs_l"),
-        &LinePlot { title: &format!("Sampling error vs L (N={}, P={}, beta={}, {} seeds)", cfg.n_for_l, cfg.p, cfg.beta, cfg.seeds), xlabel: "L", ylabel: "||O-hat - O-bar|| / ||O-bar|| (RMS)", logx: true, logy: true },
+        &LinePlot {
+            title: &format!(
+                "Sampling error vs L (N={}, P={}, beta={}, {} seeds)",
+                cfg.n_for_l, cfg.p, cfg.beta, cfg.seeds
+            ),
+            xlabel: "L",
+            ylabel: "||O-hat - O-bar|| / ||O-bar|| (RMS)",
+            logx: true,
+            logy: true,
+        },
         &[
             Series::new("10%", pts(&li, &lc, &q10)),
             Series::new(format!("median (slope {slope_l:.3})"), pts(&li, &lc, &q50)),
             Series::new("90%", pts(&li, &lc, &q90)),
-            Series::dashed("L^-1/2", li.iter().map(|&i| (lc[i], q50[mid] * (lc[mid] / lc[i]).sqrt())).collect()),
+            Series::dashed(
+                "L^-1/2",
+                li.iter()
+                    .map(|&i| (lc[i], q50[mid] * (lc[mid] / lc[i]).sqrt()))
+                    .collect(),
+            ),
         ],
     )?;
     // Growth in N: median / sqrt(log N) should be roughly flat.
     let norm: Vec<f64> = ni.iter().map(|&i| q50[i] / nc[i].ln().sqrt()).collect();
-    let spread = norm.iter().cloned().fold(0.0, f64::max) / norm.iter().cloned().fold(f64::INFINITY, f64::min);
+    let spread = norm.iter().cloned().fold(0.0, f64::max)
+        / norm.iter().cloned().fold(f64::INFINITY, f64::min);
     let slope_n = loglog_slope(&ni.iter().map(|&i| (nc[i], q50[i])).collect::<Vec<_>>());
     let base = q50[ni[0]] / nc[ni[0]].ln().sqrt();
     line_plot(
         &fig(ctx, "variance_vs_n"),
-        &LinePlot { title: &format!("Sampling error vs N (L={}, {} seeds)", cfg.l_for_n, cfg.seeds), xlabel: "N", ylabel: "relative RMS error", logx: true, logy: true },
+        &LinePlot {
+            title: &format!(
+                "Sampling error vs N (L={}, {} seeds)",
+                cfg.l_for_n, cfg.seeds
+            ),
+            xlabel: "N",
+            ylabel: "relative RMS error",
+            logx: true,
+            logy: true,
+        },
         &[
             Series::new("10%", pts(&ni, &nc, &q10)),
             Series::new("median", pts(&ni, &nc, &q50)),
             Series::new("90%", pts(&ni, &nc, &q90)),
-            Series::dashed("c*sqrt(log N)", ni.iter().map(|&i| (nc[i], base * nc[i].ln().sqrt())).collect()),
+            Series::dashed(
+                "c*sqrt(log N)",
+                ni.iter()
+                    .map(|&i| (nc[i], base * nc[i].ln().sqrt()))
+                    .collect(),
+            ),
         ],
     )?;
     let claims = vec![
@@ -158,6 +270,15 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
             "the RMS error is essentially flat in N: sqrt(log N) is a worst-case (max-over-rows) rate, not visible in RMS",
         ),
     ];
-    let headline = serde_json::json!({"slope_l": slope_l, "slope_n": slope_n, "sqrt_log_n_spread": spread});
-    Ok(ExpResult { name: "variance".into(), claims, figures: vec!["variance_vs_l".into(), "variance_vs_n".into()], csv: vec![csv], headline, seconds: t0.elapsed().as_secs_f64(), seed: ctx.seed })
+    let headline =
+        serde_json::json!({"slope_l": slope_l, "slope_n": slope_n, "sqrt_log_n_spread": spread});
+    Ok(ExpResult {
+        name: "variance".into(),
+        claims,
+        figures: vec!["variance_vs_l".into(), "variance_vs_n".into()],
+        csv: vec![csv],
+        headline,
+        seconds: t0.elapsed().as_secs_f64(),
+        seed: ctx.seed,
+    })
 }

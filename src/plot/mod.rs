@@ -35,10 +35,18 @@ pub struct Series {
 
 impl Series {
     pub fn new(name: impl Into<String>, points: Vec<(f64, f64)>) -> Self {
-        Series { name: name.into(), points, dashed: false }
+        Series {
+            name: name.into(),
+            points,
+            dashed: false,
+        }
     }
     pub fn dashed(name: impl Into<String>, points: Vec<(f64, f64)>) -> Self {
-        Series { name: name.into(), points, dashed: true }
+        Series {
+            name: name.into(),
+            points,
+            dashed: true,
+        }
     }
 }
 
@@ -81,22 +89,44 @@ pub fn line_plot(stem: &Path, opts: &LinePlot, series: &[Series]) -> Result<()> 
 fn finite_pts(s: &Series, logx: bool, logy: bool) -> Vec<(f64, f64)> {
     s.points
         .iter()
-        .filter(|(x, y)| x.is_finite() && y.is_finite() && (!logx || *x > 0.0) && (!logy || *y > 0.0))
-        .map(|&(x, y)| (if logx { x.log10() } else { x }, if logy { y.log10() } else { y }))
+        .filter(|(x, y)| {
+            x.is_finite() && y.is_finite() && (!logx || *x > 0.0) && (!logy || *y > 0.0)
+        })
+        .map(|&(x, y)| {
+            (
+                if logx { x.log10() } else { x },
+                if logy { y.log10() } else { y },
+            )
+        })
         .collect()
 }
 
-fn draw_lines<DB: DrawingBackend>(root: DrawingArea<DB, plotters::coord::Shift>, o: &LinePlot, series: &[Series]) -> std::result::Result<(), String>
+fn draw_lines<DB: DrawingBackend>(
+    root: DrawingArea<DB, plotters::coord::Shift>,
+    o: &LinePlot,
+    series: &[Series],
+) -> std::result::Result<(), String>
 where
     DB::ErrorType: 'static,
 {
     root.fill(&WHITE).map_err(|e| e.to_string())?;
-    let all: Vec<(f64, f64)> = series.iter().flat_map(|s| finite_pts(s, o.logx, o.logy)).collect();
+    let all: Vec<(f64, f64)> = series
+        .iter()
+        .flat_map(|s| finite_pts(s, o.logx, o.logy))
+        .collect();
     if all.is_empty() {
         return Err("no finite points to plot".into());
     }
-    let (mut x0, mut x1) = all.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| (a.min(p.0), b.max(p.0)));
-    let (mut y0, mut y1) = all.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| (a.min(p.1), b.max(p.1)));
+    let (mut x0, mut x1) = all
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| {
+            (a.min(p.0), b.max(p.0))
+        });
+    let (mut y0, mut y1) = all
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| {
+            (a.min(p.1), b.max(p.1))
+        });
     if x1 - x0 < 1e-12 {
         x0 -= 0.5;
         x1 += 0.5;
@@ -106,8 +136,16 @@ where
         y1 += 0.5;
     }
     let (py, px) = ((y1 - y0) * 0.05, (x1 - x0) * 0.02);
-    let xl = if o.logx { format!("{} (log10)", o.xlabel) } else { o.xlabel.to_string() };
-    let yl = if o.logy { format!("{} (log10)", o.ylabel) } else { o.ylabel.to_string() };
+    let xl = if o.logx {
+        format!("{} (log10)", o.xlabel)
+    } else {
+        o.xlabel.to_string()
+    };
+    let yl = if o.logy {
+        format!("{} (log10)", o.ylabel)
+    } else {
+        o.ylabel.to_string()
+    };
     let mut chart = ChartBuilder::on(&root)
         .caption(o.title, (FONT, 22))
         .margin(12)
@@ -130,14 +168,20 @@ where
                 .draw_series(DashedLineSeries::new(pts.clone(), 6, 4, c.stroke_width(2)))
                 .map_err(|e| e.to_string())?
                 .label(s.name.clone())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
+                });
         } else {
             chart
                 .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
                 .map_err(|e| e.to_string())?
                 .label(s.name.clone())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
-            chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, c.filled()))).map_err(|e| e.to_string())?;
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
+                });
+            chart
+                .draw_series(pts.iter().map(|&p| Circle::new(p, 3, c.filled())))
+                .map_err(|e| e.to_string())?;
         }
     }
     chart
@@ -152,12 +196,26 @@ where
 
 /// Viridis-like colour for `t ∈ [0, 1]` (piecewise-linear through five anchors).
 pub fn colormap(t: f64) -> RGBColor {
-    const A: [(f64, f64, f64); 5] = [(68., 1., 84.), (59., 82., 139.), (33., 145., 140.), (94., 201., 98.), (253., 231., 37.)];
-    let t = if t.is_finite() { t.clamp(0.0, 1.0) } else { 0.0 } * 4.0;
+    const A: [(f64, f64, f64); 5] = [
+        (68., 1., 84.),
+        (59., 82., 139.),
+        (33., 145., 140.),
+        (94., 201., 98.),
+        (253., 231., 37.),
+    ];
+    let t = if t.is_finite() {
+        t.clamp(0.0, 1.0)
+    } else {
+        0.0
+    } * 4.0;
     let i = (t.floor() as usize).min(3);
     let f = t - i as f64;
     let (a, b) = (A[i], A[i + 1]);
-    RGBColor((a.0 + f * (b.0 - a.0)) as u8, (a.1 + f * (b.1 - a.1)) as u8, (a.2 + f * (b.2 - a.2)) as u8)
+    RGBColor(
+        (a.0 + f * (b.0 - a.0)) as u8,
+        (a.1 + f * (b.1 - a.1)) as u8,
+        (a.2 + f * (b.2 - a.2)) as u8,
+    )
 }
 
 /// One heatmap panel: rows are queries, columns keys, with its own colour scale.
@@ -184,17 +242,32 @@ pub fn heatmaps(stem: &Path, title: &str, panels: &[Panel], cols: usize) -> Resu
     Ok(())
 }
 
-fn draw_heatmaps<DB: DrawingBackend>(root: DrawingArea<DB, plotters::coord::Shift>, title: &str, panels: &[Panel], cols: usize) -> std::result::Result<(), String>
+fn draw_heatmaps<DB: DrawingBackend>(
+    root: DrawingArea<DB, plotters::coord::Shift>,
+    title: &str,
+    panels: &[Panel],
+    cols: usize,
+) -> std::result::Result<(), String>
 where
     DB::ErrorType: 'static,
 {
     root.fill(&WHITE).map_err(|e| e.to_string())?;
     let (top, body) = root.split_vertically(40);
-    top.draw(&Text::new(title.to_string(), (10, 10), (FONT, 20).into_font())).map_err(|e| e.to_string())?;
+    top.draw(&Text::new(
+        title.to_string(),
+        (10, 10),
+        (FONT, 20).into_font(),
+    ))
+    .map_err(|e| e.to_string())?;
     let rows = panels.len().div_ceil(cols.max(1));
     let areas = body.split_evenly((rows, cols));
     for (p, area) in panels.iter().zip(areas) {
-        let (lo, hi) = p.m.data.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
+        let (lo, hi) =
+            p.m.data
+                .iter()
+                .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| {
+                    (a.min(x), b.max(x))
+                });
         let span = if hi > lo { hi - lo } else { 1.0 };
         let (main, bar) = area.split_horizontally(280);
         let mut chart = ChartBuilder::on(&main)
@@ -231,10 +304,24 @@ where
         let h1 = bh as i32 - 30;
         for y in h0..h1 {
             let t = 1.0 - (y - h0) as f64 / (h1 - h0).max(1) as f64;
-            bar.draw(&Rectangle::new([(4, y), (16.min(bw as i32), y + 1)], colormap(t).filled())).map_err(|e| e.to_string())?;
+            bar.draw(&Rectangle::new(
+                [(4, y), (16.min(bw as i32), y + 1)],
+                colormap(t).filled(),
+            ))
+            .map_err(|e| e.to_string())?;
         }
-        bar.draw(&Text::new(format!("{hi:.2}"), (0, h0 - 14), (FONT, 9).into_font())).map_err(|e| e.to_string())?;
-        bar.draw(&Text::new(format!("{lo:.2}"), (0, h1 + 2), (FONT, 9).into_font())).map_err(|e| e.to_string())?;
+        bar.draw(&Text::new(
+            format!("{hi:.2}"),
+            (0, h0 - 14),
+            (FONT, 9).into_font(),
+        ))
+        .map_err(|e| e.to_string())?;
+        bar.draw(&Text::new(
+            format!("{lo:.2}"),
+            (0, h1 + 2),
+            (FONT, 9).into_font(),
+        ))
+        .map_err(|e| e.to_string())?;
     }
     root.present().map_err(|e| e.to_string())
 }

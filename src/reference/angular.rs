@@ -25,6 +25,12 @@ pub fn angular_matrix(q: MatRef<f64>, k: MatRef<f64>, gamma: f64) -> Mat<f64> {
 }
 
 /// Angular attention of one head.
-pub fn angular_attention(q: MatRef<f64>, k: MatRef<f64>, v: MatRef<f64>, gamma: f64, causal: bool) -> HeadOutput {
+pub fn angular_attention(
+    q: MatRef<f64>,
+    k: MatRef<f64>,
+    v: MatRef<f64>,
+    gamma: f64,
+    causal: bool,
+) -> HeadOutput {
     kernel_attention(&angular_matrix(q, k, gamma), v, causal)
 }

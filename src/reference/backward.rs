@@ -25,9 +25,22 @@ pub struct SoftGrads64 {
 }
 
 /// Back-propagate feature gradients `gphi` (`[L, n, R]`) of the rows of `x` into `dx`.
-fn through_features(planes: &Planes, x: MatRef<f64>, phi: &[f64], gphi: &[f64], beta: f64, dx: &mut Mat<f64>) -> f64 {
+fn through_features(
+    planes: &Planes,
+    x: MatRef<f64>,
+    phi: &[f64],
+    gphi: &[f64],
+    beta: f64,
+    dx: &mut Mat<f64>,
+) -> f64 {
     let (p, r, d) = (planes.p, planes.r(), planes.d);
-    let sign = |rr: usize, b: usize| if (rr >> (p - 1 - b)) & 1 == 1 { 1.0 } else { -1.0 };
+    let sign = |rr: usize, b: usize| {
+        if (rr >> (p - 1 - b)) & 1 == 1 {
+            1.0
+        } else {
+            -1.0
+        }
+    };
     let mut dbeta = 0.0;
     for l in 0..planes.l {
         for i in 0..x.rows {
@@ -42,10 +55,18 @@ fn through_features(planes: &Planes, x: MatRef<f64>, phi: &[f64], gphi: &[f64], 
                 dbeta += dl * (0..p).map(|b| u[b] * sign(rr, b)).sum::<f64>();
             }
             for b in 0..p {
-                let du = beta * dlogit.iter().enumerate().map(|(rr, dl)| dl * sign(rr, b)).sum::<f64>();
+                let du = beta
+                    * dlogit
+                        .iter()
+                        .enumerate()
+                        .map(|(rr, dl)| dl * sign(rr, b))
+                        .sum::<f64>();
                 let dz = du * (1.0 - u[b] * u[b]);
                 let w = &planes.table(l)[b * d..(b + 1) * d];
-                dx.row_mut(i).iter_mut().zip(w).for_each(|(g, wi)| *g += dz * wi);
+                dx.row_mut(i)
+                    .iter_mut()
+                    .zip(w)
+                    .for_each(|(g, wi)| *g += dz * wi);
             }
         }
     }
@@ -53,13 +74,29 @@ fn through_features(planes: &Planes, x: MatRef<f64>, phi: &[f64], gphi: &[f64], 
 }
 
 /// Analytic gradients of `ℓ` with `∂ℓ/∂Ô = g` (paper combine rule).
-pub fn soft_race_backward(q: MatRef<f64>, k: MatRef<f64>, v: MatRef<f64>, g: MatRef<f64>, planes: &Planes, beta: f64, causal: bool) -> SoftGrads64 {
+pub fn soft_race_backward(
+    q: MatRef<f64>,
+    k: MatRef<f64>,
+    v: MatRef<f64>,
+    g: MatRef<f64>,
+    planes: &Planes,
+    beta: f64,
+    causal: bool,
+) -> SoftGrads64 {
     let (n, m, dv, r, lt) = (q.rows, k.rows, v.cols, planes.r(), planes.l);
     let o = soft_race(q, k, v, planes, beta, causal, Combine::Paper).o;
     let fq = soft_feature_bank(planes, q.data, n, beta);
     let fk = soft_feature_bank(planes, k.data, m, beta);
     let s_ij = |i: usize, j: usize| -> f64 {
-        (0..lt).map(|l| crate::hashing::dot(&fq[(l * n + i) * r..(l * n + i + 1) * r], &fk[(l * m + j) * r..(l * m + j + 1) * r])).sum::<f64>() / lt as f64
+        (0..lt)
+            .map(|l| {
+                crate::hashing::dot(
+                    &fq[(l * n + i) * r..(l * n + i + 1) * r],
+                    &fk[(l * m + j) * r..(l * m + j + 1) * r],
+                )
+            })
+            .sum::<f64>()
+            / lt as f64
     };
     let mut gq = vec![0.0; lt * n * r];
     let mut gk = vec![0.0; lt * m * r];
@@ -72,7 +109,10 @@ pub fn soft_race_backward(q: MatRef<f64>, k: MatRef<f64>, v: MatRef<f64>, g: Mat
         }
         for j in 0..lim {
             let s = s_ij(i, j);
-            let ds: f64 = (0..dv).map(|c| g.row(i)[c] * (v.row(j)[c] - o.row(i)[c])).sum::<f64>() / den;
+            let ds: f64 = (0..dv)
+                .map(|c| g.row(i)[c] * (v.row(j)[c] - o.row(i)[c]))
+                .sum::<f64>()
+                / den;
             for c in 0..dv {
                 dvm.row_mut(j)[c] += s * g.row(i)[c] / den;
             }
@@ -86,6 +126,12 @@ pub fn soft_race_backward(q: MatRef<f64>, k: MatRef<f64>, v: MatRef<f64>, g: Mat
     }
     let mut dq = Mat::zeros(n, q.cols);
     let mut dk = Mat::zeros(m, k.cols);
-    let dbeta = through_features(planes, q, &fq, &gq, beta, &mut dq) + through_features(planes, k, &fk, &gk, beta, &mut dk);
-    SoftGrads64 { dq, dk, dv: dvm, dbeta }
+    let dbeta = through_features(planes, q, &fq, &gq, beta, &mut dq)
+        + through_features(planes, k, &fk, &gk, beta, &mut dk);
+    SoftGrads64 {
+        dq,
+        dk,
+        dv: dvm,
+        dbeta,
+    }
 }

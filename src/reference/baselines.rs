@@ -13,7 +13,12 @@ use crate::rng::{stream, SeededRng};
 use crate::tensor::{Mat, MatRef};
 
 /// Generic feature attention from explicit feature matrices `phi_q` (N × m), `phi_k` (M × m).
-pub fn feature_attention(phi_q: MatRef<f64>, phi_k: MatRef<f64>, v: MatRef<f64>, causal: bool) -> HeadOutput {
+pub fn feature_attention(
+    phi_q: MatRef<f64>,
+    phi_k: MatRef<f64>,
+    v: MatRef<f64>,
+    causal: bool,
+) -> HeadOutput {
     let (m, dv) = (phi_q.cols, v.cols);
     let mut s = vec![0.0; m * dv];
     let mut z = vec![0.0; m];
@@ -42,11 +47,23 @@ pub fn feature_attention(phi_q: MatRef<f64>, phi_k: MatRef<f64>, v: MatRef<f64>,
 
 /// `elu(x) + 1`, elementwise.
 pub fn elu_plus_one(x: MatRef<f64>) -> Mat<f64> {
-    Mat::from_vec(x.rows, x.cols, x.data.iter().map(|&t| if t > 0.0 { t + 1.0 } else { t.exp() }).collect())
+    Mat::from_vec(
+        x.rows,
+        x.cols,
+        x.data
+            .iter()
+            .map(|&t| if t > 0.0 { t + 1.0 } else { t.exp() })
+            .collect(),
+    )
 }
 
 /// Linear attention with `φ = elu + 1`.
-pub fn linear_attention(q: MatRef<f64>, k: MatRef<f64>, v: MatRef<f64>, causal: bool) -> HeadOutput {
+pub fn linear_attention(
+    q: MatRef<f64>,
+    k: MatRef<f64>,
+    v: MatRef<f64>,
+    causal: bool,
+) -> HeadOutput {
     feature_attention(elu_plus_one(q).view(), elu_plus_one(k).view(), v, causal)
 }
 
@@ -71,7 +88,12 @@ fn performer_logits(x: MatRef<f64>, omega: &Mat<f64>, scale: f64) -> Mat<f64> {
 }
 
 /// Performer FAVOR+ features for queries (per-row stabilised) and keys (globally stabilised).
-pub fn performer_features(q: MatRef<f64>, k: MatRef<f64>, omega: &Mat<f64>, scale: f64) -> (Mat<f64>, Mat<f64>) {
+pub fn performer_features(
+    q: MatRef<f64>,
+    k: MatRef<f64>,
+    omega: &Mat<f64>,
+    scale: f64,
+) -> (Mat<f64>, Mat<f64>) {
     let norm = 1.0 / (omega.rows as f64).sqrt();
     let mut fq = performer_logits(q, omega, scale);
     for i in 0..fq.rows {
@@ -86,7 +108,14 @@ pub fn performer_features(q: MatRef<f64>, k: MatRef<f64>, omega: &Mat<f64>, scal
 }
 
 /// Performer attention with `m` positive random features.
-pub fn performer_attention(q: MatRef<f64>, k: MatRef<f64>, v: MatRef<f64>, omega: &Mat<f64>, scale: Option<f64>, causal: bool) -> HeadOutput {
+pub fn performer_attention(
+    q: MatRef<f64>,
+    k: MatRef<f64>,
+    v: MatRef<f64>,
+    omega: &Mat<f64>,
+    scale: Option<f64>,
+    causal: bool,
+) -> HeadOutput {
     let s = scale.unwrap_or(1.0 / (q.cols as f64).sqrt());
     let (fq, fk) = performer_features(q, k, omega, s);
     feature_attention(fq.view(), fk.view(), v, causal)

@@ -57,7 +57,9 @@ const LIM: f64 = 9.0;
 /// Panel breaks on [−9, 9]: uniform (width 0.5 / refine) plus geometric refinement around
 /// `c` at scale `width` (the step's width in this variable).
 fn breaks(c: f64, width: f64, refine: usize) -> Vec<f64> {
-    let mut b: Vec<f64> = (0..=36 * refine).map(|i| -LIM + i as f64 * (2.0 * LIM) / (36 * refine) as f64).collect();
+    let mut b: Vec<f64> = (0..=36 * refine)
+        .map(|i| -LIM + i as f64 * (2.0 * LIM) / (36 * refine) as f64)
+        .collect();
     if width.is_finite() && width > 0.0 && c.abs() < LIM {
         let mut s = width / 8.0;
         while s < 4.0 {
@@ -128,7 +130,18 @@ pub struct GTable {
 impl GTable {
     pub fn new(beta: f64, n: usize) -> Self {
         use rayon::prelude::*;
-        let values = (0..=n).into_par_iter().map(|i| expected_g(beta, 1.0, 1.0, std::f64::consts::PI * i as f64 / n as f64, 1)).collect();
+        let values = (0..=n)
+            .into_par_iter()
+            .map(|i| {
+                expected_g(
+                    beta,
+                    1.0,
+                    1.0,
+                    std::f64::consts::PI * i as f64 / n as f64,
+                    1,
+                )
+            })
+            .collect();
         GTable { beta, values }
     }
     /// Interpolated `g(θ)`.
@@ -142,7 +155,14 @@ impl GTable {
 }
 
 /// Monte-Carlo estimate of `g` (mean, standard error) from `draws` seeded samples.
-pub fn monte_carlo_g(beta: f64, nq: f64, nk: f64, theta: f64, draws: usize, seed: u64) -> (f64, f64) {
+pub fn monte_carlo_g(
+    beta: f64,
+    nq: f64,
+    nk: f64,
+    theta: f64,
+    draws: usize,
+    seed: u64,
+) -> (f64, f64) {
     let mut rng = crate::rng::SeededRng::new(seed, crate::rng::stream::EXPERIMENT);
     let (rho, s) = (theta.cos(), theta.sin());
     let (mut sum, mut sq) = (0.0, 0.0);
@@ -154,5 +174,8 @@ pub fn monte_carlo_g(beta: f64, nq: f64, nk: f64, theta: f64, draws: usize, seed
         sq += v * v;
     }
     let mean = sum / draws as f64;
-    (mean, ((sq / draws as f64 - mean * mean).max(0.0) / draws as f64).sqrt())
+    (
+        mean,
+        ((sq / draws as f64 - mean * mean).max(0.0) / draws as f64).sqrt(),
+    )
 }

@@ -21,10 +21,24 @@ use crate::tensor::{Mat, MatRef};
 pub const AUTHORS_EPS: f64 = 1e-6;
 
 /// Soft RACE (Algorithm 1, or Algorithm 2 when `causal`) with the given combine rule.
-pub fn soft_race(q: MatRef<f64>, k: MatRef<f64>, v: MatRef<f64>, planes: &Planes, beta: f64, causal: bool, combine: Combine) -> HeadOutput {
+pub fn soft_race(
+    q: MatRef<f64>,
+    k: MatRef<f64>,
+    v: MatRef<f64>,
+    planes: &Planes,
+    beta: f64,
+    causal: bool,
+    combine: Combine,
+) -> HeadOutput {
     let fq = soft_feature_bank(planes, q.data, q.rows, beta);
     let fk = soft_feature_bank(planes, k.data, k.rows, beta);
-    bucket_attention(&Features::new(planes.l, q.rows, planes.r(), &fq), &Features::new(planes.l, k.rows, planes.r(), &fk), v, causal, combine)
+    bucket_attention(
+        &Features::new(planes.l, q.rows, planes.r(), &fq),
+        &Features::new(planes.l, k.rows, planes.r(), &fk),
+        v,
+        causal,
+        combine,
+    )
 }
 
 /// Per-table bucket features `[L, n, R]` (rows are probability vectors for soft RACE).
@@ -48,7 +62,13 @@ impl<'a> Features<'a> {
 }
 
 /// Bucket-sum attention from explicit features: the body of Algorithms 1 and 2.
-pub fn bucket_attention(fq: &Features, fk: &Features, v: MatRef<f64>, causal: bool, combine: Combine) -> HeadOutput {
+pub fn bucket_attention(
+    fq: &Features,
+    fk: &Features,
+    v: MatRef<f64>,
+    causal: bool,
+    combine: Combine,
+) -> HeadOutput {
     let (l_n, r, dv) = (fq.l, fq.r, v.cols);
     let mut a = vec![0.0; l_n * r];
     let mut b = vec![0.0; l_n * r * dv];
@@ -56,7 +76,11 @@ pub fn bucket_attention(fq: &Features, fk: &Features, v: MatRef<f64>, causal: bo
         for l in 0..l_n {
             for (rr, &w) in fk.get(l, j).iter().enumerate() {
                 a[l * r + rr] += w;
-                axpy(&mut b[(l * r + rr) * dv..(l * r + rr + 1) * dv], w, v.row(j));
+                axpy(
+                    &mut b[(l * r + rr) * dv..(l * r + rr + 1) * dv],
+                    w,
+                    v.row(j),
+                );
             }
         }
     };
@@ -92,7 +116,13 @@ pub fn bucket_attention(fq: &Features, fk: &Features, v: MatRef<f64>, causal: bo
 }
 
 /// Hard-LSH RACE estimator (bucket counts and value sums), non-causal or causal.
-pub fn hard_lsh(q: MatRef<f64>, k: MatRef<f64>, v: MatRef<f64>, planes: &Planes, causal: bool) -> HeadOutput {
+pub fn hard_lsh(
+    q: MatRef<f64>,
+    k: MatRef<f64>,
+    v: MatRef<f64>,
+    planes: &Planes,
+    causal: bool,
+) -> HeadOutput {
     let r = planes.r();
     let (l_n, dv) = (planes.l, v.cols);
     let hq = hard_code_bank(planes, q.data, q.rows);
@@ -103,7 +133,11 @@ pub fn hard_lsh(q: MatRef<f64>, k: MatRef<f64>, v: MatRef<f64>, planes: &Planes,
         for l in 0..l_n {
             let rr = hk[l * k.rows + j];
             a[l * r + rr] += 1.0;
-            axpy(&mut b[(l * r + rr) * dv..(l * r + rr + 1) * dv], 1.0, v.row(j));
+            axpy(
+                &mut b[(l * r + rr) * dv..(l * r + rr + 1) * dv],
+                1.0,
+                v.row(j),
+            );
         }
     };
     if !causal {
@@ -120,7 +154,11 @@ pub fn hard_lsh(q: MatRef<f64>, k: MatRef<f64>, v: MatRef<f64>, planes: &Planes,
         for l in 0..l_n {
             let rr = hq[l * q.rows + i];
             den[i] += a[l * r + rr] / l_n as f64;
-            axpy(num.row_mut(i), 1.0 / l_n as f64, &b[(l * r + rr) * dv..(l * r + rr + 1) * dv]);
+            axpy(
+                num.row_mut(i),
+                1.0 / l_n as f64,
+                &b[(l * r + rr) * dv..(l * r + rr + 1) * dv],
+            );
         }
     }
     ratio_rows(num, &den)

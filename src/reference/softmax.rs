@@ -6,7 +6,13 @@ use crate::hashing::dot;
 use crate::tensor::{Mat, MatRef};
 
 /// Softmax attention of one head. `scale = None` means `1/sqrt(d)`.
-pub fn softmax_attention(q: MatRef<f64>, k: MatRef<f64>, v: MatRef<f64>, scale: Option<f64>, causal: bool) -> HeadOutput {
+pub fn softmax_attention(
+    q: MatRef<f64>,
+    k: MatRef<f64>,
+    v: MatRef<f64>,
+    scale: Option<f64>,
+    causal: bool,
+) -> HeadOutput {
     let s = scale.unwrap_or(1.0 / (q.cols as f64).sqrt());
     let mut num = Mat::zeros(q.rows, v.cols);
     let mut den = vec![0.0; q.rows];
@@ -16,7 +22,10 @@ pub fn softmax_attention(q: MatRef<f64>, k: MatRef<f64>, v: MatRef<f64>, scale: 
         for j in 0..m {
             logits[j] = s * dot(q.row(i), k.row(j));
         }
-        let mx = logits[..m].iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let mx = logits[..m]
+            .iter()
+            .cloned()
+            .fold(f64::NEG_INFINITY, f64::max);
         for j in 0..m {
             let w = (logits[j] - mx).exp();
             den[i] += w;

@@ -13,12 +13,21 @@ pub fn randn(rows: usize, cols: usize, seed: u64) -> Mat<f64> {
 pub fn randn_t(shape: &[usize], seed: u64) -> Tensor<f64> {
     let n = shape.iter().product();
     let mut rng = SeededRng::new(seed, 98);
-    Tensor { shape: shape.to_vec(), data: rng.normals(n) }
+    Tensor {
+        shape: shape.to_vec(),
+        data: rng.normals(n),
+    }
 }
 
 /// Assert finiteness first, then `max|a − b| ≤ tol`, printing the label and the worst entry.
 pub fn assert_close(label: &str, got: &[f64], want: &[f64], tol: f64) {
-    assert_eq!(got.len(), want.len(), "{label}: length {} vs {}", got.len(), want.len());
+    assert_eq!(
+        got.len(),
+        want.len(),
+        "{label}: length {} vs {}",
+        got.len(),
+        want.len()
+    );
     if let Some(i) = got.iter().position(|x| !x.is_finite()) {
         panic!("{label}: non-finite output {} at {i}", got[i]);
     }
@@ -30,5 +39,10 @@ pub fn assert_close(label: &str, got: &[f64], want: &[f64], tol: f64) {
             at = i;
         }
     }
-    assert!(worst <= tol, "{label}: max |diff| = {worst:.3e} > tol {tol:.1e} at index {at} (got {}, want {})", got[at], want[at]);
+    assert!(
+        worst <= tol,
+        "{label}: max |diff| = {worst:.3e} > tol {tol:.1e} at index {at} (got {}, want {})",
+        got[at],
+        want[at]
+    );
 }
