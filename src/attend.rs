@@ -302,122 +302,123 @@ pub fn attend_with(
     );
     let p32 = planes.as_ref().map(PlanesF32::from_planes);
     let isa = cpu::detected_isa();
-    let (o, empty_rows): (Vec<f32>, usize) =
-        match (backend, opts.method) {
-            (Backend::Cuda, Method::Soft) => {
-                if shape.n != shape.m {
-                    return Err(RaceError::shape(
-                        "k",
-                        "the CUDA kernels need as many keys as queries",
-                    ));
-                }
-                let s = crate::cuda::GpuShape {
-                    heads: hn,
-                    n: shape.n,
-                    d: shape.d,
-                    dv: shape.dv,
-                };
-                let f = crate::cuda::soft_forward(
-                    p32.as_ref().unwrap(),
-                    opts.beta as f32,
-                    crate::cuda::GpuInput::F32(&q32),
-                    crate::cuda::GpuInput::F32(&k32),
-                    crate::cuda::GpuInput::F32(&v32),
-                    s,
-                    opts.causal,
-                )?;
-                (f.o, f.empty_rows)
+    let (o, empty_rows): (Vec<f32>, usize) = match (backend, opts.method) {
+        (Backend::Cuda, Method::Soft) => {
+            if shape.n != shape.m {
+                return Err(RaceError::shape(
+                    "k",
+                    "the CUDA kernels need as many keys as queries",
+                ));
             }
-            (Backend::Cuda, m) => return Err(RaceError::param(
+            let s = crate::cuda::GpuShape {
+                heads: hn,
+                n: shape.n,
+                d: shape.d,
+                dv: shape.dv,
+            };
+            let f = crate::cuda::soft_forward(
+                p32.as_ref().unwrap(),
+                opts.beta as f32,
+                crate::cuda::GpuInput::F32(&q32),
+                crate::cuda::GpuInput::F32(&k32),
+                crate::cuda::GpuInput::F32(&v32),
+                s,
+                opts.causal,
+            )?;
+            (f.o, f.empty_rows)
+        }
+        (Backend::Cuda, m) => {
+            return Err(RaceError::param(
                 "device",
                 format!(
                     "the CUDA backend runs soft RACE only, not `{}`; use --device cpu or reference",
                     m.name()
                 ),
-            )),
-            (_, Method::Soft) => {
-                let f = cpu::forward(
-                    &cpu::SoftMap {
-                        planes: p32.as_ref().unwrap(),
-                        beta: opts.beta as f32,
-                    },
-                    qh,
-                    kh,
-                    vh,
-                    opts.causal,
-                    isa,
-                );
-                (f.o, f.empty_rows)
+            ))
+        }
+        (_, Method::Soft) => {
+            let f = cpu::soft_forward(
+                &cpu::SoftMap {
+                    planes: p32.as_ref().unwrap(),
+                    beta: opts.beta as f32,
+                },
+                qh,
+                kh,
+                vh,
+                opts.causal,
+                isa,
+            );
+            (f.o, f.empty_rows)
+        }
+        (_, Method::Hard) => {
+            let f = cpu::forward(
+                &cpu::HardMap {
+                    planes: p32.as_ref().unwrap(),
+                },
+                qh,
+                kh,
+                vh,
+                opts.causal,
+                isa,
+            );
+            (f.o, f.empty_rows)
+        }
+        (_, Method::Linear) => {
+            let f = cpu::forward(&cpu::LinearMap { d: shape.d }, qh, kh, vh, opts.causal, isa);
+            (f.o, f.empty_rows)
+        }
+        (_, Method::Performer) => {
+            let om = opts.omega.clone().unwrap_or_else(|| {
+                reference::baselines::performer_omega(opts.features, shape.d, opts.seed)
+            });
+            if om.cols != shape.d {
+                return Err(RaceError::shape(
+                    "omega",
+                    format!(
+                        "Performer features have d = {} but q/k have d = {}",
+                        om.cols, shape.d
+                    ),
+                ));
             }
-            (_, Method::Hard) => {
-                let f = cpu::forward(
-                    &cpu::HardMap {
-                        planes: p32.as_ref().unwrap(),
-                    },
-                    qh,
-                    kh,
-                    vh,
-                    opts.causal,
-                    isa,
-                );
-                (f.o, f.empty_rows)
-            }
-            (_, Method::Linear) => {
-                let f = cpu::forward(&cpu::LinearMap { d: shape.d }, qh, kh, vh, opts.causal, isa);
-                (f.o, f.empty_rows)
-            }
-            (_, Method::Performer) => {
-                let om = opts.omega.clone().unwrap_or_else(|| {
-                    reference::baselines::performer_omega(opts.features, shape.d, opts.seed)
-                });
-                if om.cols != shape.d {
-                    return Err(RaceError::shape(
-                        "omega",
-                        format!(
-                            "Performer features have d = {} but q/k have d = {}",
-                            om.cols, shape.d
-                        ),
-                    ));
-                }
-                let scale = opts.scale.unwrap_or(1.0 / (shape.d as f64).sqrt()) as f32;
-                let map = features::performer_map(
-                    om.data.iter().map(|&x| x as f32).collect(),
-                    om.rows,
-                    shape.d,
-                    scale,
-                    kh,
-                    isa,
-                );
-                let f = cpu::forward(&map, qh, kh, vh, opts.causal, isa);
-                (f.o, f.empty_rows)
-            }
-            (_, Method::Softmax) => (
-                exact::exact_attention(
-                    exact::Exact::Softmax {
-                        scale: opts.scale.unwrap_or(1.0 / (shape.d as f64).sqrt()) as f32,
-                    },
-                    qh,
-                    kh,
-                    vh,
-                    opts.causal,
-                    isa,
-                ),
-                0,
+            let scale = opts.scale.unwrap_or(1.0 / (shape.d as f64).sqrt()) as f32;
+            let map = features::performer_map(
+                om.data.iter().map(|&x| x as f32).collect(),
+                om.rows,
+                shape.d,
+                scale,
+                kh,
+                isa,
+            );
+            let f = cpu::forward(&map, qh, kh, vh, opts.causal, isa);
+            (f.o, f.empty_rows)
+        }
+        (_, Method::Softmax) => (
+            exact::exact_attention(
+                exact::Exact::Softmax {
+                    scale: opts.scale.unwrap_or(1.0 / (shape.d as f64).sqrt()) as f32,
+                },
+                qh,
+                kh,
+                vh,
+                opts.causal,
+                isa,
             ),
-            (_, Method::Angular) => (
-                exact::exact_attention(
-                    exact::Exact::Angular {
-                        gamma: opts.gamma as f32,
-                    },
-                    qh,
-                    kh,
-                    vh,
-                    opts.causal,
-                    isa,
-                ),
-                0,
+            0,
+        ),
+        (_, Method::Angular) => (
+            exact::exact_attention(
+                exact::Exact::Angular {
+                    gamma: opts.gamma as f32,
+                },
+                qh,
+                kh,
+                vh,
+                opts.causal,
+                isa,
             ),
-        };
+            0,
+        ),
+    };
     let mut oshape = q.shape[..q.shape.len() - 1].to_vec();
     oshape.push(shape.dv);
     Ok(AttendResult {

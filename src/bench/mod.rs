@@ -11,7 +11,7 @@ pub mod accuracy;
 pub mod machine;
 
 use crate::cpu::exact::{exact_attention, Exact};
-use crate::cpu::{self, forward_into, soft_backward_into, Heads, PlanesF32, SoftMap};
+use crate::cpu::{self, soft_forward_into, soft_grads_into, Heads, PlanesF32, SoftMap};
 use crate::error::{RaceError, Result};
 use crate::hashing::Planes;
 use crate::plot::{line_plot, LinePlot, Series};
@@ -267,7 +267,7 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
             let mut den = Vec::with_capacity(h * n);
             let (secs, all) = match cfg.device {
                 Device::Cpu => time_runs(cfg.runs, || {
-                    let (_, ctx) = forward_into(
+                    let (_, ctx) = soft_forward_into(
                         &map,
                         qh,
                         kh,
@@ -278,7 +278,7 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
                         std::mem::take(&mut den),
                     );
                     if cfg.backward {
-                        let db = soft_backward_into(
+                        let db = soft_grads_into(
                             &map,
                             &ctx,
                             qh,

@@ -12,6 +12,7 @@
 //! (f32-rounded) planes.
 
 pub mod backward;
+pub mod blocked;
 pub mod decode;
 pub mod exact;
 pub mod features;
@@ -25,3 +26,79 @@ pub use features::{FeatureMap, HardMap, LinearMap, PerformerMap, PlanesF32, Soft
 pub use forward::{forward, forward_into, Ctx, ForwardOut};
 pub use simd::{detected_isa, Isa};
 pub use state::Heads;
+
+/// Production soft-RACE forward: blocked GEMMs ([`blocked`]) when non-causal, the chunked
+/// scan ([`forward`]) when causal.
+#[allow(clippy::too_many_arguments)]
+pub fn soft_forward_into(
+    map: &SoftMap,
+    q: Heads,
+    k: Heads,
+    v: Heads,
+    causal: bool,
+    isa: Isa,
+    o: &mut [f32],
+    den: Vec<f32>,
+) -> (usize, Ctx) {
+    if causal {
+        forward_into(map, q, k, v, true, isa, o, den)
+    } else {
+        blocked::forward_into(map, q, k, v, o, den)
+    }
+}
+
+/// [`soft_forward_into`] allocating its output.
+pub fn soft_forward(
+    map: &SoftMap,
+    q: Heads,
+    k: Heads,
+    v: Heads,
+    causal: bool,
+    isa: Isa,
+) -> ForwardOut {
+    let mut o = vec![0.0f32; q.heads * q.n * v.cols];
+    let (empty_rows, ctx) = soft_forward_into(map, q, k, v, causal, isa, &mut o, Vec::new());
+    ForwardOut { o, empty_rows, ctx }
+}
+
+/// Production soft-RACE backward for a context from either forward path.
+#[allow(clippy::too_many_arguments)]
+pub fn soft_grads_into(
+    map: &SoftMap,
+    ctx: &Ctx,
+    q: Heads,
+    k: Heads,
+    v: Heads,
+    o: Heads,
+    g: Heads,
+    isa: Isa,
+    dq: &mut [f32],
+    dk: &mut [f32],
+    dv: &mut [f32],
+) -> f64 {
+    if ctx.causal {
+        soft_backward_into(map, ctx, q, k, v, o, g, isa, dq, dk, dv)
+    } else {
+        blocked::backward_into(map, ctx, q, k, v, o, g, dq, dk, dv)
+    }
+}
+
+/// [`soft_grads_into`] allocating its outputs.
+pub fn soft_grads(
+    map: &SoftMap,
+    ctx: &Ctx,
+    q: Heads,
+    k: Heads,
+    v: Heads,
+    o: Heads,
+    g: Heads,
+    isa: Isa,
+) -> SoftGrads {
+    let (mut dq, mut dk, mut dv) = (
+        vec![0.0f32; q.heads * q.n * q.cols],
+        vec![0.0f32; k.heads * k.n * k.cols],
+        vec![0.0f32; v.heads * v.n * v.cols],
+    );
+    let dbeta = soft_grads_into(map, ctx, q, k, v, o, g, isa, &mut dq, &mut dk, &mut dv);
+    SoftGrads { dq, dk, dv, dbeta }
+}

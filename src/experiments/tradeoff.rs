@@ -9,7 +9,7 @@ use super::{
     data, f, fig, load_config, quantile, read_csv, write_csv, Claim, Ctx, ExpResult, Verdict,
 };
 use crate::analysis::metrics::{frob, rms_row_err};
-use crate::cpu::{detected_isa, forward, Heads, PlanesF32, SoftMap};
+use crate::cpu::{detected_isa, soft_forward, Heads, PlanesF32, SoftMap};
 use crate::error::Result;
 use crate::hashing::Planes;
 use crate::params::Combine;
@@ -96,7 +96,7 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
             let mut ts: Vec<f64> = (0..cfg.time_runs.max(1))
                 .map(|_| {
                     let t = std::time::Instant::now();
-                    std::hint::black_box(forward(
+                    std::hint::black_box(soft_forward(
                         &map,
                         Heads::new(1, cfg.time_n, d, &tq),
                         Heads::new(1, cfg.time_n, d, &tq),

@@ -8,7 +8,7 @@ use super::{
     data, f, fig, load_config, quantile, read_csv, write_csv, Claim, Ctx, ExpResult, Verdict,
 };
 use crate::bench::loglog_slope;
-use crate::cpu::{detected_isa, forward, Heads, PlanesF32, SoftMap};
+use crate::cpu::{detected_isa, soft_forward, Heads, PlanesF32, SoftMap};
 use crate::error::Result;
 use crate::hashing::Planes;
 use crate::plot::{line_plot, LinePlot, Series};
@@ -96,7 +96,7 @@ fn error(cfg: &Config, pr: &Problem, n: usize, l: usize, seed: u64) -> f64 {
         planes: &planes,
         beta: cfg.beta as f32,
     };
-    let out = forward(
+    let out = soft_forward(
         &map,
         Heads::new(1, n, cfg.d, &pr.q),
         Heads::new(1, n, cfg.d, &pr.k),
