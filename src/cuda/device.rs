@@ -172,6 +172,43 @@ fn upload<T: DeviceRepr + Copy>(
     })
 }
 
+/// `race_scan` over chunk totals: mode 0 exclusive prefix (causal forward), 1 exclusive
+/// suffix (causal backward), 2 total per head (non-causal).
+fn scan_chunks(
+    g: &Gpu,
+    kn: &Kernels,
+    partials: &CudaSlice<f32>,
+    dm: &Dims,
+    mode: i32,
+) -> Result<CudaSlice<f32>> {
+    let st = &g.stream;
+    let per_chunk = mode != 2;
+    let nb = if per_chunk {
+        dm.heads as usize * dm.nchunks as usize * dm.mw
+    } else {
+        dm.heads as usize * dm.mw
+    };
+    let mut bases = st
+        .alloc_zeros::<f32>(nb)
+        .map_err(|e| cuda_err("alloc bases", e))?;
+    let (nch, mw) = (dm.nchunks as i32, dm.mw as i32);
+    let mut b = st.launch_builder(&kn.scan);
+    b.arg(partials)
+        .arg(&mut bases)
+        .arg(&nch)
+        .arg(&mw)
+        .arg(&mode);
+    let c = LaunchConfig {
+        grid_dim: ((dm.mw as u32).div_ceil(256), dm.heads, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: matches `race_scan` in race.cu; `partials` holds heads·nchunks·mw floats and
+    // `bases` heads·nchunks·mw (modes 0, 1) or heads·mw (mode 2), as the kernel indexes.
+    unsafe { b.launch(c) }.map_err(|e| cuda_err("race_scan", e))?;
+    Ok(bases)
+}
+
 /// Forward on the device; returns (o, den, bases) device buffers.
 fn fwd_dev<T: DeviceRepr>(
     g: &Gpu,
@@ -212,30 +249,7 @@ fn fwd_dev<T: DeviceRepr>(
         // dynamic shared memory is sized by `shared_floats` for the SH_LAYOUT it carves.
         unsafe { b.launch(cfg(dm)) }.map_err(e("race_partial"))?;
     }
-    let nb = if causal {
-        dm.heads as usize * dm.nchunks as usize * dm.mw
-    } else {
-        dm.heads as usize * dm.mw
-    };
-    let mut bases = st.alloc_zeros::<f32>(nb).map_err(e("alloc bases"))?;
-    let smode = if causal { 0i32 } else { 2i32 };
-    let (nch, mw) = (dm.nchunks as i32, dm.mw as i32);
-    {
-        let mut b = st.launch_builder(&kn.scan);
-        b.arg(&partials)
-            .arg(&mut bases)
-            .arg(&nch)
-            .arg(&mw)
-            .arg(&smode);
-        let c = LaunchConfig {
-            grid_dim: ((dm.mw as u32).div_ceil(256), dm.heads, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: matches `race_scan`; `partials` holds heads·nchunks·mw floats and `bases`
-        // heads·nchunks·mw (causal) or heads·mw (total) as the mode requires.
-        unsafe { b.launch(c) }.map_err(e("race_scan"))?;
-    }
+    let bases = scan_chunks(g, kn, &partials, dm, if causal { 0 } else { 2 })?;
     let mut o = st
         .alloc_zeros::<f32>(total * dm.dv as usize)
         .map_err(e("alloc o"))?;
@@ -340,29 +354,7 @@ fn bwd_dev<T: DeviceRepr>(
         // SAFETY: matches `race_partial` in mode 1 (the V argument is unused in that mode).
         unsafe { b.launch(cfg(dm)) }.map_err(e("race_partial"))?;
     }
-    let nb = if causal {
-        dm.heads as usize * dm.nchunks as usize * dm.mw
-    } else {
-        dm.heads as usize * dm.mw
-    };
-    let mut dbases = st.alloc_zeros::<f32>(nb).map_err(e("alloc"))?;
-    let smode = if causal { 1i32 } else { 2i32 };
-    let (nch, mw) = (dm.nchunks as i32, dm.mw as i32);
-    {
-        let mut b = st.launch_builder(&kn.scan);
-        b.arg(&partials)
-            .arg(&mut dbases)
-            .arg(&nch)
-            .arg(&mw)
-            .arg(&smode);
-        let c = LaunchConfig {
-            grid_dim: ((dm.mw as u32).div_ceil(256), dm.heads, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: matches `race_scan` (see the forward).
-        unsafe { b.launch(c) }.map_err(e("race_scan"))?;
-    }
+    let dbases = scan_chunks(g, kn, &partials, dm, if causal { 1 } else { 2 })?;
     let mut dk = st
         .alloc_zeros::<f32>(total * dm.d as usize)
         .map_err(e("alloc"))?;

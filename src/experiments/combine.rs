@@ -36,21 +36,13 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
         include_str!("../../experiments/combine.toml"),
         "combine",
     )?;
-    let real = super::real::unit_inputs(ctx)?;
-    let stem = if real.is_some() {
-        "combine_real"
-    } else {
-        "combine"
-    };
-    let (q, k, v, label) = match real {
-        Some((q, k, v, label)) => (q, k, v, label),
-        None => {
-            let q = data::clustered_unit(cfg.n, cfg.d, cfg.clusters, cfg.noise, ctx.seed, 21);
-            let k = data::clustered_unit(cfg.n, cfg.d, cfg.clusters, cfg.noise, ctx.seed, 22);
-            let v = data::values_from_keys(&k, cfg.dv, ctx.seed + 23);
-            (q, k, v, "synthetic clustered unit Q/K".to_string())
-        }
-    };
+    let (q, k, v, label, stem) = super::real::inputs_or(ctx, "combine", || {
+        let q = data::clustered_unit(cfg.n, cfg.d, cfg.clusters, cfg.noise, ctx.seed, 21);
+        let k = data::clustered_unit(cfg.n, cfg.d, cfg.clusters, cfg.noise, ctx.seed, 22);
+        let v = data::values_from_keys(&k, cfg.dv, ctx.seed + 23);
+        (q, k, v, "synthetic clustered unit Q/K".to_string())
+    })?;
+    let stem = stem.as_str();
     let mut cfg = cfg;
     cfg.n = q.rows;
     cfg.d = q.cols;

@@ -4,10 +4,9 @@
 //! concentrate the high-similarity regions (mean normalised row entropy falls with γ) and how
 //! well `Ŝ` tracks `κ^P` (Pearson correlation over entries).
 
-use super::{data, f, fig, load_config, read_csv, write_csv, Claim, Ctx, ExpResult, Verdict};
+use super::{data, load_config, Claim, Ctx, ExpResult, Verdict};
 use crate::error::Result;
 use crate::hashing::Planes;
-use crate::plot::{heatmaps, Panel};
 use crate::reference::angular::angular_matrix;
 use crate::reference::kernels::{hard_matrix, soft_matrix};
 use crate::tensor::Mat;
@@ -118,41 +117,15 @@ pub fn run(ctx: &Ctx, user: Option<(Mat<f64>, Mat<f64>, String, String)>) -> Res
         format!("hard P={hp} L={hl}"),
         hard_matrix(q.view(), k.view(), &planes),
     ));
-    let mut rows = Vec::new();
-    for (name, m) in &panels {
-        for i in 0..m.rows {
-            for j in 0..m.cols {
-                rows.push(vec![
-                    name.clone(),
-                    i.to_string(),
-                    j.to_string(),
-                    f(m.at(i, j)),
-                ]);
-            }
-        }
-    }
-    let csv = write_csv(ctx, &stem, &["panel", "query", "key", "value"], &rows, &cfg)?;
-    // Figure from the CSV.
-    let (_, r) = read_csv(ctx, &stem)?;
-    let mut drawn: Vec<Panel> = Vec::new();
-    for (name, m) in &panels {
-        let mut mm = Mat::zeros(m.rows, m.cols);
-        for row in r.iter().filter(|row| &row[0] == name) {
-            let (i, j): (usize, usize) = (row[1].parse().unwrap_or(0), row[2].parse().unwrap_or(0));
-            mm.data[i * m.cols + j] = row[3].parse().unwrap_or(f64::NAN);
-        }
-        drawn.push(Panel {
-            title: name.clone(),
-            m: mm,
-        });
-    }
-    heatmaps(
-        &fig(ctx, &stem),
+    let csv = super::heatmaps_via_csv(
+        ctx,
+        &stem,
         &format!(
             "Fig. 3 style: rows = queries, columns = keys ({label}); each panel has its own scale"
         ),
-        &drawn,
+        &panels,
         5,
+        &cfg,
     )?;
     let ent: Vec<(f64, f64)> = cfg
         .gammas

@@ -226,3 +226,53 @@ pub fn rel(out: &Path, stem: &str) -> String {
     let _ = out;
     format!("{stem}.png")
 }
+
+/// Write named matrices as one long CSV (`panel, query, key, value`) and draw the heatmaps
+/// from that CSV (`cols` panels per row). Returns the CSV's file name.
+pub fn heatmaps_via_csv(
+    ctx: &Ctx,
+    stem: &str,
+    title: &str,
+    panels: &[(String, crate::tensor::Mat<f64>)],
+    cols: usize,
+    params: &impl Serialize,
+) -> Result<String> {
+    let mut rows = Vec::new();
+    for (name, m) in panels {
+        for i in 0..m.rows {
+            for j in 0..m.cols {
+                rows.push(vec![
+                    name.clone(),
+                    i.to_string(),
+                    j.to_string(),
+                    f(m.at(i, j)),
+                ]);
+            }
+        }
+    }
+    let csv = write_csv(
+        ctx,
+        stem,
+        &["panel", "query", "key", "value"],
+        &rows,
+        params,
+    )?;
+    let (_, r) = read_csv(ctx, stem)?;
+    let drawn: Vec<crate::plot::Panel> = panels
+        .iter()
+        .map(|(name, m)| {
+            let mut mm = crate::tensor::Mat::zeros(m.rows, m.cols);
+            for row in r.iter().filter(|row| &row[0] == name) {
+                let (i, j): (usize, usize) =
+                    (row[1].parse().unwrap_or(0), row[2].parse().unwrap_or(0));
+                mm.data[i * m.cols + j] = row[3].parse().unwrap_or(f64::NAN);
+            }
+            crate::plot::Panel {
+                title: name.clone(),
+                m: mm,
+            }
+        })
+        .collect();
+    crate::plot::heatmaps(&fig(ctx, stem), title, &drawn, cols)?;
+    Ok(csv)
+}

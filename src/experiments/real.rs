@@ -4,13 +4,12 @@
 //! attention on real activations, and the effect of Q/K norms on soft RACE (tanh
 //! saturation) with and without normalising.
 
-use super::{f, fig, quantile, read_csv, write_csv, Claim, Ctx, ExpResult, Verdict};
+use super::{f, quantile, read_csv, write_csv, Claim, Ctx, ExpResult, Verdict};
 use crate::analysis::metrics::{frob, rms_row_err};
 use crate::error::{RaceError, Result};
 use crate::hashing::Planes;
 use crate::io::read_npy;
 use crate::params::Combine;
-use crate::plot::{heatmaps, Panel};
 use crate::reference::angular::{angular_attention, angular_matrix};
 use crate::reference::kernels::soft_matrix;
 use crate::reference::race::soft_race;
@@ -197,50 +196,16 @@ pub fn run(ctx: &Ctx, dir: &Path) -> Result<ExpResult> {
             soft_matrix(unit_rows(&q).view(), unit_rows(&k).view(), &planes, 8.0),
         ));
     }
-    let mut rows = Vec::new();
-    for (name, m) in &panels {
-        for i in 0..m.rows {
-            for j in 0..m.cols {
-                rows.push(vec![
-                    name.clone(),
-                    i.to_string(),
-                    j.to_string(),
-                    f(m.at(i, j)),
-                ]);
-            }
-        }
-    }
-    let csv1 = write_csv(
+    let csv1 = super::heatmaps_via_csv(
         ctx,
         "real_heatmaps",
-        &["panel", "query", "key", "value"],
-        &rows,
-        &serde_json::json!({"dir": dir.display().to_string(), "layer": layer, "tokens_shown": show}),
-    )?;
-    let (_, r) = read_csv(ctx, "real_heatmaps")?;
-    let drawn: Vec<Panel> = panels
-        .iter()
-        .map(|(name, m)| {
-            let mut mm = Mat::zeros(m.rows, m.cols);
-            for row in r.iter().filter(|row| &row[0] == name) {
-                let (i, j): (usize, usize) =
-                    (row[1].parse().unwrap_or(0), row[2].parse().unwrap_or(0));
-                mm.data[i * m.cols + j] = row[3].parse().unwrap_or(f64::NAN);
-            }
-            Panel {
-                title: name.clone(),
-                m: mm,
-            }
-        })
-        .collect();
-    heatmaps(
-        &fig(ctx, "real_heatmaps"),
         &format!(
             "{} layer {layer}: rows = queries, columns = keys (first {show} tokens of {})",
             rd.model, rd.text_source
         ),
-        &drawn,
+        &panels,
         4,
+        &serde_json::json!({"dir": dir.display().to_string(), "layer": layer, "tokens_shown": show}),
     )?;
 
     // 2. Errors on every stored layer and head, raw vs unit Q/K.
@@ -401,4 +366,21 @@ pub fn unit_inputs(ctx: &Ctx) -> Result<Option<(Mat<f64>, Mat<f64>, Mat<f64>, St
             rd.model, rd.tokens
         ),
     )))
+}
+
+/// The inputs of a synthetic-input experiment: real ones (and `<stem>_real` file names) when
+/// `ctx.data` is set, else those `synthetic` makes. Returns `(q, k, v, label, stem)`.
+#[allow(clippy::type_complexity)]
+pub fn inputs_or(
+    ctx: &Ctx,
+    stem: &str,
+    synthetic: impl FnOnce() -> (Mat<f64>, Mat<f64>, Mat<f64>, String),
+) -> Result<(Mat<f64>, Mat<f64>, Mat<f64>, String, String)> {
+    Ok(match unit_inputs(ctx)? {
+        Some((q, k, v, label)) => (q, k, v, label, format!("{stem}_real")),
+        None => {
+            let (q, k, v, label) = synthetic();
+            (q, k, v, label, stem.to_string())
+        }
+    })
 }

@@ -56,21 +56,13 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
         include_str!("../../experiments/tradeoff.toml"),
         "tradeoff",
     )?;
-    let real = super::real::unit_inputs(ctx)?;
-    let stem = if real.is_some() {
-        "tradeoff_real"
-    } else {
-        "tradeoff"
-    };
-    let (q, k, v, label) = match real {
-        Some((q, k, v, label)) => (q, k, v, label),
-        None => {
-            let q = data::clustered_unit(cfg.n, cfg.d, cfg.clusters, cfg.noise, ctx.seed, 51);
-            let k = data::clustered_unit(cfg.n, cfg.d, cfg.clusters, cfg.noise, ctx.seed, 52);
-            let v = data::values_from_keys(&k, cfg.dv, ctx.seed + 53);
-            (q, k, v, "synthetic clustered unit Q/K".to_string())
-        }
-    };
+    let (q, k, v, label, stem) = super::real::inputs_or(ctx, "tradeoff", || {
+        let q = data::clustered_unit(cfg.n, cfg.d, cfg.clusters, cfg.noise, ctx.seed, 51);
+        let k = data::clustered_unit(cfg.n, cfg.d, cfg.clusters, cfg.noise, ctx.seed, 52);
+        let v = data::values_from_keys(&k, cfg.dv, ctx.seed + 53);
+        (q, k, v, "synthetic clustered unit Q/K".to_string())
+    })?;
+    let stem = stem.as_str();
     let (n, d, dv) = (q.rows, q.cols, v.cols);
     let soft = softmax_attention(q.view(), k.view(), v.view(), Some(cfg.softmax_scale), false).o;
     let s_scale = frob(&soft.data) / (n as f64).sqrt();
