@@ -14,9 +14,9 @@
 //! same [`Ctx`] as [`super::forward`]/[`super::backward`] (either backward accepts either
 //! forward's context); tested against the f64 reference like every other path.
 
-use super::features::{sigmoid32, SoftMap};
+use super::features::SoftMap;
 use super::forward::Ctx;
-use super::simd::tanh_f32;
+use super::simd::{detected_isa, dispatch, exp_f32, tanh_f32, Simd, WithSimd};
 use super::state::{bank_width, plan_segments, split_out, Heads};
 use faer::linalg::matmul::matmul;
 use faer::{Accum, MatMut, MatRef, Par};
@@ -24,6 +24,35 @@ use rayon::prelude::*;
 
 /// Tokens per block (also the f32 accumulation length before an f64 flush).
 pub const T: usize = 256;
+
+/// `u = tanh(z)` (in place), `on = σ(2·beta·u)`, `off = σ(−2·beta·u)` over a whole block,
+/// in the dispatched SIMD frame (the loop is branch-free and vectorises).
+struct BitProbs<'a> {
+    z: &'a mut [f32],
+    on: &'a mut [f32],
+    off: &'a mut [f32],
+    beta: f32,
+}
+
+impl WithSimd for BitProbs<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn run<S: Simd>(self) {
+        for ((z, on), off) in self
+            .z
+            .iter_mut()
+            .zip(self.on.iter_mut())
+            .zip(self.off.iter_mut())
+        {
+            let u = tanh_f32(*z);
+            let t = 2.0 * self.beta * u;
+            *z = u;
+            // σ(±t) = 1/(1 + e^{∓t}); exp_f32 clamps its argument, so both stay finite.
+            *on = 1.0 / (1.0 + exp_f32(-t));
+            *off = 1.0 / (1.0 + exp_f32(t));
+        }
+    }
+}
 
 /// Per-block feature state: projections' tanh, bit probabilities, features.
 struct Block {
@@ -57,14 +86,16 @@ impl Block {
             1.0f32,
             Par::Seq,
         );
+        dispatch(
+            detected_isa(),
+            BitProbs {
+                z: &mut self.z[..rows * lp],
+                on: &mut self.on[..rows * lp],
+                off: &mut self.off[..rows * lp],
+                beta: map.beta,
+            },
+        );
         for i in 0..rows {
-            for b in 0..lp {
-                let u = tanh_f32(self.z[i * lp + b]);
-                let t = 2.0 * map.beta * u;
-                self.z[i * lp + b] = u;
-                self.on[i * lp + b] = sigmoid32(t);
-                self.off[i * lp + b] = sigmoid32(-t);
-            }
             for t in 0..l {
                 let out = &mut self.phi[i * m + t * r..i * m + (t + 1) * r];
                 out[0] = 1.0;

@@ -225,7 +225,8 @@ pub fn dispatch<T: WithSimd>(isa: Isa, task: T) -> T::Output {
 #[inline(always)]
 pub fn exp_f32(x: f32) -> f32 {
     let x = x.clamp(-87.3, 88.0);
-    let n = (x * std::f32::consts::LOG2_E).round();
+    // Round to nearest with the 1.5·2^23 trick (no libm call, so loops over exp vectorise).
+    let n = (x * std::f32::consts::LOG2_E + 12_582_912.0) - 12_582_912.0;
     let r = x - n * 0.693_145_75 - n * 1.428_606_8e-6;
     let p = 1.0
         + r * (1.0
@@ -239,15 +240,14 @@ pub fn exp_f32(x: f32) -> f32 {
 /// < 1e-9 there), else `sign(z)(1 − 2/(e^{2|z|} + 1))`; saturates to ±1 without overflow.
 #[inline(always)]
 pub fn tanh_f32(z: f32) -> f32 {
+    // Both branches are computed and one selected, so loops over tanh vectorise.
     let a = z.abs();
+    let z2 = z * z;
+    let small = z * (1.0 + z2 * (-1.0 / 3.0 + z2 * (2.0 / 15.0 - z2 * (17.0 / 315.0))));
+    let big = (1.0 - 2.0 / (exp_f32(2.0 * a.min(20.0)) + 1.0)).copysign(z);
     if a < 0.0625 {
-        let z2 = z * z;
-        return z * (1.0 + z2 * (-1.0 / 3.0 + z2 * (2.0 / 15.0 - z2 * (17.0 / 315.0))));
-    }
-    let t = 1.0 - 2.0 / (exp_f32(2.0 * a) + 1.0);
-    if z < 0.0 {
-        -t
+        small
     } else {
-        t
+        big
     }
 }
