@@ -55,15 +55,15 @@ impl WithSimd for BitProbs<'_> {
 }
 
 /// Per-block feature state: projections' tanh, bit probabilities, features.
-struct Block {
-    z: Vec<f32>,   // T × LP
-    on: Vec<f32>,  // T × LP
-    off: Vec<f32>, // T × LP
-    phi: Vec<f32>, // T × m
+pub(crate) struct Block {
+    z: Vec<f32>,              // T × LP
+    on: Vec<f32>,             // T × LP
+    off: Vec<f32>,            // T × LP
+    pub(crate) phi: Vec<f32>, // T × m
 }
 
 impl Block {
-    fn new(lp: usize, m: usize) -> Self {
+    pub(crate) fn new(lp: usize, m: usize) -> Self {
         Block {
             z: vec![0.0; T * lp],
             on: vec![0.0; T * lp],
@@ -73,7 +73,7 @@ impl Block {
     }
 
     /// Features of rows `x` (`rows × d`); `z` keeps `u = tanh(Wx)` for the backward.
-    fn features(&mut self, map: &SoftMap, x: &[f32], rows: usize) {
+    pub(crate) fn features(&mut self, map: &SoftMap, x: &[f32], rows: usize) {
         let (pl, d) = (map.planes, map.planes.d);
         let (p, l, r) = (pl.p, pl.l, pl.r());
         let (lp, m) = (l * p, l * r);
@@ -114,7 +114,7 @@ impl Block {
     }
 
     /// From `∂ℓ/∂φ` (`rows × m`) to `∂ℓ/∂z` (written into `dz`, `rows × LP`); returns Σ ∂ℓ/∂beta.
-    fn backward(&self, map: &SoftMap, gphi: &[f32], dz: &mut [f32], rows: usize) -> f64 {
+    pub(crate) fn backward(&self, map: &SoftMap, gphi: &[f32], dz: &mut [f32], rows: usize) -> f64 {
         let (p, l, r) = (map.planes.p, map.planes.l, map.planes.r());
         let (lp, m) = (l * p, l * r);
         let mut dbeta = 0.0f64;
@@ -143,7 +143,7 @@ impl Block {
 }
 
 /// `ext[i] = [y_i, 1, 0…]` for `rows` rows of width `dv` into a `rows × w` buffer.
-fn extend(y: &[f32], rows: usize, dv: usize, w: usize, ext: &mut [f32]) {
+pub(crate) fn extend(y: &[f32], rows: usize, dv: usize, w: usize, ext: &mut [f32]) {
     for i in 0..rows {
         let e = &mut ext[i * w..(i + 1) * w];
         e[..dv].copy_from_slice(&y[i * dv..(i + 1) * dv]);
@@ -159,12 +159,18 @@ fn add_f64(acc: &mut [f64], x: &mut [f32]) {
     }
 }
 
-fn rows_of<'a>(x: &Heads<'a>, h: usize, a: usize, b: usize) -> &'a [f32] {
+pub(crate) fn rows_of<'a>(x: &Heads<'a>, h: usize, a: usize, b: usize) -> &'a [f32] {
     &x.data[(h * x.n + a) * x.cols..(h * x.n + b) * x.cols]
 }
 
 /// `Σ_j φ(k_j)[v_j, 1]` over `range` of head `h` (f64).
-fn key_bank(map: &SoftMap, k: Heads, v: Heads, h: usize, range: (usize, usize)) -> Vec<f64> {
+pub(crate) fn key_bank(
+    map: &SoftMap,
+    k: Heads,
+    v: Heads,
+    h: usize,
+    range: (usize, usize),
+) -> Vec<f64> {
     let (m, dv, w) = (map.width(), v.cols, bank_width(v.cols));
     let mut blk = Block::new(map.planes.l * map.planes.p, m);
     let (mut ext, mut b32, mut b64) = (

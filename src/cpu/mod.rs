@@ -13,6 +13,7 @@
 
 pub mod backward;
 pub mod blocked;
+pub mod blocked_causal;
 pub mod decode;
 pub mod exact;
 pub mod features;
@@ -27,8 +28,8 @@ pub use forward::{forward, forward_into, Ctx, ForwardOut};
 pub use simd::{detected_isa, Isa};
 pub use state::Heads;
 
-/// Production soft-RACE forward: blocked GEMMs ([`blocked`]) when non-causal, the chunked
-/// scan ([`forward`]) when causal.
+/// Production soft-RACE forward: blocked GEMMs, [`blocked`] (non-causal) or
+/// [`blocked_causal`] (chunked linear attention).
 #[allow(clippy::too_many_arguments)]
 pub fn soft_forward_into(
     map: &SoftMap,
@@ -40,8 +41,9 @@ pub fn soft_forward_into(
     o: &mut [f32],
     den: Vec<f32>,
 ) -> (usize, Ctx) {
+    let _ = isa; // the blocked paths use faer's own SIMD dispatch
     if causal {
-        forward_into(map, q, k, v, true, isa, o, den)
+        blocked_causal::forward_into(map, q, k, v, o, den)
     } else {
         blocked::forward_into(map, q, k, v, o, den)
     }
@@ -76,8 +78,9 @@ pub fn soft_grads_into(
     dk: &mut [f32],
     dv: &mut [f32],
 ) -> f64 {
+    let _ = isa;
     if ctx.causal {
-        soft_backward_into(map, ctx, q, k, v, o, g, isa, dq, dk, dv)
+        blocked_causal::backward_into(map, ctx, q, k, v, o, g, dq, dk, dv)
     } else {
         blocked::backward_into(map, ctx, q, k, v, o, g, dq, dk, dv)
     }
