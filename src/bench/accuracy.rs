@@ -1,11 +1,11 @@
-//! Long-sequence accuracy of the causal f32 kernel (DESIGN 2.7): relative error of the
-//! two-level (f32 block, f64 carry) scan against an f64 recurrence at N up to 10^8, beside
+//! Long-sequence accuracy of the production causal f32 kernel (DESIGN 2.7): relative error
+//! of the two-level (f32 block, f64 carry) scan against an f64 recurrence at N up to 10^8, beside
 //! a naive serial f32 prefix sum (the authors' serial-scan analogue) on the same inputs.
 //!
 //! Relative error = `max_t |o_t − o_t^{f64}| / max_t |o_t^{f64}|`.
 
 use super::machine::fill;
-use crate::cpu::{detected_isa, forward, Heads, PlanesF32, SoftMap};
+use crate::cpu::{detected_isa, soft_forward, Heads, PlanesF32, SoftMap};
 use crate::hashing::{soft_features, Planes};
 use serde::Serialize;
 use std::time::Instant;
@@ -55,7 +55,7 @@ pub fn run(
             beta: beta as f32,
         };
         let t = Instant::now();
-        let fwd = forward(
+        let fwd = soft_forward(
             &map,
             Heads::new(1, n, d, &q),
             Heads::new(1, n, d, &k),

@@ -1,9 +1,12 @@
 //! Production f32 kernels: rayon over (batch × heads × segments), SIMD with runtime dispatch
 //! and an always-tested scalar twin ([`simd`]), two-level f32/f64 accumulation ([`state`]).
 //!
-//! - [`forward`]: the engine for every "features, then sums over keys" estimator (soft RACE,
-//!   hard LSH, linear, Performer), non-causal and causal (chunked scan);
-//! - [`backward`]: soft-RACE gradients for Q, K, V and beta, non-causal and causal;
+//! - [`blocked`], [`blocked_causal`]: the production soft-RACE paths ([`soft_forward`],
+//!   [`soft_grads`]): blocks of tokens as faer GEMMs (bank read once per block), causal as
+//!   chunked linear attention; forward and backward;
+//! - [`forward`]: the per-token engine for every "features, then sums over keys" estimator
+//!   (soft RACE, hard LSH, linear, Performer), non-causal and causal (chunked scan), with the
+//!   scalar/SIMD twins; [`backward`]: its soft-RACE gradients;
 //! - [`decode`]: recurrent state with `step(q, k, v) -> o`;
 //! - [`exact`]: blocked, SIMD, parallel softmax and angular attention (quadratic baselines).
 //!
