@@ -115,12 +115,30 @@ pub fn counter_uniform(seed: u64, index: u64) -> f32 {
     ((z >> 40) as f32) * (2.0 / (1u64 << 24) as f32) - 1.0
 }
 
+struct FillTask<'a> {
+    out: &'a mut [f32],
+    seed: u64,
+    base: u64,
+}
+
+impl crate::cpu::simd::WithSimd for FillTask<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn run<S: crate::cpu::simd::Simd>(self) {
+        for (i, x) in self.out.iter_mut().enumerate() {
+            *x = counter_uniform(self.seed, self.base + i as u64);
+        }
+    }
+}
+
+/// `out[i] = counter_uniform(seed, base + i)`, vectorised in the dispatched SIMD frame.
+pub fn fill_run(out: &mut [f32], seed: u64, base: u64) {
+    crate::cpu::simd::dispatch(crate::cpu::detected_isa(), FillTask { out, seed, base });
+}
+
 /// Fill `buf` with `counter_uniform(seed, offset + i)`, in parallel.
 pub fn fill(buf: &mut [f32], seed: u64, offset: u64) {
-    buf.par_chunks_mut(1 << 16).enumerate().for_each(|(c, ch)| {
-        let base = offset + (c << 16) as u64;
-        for (i, x) in ch.iter_mut().enumerate() {
-            *x = counter_uniform(seed, base + i as u64);
-        }
-    });
+    buf.par_chunks_mut(1 << 16)
+        .enumerate()
+        .for_each(|(c, ch)| fill_run(ch, seed, offset + (c << 16) as u64));
 }

@@ -201,17 +201,9 @@ pub(crate) fn key_bank(
 
 use super::features::FeatureMap;
 
-/// Non-causal soft-RACE forward, blocked. Same contract as [`super::forward_into`].
-pub fn forward_into(
-    map: &SoftMap,
-    q: Heads,
-    k: Heads,
-    v: Heads,
-    o: &mut [f32],
-    mut den: Vec<f32>,
-) -> (usize, Ctx) {
-    let (heads, n, dv, m, w) = (q.heads, q.n, v.cols, map.width(), bank_width(v.cols));
-    den.resize(heads * n, 0.0);
+/// Non-causal pass 1, blocked: `[B | A] = Σ_j φ(k_j)[v_j, 1]` per head (f64).
+pub fn key_banks(map: &SoftMap, k: Heads, v: Heads) -> Vec<Vec<f64>> {
+    let (heads, m, w) = (k.heads, map.width(), bank_width(v.cols));
     let kseg = plan_segments(k.n, heads);
     let parts: Vec<Vec<f64>> = (0..heads * kseg.len())
         .into_par_iter()
@@ -226,6 +218,20 @@ pub fn forward_into(
             })
         })
         .collect();
+    banks
+}
+
+/// Non-causal pass 2, blocked: `o = Num/Den` from the per-head banks into `o` and `den`
+/// (`[heads, n]`, the Algorithm-1 denominator); returns (empty rows, segments used).
+pub fn read_into(
+    map: &SoftMap,
+    q: Heads,
+    banks: &[Vec<f64>],
+    dv: usize,
+    o: &mut [f32],
+    den: &mut [f32],
+) -> (usize, Vec<(usize, usize)>) {
+    let (heads, n, m, w) = (q.heads, q.n, map.width(), bank_width(dv));
     let banks32: Vec<Vec<f32>> = banks
         .iter()
         .map(|b| b.iter().map(|&x| x as f32).collect())
@@ -234,7 +240,7 @@ pub fn forward_into(
     let inv_l = map.den_scale();
     let empty: usize = split_out(o, n, dv, &segs)
         .into_par_iter()
-        .zip(split_out(&mut den, n, 1, &segs).into_par_iter())
+        .zip(split_out(den, n, 1, &segs).into_par_iter())
         .map(|((h, s, op), (_, _, dp))| {
             let mut blk = Block::new(map.planes.l * map.planes.p, m);
             let mut acc = vec![0.0f32; T * w];
@@ -274,6 +280,21 @@ pub fn forward_into(
             empty
         })
         .sum();
+    (empty, segs)
+}
+
+/// Non-causal soft-RACE forward, blocked. Same contract as [`super::forward_into`].
+pub fn forward_into(
+    map: &SoftMap,
+    q: Heads,
+    k: Heads,
+    v: Heads,
+    o: &mut [f32],
+    mut den: Vec<f32>,
+) -> (usize, Ctx) {
+    den.resize(q.heads * q.n, 0.0);
+    let banks = key_banks(map, k, v);
+    let (empty, segs) = read_into(map, q, &banks, v.cols, o, &mut den);
     (
         empty,
         Ctx {
@@ -285,39 +306,34 @@ pub fn forward_into(
     )
 }
 
-/// Non-causal soft-RACE backward, blocked; writes every entry of `dq`, `dk`, `dv`; returns
-/// `∂ℓ/∂beta`. Same contract as [`super::soft_backward_into`] for a non-causal context.
+/// Backward, queries' side (blocked): `∂ℓ/∂q` into `dq` and the per-head `d𝔅 = Σ_i φ(q_i) ĝ_iᵀ/L`
+/// (f64); returns `(d𝔅 per head, the queries' share of ∂ℓ/∂beta)`.
 #[allow(clippy::too_many_arguments)]
-pub fn backward_into(
+pub fn query_grads(
     map: &SoftMap,
-    ctx: &Ctx,
+    banks: &[Vec<f64>],
+    segs: &[(usize, usize)],
+    den: &[f32],
     q: Heads,
-    k: Heads,
-    v: Heads,
     o: Heads,
     g: Heads,
     dq: &mut [f32],
-    dk: &mut [f32],
-    dvv: &mut [f32],
-) -> f64 {
-    assert!(!ctx.causal, "blocked backward is the non-causal path");
+) -> (Vec<Vec<f64>>, f64) {
     let (heads, n, d, dv, m, w) = (
         q.heads,
         q.n,
         q.cols,
-        v.cols,
+        o.cols,
         map.width(),
-        bank_width(v.cols),
+        bank_width(o.cols),
     );
     let lp = map.planes.l * map.planes.p;
     let inv_l = 1.0 / map.planes.l as f32;
     let wm = MatRef::from_row_major_slice(&map.planes.w, lp, d);
-    let banks32: Vec<Vec<f32>> = ctx
-        .banks
+    let banks32: Vec<Vec<f32>> = banks
         .iter()
         .map(|b| b.iter().map(|&x| x as f32).collect())
         .collect();
-    let segs = &ctx.segs;
     // Queries: ∂ℓ/∂q and the per-segment d𝔅.
     let qres: Vec<(usize, Vec<f64>, f64)> = split_out(dq, n, d, segs)
         .into_par_iter()
@@ -337,7 +353,7 @@ pub fn backward_into(
                 blk.features(map, rows_of(&q, h, a, b), rows);
                 for i in 0..rows {
                     let (gr, or) = (g.row(h, a + i), o.row(h, a + i));
-                    let dn = ctx.den[h * n + a + i];
+                    let dn = den[h * n + a + i];
                     let e = &mut gx[i * w..(i + 1) * w];
                     e.iter_mut().for_each(|x| *x = 0.0);
                     if dn != 0.0 {
@@ -383,11 +399,28 @@ pub fn backward_into(
     for (h, bank, _) in &qres {
         dbanks[*h].iter_mut().zip(bank).for_each(|(a, b)| *a += b);
     }
+    (dbanks, qres.iter().map(|x| x.2).sum())
+}
+
+/// Backward, keys' side (blocked): `∂ℓ/∂k`, `∂ℓ/∂v` into `dk`, `dvv` from the per-head `d𝔅`;
+/// returns the keys' share of `∂ℓ/∂beta`.
+#[allow(clippy::too_many_arguments)]
+pub fn key_grads(
+    map: &SoftMap,
+    dbanks: &[Vec<f64>],
+    segs: &[(usize, usize)],
+    k: Heads,
+    v: Heads,
+    dk: &mut [f32],
+    dvv: &mut [f32],
+) -> f64 {
+    let (d, dv, m, w) = (k.cols, v.cols, map.width(), bank_width(v.cols));
+    let lp = map.planes.l * map.planes.p;
+    let wm = MatRef::from_row_major_slice(&map.planes.w, lp, d);
     let dbanks32: Vec<Vec<f32>> = dbanks
         .iter()
         .map(|b| b.iter().map(|&x| x as f32).collect())
         .collect();
-    // Keys and values.
     let dbeta_k: f64 = split_out(dk, k.n, d, segs)
         .into_par_iter()
         .zip(split_out(dvv, k.n, dv, segs).into_par_iter())
@@ -438,5 +471,25 @@ pub fn backward_into(
             dbeta
         })
         .sum();
-    qres.iter().map(|x| x.2).sum::<f64>() + dbeta_k
+    dbeta_k
+}
+
+/// Non-causal soft-RACE backward, blocked; writes every entry of `dq`, `dk`, `dv`; returns
+/// `∂ℓ/∂beta`. Same contract as [`super::soft_backward_into`] for a non-causal context.
+#[allow(clippy::too_many_arguments)]
+pub fn backward_into(
+    map: &SoftMap,
+    ctx: &Ctx,
+    q: Heads,
+    k: Heads,
+    v: Heads,
+    o: Heads,
+    g: Heads,
+    dq: &mut [f32],
+    dk: &mut [f32],
+    dvv: &mut [f32],
+) -> f64 {
+    assert!(!ctx.causal, "blocked backward is the non-causal path");
+    let (dbanks, dbeta_q) = query_grads(map, &ctx.banks, &ctx.segs, &ctx.den, q, o, g, dq);
+    dbeta_q + key_grads(map, &dbanks, &ctx.segs, k, v, dk, dvv)
 }

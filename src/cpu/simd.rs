@@ -51,7 +51,10 @@ pub fn detected_isa() -> Isa {
 pub fn best_supported() -> Isa {
     #[cfg(target_arch = "x86_64")]
     {
-        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma") {
+        if is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512dq")
+            && is_x86_feature_detected!("fma")
+        {
             return Isa::Avx512;
         }
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
@@ -197,12 +200,12 @@ pub fn dispatch<T: WithSimd>(isa: Isa, task: T) -> T::Output {
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => {
-            #[target_feature(enable = "avx512f,avx2,fma")]
+            #[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
             unsafe fn frame<T: WithSimd>(t: T) -> T::Output {
                 t.run::<Lanes>()
             }
             // SAFETY: `isa` was clamped above to `best_supported()`, which returns Avx512 only
-            // after `is_x86_feature_detected!` confirmed avx512f and fma on this CPU, so the
+            // after `is_x86_feature_detected!` confirmed avx512f, avx512dq and fma on this CPU, so the
             // instructions this frame is compiled with exist here.
             unsafe { frame(task) }
         }

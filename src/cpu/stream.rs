@@ -7,11 +7,9 @@
 //! regenerated → `∂ℓ/∂k`, `∂ℓ/∂v`. Gradients are consumed into
 //! checksums too: the point is throughput and peak memory at 10^8 tokens.
 
-use super::backward::{key_side, query_side};
-use super::forward::{key_banks, read_banks, Ctx};
+use super::blocked::{key_banks, key_grads, query_grads, read_into};
 use super::state::{plan_segments, Heads};
-use super::{detected_isa, PlanesF32, SoftMap};
-use crate::bench::machine::counter_uniform;
+use super::{PlanesF32, SoftMap};
 use crate::error::{RaceError, Result};
 use crate::hashing::Planes;
 use crate::provenance::{peak_rss_bytes, reset_peak_rss};
@@ -51,10 +49,7 @@ fn gen_chunk(
     buf.par_chunks_mut(len * cols)
         .enumerate()
         .for_each(|(h, hb)| {
-            let base = ((h * n + t0) * cols) as u64;
-            for (i, x) in hb.iter_mut().enumerate() {
-                *x = counter_uniform(seed, base + i as u64);
-            }
+            crate::bench::machine::fill_run(hb, seed, ((h * n + t0) * cols) as u64);
         });
 }
 
@@ -85,7 +80,6 @@ pub fn run(
         planes: &planes,
         beta,
     };
-    let isa = detected_isa();
     let dv = d;
     let (m, w) = (l << p, super::state::bank_width(dv));
     let (sq, sk, sv, sg) = (seed, seed + 1, seed + 2, seed + 3);
@@ -107,7 +101,6 @@ pub fn run(
             &map,
             Heads::new(heads, b - a, d, &kb),
             Heads::new(heads, b - a, dv, &vb),
-            isa,
         )) {
             tot.iter_mut().zip(&part).for_each(|(x, y)| *x += y);
         }
@@ -120,30 +113,22 @@ pub fn run(
         let len = b - a;
         gen_chunk(&mut qb, sq, heads, n, a, len, d);
         gen_chunk(&mut gb, sg, heads, n, a, len, dv);
-        let segs = plan_segments(len, heads);
         let (mut o, mut den) = (vec![0.0f32; heads * len * dv], vec![0.0f32; heads * len]);
         let qh = Heads::new(heads, len, d, &qb);
-        read_banks(&map, qh, &banks, dv, &segs, &mut o, &mut den, isa);
+        let (_, segs) = read_into(&map, qh, &banks, dv, &mut o, &mut den);
         checksum += o.iter().map(|&x| x as f64).sum::<f64>();
         // G does not depend on O here, so the chunk's O serves both the forward output and the
         // backward (a stored-O backward would read it back instead).
-        let ctx = Ctx {
-            causal: false,
-            segs: segs.clone(),
-            banks: banks.clone(),
-            den,
-        };
         let oh = Heads::new(heads, len, dv, &o);
         dq.resize(heads * len * d, 0.0);
-        let (parts, db) = query_side(
+        let (parts, db) = query_grads(
             &map,
-            &ctx,
+            &banks,
+            &segs,
+            &den,
             qh,
-            qh,
-            oh,
             oh,
             Heads::new(heads, len, dv, &gb),
-            isa,
             &mut dq,
         );
         checksum += dq.iter().map(|&x| x as f64).sum::<f64>();
@@ -159,30 +144,13 @@ pub fn run(
         gen_chunk(&mut kb, sk, heads, n, a, len, d);
         gen_chunk(&mut vb, sv, heads, n, a, len, dv);
         let segs = plan_segments(len, heads);
-        let dbases: Vec<Vec<f64>> = (0..heads * segs.len())
-            .map(|i| dbanks[i / segs.len()].clone())
-            .collect();
         let (kh, vh) = (
             Heads::new(heads, len, d, &kb),
             Heads::new(heads, len, dv, &vb),
         );
         dk.resize(heads * len * d, 0.0);
         dvv.resize(heads * len * dv, 0.0);
-        let db = key_side(
-            &map,
-            &dbases,
-            &segs,
-            false,
-            kh,
-            kh,
-            vh,
-            vh,
-            vh,
-            &[],
-            isa,
-            &mut dk,
-            &mut dvv,
-        );
+        let db = key_grads(&map, &dbanks, &segs, kh, vh, &mut dk, &mut dvv);
         dbeta += db;
         checksum += dk.iter().chain(&dvv).map(|&x| x as f64).sum::<f64>();
     }
