@@ -142,6 +142,32 @@ impl Block {
     }
 }
 
+/// `ĝ_i = [G_i/Den_i, −G_iᵀÔ_i/Den_i, 0…]` for `rows` tokens from `a`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn g_ext(
+    g: &Heads,
+    o: &Heads,
+    den: &[f32],
+    h: usize,
+    a: usize,
+    rows: usize,
+    dv: usize,
+    w: usize,
+    out: &mut [f32],
+) {
+    for i in 0..rows {
+        let (gr, or) = (g.row(h, a + i), o.row(h, a + i));
+        let dn = den[h * g.n + a + i];
+        let e = &mut out[i * w..(i + 1) * w];
+        e.iter_mut().for_each(|x| *x = 0.0);
+        if dn != 0.0 {
+            let inv = 1.0 / dn;
+            e[..dv].iter_mut().zip(gr).for_each(|(x, &y)| *x = y * inv);
+            e[dv] = -gr.iter().zip(or).map(|(x, y)| x * y).sum::<f32>() * inv;
+        }
+    }
+}
+
 /// `ext[i] = [y_i, 1, 0…]` for `rows` rows of width `dv` into a `rows × w` buffer.
 pub(crate) fn extend(y: &[f32], rows: usize, dv: usize, w: usize, ext: &mut [f32]) {
     for i in 0..rows {
@@ -351,17 +377,7 @@ pub fn query_grads(
                 let b = (a + T).min(end);
                 let rows = b - a;
                 blk.features(map, rows_of(&q, h, a, b), rows);
-                for i in 0..rows {
-                    let (gr, or) = (g.row(h, a + i), o.row(h, a + i));
-                    let dn = den[h * n + a + i];
-                    let e = &mut gx[i * w..(i + 1) * w];
-                    e.iter_mut().for_each(|x| *x = 0.0);
-                    if dn != 0.0 {
-                        let inv = 1.0 / dn;
-                        e[..dv].iter_mut().zip(gr).for_each(|(x, &y)| *x = y * inv);
-                        e[dv] = -gr.iter().zip(or).map(|(x, y)| x * y).sum::<f32>() * inv;
-                    }
-                }
+                g_ext(&g, &o, den, h, a, rows, dv, w, &mut gx);
                 let gxm = MatRef::from_row_major_slice(&gx[..rows * w], rows, w);
                 matmul(
                     MatMut::from_row_major_slice_mut(&mut gphi[..rows * m], rows, m),

@@ -14,7 +14,7 @@
 //! exactly as in [`super::forward`]; the f32 block-local sums are moved into f64 every
 //! [`super::blocked::T`] tokens, so accuracy does not depend on N.
 
-use super::blocked::{extend, rows_of, Block, T};
+use super::blocked::{extend, g_ext, rows_of, Block, T};
 use super::features::{FeatureMap, SoftMap};
 use super::forward::{exclusive_scan, Ctx};
 use super::state::{bank_width, plan_segments, split_out, Heads};
@@ -119,31 +119,6 @@ impl Scratch {
             acc: vec![0.0; TC * w],
             gphi: vec![0.0; TC * m],
             dz: vec![0.0; TC * lp],
-        }
-    }
-}
-
-/// `ĝ_i = [G_i/Den_i, −G_iᵀÔ_i/Den_i, 0…]` for `rows` tokens from `a`.
-fn g_ext(
-    g: &Heads,
-    o: &Heads,
-    den: &[f32],
-    h: usize,
-    a: usize,
-    rows: usize,
-    dv: usize,
-    w: usize,
-    out: &mut [f32],
-) {
-    for i in 0..rows {
-        let (gr, or) = (g.row(h, a + i), o.row(h, a + i));
-        let dn = den[h * g.n + a + i];
-        let e = &mut out[i * w..(i + 1) * w];
-        e.iter_mut().for_each(|x| *x = 0.0);
-        if dn != 0.0 {
-            let inv = 1.0 / dn;
-            e[..dv].iter_mut().zip(gr).for_each(|(x, &y)| *x = y * inv);
-            e[dv] = -gr.iter().zip(or).map(|(x, y)| x * y).sum::<f32>() * inv;
         }
     }
 }

@@ -172,6 +172,48 @@ fn upload<T: DeviceRepr + Copy>(
     })
 }
 
+/// `race_partial`: per-chunk totals, mode 0 `Σ φ(x)[v, 1]`, mode 1 `Σ φ(q) ĝ / L`.
+#[allow(clippy::too_many_arguments)]
+fn chunk_totals<T: DeviceRepr>(
+    g: &Gpu,
+    kn: &Kernels,
+    x: &CudaSlice<T>,
+    v: &CudaSlice<T>,
+    gr: &CudaSlice<f32>,
+    o: &CudaSlice<f32>,
+    den: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    dm: &Dims,
+    mode: i32,
+) -> Result<CudaSlice<f32>> {
+    let st = &g.stream;
+    let mut partials = st
+        .alloc_zeros::<f32>(dm.heads as usize * dm.nchunks as usize * dm.mw)
+        .map_err(|e| cuda_err("alloc partials", e))?;
+    let mut b = st.launch_builder(&kn.partial);
+    b.arg(x)
+        .arg(v)
+        .arg(gr)
+        .arg(o)
+        .arg(den)
+        .arg(w)
+        .arg(&mut partials);
+    b.arg(&dm.n)
+        .arg(&dm.d)
+        .arg(&dm.dv)
+        .arg(&dm.l)
+        .arg(&dm.p)
+        .arg(&dm.beta)
+        .arg(&dm.chunk)
+        .arg(&mode);
+    // SAFETY: argument order and types match `race_partial` in race.cu; every buffer holds
+    // the [heads, n, ·] extents the kernel indexes (checked by `check_problem`; g/o/den are
+    // read only in mode 1), and the dynamic shared memory is sized by `shared_floats` for
+    // the SH_LAYOUT it carves.
+    unsafe { b.launch(cfg(dm)) }.map_err(|e| cuda_err("race_partial", e))?;
+    Ok(partials)
+}
+
 /// `race_scan` over chunk totals: mode 0 exclusive prefix (causal forward), 1 exclusive
 /// suffix (causal backward), 2 total per head (non-causal).
 fn scan_chunks(
@@ -223,32 +265,7 @@ fn fwd_dev<T: DeviceRepr>(
     }
     let total = dm.heads as usize * dm.n as usize;
     let dummy = st.alloc_zeros::<f32>(1).map_err(e("alloc"))?;
-    let mut partials = st
-        .alloc_zeros::<f32>(dm.heads as usize * dm.nchunks as usize * dm.mw)
-        .map_err(e("alloc partials"))?;
-    let mode = 0i32;
-    {
-        let mut b = st.launch_builder(&kn.partial);
-        b.arg(&dev.k)
-            .arg(&dev.v)
-            .arg(&dummy)
-            .arg(&dummy)
-            .arg(&dummy)
-            .arg(&dev.w)
-            .arg(&mut partials);
-        b.arg(&dm.n)
-            .arg(&dm.d)
-            .arg(&dm.dv)
-            .arg(&dm.l)
-            .arg(&dm.p)
-            .arg(&dm.beta)
-            .arg(&dm.chunk)
-            .arg(&mode);
-        // SAFETY: argument order and types match `race_partial` in race.cu; every buffer holds
-        // the [heads, n, ·] extents the kernel indexes (checked by `check_problem`), and the
-        // dynamic shared memory is sized by `shared_floats` for the SH_LAYOUT it carves.
-        unsafe { b.launch(cfg(dm)) }.map_err(e("race_partial"))?;
-    }
+    let partials = chunk_totals(g, kn, &dev.k, &dev.v, &dummy, &dummy, &dummy, &dev.w, dm, 0)?;
     let bases = scan_chunks(g, kn, &partials, dm, if causal { 0 } else { 2 })?;
     let mut o = st
         .alloc_zeros::<f32>(total * dm.dv as usize)
@@ -330,30 +347,8 @@ fn bwd_dev<T: DeviceRepr>(
         // SAFETY: matches `race_bwd_q`; bases come from the forward of the same shape/mode.
         unsafe { b.launch(cfg(dm)) }.map_err(e("race_bwd_q"))?;
     }
-    let mut partials = st
-        .alloc_zeros::<f32>(dm.heads as usize * dm.nchunks as usize * dm.mw)
-        .map_err(e("alloc"))?;
-    let mode = 1i32;
-    {
-        let mut b = st.launch_builder(&kn.partial);
-        b.arg(&dev.q)
-            .arg(&dev.q)
-            .arg(gr)
-            .arg(o)
-            .arg(den)
-            .arg(&dev.w)
-            .arg(&mut partials);
-        b.arg(&dm.n)
-            .arg(&dm.d)
-            .arg(&dm.dv)
-            .arg(&dm.l)
-            .arg(&dm.p)
-            .arg(&dm.beta)
-            .arg(&dm.chunk)
-            .arg(&mode);
-        // SAFETY: matches `race_partial` in mode 1 (the V argument is unused in that mode).
-        unsafe { b.launch(cfg(dm)) }.map_err(e("race_partial"))?;
-    }
+    // Mode 1 reads ĝ from (g, o, den); its V argument is unused (q stands in).
+    let partials = chunk_totals(g, kn, &dev.q, &dev.q, gr, o, den, &dev.w, dm, 1)?;
     let dbases = scan_chunks(g, kn, &partials, dm, if causal { 1 } else { 2 })?;
     let mut dk = st
         .alloc_zeros::<f32>(total * dm.d as usize)

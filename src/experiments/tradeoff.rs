@@ -359,7 +359,7 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
             "Slides, 'Discussion' ('What happens at matched state capacity?')",
             format!("[{label}] soft RACE (best beta) beats Performer(m = L·R) at {race_wins}/{} state sizes; linear attention error {:.3}", rm.len(), lm[0]),
             Verdict::HoldsWithCaveat,
-            "measured on synthetic clustered unit Q/K against softmax at a fixed temperature; RACE targets an angular kernel, not softmax",
+            format!("measured on {label} against softmax at a fixed temperature; RACE targets an angular kernel, not softmax"),
         ),
         Claim::new(
             if stem == "tradeoff" { "tradeoff-front" } else { "tradeoff-front-real" },
