@@ -46,9 +46,17 @@ impl Provenance {
         Provenance {
             git_revision: git(&["rev-parse", "--short=12", "HEAD"])
                 .unwrap_or_else(|| "unknown".into()),
-            git_dirty: git(&["status", "--porcelain", "--untracked-files=no"])
-                .map(|s| !s.is_empty())
-                .unwrap_or(false),
+            // Outputs under figures/ are what a run writes; they do not make the code dirty.
+            git_dirty: git(&[
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ".",
+                ":!figures",
+            ])
+            .map(|s| !s.is_empty())
+            .unwrap_or(false),
             cpu,
             cores: std::thread::available_parallelism()
                 .map(|n| n.get())
