@@ -107,6 +107,20 @@ struct Dims {
     shared: u32,
 }
 
+impl Dims {
+    /// The trailing `n, d, dv, L, P, beta, chunk, <last>` arguments every chunk kernel takes.
+    fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>, last: &'a i32) {
+        b.arg(&self.n)
+            .arg(&self.d)
+            .arg(&self.dv)
+            .arg(&self.l)
+            .arg(&self.p)
+            .arg(&self.beta)
+            .arg(&self.chunk)
+            .arg(last);
+    }
+}
+
 fn dims(planes: &PlanesF32, beta: f32, s: GpuShape) -> Dims {
     let nchunks = s.n.div_ceil(CHUNK);
     Dims {
@@ -198,14 +212,7 @@ fn chunk_totals<T: DeviceRepr>(
         .arg(den)
         .arg(w)
         .arg(&mut partials);
-    b.arg(&dm.n)
-        .arg(&dm.d)
-        .arg(&dm.dv)
-        .arg(&dm.l)
-        .arg(&dm.p)
-        .arg(&dm.beta)
-        .arg(&dm.chunk)
-        .arg(&mode);
+    dm.push(&mut b, &mode);
     // SAFETY: argument order and types match `race_partial` in race.cu; every buffer holds
     // the [heads, n, ·] extents the kernel indexes (checked by `check_problem`; g/o/den are
     // read only in mode 1), and the dynamic shared memory is sized by `shared_floats` for
@@ -281,14 +288,7 @@ fn fwd_dev<T: DeviceRepr>(
             .arg(&bases)
             .arg(&mut o)
             .arg(&mut den);
-        b.arg(&dm.n)
-            .arg(&dm.d)
-            .arg(&dm.dv)
-            .arg(&dm.l)
-            .arg(&dm.p)
-            .arg(&dm.beta)
-            .arg(&dm.chunk)
-            .arg(&causal_i);
+        dm.push(&mut b, &causal_i);
         // SAFETY: matches `race_fwd`; o has heads·n·dv floats, den heads·n.
         unsafe { b.launch(cfg(dm)) }.map_err(e("race_fwd"))?;
     }
@@ -336,14 +336,7 @@ fn bwd_dev<T: DeviceRepr>(
             .arg(den)
             .arg(&mut dq)
             .arg(&mut dbq);
-        b.arg(&dm.n)
-            .arg(&dm.d)
-            .arg(&dm.dv)
-            .arg(&dm.l)
-            .arg(&dm.p)
-            .arg(&dm.beta)
-            .arg(&dm.chunk)
-            .arg(&causal_i);
+        dm.push(&mut b, &causal_i);
         // SAFETY: matches `race_bwd_q`; bases come from the forward of the same shape/mode.
         unsafe { b.launch(cfg(dm)) }.map_err(e("race_bwd_q"))?;
     }
@@ -370,14 +363,7 @@ fn bwd_dev<T: DeviceRepr>(
             .arg(&mut dk)
             .arg(&mut dvv)
             .arg(&mut dbk);
-        b.arg(&dm.n)
-            .arg(&dm.d)
-            .arg(&dm.dv)
-            .arg(&dm.l)
-            .arg(&dm.p)
-            .arg(&dm.beta)
-            .arg(&dm.chunk)
-            .arg(&causal_i);
+        dm.push(&mut b, &causal_i);
         // SAFETY: matches `race_bwd_k`; dk, dv, dbk sized heads·n·{d, dv, 1}.
         unsafe { b.launch(cfg(dm)) }.map_err(e("race_bwd_k"))?;
     }
