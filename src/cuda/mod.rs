@@ -10,7 +10,7 @@
 //! and NVRTC libraries exist and a device opens, returning [`RaceError::NoCuda`] otherwise
 //! (never a panic). Without the feature, the same API returns that error immediately.
 
-use crate::cpu::{Heads, PlanesF32, SoftGrads};
+use crate::cpu::PlanesF32;
 use crate::error::{RaceError, Result};
 
 /// The CUDA C source of all kernels (compiled with NVRTC at run time).
@@ -145,7 +145,3 @@ pub use device::{ensure_device, soft_backward, soft_forward, time_soft};
 mod stub;
 #[cfg(not(feature = "cuda"))]
 pub use stub::{ensure_device, soft_backward, soft_forward, time_soft};
-
-/// Keep the imports used by both variants visible to the compiler.
-#[allow(dead_code)]
-fn _types(_: Heads, _: SoftGrads) {}
