@@ -16,8 +16,8 @@ use faer::linalg::matmul::matmul;
 use faer::{Accum, MatMut, MatRef, Par};
 use rayon::prelude::*;
 
-const BQ: usize = 128;
-const BK: usize = 256;
+const BQ: usize = 256;
+const BK: usize = 512;
 
 /// `acos(x)` for `x ∈ [−1, 1]` (Abramowitz–Stegun 4.4.46, |error| ≤ 2e-8 before rounding).
 #[inline(always)]
@@ -94,21 +94,24 @@ impl WithSimd for RowsTask<'_> {
             };
             match self.kind {
                 Exact::Softmax { scale } => {
-                    let mut mx = self.m[r];
-                    for x in row[..lim].iter_mut() {
+                    // Scale and take the row max with 16 independent lanes (vectorises).
+                    let mut lanes = [f32::NEG_INFINITY; 16];
+                    for (i, x) in row[..lim].iter_mut().enumerate() {
                         *x *= scale;
-                        mx = mx.max(*x);
+                        lanes[i % 16] = lanes[i % 16].max(*x);
                     }
+                    let mx = lanes.iter().fold(self.m[r], |a, &b| a.max(b));
                     let alpha = if self.m[r] == f32::NEG_INFINITY {
                         0.0
                     } else {
                         exp_f32(self.m[r] - mx)
                     };
-                    let mut sum = 0.0f32;
-                    for x in row[..lim].iter_mut() {
+                    let mut acc = [0.0f32; 16];
+                    for (i, x) in row[..lim].iter_mut().enumerate() {
                         *x = exp_f32(*x - mx);
-                        sum += *x;
+                        acc[i % 16] += *x;
                     }
+                    let sum: f32 = acc.iter().sum();
                     row[lim..].iter_mut().for_each(|x| *x = 0.0);
                     self.alpha[r] = alpha;
                     self.l[r] = self.l[r] * alpha + sum;
