@@ -107,6 +107,18 @@ fn maxabs(x: &[f64]) -> f64 {
     x.iter().map(|v| v.abs()).fold(0.0, f64::max)
 }
 
+/// Concatenate a per-head f64 reference over `heads`.
+fn per_head(heads: usize, f: impl Fn(usize) -> Vec<f64>) -> Vec<f64> {
+    (0..heads).flat_map(f).collect()
+}
+
+/// Assert `got` (f32) is within the forward tolerance of `want`, relative to max |want|.
+fn assert_fwd(label: &str, got: &[f32], want: &[f64]) {
+    let got: Vec<f64> = got.iter().map(|&x| x as f64).collect();
+    let err = rel_max_err(&got, want);
+    assert!(err <= FWD_TOL, "{label}: rel err {err:.2e}");
+}
+
 fn head<'a>(x: &'a [f64], h: usize, n: usize, c: usize) -> MatRef<'a, f64> {
     MatRef::new(n, c, &x[h * n * c..(h + 1) * n * c])
 }
@@ -366,12 +378,7 @@ fn large_beta_is_finite_and_correct() {
             causal,
             racelab::cpu::detected_isa(),
         );
-        let got: Vec<f64> = out.o.iter().map(|&x| x as f64).collect();
-        assert!(
-            rel_max_err(&got, &want) <= FWD_TOL,
-            "beta=1e4 causal={causal}: {:.2e}",
-            rel_max_err(&got, &want)
-        );
+        assert_fwd(&format!("beta=1e4 causal={causal}"), &out.o, &want);
         let (gf, _) = data(n * dv, 6, 1.0);
         let gr = soft_backward(
             &map,
@@ -427,33 +434,21 @@ fn other_estimators_on_the_fast_path() {
                 empty += r.empty_rows;
                 want.extend(r.o.data);
             }
-            let got: Vec<f64> = hard.o.iter().map(|&x| x as f64).collect();
-            assert!(
-                rel_max_err(&got, &want) <= FWD_TOL,
-                "hard causal={causal} {isa:?}: {:.2e}",
-                rel_max_err(&got, &want)
-            );
+            assert_fwd(&format!("hard causal={causal} {isa:?}"), &hard.o, &want);
             assert_eq!(hard.empty_rows, empty, "hard empty rows");
             // Linear.
             let lin = forward(&LinearMap { d }, qh, kh, vh, causal, isa);
-            let want: Vec<f64> = (0..heads)
-                .flat_map(|h| {
-                    linear_attention(
-                        head(&q, h, n, d),
-                        head(&k, h, n, d),
-                        head(&v, h, n, dv),
-                        causal,
-                    )
-                    .o
-                    .data
-                })
-                .collect();
-            let got: Vec<f64> = lin.o.iter().map(|&x| x as f64).collect();
-            assert!(
-                rel_max_err(&got, &want) <= FWD_TOL,
-                "linear causal={causal}: {:.2e}",
-                rel_max_err(&got, &want)
-            );
+            let want = per_head(heads, |h| {
+                linear_attention(
+                    head(&q, h, n, d),
+                    head(&k, h, n, d),
+                    head(&v, h, n, dv),
+                    causal,
+                )
+                .o
+                .data
+            });
+            assert_fwd(&format!("linear causal={causal}"), &lin.o, &want);
             // Performer.
             let pm = racelab::cpu::features::performer_map(
                 omega32.clone(),
@@ -464,26 +459,19 @@ fn other_estimators_on_the_fast_path() {
                 isa,
             );
             let perf = forward(&pm, qh, kh, vh, causal, isa);
-            let want: Vec<f64> = (0..heads)
-                .flat_map(|h| {
-                    performer_attention(
-                        head(&q, h, n, d),
-                        head(&k, h, n, d),
-                        head(&v, h, n, dv),
-                        &omega_r,
-                        Some(scale),
-                        causal,
-                    )
-                    .o
-                    .data
-                })
-                .collect();
-            let got: Vec<f64> = perf.o.iter().map(|&x| x as f64).collect();
-            assert!(
-                rel_max_err(&got, &want) <= FWD_TOL,
-                "performer causal={causal}: {:.2e}",
-                rel_max_err(&got, &want)
-            );
+            let want = per_head(heads, |h| {
+                performer_attention(
+                    head(&q, h, n, d),
+                    head(&k, h, n, d),
+                    head(&v, h, n, dv),
+                    &omega_r,
+                    Some(scale),
+                    causal,
+                )
+                .o
+                .data
+            });
+            assert_fwd(&format!("performer causal={causal}"), &perf.o, &want);
         }
     }
 }
@@ -556,25 +544,18 @@ fn exact_quadratic_kernels_match_reference() {
                 causal,
                 isa,
             );
-            let want: Vec<f64> = (0..heads)
-                .flat_map(|h| {
-                    softmax_attention(
-                        head(&q, h, n, d),
-                        head(&k, h, n, d),
-                        head(&v, h, n, dv),
-                        None,
-                        causal,
-                    )
-                    .o
-                    .data
-                })
-                .collect();
-            let got: Vec<f64> = s.iter().map(|&x| x as f64).collect();
-            assert!(
-                rel_max_err(&got, &want) <= FWD_TOL,
-                "softmax f32 causal={causal} {isa:?}: {:.2e}",
-                rel_max_err(&got, &want)
-            );
+            let want = per_head(heads, |h| {
+                softmax_attention(
+                    head(&q, h, n, d),
+                    head(&k, h, n, d),
+                    head(&v, h, n, dv),
+                    None,
+                    causal,
+                )
+                .o
+                .data
+            });
+            assert_fwd(&format!("softmax f32 causal={causal} {isa:?}"), &s, &want);
             for gamma in [2.0, 2.5] {
                 let a = exact_attention(
                     Exact::Angular {
@@ -586,24 +567,21 @@ fn exact_quadratic_kernels_match_reference() {
                     causal,
                     isa,
                 );
-                let want: Vec<f64> = (0..heads)
-                    .flat_map(|h| {
-                        angular_attention(
-                            head(&q, h, n, d),
-                            head(&k, h, n, d),
-                            head(&v, h, n, dv),
-                            gamma,
-                            causal,
-                        )
-                        .o
-                        .data
-                    })
-                    .collect();
-                let got: Vec<f64> = a.iter().map(|&x| x as f64).collect();
-                assert!(
-                    rel_max_err(&got, &want) <= FWD_TOL,
-                    "angular f32 gamma={gamma} causal={causal}: {:.2e}",
-                    rel_max_err(&got, &want)
+                let want = per_head(heads, |h| {
+                    angular_attention(
+                        head(&q, h, n, d),
+                        head(&k, h, n, d),
+                        head(&v, h, n, dv),
+                        gamma,
+                        causal,
+                    )
+                    .o
+                    .data
+                });
+                assert_fwd(
+                    &format!("angular f32 gamma={gamma} causal={causal}"),
+                    &a,
+                    &want,
                 );
             }
         }

@@ -30,6 +30,18 @@ pub struct SoftGrads {
     pub dbeta: f64,
 }
 
+impl SoftGrads {
+    /// Zeroed gradient buffers shaped like `q`, `k`, `v`.
+    pub fn zeros(q: Heads, k: Heads, v: Heads) -> Self {
+        SoftGrads {
+            dq: vec![0.0; q.data.len()],
+            dk: vec![0.0; k.data.len()],
+            dv: vec![0.0; v.data.len()],
+            dbeta: 0.0,
+        }
+    }
+}
+
 /// Back-propagate `gphi` (one table, length R) through the factorised softmax into `dx`;
 /// returns this table's `∂ℓ/∂beta` contribution.
 #[inline(always)]
@@ -243,11 +255,11 @@ pub fn soft_backward(
     g: Heads,
     isa: Isa,
 ) -> SoftGrads {
-    let mut dq = vec![0.0f32; q.heads * q.n * q.cols];
-    let mut dk = vec![0.0f32; k.heads * k.n * k.cols];
-    let mut dv = vec![0.0f32; v.heads * v.n * v.cols];
-    let dbeta = soft_backward_into(map, ctx, q, k, v, o, g, isa, &mut dq, &mut dk, &mut dv);
-    SoftGrads { dq, dk, dv, dbeta }
+    let mut gr = SoftGrads::zeros(q, k, v);
+    gr.dbeta = soft_backward_into(
+        map, ctx, q, k, v, o, g, isa, &mut gr.dq, &mut gr.dk, &mut gr.dv,
+    );
+    gr
 }
 
 /// [`soft_backward`] writing into caller buffers (every entry is overwritten); returns `∂ℓ/∂beta`.

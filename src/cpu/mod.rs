@@ -100,11 +100,9 @@ pub fn soft_grads(
     g: Heads,
     isa: Isa,
 ) -> SoftGrads {
-    let (mut dq, mut dk, mut dv) = (
-        vec![0.0f32; q.heads * q.n * q.cols],
-        vec![0.0f32; k.heads * k.n * k.cols],
-        vec![0.0f32; v.heads * v.n * v.cols],
+    let mut gr = SoftGrads::zeros(q, k, v);
+    gr.dbeta = soft_grads_into(
+        map, ctx, q, k, v, o, g, isa, &mut gr.dq, &mut gr.dk, &mut gr.dv,
     );
-    let dbeta = soft_grads_into(map, ctx, q, k, v, o, g, isa, &mut dq, &mut dk, &mut dv);
-    SoftGrads { dq, dk, dv, dbeta }
+    gr
 }
