@@ -1,7 +1,7 @@
 //! Non-causal soft RACE as blocked matrix products (the production path for `causal =
 //! false`). Tokens are processed in blocks of [`T`]: with `Φ` the block's `T × m` features,
-//! `X̂ = [V, 1, 0…]` its `T × w` extended values, `Ĝ = [G/Den, −GᵀÔ/Den, 0…]`, and the bank
-//! `𝔅 = [B | A]` (`m × w`):
+//! `X̂ = [V, 1]` its extended values, `Ĝ = [G/Den, −GᵀÔ/Den]`, and the bank `𝔅 = [B | A]`
+//! (`m × w`):
 //!
 //! - keys: `𝔅 += Φ_Kᵀ X̂` (f32 within a block, added into f64 after every block);
 //! - queries: `[Num | Den] = Φ_Q 𝔅`;
@@ -9,21 +9,28 @@
 //! - backward, keys: `∂ℓ/∂Φ_K = X̂ d𝔅ᵀ`, `∂ℓ/∂V = Φ_K dB`;
 //! - projections `Z = X Wᵀ` and `∂ℓ/∂X = dZ W`.
 //!
-//! Every product is a faer GEMM (`Par::Seq`; rayon runs (head, segment) items in parallel),
-//! so the bank is read once per block instead of once per token. Same maths, same planes and
-//! same [`Ctx`] as [`super::forward`]/[`super::backward`] (either backward accepts either
-//! forward's context); tested against the f64 reference like every other path.
+//! Every product is one [`gemm`] call on the block (the bank is read once per block, not once
+//! per token). The extension columns are never materialised: `Φᵀ[V, 1] = [ΦᵀV, Φᵀ1]`, and
+//! `Ĝ`'s per-row scale `1/(L·Den)` is folded into `Φ` or into the `T × m` result, so `V`, `G`
+//! and `Ô` are read straight from the caller's buffers. rayon runs (head, segment) items in
+//! parallel. Same maths, same planes and same [`Ctx`] as [`super::forward`] /
+//! [`super::backward`] (either backward accepts either forward's context); tested against the
+//! f64 reference like every other path.
 
-use super::features::SoftMap;
+use super::features::{FeatureMap, SoftMap};
 use super::forward::Ctx;
-use super::simd::{detected_isa, dispatch, exp_f32, tanh_f32, Simd, WithSimd};
+use super::gemm::{gemm, prefetch, transpose_into, Strided};
+use super::simd::{best_supported, dispatch, exp_f32, tanh_f32, Isa, Simd, WithSimd};
 use super::state::{bank_width, plan_segments, split_out, Heads};
-use faer::linalg::matmul::matmul;
-use faer::{Accum, MatMut, MatRef, Par};
 use rayon::prelude::*;
 
 /// Tokens per block (also the f32 accumulation length before an f64 flush).
-pub const T: usize = 256;
+pub const T: usize = 64;
+
+/// Multiple of 16 at or above `x` (the row stride of padded `T × LP` and `T × m` buffers).
+pub(crate) fn pad16(x: usize) -> usize {
+    x.next_multiple_of(16)
+}
 
 /// `u = tanh(z)` (in place), `on = σ(2·beta·u)`, `off = σ(−2·beta·u)` over a whole block,
 /// in the dispatched SIMD frame (the loop is branch-free and vectorises).
@@ -47,57 +54,188 @@ impl WithSimd for BitProbs<'_> {
             let u = tanh_f32(*z);
             let t = 2.0 * self.beta * u;
             *z = u;
-            // σ(±t) = 1/(1 + e^{∓t}); exp_f32 clamps its argument, so both stay finite.
-            *on = 1.0 / (1.0 + exp_f32(-t));
-            *off = 1.0 / (1.0 + exp_f32(t));
+            // σ(±t) from one e = e^{−|t|} (≤ 1, so never overflows; exp_f32 flushes to 0 below
+            // −87): σ(|t|) = 1/(1 + e), σ(−|t|) = e/(1 + e), each to f32 relative accuracy.
+            let e = exp_f32(-t.abs());
+            let inv = 1.0 / (1.0 + e);
+            let (big, small) = (inv, e * inv);
+            (*on, *off) = if t >= 0.0 { (big, small) } else { (small, big) };
         }
+    }
+}
+
+/// `Z = X Wᵀ` for `rows` rows of `x` (`rows × d`) and `lp` planes `w` (`lp × d`), into `z`
+/// (`rows × lp`): dot products, 16 lanes each, two rows × four planes at a time (one load of
+/// each row chunk serves four planes, one plane chunk serves two rows). For the small `L·P`
+/// of RACE this wastes no lanes, unlike a [`gemm`] with `L·P` output columns.
+struct Project<'a> {
+    x: &'a [f32],
+    w: &'a [f32],
+    z: &'a mut [f32],
+    rows: usize,
+    lp: usize,
+    d: usize,
+}
+
+impl WithSimd for Project<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn run<S: Simd>(self) {
+        let (d, lp) = (self.d, self.lp);
+        let row = |i: usize| &self.x[i * d..(i + 1) * d];
+        let plane = |p: usize| &self.w[p * d..(p + 1) * d];
+        let mut i = 0;
+        while i < self.rows {
+            // Two rows at a time; a last odd row is paired with itself.
+            let (x0, x1) = (row(i), row((i + 1).min(self.rows - 1)));
+            let mut p = 0;
+            while p < lp {
+                // Four planes at a time; the last group repeats its final plane.
+                let ws = [0, 1, 2, 3].map(|q| plane((p + q).min(lp - 1)));
+                let acc = dots4::<S>(x0, x1, ws);
+                for (r, acc_r) in acc.iter().enumerate().take((self.rows - i).min(2)) {
+                    for (q, &v) in acc_r.iter().enumerate().take(lp - p) {
+                        self.z[(i + r) * lp + p + q] = v;
+                    }
+                }
+                p += 4;
+            }
+            i += 2;
+        }
+    }
+}
+
+
+/// `[x_r · w_q]` for two rows and four planes of length `d`.
+#[inline(always)]
+fn dots4<S: Simd>(x0: &[f32], x1: &[f32], w: [&[f32]; 4]) -> [[f32; 4]; 2] {
+    let xs = [x0, x1];
+    let mut out = [[0.0f32; 4]; 2];
+    for r in 0..2 {
+        for q in 0..4 {
+            out[r][q] = S::dot(xs[r], w[q]);
+        }
+    }
+    out
+}
+
+/// [`Project`] with AVX-512 intrinsics for `d` a multiple of 16: eight `zmm` accumulators
+/// (two rows × four planes), one load of each row chunk and plane chunk per step.
+///
+/// # Safety
+/// The CPU must support AVX-512F (callers check [`super::simd::best_supported`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn project_avx512(x: &[f32], w: &[f32], z: &mut [f32], rows: usize, lp: usize, d: usize) {
+    use std::arch::x86_64::*;
+    assert!(d % 16 == 0 && x.len() >= rows * d && w.len() >= lp * d && z.len() >= rows * lp);
+    let mut i = 0;
+    while i < rows {
+        let nr = (rows - i).min(2);
+        let (r0, r1) = (i * d, (i + nr - 1) * d);
+        let mut p = 0;
+        while p < lp {
+            let np = (lp - p).min(4);
+            let pw = [0, 1, 2, 3].map(|q| (p + q.min(np - 1)) * d);
+            let mut acc = [_mm512_setzero_ps(); 8];
+            let mut c = 0;
+            while c < d {
+                // SAFETY: `r0, r1 ≤ (rows−1)·d` and `pw[q] ≤ (lp−1)·d`, `c + 16 ≤ d`, and the
+                // lengths were asserted above, so every 16-float load is in bounds.
+                unsafe {
+                    let (x0, x1) = (
+                        _mm512_loadu_ps(x.as_ptr().add(r0 + c)),
+                        _mm512_loadu_ps(x.as_ptr().add(r1 + c)),
+                    );
+                    for q in 0..4 {
+                        let wq = _mm512_loadu_ps(w.as_ptr().add(pw[q] + c));
+                        acc[q] = _mm512_fmadd_ps(x0, wq, acc[q]);
+                        acc[4 + q] = _mm512_fmadd_ps(x1, wq, acc[4 + q]);
+                    }
+                }
+                c += 16;
+            }
+            for r in 0..nr {
+                for q in 0..np {
+                    z[(i + r) * lp + p + q] = _mm512_reduce_add_ps(acc[4 * r + q]);
+                }
+            }
+            p += 4;
+        }
+        i += 2;
     }
 }
 
 /// Per-block feature state: projections' tanh, bit probabilities, features.
-pub(crate) struct Block {
-    z: Vec<f32>,              // T × LP
-    on: Vec<f32>,             // T × LP
-    off: Vec<f32>,            // T × LP
-    pub(crate) phi: Vec<f32>, // T × m
+pub struct Block {
+    pub(crate) isa: Isa,
+    lp: usize,
+    z: Vec<f32>,   // T × LP: projections, then u = tanh(z)
+    on: Vec<f32>,  // T × LP
+    off: Vec<f32>, // T × LP
+    /// Features, row stride `mp = pad16(m)` (padding columns stay 0).
+    pub(crate) phi: Vec<f32>, // T × mp
+    pub(crate) mp: usize,
+    dz: Vec<f32>, // T × LP
 }
 
 impl Block {
-    pub(crate) fn new(lp: usize, m: usize) -> Self {
+    pub fn new(map: &SoftMap, isa: Isa) -> Self {
+        let pl = map.planes;
+        let (lp, m) = (pl.l * pl.p, pl.l * pl.r());
         Block {
+            isa,
+            lp,
             z: vec![0.0; T * lp],
             on: vec![0.0; T * lp],
             off: vec![0.0; T * lp],
-            phi: vec![0.0; T * m],
+            phi: vec![0.0; T * pad16(m)],
+            mp: pad16(m),
+            dz: vec![0.0; T * lp],
         }
     }
 
     /// Features of rows `x` (`rows × d`); `z` keeps `u = tanh(Wx)` for the backward.
-    pub(crate) fn features(&mut self, map: &SoftMap, x: &[f32], rows: usize) {
+    pub fn features(&mut self, map: &SoftMap, x: &[f32], rows: usize) {
         let (pl, d) = (map.planes, map.planes.d);
         let (p, l, r) = (pl.p, pl.l, pl.r());
-        let (lp, m) = (l * p, l * r);
-        let w = MatRef::from_row_major_slice(&pl.w, lp, d);
-        matmul(
-            MatMut::from_row_major_slice_mut(&mut self.z[..rows * lp], rows, lp),
-            Accum::Replace,
-            MatRef::from_row_major_slice(x, rows, d),
-            w.transpose(),
-            1.0f32,
-            Par::Seq,
-        );
+        let (lp, mp) = (self.lp, self.mp);
+        let n = rows * lp;
+        #[cfg(target_arch = "x86_64")]
+        let done = self.isa == Isa::Avx512 && best_supported() == Isa::Avx512 && d % 16 == 0;
+        #[cfg(not(target_arch = "x86_64"))]
+        let done = false;
+        if done {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `best_supported()` returned Avx512 only after CPUID confirmed AVX-512F.
+            unsafe {
+                project_avx512(x, &pl.w, &mut self.z, rows, lp, d)
+            };
+        } else {
+            dispatch(
+                self.isa,
+                Project {
+                    x,
+                    w: &pl.w,
+                    z: &mut self.z,
+                    rows,
+                    lp,
+                    d,
+                },
+            );
+        }
         dispatch(
-            detected_isa(),
+            self.isa,
             BitProbs {
-                z: &mut self.z[..rows * lp],
-                on: &mut self.on[..rows * lp],
-                off: &mut self.off[..rows * lp],
+                z: &mut self.z[..n],
+                on: &mut self.on[..n],
+                off: &mut self.off[..n],
                 beta: map.beta,
             },
         );
         for i in 0..rows {
             for t in 0..l {
-                let out = &mut self.phi[i * m + t * r..i * m + (t + 1) * r];
+                let out = &mut self.phi[i * mp + t * r..i * mp + (t + 1) * r];
                 out[0] = 1.0;
                 let mut len = 1;
                 for b in 0..p {
@@ -113,16 +251,17 @@ impl Block {
         }
     }
 
-    /// From `∂ℓ/∂φ` (`rows × m`) to `∂ℓ/∂z` (written into `dz`, `rows × LP`); returns Σ ∂ℓ/∂beta.
-    pub(crate) fn backward(&self, map: &SoftMap, gphi: &[f32], dz: &mut [f32], rows: usize) -> f64 {
+    /// From `∂ℓ/∂φ` (`rows × m`, row stride `ld`) to `∂ℓ/∂z` (into `self.dz`); returns
+    /// Σ ∂ℓ/∂beta.
+    pub(crate) fn backward(&mut self, map: &SoftMap, gphi: &[f32], ld: usize, rows: usize) -> f64 {
         let (p, l, r) = (map.planes.p, map.planes.l, map.planes.r());
-        let (lp, m) = (l * p, l * r);
+        let (lp, mp) = (self.lp, self.mp);
         let mut dbeta = 0.0f64;
         for i in 0..rows {
             let mut db = 0.0f32;
             for t in 0..l {
-                let ph = &self.phi[i * m + t * r..i * m + (t + 1) * r];
-                let gp = &gphi[i * m + t * r..i * m + (t + 1) * r];
+                let ph = &self.phi[i * mp + t * r..i * mp + (t + 1) * r];
+                let gp = &gphi[i * ld + t * r..i * ld + (t + 1) * r];
                 let gbar: f32 = ph.iter().zip(gp).map(|(a, b)| a * b).sum();
                 for b in 0..p {
                     let shift = p - 1 - b;
@@ -133,56 +272,69 @@ impl Block {
                     }
                     let u = self.z[i * lp + t * p + b];
                     db += u * c;
-                    dz[i * lp + t * p + b] = map.beta * c * (1.0 - u * u);
+                    self.dz[i * lp + t * p + b] = map.beta * c * (1.0 - u * u);
                 }
             }
             dbeta += db as f64;
         }
         dbeta
     }
+
+    /// `∂ℓ/∂X = dZ W` for the block's `rows` into `out` (`rows × d`).
+    pub(crate) fn input_grads(&self, map: &SoftMap, rows: usize, out: &mut [f32]) {
+        let d = map.planes.d;
+        gemm(
+            self.isa,
+            out,
+            d,
+            rows,
+            d,
+            self.lp,
+            Strided::rows(&self.dz, self.lp),
+            &map.planes.w,
+            d,
+            1.0,
+            false,
+        );
+    }
 }
 
-/// `ĝ_i = [G_i/Den_i, −G_iᵀÔ_i/Den_i, 0…]` for `rows` tokens from `a`.
+/// `D[:, :dv] (=|+=) α A V` and `D[:, dv] (=|+=) α A 1` (the extension `X̂ = [V, 1]` without
+/// building it): `A` is `rows × k`, `V` is `k × dv` (row stride `dv`), `D` has stride `ldd`.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn g_ext(
-    g: &Heads,
-    o: &Heads,
-    den: &[f32],
-    h: usize,
-    a: usize,
+pub(crate) fn gemm_ext(
+    isa: Isa,
+    d: &mut [f32],
+    ldd: usize,
     rows: usize,
+    k: usize,
+    a: Strided,
+    v: &[f32],
     dv: usize,
-    w: usize,
-    out: &mut [f32],
+    alpha: f32,
+    accumulate: bool,
 ) {
+    gemm(isa, d, ldd, rows, dv, k, a, v, dv, alpha, accumulate);
     for i in 0..rows {
-        let (gr, or) = (g.row(h, a + i), o.row(h, a + i));
-        let dn = den[h * g.n + a + i];
-        let e = &mut out[i * w..(i + 1) * w];
-        e.iter_mut().for_each(|x| *x = 0.0);
-        if dn != 0.0 {
-            let inv = 1.0 / dn;
-            e[..dv].iter_mut().zip(gr).for_each(|(x, &y)| *x = y * inv);
-            e[dv] = -gr.iter().zip(or).map(|(x, y)| x * y).sum::<f32>() * inv;
-        }
+        let s: f32 = (0..k).map(|kk| a.data[i * a.rs + kk * a.cs]).sum();
+        let x = &mut d[i * ldd + dv];
+        *x = if accumulate { *x } else { 0.0 } + alpha * s;
     }
 }
 
-/// `ext[i] = [y_i, 1, 0…]` for `rows` rows of width `dv` into a `rows × w` buffer.
-pub(crate) fn extend(y: &[f32], rows: usize, dv: usize, w: usize, ext: &mut [f32]) {
-    for i in 0..rows {
-        let e = &mut ext[i * w..(i + 1) * w];
-        e[..dv].copy_from_slice(&y[i * dv..(i + 1) * dv]);
-        e[dv] = 1.0;
-        e[dv + 1..].iter_mut().for_each(|x| *x = 0.0);
-    }
+/// `Bᵀ` of the value columns of an f32 bank (`m × w`): `dv × mp`, zero-padded to `mp = pad16(m)`.
+pub(crate) fn values_t(bank: &[f32], m: usize, dv: usize, w: usize) -> Vec<f32> {
+    let mp = pad16(m);
+    let mut out = vec![0.0f32; dv * mp];
+    transpose_into(bank, m, dv, w, &mut out, mp);
+    out
 }
 
-fn add_f64(acc: &mut [f64], x: &mut [f32]) {
-    for (a, b) in acc.iter_mut().zip(x.iter_mut()) {
-        *a += *b as f64;
-        *b = 0.0;
-    }
+fn to_f32(banks: &[Vec<f64>]) -> Vec<Vec<f32>> {
+    banks
+        .iter()
+        .map(|b| b.iter().map(|&x| x as f32).collect())
+        .collect()
 }
 
 pub(crate) fn rows_of<'a>(x: &Heads<'a>, h: usize, a: usize, b: usize) -> &'a [f32] {
@@ -192,50 +344,50 @@ pub(crate) fn rows_of<'a>(x: &Heads<'a>, h: usize, a: usize, b: usize) -> &'a [f
 /// `Σ_j φ(k_j)[v_j, 1]` over `range` of head `h` (f64).
 pub(crate) fn key_bank(
     map: &SoftMap,
+    isa: Isa,
     k: Heads,
     v: Heads,
     h: usize,
     range: (usize, usize),
 ) -> Vec<f64> {
     let (m, dv, w) = (map.width(), v.cols, bank_width(v.cols));
-    let mut blk = Block::new(map.planes.l * map.planes.p, m);
-    let (mut ext, mut b32, mut b64) = (
-        vec![0.0f32; T * w],
-        vec![0.0f32; m * w],
-        vec![0.0f64; m * w],
-    );
+    let mut blk = Block::new(map, isa);
+    let (mut b32, mut b64) = (vec![0.0f32; m * w], vec![0.0f64; m * w]);
     let mut a = range.0;
     while a < range.1 {
         let b = (a + T).min(range.1);
         let rows = b - a;
+        let next = (b + T).min(range.1);
+        prefetch(rows_of(&k, h, b, next));
+        prefetch(rows_of(&v, h, b, next));
         blk.features(map, rows_of(&k, h, a, b), rows);
-        extend(rows_of(&v, h, a, b), rows, dv, w, &mut ext);
-        let phi = MatRef::from_row_major_slice(&blk.phi[..rows * m], rows, m);
-        matmul(
-            MatMut::from_row_major_slice_mut(&mut b32, m, w),
-            Accum::Add,
-            phi.transpose(),
-            MatRef::from_row_major_slice(&ext[..rows * w], rows, w),
-            1.0f32,
-            Par::Seq,
+        gemm_ext(
+            isa,
+            &mut b32,
+            w,
+            m,
+            rows,
+            Strided::transposed(&blk.phi, blk.mp),
+            rows_of(&v, h, a, b),
+            dv,
+            1.0,
+            false,
         );
-        add_f64(&mut b64, &mut b32);
+        b64.iter_mut().zip(&b32).for_each(|(x, &y)| *x += y as f64);
         a = b;
     }
     b64
 }
 
-use super::features::FeatureMap;
-
 /// Non-causal pass 1, blocked: `[B | A] = Σ_j φ(k_j)[v_j, 1]` per head (f64).
-pub fn key_banks(map: &SoftMap, k: Heads, v: Heads) -> Vec<Vec<f64>> {
+pub fn key_banks(map: &SoftMap, isa: Isa, k: Heads, v: Heads) -> Vec<Vec<f64>> {
     let (heads, m, w) = (k.heads, map.width(), bank_width(v.cols));
     let kseg = plan_segments(k.n, heads);
     let parts: Vec<Vec<f64>> = (0..heads * kseg.len())
         .into_par_iter()
-        .map(|i| key_bank(map, k, v, i / kseg.len(), kseg[i % kseg.len()]))
+        .map(|i| key_bank(map, isa, k, v, i / kseg.len(), kseg[i % kseg.len()]))
         .collect();
-    let banks: Vec<Vec<f64>> = parts
+    parts
         .chunks(kseg.len())
         .map(|c| {
             c.iter().fold(vec![0.0f64; m * w], |mut acc, p| {
@@ -243,14 +395,14 @@ pub fn key_banks(map: &SoftMap, k: Heads, v: Heads) -> Vec<Vec<f64>> {
                 acc
             })
         })
-        .collect();
-    banks
+        .collect()
 }
 
 /// Non-causal pass 2, blocked: `o = Num/Den` from the per-head banks into `o` and `den`
 /// (`[heads, n]`, the Algorithm-1 denominator); returns (empty rows, segments used).
 pub fn read_into(
     map: &SoftMap,
+    isa: Isa,
     q: Heads,
     banks: &[Vec<f64>],
     dv: usize,
@@ -258,49 +410,43 @@ pub fn read_into(
     den: &mut [f32],
 ) -> (usize, Vec<(usize, usize)>) {
     let (heads, n, m, w) = (q.heads, q.n, map.width(), bank_width(dv));
-    let banks32: Vec<Vec<f32>> = banks
-        .iter()
-        .map(|b| b.iter().map(|&x| x as f32).collect())
-        .collect();
+    let banks32 = to_f32(banks);
     let segs = plan_segments(n, heads);
     let inv_l = map.den_scale();
     let empty: usize = split_out(o, n, dv, &segs)
         .into_par_iter()
         .zip(split_out(den, n, 1, &segs).into_par_iter())
         .map(|((h, s, op), (_, _, dp))| {
-            let mut blk = Block::new(map.planes.l * map.planes.p, m);
+            let mut blk = Block::new(map, isa);
             let mut acc = vec![0.0f32; T * w];
             let (mut a, end, mut empty) = (segs[s].0, segs[s].1, 0usize);
-            let bank = MatRef::from_row_major_slice(&banks32[h], m, w);
             while a < end {
                 let b = (a + T).min(end);
                 let rows = b - a;
                 blk.features(map, rows_of(&q, h, a, b), rows);
-                matmul(
-                    MatMut::from_row_major_slice_mut(&mut acc[..rows * w], rows, w),
-                    Accum::Replace,
-                    MatRef::from_row_major_slice(&blk.phi[..rows * m], rows, m),
-                    bank,
-                    1.0f32,
-                    Par::Seq,
+                gemm(
+                    isa,
+                    &mut acc,
+                    w,
+                    rows,
+                    w,
+                    m,
+                    Strided::rows(&blk.phi, blk.mp),
+                    &banks32[h],
+                    w,
+                    1.0,
+                    false,
                 );
-                for i in 0..rows {
-                    let t = a - segs[s].0 + i;
-                    let row = &acc[i * w..(i + 1) * w];
-                    let d = row[dv];
-                    let out = &mut op[t * dv..(t + 1) * dv];
-                    if d == 0.0 || !d.is_finite() {
-                        out.iter_mut().for_each(|x| *x = 0.0);
-                        dp[t] = 0.0;
-                        empty += 1;
-                    } else {
-                        let inv = 1.0 / d;
-                        out.iter_mut()
-                            .zip(&row[..dv])
-                            .for_each(|(x, &y)| *x = y * inv);
-                        dp[t] = d * inv_l;
-                    }
-                }
+                let t0 = a - segs[s].0;
+                empty += normalise(
+                    &acc,
+                    w,
+                    rows,
+                    dv,
+                    inv_l,
+                    &mut op[t0 * dv..(t0 + rows) * dv],
+                    &mut dp[t0..t0 + rows],
+                );
                 a = b;
             }
             empty
@@ -309,9 +455,41 @@ pub fn read_into(
     (empty, segs)
 }
 
+/// `o_i = Num_i / Den_i` from `[Num | Den]` rows (stride `w`) and `den_i = Den_i·scale`; an
+/// empty row (`Den = 0` or not finite) is written as 0 and counted.
+pub(crate) fn normalise(
+    acc: &[f32],
+    w: usize,
+    rows: usize,
+    dv: usize,
+    scale: f32,
+    o: &mut [f32],
+    den: &mut [f32],
+) -> usize {
+    let mut empty = 0;
+    for i in 0..rows {
+        let row = &acc[i * w..i * w + dv + 1];
+        let d = row[dv];
+        let out = &mut o[i * dv..(i + 1) * dv];
+        if d == 0.0 || !d.is_finite() {
+            out.iter_mut().for_each(|x| *x = 0.0);
+            den[i] = 0.0;
+            empty += 1;
+        } else {
+            let inv = 1.0 / d;
+            out.iter_mut()
+                .zip(&row[..dv])
+                .for_each(|(x, &y)| *x = y * inv);
+            den[i] = d * scale;
+        }
+    }
+    empty
+}
+
 /// Non-causal soft-RACE forward, blocked. Same contract as [`super::forward_into`].
 pub fn forward_into(
     map: &SoftMap,
+    isa: Isa,
     q: Heads,
     k: Heads,
     v: Heads,
@@ -319,8 +497,8 @@ pub fn forward_into(
     mut den: Vec<f32>,
 ) -> (usize, Ctx) {
     den.resize(q.heads * q.n, 0.0);
-    let banks = key_banks(map, k, v);
-    let (empty, segs) = read_into(map, q, &banks, v.cols, o, &mut den);
+    let banks = key_banks(map, isa, k, v);
+    let (empty, segs) = read_into(map, isa, q, &banks, v.cols, o, &mut den);
     (
         empty,
         Ctx {
@@ -332,11 +510,96 @@ pub fn forward_into(
     )
 }
 
+/// Fill the per-row factors of `Ĝ` ([`GFactors`]): `c_i = 1/(L·den_i)`, `s_i = g_i·ô_i`.
+pub(crate) fn g_factors(
+    g: &[f32],
+    o: &[f32],
+    den: &[f32],
+    dv: usize,
+    inv_l: f32,
+    c: &mut [f32],
+    s: &mut [f32],
+) {
+    for i in 0..den.len() {
+        let (gr, or) = (&g[i * dv..(i + 1) * dv], &o[i * dv..(i + 1) * dv]);
+        c[i] = if den[i] != 0.0 { inv_l / den[i] } else { 0.0 };
+        s[i] = gr.iter().zip(or).map(|(x, y)| x * y).sum();
+    }
+}
+
+/// The per-row factors of `Ĝ = [G/Den, −s/Den]/L` for a block: `c_i = 1/(L·den_i)` (0 for an
+/// empty row), `s_i = g_i·ô_i`, and the block's `G` rows (stride `dv`).
+pub(crate) struct GFactors<'a> {
+    pub c: &'a [f32],
+    pub s: &'a [f32],
+    pub g: &'a [f32],
+    pub dv: usize,
+}
+
+impl GFactors<'_> {
+    /// `∂ℓ/∂φ_if = ĝ_i·𝔅_f = c_i (g_i·B_f − s_i A_f)` into `gphi` (row stride `mp`), from a bank
+    /// `𝔅` (`m × w`) and its transposed values `bt` (`dv × mp`, [`values_t`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn phi_grads(
+        &self,
+        isa: Isa,
+        gphi: &mut [f32],
+        mp: usize,
+        m: usize,
+        rows: usize,
+        bank: &[f32],
+        bt: &[f32],
+        w: usize,
+    ) {
+        let dv = self.dv;
+        gemm(isa, gphi, mp, rows, mp, dv, Strided::rows(self.g, dv), bt, mp, 1.0, false);
+        for i in 0..rows {
+            let row = &mut gphi[i * mp..i * mp + m];
+            for (f, x) in row.iter_mut().enumerate() {
+                *x = self.c[i] * (*x - self.s[i] * bank[f * w + dv]);
+            }
+        }
+    }
+
+    /// `d𝔅 (=|+=) Φᵀ Ĝ`: `dB_f = Σ_i c_i φ_if g_i`, `dA_f = −Σ_i c_i φ_if s_i`, into `d32`
+    /// (`m × w`), through the scratch `sphi` (`rows × m`, receives `c ⊙ Φ`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn dbank(
+        &self,
+        isa: Isa,
+        phi: &[f32],
+        mp: usize,
+        m: usize,
+        rows: usize,
+        sphi: &mut [f32],
+        d32: &mut [f32],
+        w: usize,
+        accumulate: bool,
+    ) {
+        let dv = self.dv;
+        for i in 0..rows {
+            let (ph, sp) = (&phi[i * mp..i * mp + m], &mut sphi[i * m..(i + 1) * m]);
+            sp.iter_mut().zip(ph).for_each(|(y, &x)| *y = x * self.c[i]);
+        }
+        let sp = Strided::transposed(sphi, m);
+        gemm(isa, d32, w, m, dv, rows, sp, self.g, dv, 1.0, accumulate);
+        for f in 0..m {
+            let mass = -(0..rows).map(|i| sphi[i * m + f] * self.s[i]).sum::<f32>();
+            let x = &mut d32[f * w + dv];
+            *x = if accumulate { *x } else { 0.0 } + mass;
+        }
+    }
+}
+
 /// Backward, queries' side (blocked): `∂ℓ/∂q` into `dq` and the per-head `d𝔅 = Σ_i φ(q_i) ĝ_iᵀ/L`
 /// (f64); returns `(d𝔅 per head, the queries' share of ∂ℓ/∂beta)`.
+///
+/// With `c_i = 1/(L·Den_i)` and `s_i = g_i·ô_i`: `∂ℓ/∂φ_if = c_i (g_i·B_f − s_i A_f)`,
+/// `dB_f += Σ_i c_i φ_if g_i`, `dA_f −= Σ_i c_i φ_if s_i`.
 #[allow(clippy::too_many_arguments)]
 pub fn query_grads(
     map: &SoftMap,
+    isa: Isa,
     banks: &[Vec<f64>],
     segs: &[(usize, usize)],
     den: &[f32],
@@ -353,59 +616,32 @@ pub fn query_grads(
         map.width(),
         bank_width(o.cols),
     );
-    let lp = map.planes.l * map.planes.p;
+    let mp = pad16(m);
     let inv_l = 1.0 / map.planes.l as f32;
-    let wm = MatRef::from_row_major_slice(&map.planes.w, lp, d);
-    let banks32: Vec<Vec<f32>> = banks
-        .iter()
-        .map(|b| b.iter().map(|&x| x as f32).collect())
-        .collect();
-    // Queries: ∂ℓ/∂q and the per-segment d𝔅.
+    let banks32 = to_f32(banks);
+    let bt: Vec<Vec<f32>> = banks32.iter().map(|b| values_t(b, m, dv, w)).collect();
     let qres: Vec<(usize, Vec<f64>, f64)> = split_out(dq, n, d, segs)
         .into_par_iter()
         .map(|(h, s, dqp)| {
-            let mut blk = Block::new(lp, m);
-            let (mut gx, mut gphi, mut dz) = (
-                vec![0.0f32; T * w],
-                vec![0.0f32; T * m],
-                vec![0.0f32; T * lp],
-            );
+            let mut blk = Block::new(map, isa);
+            let (mut gphi, mut sphi) = (vec![0.0f32; T * mp], vec![0.0f32; T * m]);
+            let (mut c, mut sv) = (vec![0.0f32; T], vec![0.0f32; T]);
             let (mut d32, mut d64) = (vec![0.0f32; m * w], vec![0.0f64; m * w]);
-            let bank = MatRef::from_row_major_slice(&banks32[h], m, w);
+            let bank = &banks32[h];
             let (mut a, end, mut dbeta) = (segs[s].0, segs[s].1, 0.0f64);
             while a < end {
                 let b = (a + T).min(end);
                 let rows = b - a;
+                let (gb, ob) = (rows_of(&g, h, a, b), rows_of(&o, h, a, b));
                 blk.features(map, rows_of(&q, h, a, b), rows);
-                g_ext(&g, &o, den, h, a, rows, dv, w, &mut gx);
-                let gxm = MatRef::from_row_major_slice(&gx[..rows * w], rows, w);
-                matmul(
-                    MatMut::from_row_major_slice_mut(&mut gphi[..rows * m], rows, m),
-                    Accum::Replace,
-                    gxm,
-                    bank.transpose(),
-                    inv_l,
-                    Par::Seq,
-                );
-                matmul(
-                    MatMut::from_row_major_slice_mut(&mut d32, m, w),
-                    Accum::Add,
-                    MatRef::from_row_major_slice(&blk.phi[..rows * m], rows, m).transpose(),
-                    gxm,
-                    inv_l,
-                    Par::Seq,
-                );
-                add_f64(&mut d64, &mut d32);
-                dbeta += blk.backward(map, &gphi, &mut dz, rows);
+                g_factors(gb, ob, &den[h * n + a..h * n + b], dv, inv_l, &mut c, &mut sv);
+                let f = GFactors { c: &c, s: &sv, g: gb, dv };
+                f.phi_grads(isa, &mut gphi, mp, m, rows, bank, &bt[h], w);
+                f.dbank(isa, &blk.phi, mp, m, rows, &mut sphi, &mut d32, w, false);
+                d64.iter_mut().zip(&d32).for_each(|(x, &y)| *x += y as f64);
+                dbeta += blk.backward(map, &gphi, mp, rows);
                 let t0 = a - segs[s].0;
-                matmul(
-                    MatMut::from_row_major_slice_mut(&mut dqp[t0 * d..(t0 + rows) * d], rows, d),
-                    Accum::Replace,
-                    MatRef::from_row_major_slice(&dz[..rows * lp], rows, lp),
-                    wm,
-                    1.0f32,
-                    Par::Seq,
-                );
+                blk.input_grads(map, rows, &mut dqp[t0 * d..(t0 + rows) * d]);
                 a = b;
             }
             (h, d64, dbeta)
@@ -419,10 +655,11 @@ pub fn query_grads(
 }
 
 /// Backward, keys' side (blocked): `∂ℓ/∂k`, `∂ℓ/∂v` into `dk`, `dvv` from the per-head `d𝔅`;
-/// returns the keys' share of `∂ℓ/∂beta`.
+/// returns the keys' share of `∂ℓ/∂beta`. `∂ℓ/∂φ_jf = v_j·dB_f + dA_f`, `∂ℓ/∂v_j = Σ_f φ_jf dB_f`.
 #[allow(clippy::too_many_arguments)]
 pub fn key_grads(
     map: &SoftMap,
+    isa: Isa,
     dbanks: &[Vec<f64>],
     segs: &[(usize, usize)],
     k: Heads,
@@ -431,63 +668,38 @@ pub fn key_grads(
     dvv: &mut [f32],
 ) -> f64 {
     let (d, dv, m, w) = (k.cols, v.cols, map.width(), bank_width(v.cols));
-    let lp = map.planes.l * map.planes.p;
-    let wm = MatRef::from_row_major_slice(&map.planes.w, lp, d);
-    let dbanks32: Vec<Vec<f32>> = dbanks
-        .iter()
-        .map(|b| b.iter().map(|&x| x as f32).collect())
-        .collect();
-    let dbeta_k: f64 = split_out(dk, k.n, d, segs)
+    let mp = pad16(m);
+    let dbanks32 = to_f32(dbanks);
+    let dbt: Vec<Vec<f32>> = dbanks32.iter().map(|b| values_t(b, m, dv, w)).collect();
+    split_out(dk, k.n, d, segs)
         .into_par_iter()
         .zip(split_out(dvv, k.n, dv, segs).into_par_iter())
         .map(|((h, s, dkp), (_, _, dvp))| {
-            let mut blk = Block::new(lp, m);
-            let (mut ext, mut gphi, mut dz) = (
-                vec![0.0f32; T * w],
-                vec![0.0f32; T * m],
-                vec![0.0f32; T * lp],
-            );
-            let db = MatRef::from_row_major_slice(&dbanks32[h], m, w);
-            let db_values = MatRef::from_row_major_slice_with_stride(&dbanks32[h], m, dv, w);
+            let mut blk = Block::new(map, isa);
+            let mut gphi = vec![0.0f32; T * mp];
+            let db = &dbanks32[h];
             let (mut a, end, mut dbeta) = (segs[s].0, segs[s].1, 0.0f64);
             while a < end {
                 let b = (a + T).min(end);
                 let rows = b - a;
+                let vb = rows_of(&v, h, a, b);
                 blk.features(map, rows_of(&k, h, a, b), rows);
-                extend(rows_of(&v, h, a, b), rows, dv, w, &mut ext);
-                let phi = MatRef::from_row_major_slice(&blk.phi[..rows * m], rows, m);
-                matmul(
-                    MatMut::from_row_major_slice_mut(&mut gphi[..rows * m], rows, m),
-                    Accum::Replace,
-                    MatRef::from_row_major_slice(&ext[..rows * w], rows, w),
-                    db.transpose(),
-                    1.0f32,
-                    Par::Seq,
-                );
+                gemm(isa, &mut gphi, mp, rows, mp, dv, Strided::rows(vb, dv), &dbt[h], mp, 1.0, false);
+                for i in 0..rows {
+                    for f in 0..m {
+                        gphi[i * mp + f] += db[f * w + dv];
+                    }
+                }
                 let t0 = a - segs[s].0;
-                matmul(
-                    MatMut::from_row_major_slice_mut(&mut dvp[t0 * dv..(t0 + rows) * dv], rows, dv),
-                    Accum::Replace,
-                    phi,
-                    db_values,
-                    1.0f32,
-                    Par::Seq,
-                );
-                dbeta += blk.backward(map, &gphi, &mut dz, rows);
-                matmul(
-                    MatMut::from_row_major_slice_mut(&mut dkp[t0 * d..(t0 + rows) * d], rows, d),
-                    Accum::Replace,
-                    MatRef::from_row_major_slice(&dz[..rows * lp], rows, lp),
-                    wm,
-                    1.0f32,
-                    Par::Seq,
-                );
+                let phi = Strided::rows(&blk.phi, mp);
+                gemm(isa, &mut dvp[t0 * dv..(t0 + rows) * dv], dv, rows, dv, m, phi, db, w, 1.0, false);
+                dbeta += blk.backward(map, &gphi, mp, rows);
+                blk.input_grads(map, rows, &mut dkp[t0 * d..(t0 + rows) * d]);
                 a = b;
             }
             dbeta
         })
-        .sum();
-    dbeta_k
+        .sum()
 }
 
 /// Non-causal soft-RACE backward, blocked; writes every entry of `dq`, `dk`, `dv`; returns
@@ -495,6 +707,7 @@ pub fn key_grads(
 #[allow(clippy::too_many_arguments)]
 pub fn backward_into(
     map: &SoftMap,
+    isa: Isa,
     ctx: &Ctx,
     q: Heads,
     k: Heads,
@@ -506,6 +719,6 @@ pub fn backward_into(
     dvv: &mut [f32],
 ) -> f64 {
     assert!(!ctx.causal, "blocked backward is the non-causal path");
-    let (dbanks, dbeta_q) = query_grads(map, &ctx.banks, &ctx.segs, &ctx.den, q, o, g, dq);
-    dbeta_q + key_grads(map, &dbanks, &ctx.segs, k, v, dk, dvv)
+    let (dbanks, dbeta_q) = query_grads(map, isa, &ctx.banks, &ctx.segs, &ctx.den, q, o, g, dq);
+    dbeta_q + key_grads(map, isa, &dbanks, &ctx.segs, k, v, dk, dvv)
 }

@@ -1,59 +1,42 @@
 //! Causal soft RACE (Algorithm 2) as blocked matrix products: chunked linear attention.
 //!
-//! Tokens are processed in sub-blocks of [`TC`]. With `S` the bank entering a sub-block
-//! (f64 base + f32 block-local sum, read as one f32 matrix), and lower-triangular masks
-//! (`j ≤ i`, token i sees itself):
+//! Tokens are processed in sub-blocks of [`TC`]. With `S = [B | A]` the bank entering a
+//! sub-block (f64 base + f32 block-local sum, read as one f32 matrix), lower-triangular masks
+//! (`j ≤ i`, token i sees itself), and `Ĝ = [G/Den, −s/Den]/L` with its row factors
+//! `c_i = 1/(L·Den_i)`, `s_i = g_i·ô_i` ([`GFactors`]):
 //!
 //! - forward: `[Num | Den] = Φ_Q S + tril(Φ_Q Φ_Kᵀ) X̂`, then `S += Φ_Kᵀ X̂`;
 //! - backward, queries (forward order, prefix recomputed from the stored segment bases):
-//!   `∂ℓ/∂Φ_Q = (Ĝ Sᵀ + tril(Ĝ X̂ᵀ) Φ_K)/L`;
-//! - backward, keys (reverse order; `dS` = suffix `Σ_{t>block} φ(q_t) ĝ_tᵀ/L`):
-//!   `∂ℓ/∂Φ_K = X̂ dSᵀ + triu(X̂ Ĝᵀ) Φ_Q/L`, `∂ℓ/∂V = Φ_K dS_B + triu(Φ_K Φ_Qᵀ) Ĝ_v/L`.
+//!   `∂ℓ/∂Φ_Q = Ĝ Sᵀ + tril(Ĝ X̂ᵀ) Φ_K`, where `(Ĝ X̂ᵀ)_ij = c_i (g_i·v_j − s_i)`;
+//! - backward, keys (reverse order; `dS` = suffix `Σ_{t>block} φ(q_t) ĝ_tᵀ`):
+//!   `∂ℓ/∂Φ_K = X̂ dSᵀ + triu(X̂ Ĝᵀ) Φ_Q`, `∂ℓ/∂V = Φ_K dS_B + triu(Φ_K Φ_Qᵀ) (c ⊙ G)`.
 //!
+//! Every product is one [`gemm`] on the sub-block; the `TC × TC` products need one operand
+//! transposed, which is copied (`V` or `G`: `TC × dv`; the bank's values: `m × dv`).
 //! Segments (for parallelism at few heads) start from f64 exclusive scans of segment totals,
 //! exactly as in [`super::forward`]; the f32 block-local sums are moved into f64 every
-//! [`super::blocked::T`] tokens, so accuracy does not depend on N.
+//! [`T`] tokens, so accuracy does not depend on N.
 
-use super::blocked::{extend, g_ext, rows_of, Block, T};
+use super::blocked::{
+    g_factors, gemm_ext, key_bank, normalise, pad16, rows_of, values_t, Block, GFactors, T,
+};
 use super::features::{FeatureMap, SoftMap};
 use super::forward::{exclusive_scan, Ctx};
+use super::gemm::{gemm, transpose_into, Strided};
+use super::simd::Isa;
 use super::state::{bank_width, plan_segments, split_out, Heads};
-use faer::linalg::matmul::matmul;
-use faer::{Accum, MatMut, MatRef, Par};
 use rayon::prelude::*;
 
 /// Tokens per causal sub-block (the intra-block products are `TC × TC`).
 pub const TC: usize = 32;
 
-fn mm(
-    dst: &mut [f32],
-    rows: usize,
-    cols: usize,
-    acc: Accum,
-    a: MatRef<f32>,
-    b: MatRef<f32>,
-    alpha: f32,
-) {
-    matmul(
-        MatMut::from_row_major_slice_mut(&mut dst[..rows * cols], rows, cols),
-        acc,
-        a,
-        b,
-        alpha,
-        Par::Seq,
-    );
-}
-
-fn view(x: &[f32], rows: usize, cols: usize) -> MatRef<'_, f32> {
-    MatRef::from_row_major_slice(&x[..rows * cols], rows, cols)
-}
-
-/// Zero the entries above (`lower = true`: keep `j ≤ i`) or below (keep `j ≥ i`) the diagonal.
+/// Zero the entries above (`lower = true`: keep `j ≤ i`) or below (keep `j ≥ i`) the diagonal
+/// of a `rows × rows` matrix with row stride [`TC`].
 fn mask(a: &mut [f32], rows: usize, lower: bool) {
     for i in 0..rows {
         for j in 0..rows {
             if (lower && j > i) || (!lower && j < i) {
-                a[i * rows + j] = 0.0;
+                a[i * TC + j] = 0.0;
             }
         }
     }
@@ -99,33 +82,54 @@ impl TwoLevel {
 struct Scratch {
     kb: Block,
     qb: Block,
-    x: Vec<f32>,    // TC × w
-    g: Vec<f32>,    // TC × w
-    a: Vec<f32>,    // TC × TC
+    att: Vec<f32>,  // TC × TC
+    tr: Vec<f32>,   // transposed operand: max(dv, mp) × TC
     acc: Vec<f32>,  // TC × w
-    gphi: Vec<f32>, // TC × m
-    dz: Vec<f32>,   // TC × LP
+    gphi: Vec<f32>, // TC × mp
+    sphi: Vec<f32>, // TC × m
+    c: Vec<f32>,    // TC
+    s: Vec<f32>,    // TC
 }
 
 impl Scratch {
-    fn new(map: &SoftMap, w: usize) -> Self {
-        let (lp, m) = (map.planes.l * map.planes.p, map.width());
+    fn new(map: &SoftMap, isa: Isa, dv: usize, w: usize) -> Self {
+        let (m, mp) = (map.width(), pad16(map.width()));
         Scratch {
-            kb: Block::new(lp, m),
-            qb: Block::new(lp, m),
-            x: vec![0.0; TC * w],
-            g: vec![0.0; TC * w],
-            a: vec![0.0; TC * TC],
+            kb: Block::new(map, isa),
+            qb: Block::new(map, isa),
+            att: vec![0.0; TC * TC],
+            tr: vec![0.0; dv.max(mp) * TC],
             acc: vec![0.0; TC * w],
-            gphi: vec![0.0; TC * m],
-            dz: vec![0.0; TC * lp],
+            gphi: vec![0.0; TC * mp],
+            sphi: vec![0.0; TC * m],
+            c: vec![0.0; TC],
+            s: vec![0.0; TC],
         }
     }
+}
+
+/// `att = X Yᵀ` for `rows × k` blocks `X` (stride `ldx`) and `Y` (stride `ldy`), through the
+/// transposed copy `tr` of `Y`; `att` has row stride [`TC`].
+#[allow(clippy::too_many_arguments)]
+fn gram(
+    isa: Isa,
+    att: &mut [f32],
+    tr: &mut [f32],
+    x: &[f32],
+    ldx: usize,
+    y: &[f32],
+    ldy: usize,
+    rows: usize,
+    k: usize,
+) {
+    transpose_into(y, rows, k, ldy, tr, TC);
+    gemm(isa, att, TC, rows, rows, k, Strided::rows(x, ldx), tr, TC, 1.0, false);
 }
 
 /// Causal forward; same contract as [`super::forward_into`] with `causal = true`.
 pub fn forward_into(
     map: &SoftMap,
+    isa: Isa,
     q: Heads,
     k: Heads,
     v: Heads,
@@ -139,7 +143,7 @@ pub fn forward_into(
     let totals: Vec<Vec<f64>> = if ns > 1 {
         (0..heads * ns)
             .into_par_iter()
-            .map(|i| super::blocked::key_bank(map, k, v, i / ns, segs[i % ns]))
+            .map(|i| key_bank(map, isa, k, v, i / ns, segs[i % ns]))
             .collect()
     } else {
         vec![vec![0.0; m * w]; heads]
@@ -151,66 +155,33 @@ pub fn forward_into(
         .zip(split_out(&mut den, n, 1, &segs).into_par_iter())
         .map(|((h, s, op), (_, _, dp))| {
             let mut st = TwoLevel::new(&bases[h * ns + s]);
-            let mut sc = Scratch::new(map, w);
+            let mut sc = Scratch::new(map, isa, dv, w);
+            let mp = sc.kb.mp;
             let (start, end) = segs[s];
             let (mut a, mut empty) = (start, 0usize);
             while a < end {
                 let b = (a + TC).min(end);
                 let rows = b - a;
                 st.refresh();
+                let vb = rows_of(&v, h, a, b);
                 sc.kb.features(map, rows_of(&k, h, a, b), rows);
                 sc.qb.features(map, rows_of(&q, h, a, b), rows);
-                extend(rows_of(&v, h, a, b), rows, dv, w, &mut sc.x);
-                let (pq, pk, xm) = (
-                    view(&sc.qb.phi, rows, m),
-                    view(&sc.kb.phi, rows, m),
-                    view(&sc.x, rows, w),
-                );
-                mm(
-                    &mut sc.acc,
-                    rows,
+                let (pq, pk) = (&sc.qb.phi, &sc.kb.phi);
+                gemm(isa, &mut sc.acc, w, rows, w, m, Strided::rows(pq, mp), &st.read, w, 1.0, false);
+                gram(isa, &mut sc.att, &mut sc.tr, pq, mp, pk, mp, rows, m);
+                mask(&mut sc.att, rows, true);
+                gemm_ext(isa, &mut sc.acc, w, rows, rows, Strided::rows(&sc.att, TC), vb, dv, 1.0, true);
+                let t0 = a - start;
+                empty += normalise(
+                    &sc.acc,
                     w,
-                    Accum::Replace,
-                    pq,
-                    view(&st.read, m, w),
-                    1.0,
-                );
-                mm(
-                    &mut sc.a,
                     rows,
-                    rows,
-                    Accum::Replace,
-                    pq,
-                    pk.transpose(),
-                    1.0,
+                    dv,
+                    den_scale,
+                    &mut op[t0 * dv..(t0 + rows) * dv],
+                    &mut dp[t0..t0 + rows],
                 );
-                mask(&mut sc.a, rows, true);
-                mm(
-                    &mut sc.acc,
-                    rows,
-                    w,
-                    Accum::Add,
-                    view(&sc.a, rows, rows),
-                    xm,
-                    1.0,
-                );
-                for i in 0..rows {
-                    let t = a - start + i;
-                    let row = &sc.acc[i * w..(i + 1) * w];
-                    let d = row[dv];
-                    let out = &mut op[t * dv..(t + 1) * dv];
-                    if d == 0.0 || !d.is_finite() {
-                        out.iter_mut().for_each(|x| *x = 0.0);
-                        dp[t] = 0.0;
-                        empty += 1;
-                    } else {
-                        out.iter_mut()
-                            .zip(&row[..dv])
-                            .for_each(|(x, &y)| *x = y / d);
-                        dp[t] = d * den_scale;
-                    }
-                }
-                mm(&mut st.local, m, w, Accum::Add, pk.transpose(), xm, 1.0);
+                gemm_ext(isa, &mut st.local, w, m, rows, Strided::transposed(pk, mp), vb, dv, 1.0, true);
                 st.tick(rows);
                 a = b;
             }
@@ -228,11 +199,24 @@ pub fn forward_into(
     )
 }
 
+/// `att_ij (=) c_i (g_i·v_j − s_i)` (queries `i`, keys `j`, both in the sub-block) from
+/// `att = G Vᵀ`, when `by_row`; else `att_ji = c_i (v_j·g_i − s_i)` from `att = V Gᵀ`.
+fn scale_gv(att: &mut [f32], rows: usize, c: &[f32], s: &[f32], by_row: bool) {
+    for r in 0..rows {
+        for col in 0..rows {
+            let i = if by_row { r } else { col };
+            let x = &mut att[r * TC + col];
+            *x = c[i] * (*x - s[i]);
+        }
+    }
+}
+
 /// Causal backward from a causal [`Ctx`] (either causal forward's); writes every entry of
 /// `dq`, `dk`, `dv`; returns `∂ℓ/∂beta`.
 #[allow(clippy::too_many_arguments)]
 pub fn backward_into(
     map: &SoftMap,
+    isa: Isa,
     ctx: &Ctx,
     q: Heads,
     k: Heads,
@@ -252,71 +236,39 @@ pub fn backward_into(
         map.width(),
         bank_width(v.cols),
     );
-    let lp = map.planes.l * map.planes.p;
     let inv_l = 1.0 / map.planes.l as f32;
-    let wm = MatRef::from_row_major_slice(&map.planes.w, lp, d);
     let (segs, ns, den) = (&ctx.segs, ctx.segs.len(), &ctx.den);
     // Queries, in order, with the prefix state rebuilt from the segment bases.
     let dbeta_q: f64 = split_out(dq, n, d, segs)
         .into_par_iter()
         .map(|(h, s, dqp)| {
             let mut st = TwoLevel::new(&ctx.banks[h * ns + s]);
-            let mut sc = Scratch::new(map, w);
+            let mut sc = Scratch::new(map, isa, dv, w);
+            let mp = sc.kb.mp;
             let (start, end) = segs[s];
             let (mut a, mut dbeta) = (start, 0.0f64);
             while a < end {
                 let b = (a + TC).min(end);
                 let rows = b - a;
                 st.refresh();
+                let (vb, gb) = (rows_of(&v, h, a, b), rows_of(&g, h, a, b));
                 sc.kb.features(map, rows_of(&k, h, a, b), rows);
                 sc.qb.features(map, rows_of(&q, h, a, b), rows);
-                extend(rows_of(&v, h, a, b), rows, dv, w, &mut sc.x);
-                g_ext(&g, &o, den, h, a, rows, dv, w, &mut sc.g);
-                let (pk, xm, gm) = (
-                    view(&sc.kb.phi, rows, m),
-                    view(&sc.x, rows, w),
-                    view(&sc.g, rows, w),
-                );
-                mm(
-                    &mut sc.gphi,
-                    rows,
-                    m,
-                    Accum::Replace,
-                    gm,
-                    view(&st.read, m, w).transpose(),
-                    inv_l,
-                );
-                mm(
-                    &mut sc.a,
-                    rows,
-                    rows,
-                    Accum::Replace,
-                    gm,
-                    xm.transpose(),
-                    1.0,
-                );
-                mask(&mut sc.a, rows, true);
-                mm(
-                    &mut sc.gphi,
-                    rows,
-                    m,
-                    Accum::Add,
-                    view(&sc.a, rows, rows),
-                    pk,
-                    inv_l,
-                );
-                dbeta += sc.qb.backward(map, &sc.gphi, &mut sc.dz, rows);
+                let dn = &den[h * n + a..h * n + b];
+                g_factors(gb, rows_of(&o, h, a, b), dn, dv, inv_l, &mut sc.c, &mut sc.s);
+                let f = GFactors { c: &sc.c, s: &sc.s, g: gb, dv };
+                let st_t = values_t(&st.read, m, dv, w);
+                f.phi_grads(isa, &mut sc.gphi, mp, m, rows, &st.read, &st_t, w);
+                gram(isa, &mut sc.att, &mut sc.tr, gb, dv, vb, dv, rows, dv);
+                scale_gv(&mut sc.att, rows, &sc.c, &sc.s, true);
+                mask(&mut sc.att, rows, true);
+                let att = Strided::rows(&sc.att, TC);
+                gemm(isa, &mut sc.gphi, mp, rows, mp, rows, att, &sc.kb.phi, mp, 1.0, true);
+                dbeta += sc.qb.backward(map, &sc.gphi, mp, rows);
                 let t0 = a - start;
-                mm(
-                    &mut dqp[t0 * d..],
-                    rows,
-                    d,
-                    Accum::Replace,
-                    view(&sc.dz, rows, lp),
-                    wm,
-                    1.0,
-                );
-                mm(&mut st.local, m, w, Accum::Add, pk.transpose(), xm, 1.0);
+                sc.qb.input_grads(map, rows, &mut dqp[t0 * d..(t0 + rows) * d]);
+                let pkt = Strided::transposed(&sc.kb.phi, mp);
+                gemm_ext(isa, &mut st.local, w, m, rows, pkt, vb, dv, 1.0, true);
                 st.tick(rows);
                 a = b;
             }
@@ -329,28 +281,22 @@ pub fn backward_into(
             .into_par_iter()
             .map(|i| {
                 let (h, (start, end)) = (i / ns, segs[i % ns]);
-                let mut qb = Block::new(lp, m);
-                let mut gx = vec![0.0f32; T * w];
+                let mut qb = Block::new(map, isa);
+                let mp = qb.mp;
+                let (mut c, mut sv, mut sphi) =
+                    (vec![0.0f32; T], vec![0.0f32; T], vec![0.0f32; T * m]);
                 let (mut d32, mut d64) = (vec![0.0f32; m * w], vec![0.0f64; m * w]);
                 let mut a = start;
                 while a < end {
                     let b = (a + T).min(end);
                     let rows = b - a;
+                    let gb = rows_of(&g, h, a, b);
                     qb.features(map, rows_of(&q, h, a, b), rows);
-                    g_ext(&g, &o, den, h, a, rows, dv, w, &mut gx);
-                    mm(
-                        &mut d32,
-                        m,
-                        w,
-                        Accum::Add,
-                        view(&qb.phi, rows, m).transpose(),
-                        view(&gx, rows, w),
-                        inv_l,
-                    );
-                    d64.iter_mut().zip(d32.iter_mut()).for_each(|(x, y)| {
-                        *x += *y as f64;
-                        *y = 0.0;
-                    });
+                    let dn = &den[h * n + a..h * n + b];
+                    g_factors(gb, rows_of(&o, h, a, b), dn, dv, inv_l, &mut c, &mut sv);
+                    let f = GFactors { c: &c, s: &sv, g: gb, dv };
+                    f.dbank(isa, &qb.phi, mp, m, rows, &mut sphi, &mut d32, w, false);
+                    d64.iter_mut().zip(&d32).for_each(|(x, &y)| *x += y as f64);
                     a = b;
                 }
                 d64
@@ -366,7 +312,8 @@ pub fn backward_into(
         .zip(split_out(dvv, k.n, dv, segs).into_par_iter())
         .map(|((h, s, dkp), (_, _, dvp))| {
             let mut st = TwoLevel::new(&dbases[h * ns + s]);
-            let mut sc = Scratch::new(map, w);
+            let mut sc = Scratch::new(map, isa, dv, w);
+            let mp = sc.kb.mp;
             let (start, end) = segs[s];
             let mut dbeta = 0.0f64;
             let mut b = end;
@@ -374,86 +321,40 @@ pub fn backward_into(
                 let a = b.saturating_sub(TC).max(start);
                 let rows = b - a;
                 st.refresh();
+                let (vb, gb) = (rows_of(&v, h, a, b), rows_of(&g, h, a, b));
                 sc.kb.features(map, rows_of(&k, h, a, b), rows);
                 sc.qb.features(map, rows_of(&q, h, a, b), rows);
-                extend(rows_of(&v, h, a, b), rows, dv, w, &mut sc.x);
-                g_ext(&g, &o, den, h, a, rows, dv, w, &mut sc.g);
-                let (pq, pk, xm, gm) = (
-                    view(&sc.qb.phi, rows, m),
-                    view(&sc.kb.phi, rows, m),
-                    view(&sc.x, rows, w),
-                    view(&sc.g, rows, w),
-                );
-                let dread = view(&st.read, m, w);
-                mm(
-                    &mut sc.gphi,
-                    rows,
-                    m,
-                    Accum::Replace,
-                    xm,
-                    dread.transpose(),
-                    1.0,
-                );
-                mm(
-                    &mut sc.a,
-                    rows,
-                    rows,
-                    Accum::Replace,
-                    xm,
-                    gm.transpose(),
-                    1.0,
-                );
-                mask(&mut sc.a, rows, false);
-                mm(
-                    &mut sc.gphi,
-                    rows,
-                    m,
-                    Accum::Add,
-                    view(&sc.a, rows, rows),
-                    pq,
-                    inv_l,
-                );
+                let dn = &den[h * n + a..h * n + b];
+                g_factors(gb, rows_of(&o, h, a, b), dn, dv, inv_l, &mut sc.c, &mut sc.s);
+                let f = GFactors { c: &sc.c, s: &sc.s, g: gb, dv };
+                // ∂ℓ/∂φ_k = X̂ dSᵀ + triu(X̂ Ĝᵀ) Φ_Q.
+                let dst = values_t(&st.read, m, dv, w);
+                gemm(isa, &mut sc.gphi, mp, rows, mp, dv, Strided::rows(vb, dv), &dst, mp, 1.0, false);
+                for i in 0..rows {
+                    for ff in 0..m {
+                        sc.gphi[i * mp + ff] += st.read[ff * w + dv];
+                    }
+                }
+                gram(isa, &mut sc.att, &mut sc.tr, vb, dv, gb, dv, rows, dv);
+                scale_gv(&mut sc.att, rows, &sc.c, &sc.s, false);
+                mask(&mut sc.att, rows, false);
+                let att = Strided::rows(&sc.att, TC);
+                gemm(isa, &mut sc.gphi, mp, rows, mp, rows, att, &sc.qb.phi, mp, 1.0, true);
+                // ∂ℓ/∂v = Φ_K dS_B + triu(Φ_K Φ_Qᵀ) (c ⊙ G).
                 let t0 = a - start;
-                let dv_out = &mut dvp[t0 * dv..];
-                mm(
-                    dv_out,
-                    rows,
-                    dv,
-                    Accum::Replace,
-                    pk,
-                    MatRef::from_row_major_slice_with_stride(&st.read, m, dv, w),
-                    1.0,
-                );
-                mm(
-                    &mut sc.a,
-                    rows,
-                    rows,
-                    Accum::Replace,
-                    pk,
-                    pq.transpose(),
-                    1.0,
-                );
-                mask(&mut sc.a, rows, false);
-                mm(
-                    dv_out,
-                    rows,
-                    dv,
-                    Accum::Add,
-                    view(&sc.a, rows, rows),
-                    MatRef::from_row_major_slice_with_stride(&sc.g, rows, dv, w),
-                    inv_l,
-                );
-                dbeta += sc.kb.backward(map, &sc.gphi, &mut sc.dz, rows);
-                mm(
-                    &mut dkp[t0 * d..],
-                    rows,
-                    d,
-                    Accum::Replace,
-                    view(&sc.dz, rows, lp),
-                    wm,
-                    1.0,
-                );
-                mm(&mut st.local, m, w, Accum::Add, pq.transpose(), gm, inv_l);
+                let dv_out = &mut dvp[t0 * dv..(t0 + rows) * dv];
+                let pk = Strided::rows(&sc.kb.phi, mp);
+                gemm(isa, dv_out, dv, rows, dv, m, pk, &st.read, w, 1.0, false);
+                gram(isa, &mut sc.att, &mut sc.tr, &sc.kb.phi, mp, &sc.qb.phi, mp, rows, m);
+                for j in 0..rows {
+                    for i in 0..rows {
+                        sc.att[j * TC + i] *= if i >= j { sc.c[i] } else { 0.0 };
+                    }
+                }
+                gemm(isa, dv_out, dv, rows, dv, rows, Strided::rows(&sc.att, TC), gb, dv, 1.0, true);
+                dbeta += sc.kb.backward(map, &sc.gphi, mp, rows);
+                sc.kb.input_grads(map, rows, &mut dkp[t0 * d..(t0 + rows) * d]);
+                f.dbank(isa, &sc.qb.phi, mp, m, rows, &mut sc.sphi, &mut st.local, w, true);
                 st.tick(rows);
                 b = a;
             }

@@ -21,6 +21,7 @@ pub mod decode;
 pub mod exact;
 pub mod features;
 pub mod forward;
+pub mod gemm;
 pub mod simd;
 pub mod state;
 pub mod stream;
@@ -44,11 +45,10 @@ pub fn soft_forward_into(
     o: &mut [f32],
     den: Vec<f32>,
 ) -> (usize, Ctx) {
-    let _ = isa; // the blocked paths use faer's own SIMD dispatch
     if causal {
-        blocked_causal::forward_into(map, q, k, v, o, den)
+        blocked_causal::forward_into(map, isa, q, k, v, o, den)
     } else {
-        blocked::forward_into(map, q, k, v, o, den)
+        blocked::forward_into(map, isa, q, k, v, o, den)
     }
 }
 
@@ -81,11 +81,10 @@ pub fn soft_grads_into(
     dk: &mut [f32],
     dv: &mut [f32],
 ) -> f64 {
-    let _ = isa;
     if ctx.causal {
-        blocked_causal::backward_into(map, ctx, q, k, v, o, g, dq, dk, dv)
+        blocked_causal::backward_into(map, isa, ctx, q, k, v, o, g, dq, dk, dv)
     } else {
-        blocked::backward_into(map, ctx, q, k, v, o, g, dq, dk, dv)
+        blocked::backward_into(map, isa, ctx, q, k, v, o, g, dq, dk, dv)
     }
 }
 

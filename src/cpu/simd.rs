@@ -74,6 +74,9 @@ pub trait Simd: Copy {
     fn axpy(out: &mut [f32], w: f32, x: &[f32]);
     /// `out += w · (x + y)`.
     fn axpy2(out: &mut [f32], w: f32, x: &[f32], y: &[f32]);
+    /// `a·b + c`: fused in [`Lanes`] (one FMA instruction in the SIMD frames), unfused in
+    /// [`Scalar`] (where a fused multiply-add would be a slow library call).
+    fn fma(a: f32, b: f32, c: f32) -> f32;
 }
 
 /// Sequential loops: the reference twin of [`Lanes`].
@@ -81,6 +84,10 @@ pub trait Simd: Copy {
 pub struct Scalar;
 
 impl Simd for Scalar {
+    #[inline(always)]
+    fn fma(a: f32, b: f32, c: f32) -> f32 {
+        a * b + c
+    }
     #[inline(always)]
     fn dot(a: &[f32], b: &[f32]) -> f32 {
         let mut s = 0.0f32;
@@ -118,7 +125,7 @@ pub struct Lanes;
 const W: usize = 16;
 
 #[inline(always)]
-fn hsum(acc: [f32; W]) -> f32 {
+pub(crate) fn hsum(acc: [f32; W]) -> f32 {
     // Pairwise: the same tree whatever the register width.
     let mut a = acc;
     let mut w = W;
@@ -132,6 +139,10 @@ fn hsum(acc: [f32; W]) -> f32 {
 }
 
 impl Simd for Lanes {
+    #[inline(always)]
+    fn fma(a: f32, b: f32, c: f32) -> f32 {
+        a.mul_add(b, c)
+    }
     #[inline(always)]
     fn dot(a: &[f32], b: &[f32]) -> f32 {
         let n = a.len().min(b.len());

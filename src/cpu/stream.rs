@@ -81,6 +81,7 @@ pub fn run(
         beta,
     };
     let dv = d;
+    let isa = super::simd::detected_isa();
     let (m, w) = (l << p, super::state::bank_width(dv));
     let (sq, sk, sv, sg) = (seed, seed + 1, seed + 2, seed + 3);
     reset_peak_rss();
@@ -99,6 +100,7 @@ pub fn run(
         gen_chunk(&mut vb, sv, heads, n, a, b - a, dv);
         for (tot, part) in banks.iter_mut().zip(key_banks(
             &map,
+            isa,
             Heads::new(heads, b - a, d, &kb),
             Heads::new(heads, b - a, dv, &vb),
         )) {
@@ -115,7 +117,7 @@ pub fn run(
         gen_chunk(&mut gb, sg, heads, n, a, len, dv);
         let (mut o, mut den) = (vec![0.0f32; heads * len * dv], vec![0.0f32; heads * len]);
         let qh = Heads::new(heads, len, d, &qb);
-        let (_, segs) = read_into(&map, qh, &banks, dv, &mut o, &mut den);
+        let (_, segs) = read_into(&map, isa, qh, &banks, dv, &mut o, &mut den);
         checksum += o.iter().map(|&x| x as f64).sum::<f64>();
         // G does not depend on O here, so the chunk's O serves both the forward output and the
         // backward (a stored-O backward would read it back instead).
@@ -123,6 +125,7 @@ pub fn run(
         dq.resize(heads * len * d, 0.0);
         let (parts, db) = query_grads(
             &map,
+            isa,
             &banks,
             &segs,
             &den,
@@ -150,7 +153,7 @@ pub fn run(
         );
         dk.resize(heads * len * d, 0.0);
         dvv.resize(heads * len * dv, 0.0);
-        let db = key_grads(&map, &dbanks, &segs, kh, vh, &mut dk, &mut dvv);
+        let db = key_grads(&map, isa, &dbanks, &segs, kh, vh, &mut dk, &mut dvv);
         dbeta += db;
         checksum += dk.iter().chain(&dvv).map(|&x| x as f64).sum::<f64>();
     }
