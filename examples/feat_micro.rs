@@ -14,5 +14,12 @@ fn main() {
         for _ in 0..reps { b.features(&map, &x, T); }
         let s = t.elapsed().as_secs_f64();
         println!("({p},{l}) features: {:.0} cycles/token @4GHz", s * 4e9 / (reps * T) as f64);
+        let mp = (l << p).next_multiple_of(16);
+        let gphi: Vec<f32> = (0..T * mp).map(|i| ((i * 3 % 11) as f32) * 0.1 - 0.5).collect();
+        let t = Instant::now();
+        let mut acc = 0.0;
+        for _ in 0..reps { acc += b.backward(&map, &gphi, mp, T); }
+        let s = t.elapsed().as_secs_f64();
+        println!("({p},{l}) backward: {:.0} cycles/token @4GHz ({acc:.1})", s * 4e9 / (reps * T) as f64);
     }
 }

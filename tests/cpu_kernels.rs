@@ -75,6 +75,17 @@ fn cases() -> Vec<Case> {
             n: 700,
             heads: 1,
         },
+        // m = 2^11 > 1024: the production backward's per-table loop instead of its
+        // product form.
+        Case {
+            p: 11,
+            l: 1,
+            beta: 1.0,
+            d: 6,
+            dv: 3,
+            n: 40,
+            heads: 1,
+        },
         Case {
             p: 2,
             l: 3,

@@ -119,6 +119,34 @@ fn dots4<S: Simd>(x0: &[f32], x1: &[f32], w: [&[f32]; 4]) -> [[f32; 4]; 2] {
     out
 }
 
+/// The four horizontal sums of `v[0..4]` with one shuffle tree (128-bit blocks, then lanes)
+/// instead of four separate reductions.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn hsum4(v: &[std::arch::x86_64::__m512]) -> [f32; 4] {
+    use std::arch::x86_64::*;
+    // [a0+a2, a1+a3, b0+b2, b1+b3] by 128-bit blocks, and the same for c, d.
+    let ab = _mm512_add_ps(
+        _mm512_shuffle_f32x4::<0b01_00_01_00>(v[0], v[1]),
+        _mm512_shuffle_f32x4::<0b11_10_11_10>(v[0], v[1]),
+    );
+    let cd = _mm512_add_ps(
+        _mm512_shuffle_f32x4::<0b01_00_01_00>(v[2], v[3]),
+        _mm512_shuffle_f32x4::<0b11_10_11_10>(v[2], v[3]),
+    );
+    // Block k now holds four partial sums of v[k].
+    let s = _mm512_add_ps(
+        _mm512_shuffle_f32x4::<0b10_00_10_00>(ab, cd),
+        _mm512_shuffle_f32x4::<0b11_01_11_01>(ab, cd),
+    );
+    let s = _mm512_add_ps(s, _mm512_permute_ps::<0b10_11_00_01>(s));
+    let s = _mm512_add_ps(s, _mm512_permute_ps::<0b01_00_11_10>(s));
+    let mut out = [0.0f32; 16];
+    // SAFETY: `out` holds 16 floats, exactly one unaligned 512-bit store.
+    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), s) };
+    [out[0], out[4], out[8], out[12]]
+}
+
 /// [`Project`] with AVX-512 intrinsics for `d` a multiple of 16: eight `zmm` accumulators
 /// (two rows × four planes), one load of each row chunk and plane chunk per step.
 ///
@@ -156,9 +184,8 @@ unsafe fn project_avx512(x: &[f32], w: &[f32], z: &mut [f32], rows: usize, lp: u
                 c += 16;
             }
             for r in 0..nr {
-                for q in 0..np {
-                    z[(i + r) * lp + p + q] = _mm512_reduce_add_ps(acc[4 * r + q]);
-                }
+                let sums = hsum4(&acc[4 * r..4 * r + 4]);
+                z[(i + r) * lp + p..(i + r) * lp + p + np].copy_from_slice(&sums[..np]);
             }
             p += 4;
         }
@@ -177,6 +204,51 @@ pub struct Block {
     pub(crate) phi: Vec<f32>, // T × mp
     pub(crate) mp: usize,
     dz: Vec<f32>, // T × LP
+    /// Backward as two products (when `m ≤` [`SMALL_M`]): see [`Block::backward`].
+    bwd: Option<BwdMats>,
+}
+
+/// Largest `m = L·2^P` for which [`Block::backward`] uses its product form (its constant
+/// matrices are `m × 16`-ish; beyond this the per-table loop is used).
+const SMALL_M: usize = 1024;
+
+/// Constant matrices and scratch of the product-form backward.
+struct BwdMats {
+    lpad: usize,
+    ind: Vec<f32>,  // m × lpad: ind[t·R + r][t] = 1 (table membership)
+    sign: Vec<f32>, // m × lpp: sign[t·R + r][t·P + b] = ±1 by bit b of r (most significant first)
+    lpp: usize,
+    y: Vec<f32>,    // T × mp
+    gbar: Vec<f32>, // T × lpad
+    c: Vec<f32>,    // T × lpp
+}
+
+impl BwdMats {
+    fn new(l: usize, p: usize) -> Self {
+        let (r, m, lp) = (1usize << p, l << p, l * p);
+        let (lpad, lpp) = (pad16(l), pad16(lp));
+        let mut ind = vec![0.0f32; m * lpad];
+        let mut sign = vec![0.0f32; m * lpp];
+        for t in 0..l {
+            for rr in 0..r {
+                let f = t * r + rr;
+                ind[f * lpad + t] = 1.0;
+                for b in 0..p {
+                    let bit = (rr >> (p - 1 - b)) & 1;
+                    sign[f * lpp + t * p + b] = if bit == 1 { 1.0 } else { -1.0 };
+                }
+            }
+        }
+        BwdMats {
+            lpad,
+            ind,
+            sign,
+            lpp,
+            y: vec![0.0; T * pad16(m)],
+            gbar: vec![0.0; T * lpad],
+            c: vec![0.0; T * lpp],
+        }
+    }
 }
 
 impl Block {
@@ -192,6 +264,7 @@ impl Block {
             phi: vec![0.0; T * pad16(m)],
             mp: pad16(m),
             dz: vec![0.0; T * lp],
+            bwd: (m <= SMALL_M).then(|| BwdMats::new(pl.l, pl.p)),
         }
     }
 
@@ -252,8 +325,53 @@ impl Block {
     }
 
     /// From `∂ℓ/∂φ` (`rows × m`, row stride `ld`) to `∂ℓ/∂z` (into `self.dz`); returns
-    /// Σ ∂ℓ/∂beta.
-    pub(crate) fn backward(&mut self, map: &SoftMap, gphi: &[f32], ld: usize, rows: usize) -> f64 {
+    /// Σ ∂ℓ/∂beta. Per table: `ḡ = Σ_r φ_r g_r`, `y_r = φ_r (g_r − ḡ)`,
+    /// `c_b = Σ_r ±y_r` (sign by bit b of r), `∂ℓ/∂z_b = beta c_b (1 − u_b²)`,
+    /// `∂ℓ/∂beta += u_b c_b`. For `m ≤` [`SMALL_M`] the two sums over r are products with
+    /// constant matrices (`ḡ = (Φ ⊙ Gφ) Ind`, `C = Y Sign`), one [`gemm`] each per block.
+    pub fn backward(&mut self, map: &SoftMap, gphi: &[f32], ld: usize, rows: usize) -> f64 {
+        let Some(bm) = self.bwd.as_mut() else {
+            return self.backward_loop(map, gphi, ld, rows);
+        };
+        let (l, r) = (map.planes.l, map.planes.r());
+        let (lp, mp, m) = (self.lp, self.mp, l * r);
+        for i in 0..rows {
+            let (ph, g) = (&self.phi[i * mp..i * mp + m], &gphi[i * ld..i * ld + m]);
+            bm.y[i * mp..i * mp + m]
+                .iter_mut()
+                .zip(ph.iter().zip(g))
+                .for_each(|(y, (&a, &b))| *y = a * b);
+        }
+        let a = Strided::rows(&bm.y, mp);
+        gemm(self.isa, &mut bm.gbar, bm.lpad, rows, bm.lpad, m, a, &bm.ind, bm.lpad, 1.0, false);
+        for i in 0..rows {
+            for t in 0..l {
+                let gb = bm.gbar[i * bm.lpad + t];
+                let o = i * mp + t * r;
+                let (ph, g) = (&self.phi[o..o + r], &gphi[i * ld + t * r..i * ld + (t + 1) * r]);
+                bm.y[o..o + r]
+                    .iter_mut()
+                    .zip(ph.iter().zip(g))
+                    .for_each(|(y, (&a, &b))| *y = a * (b - gb));
+            }
+        }
+        let a = Strided::rows(&bm.y, mp);
+        gemm(self.isa, &mut bm.c, bm.lpp, rows, bm.lpp, m, a, &bm.sign, bm.lpp, 1.0, false);
+        let mut dbeta = 0.0f64;
+        for i in 0..rows {
+            let mut db = 0.0f32;
+            for j in 0..lp {
+                let (c, u) = (bm.c[i * bm.lpp + j], self.z[i * lp + j]);
+                db += u * c;
+                self.dz[i * lp + j] = map.beta * c * (1.0 - u * u);
+            }
+            dbeta += db as f64;
+        }
+        dbeta
+    }
+
+    /// [`Block::backward`] table by table (any `m`).
+    fn backward_loop(&mut self, map: &SoftMap, gphi: &[f32], ld: usize, rows: usize) -> f64 {
         let (p, l, r) = (map.planes.p, map.planes.l, map.planes.r());
         let (lp, mp) = (self.lp, self.mp);
         let mut dbeta = 0.0f64;
@@ -262,17 +380,24 @@ impl Block {
             for t in 0..l {
                 let ph = &self.phi[i * mp + t * r..i * mp + (t + 1) * r];
                 let gp = &gphi[i * ld + t * r..i * ld + (t + 1) * r];
-                let gbar: f32 = ph.iter().zip(gp).map(|(a, b)| a * b).sum();
-                for b in 0..p {
-                    let shift = p - 1 - b;
-                    let mut c = 0.0f32;
-                    for (rr, (&x, &g)) in ph.iter().zip(gp).enumerate() {
-                        let v = x * (g - gbar);
-                        c += if (rr >> shift) & 1 == 1 { v } else { -v };
+                // Four partial sums: short dependency chains.
+                let mut part = [0.0f32; 4];
+                for (rr, (&x, &g)) in ph.iter().zip(gp).enumerate() {
+                    part[rr % 4] += x * g;
+                }
+                let gbar = (part[0] + part[1]) + (part[2] + part[3]);
+                // c_b = Σ_r φ_r (g_r − gbar) (±1 by bit b of r): the P sums run interleaved.
+                let mut c = [0.0f32; crate::params::MAX_P];
+                for (rr, (&x, &g)) in ph.iter().zip(gp).enumerate() {
+                    let y = x * (g - gbar);
+                    for (b, cb) in c.iter_mut().enumerate().take(p) {
+                        *cb += if (rr >> (p - 1 - b)) & 1 == 1 { y } else { -y };
                     }
+                }
+                for (b, &cb) in c.iter().enumerate().take(p) {
                     let u = self.z[i * lp + t * p + b];
-                    db += u * c;
-                    self.dz[i * lp + t * p + b] = map.beta * c * (1.0 - u * u);
+                    db += u * cb;
+                    self.dz[i * lp + t * p + b] = map.beta * cb * (1.0 - u * u);
                 }
             }
             dbeta += db as f64;
@@ -315,10 +440,26 @@ pub(crate) fn gemm_ext(
     accumulate: bool,
 ) {
     gemm(isa, d, ldd, rows, dv, k, a, v, dv, alpha, accumulate);
-    for i in 0..rows {
-        let s: f32 = (0..k).map(|kk| a.data[i * a.rs + kk * a.cs]).sum();
+    // Row sums of A: in axpy order when A is a transpose (contiguous rows of the original),
+    // else 16 partial sums per row; either way the loops vectorise.
+    let mut sums = vec![0.0f32; rows];
+    if a.rs == 1 {
+        for kk in 0..k {
+            let col = &a.data[kk * a.cs..kk * a.cs + rows];
+            sums.iter_mut().zip(col).for_each(|(x, &y)| *x += y);
+        }
+    } else {
+        for (i, x) in sums.iter_mut().enumerate() {
+            let mut acc = [0.0f32; 16];
+            for kk in 0..k {
+                acc[kk % 16] += a.data[i * a.rs + kk * a.cs];
+            }
+            *x = acc.iter().sum();
+        }
+    }
+    for (i, &sm) in sums.iter().enumerate() {
         let x = &mut d[i * ldd + dv];
-        *x = if accumulate { *x } else { 0.0 } + alpha * s;
+        *x = if accumulate { *x } else { 0.0 } + alpha * sm;
     }
 }
 
@@ -423,6 +564,8 @@ pub fn read_into(
             while a < end {
                 let b = (a + T).min(end);
                 let rows = b - a;
+                let next = (b + T).min(end);
+                prefetch(rows_of(&q, h, b, next));
                 blk.features(map, rows_of(&q, h, a, b), rows);
                 gemm(
                     isa,
@@ -511,7 +654,9 @@ pub fn forward_into(
 }
 
 /// Fill the per-row factors of `Ĝ` ([`GFactors`]): `c_i = 1/(L·den_i)`, `s_i = g_i·ô_i`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn g_factors(
+    isa: Isa,
     g: &[f32],
     o: &[f32],
     den: &[f32],
@@ -520,11 +665,27 @@ pub(crate) fn g_factors(
     c: &mut [f32],
     s: &mut [f32],
 ) {
-    for i in 0..den.len() {
-        let (gr, or) = (&g[i * dv..(i + 1) * dv], &o[i * dv..(i + 1) * dv]);
-        c[i] = if den[i] != 0.0 { inv_l / den[i] } else { 0.0 };
-        s[i] = gr.iter().zip(or).map(|(x, y)| x * y).sum();
+    struct Task<'a> {
+        g: &'a [f32],
+        o: &'a [f32],
+        dv: usize,
+        s: &'a mut [f32],
     }
+    impl WithSimd for Task<'_> {
+        type Output = ();
+        #[inline(always)]
+        fn run<S: Simd>(self) {
+            let dv = self.dv;
+            for (i, si) in self.s.iter_mut().enumerate() {
+                *si = S::dot(&self.g[i * dv..(i + 1) * dv], &self.o[i * dv..(i + 1) * dv]);
+            }
+        }
+    }
+    for (ci, &di) in c.iter_mut().zip(den) {
+        *ci = if di != 0.0 { inv_l / di } else { 0.0 };
+    }
+    let rows = den.len();
+    dispatch(isa, Task { g, o, dv, s: &mut s[..rows] });
 }
 
 /// The per-row factors of `Ĝ = [G/Den, −s/Den]/L` for a block: `c_i = 1/(L·den_i)` (0 for an
@@ -583,10 +744,17 @@ impl GFactors<'_> {
         }
         let sp = Strided::transposed(sphi, m);
         gemm(isa, d32, w, m, dv, rows, sp, self.g, dv, 1.0, accumulate);
-        for f in 0..m {
-            let mass = -(0..rows).map(|i| sphi[i * m + f] * self.s[i]).sum::<f32>();
+        // Masses in axpy order (vectorises): mass_f = −Σ_i (c ⊙ Φ)_if s_i.
+        let mut mass = vec![0.0f32; m];
+        for i in 0..rows {
+            let si = self.s[i];
+            mass.iter_mut()
+                .zip(&sphi[i * m..(i + 1) * m])
+                .for_each(|(x, &y)| *x -= y * si);
+        }
+        for (f, &ms) in mass.iter().enumerate() {
             let x = &mut d32[f * w + dv];
-            *x = if accumulate { *x } else { 0.0 } + mass;
+            *x = if accumulate { *x } else { 0.0 } + ms;
         }
     }
 }
@@ -633,8 +801,12 @@ pub fn query_grads(
                 let b = (a + T).min(end);
                 let rows = b - a;
                 let (gb, ob) = (rows_of(&g, h, a, b), rows_of(&o, h, a, b));
+                let next = (b + T).min(end);
+                for x in [&q, &o, &g] {
+                    prefetch(rows_of(x, h, b, next));
+                }
                 blk.features(map, rows_of(&q, h, a, b), rows);
-                g_factors(gb, ob, &den[h * n + a..h * n + b], dv, inv_l, &mut c, &mut sv);
+                g_factors(isa, gb, ob, &den[h * n + a..h * n + b], dv, inv_l, &mut c, &mut sv);
                 let f = GFactors { c: &c, s: &sv, g: gb, dv };
                 f.phi_grads(isa, &mut gphi, mp, m, rows, bank, &bt[h], w);
                 f.dbank(isa, &blk.phi, mp, m, rows, &mut sphi, &mut d32, w, false);
@@ -683,6 +855,9 @@ pub fn key_grads(
                 let b = (a + T).min(end);
                 let rows = b - a;
                 let vb = rows_of(&v, h, a, b);
+                let next = (b + T).min(end);
+                prefetch(rows_of(&k, h, b, next));
+                prefetch(rows_of(&v, h, b, next));
                 blk.features(map, rows_of(&k, h, a, b), rows);
                 gemm(isa, &mut gphi, mp, rows, mp, dv, Strided::rows(vb, dv), &dbt[h], mp, 1.0, false);
                 for i in 0..rows {

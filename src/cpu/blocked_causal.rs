@@ -255,7 +255,7 @@ pub fn backward_into(
                 sc.kb.features(map, rows_of(&k, h, a, b), rows);
                 sc.qb.features(map, rows_of(&q, h, a, b), rows);
                 let dn = &den[h * n + a..h * n + b];
-                g_factors(gb, rows_of(&o, h, a, b), dn, dv, inv_l, &mut sc.c, &mut sc.s);
+                g_factors(isa, gb, rows_of(&o, h, a, b), dn, dv, inv_l, &mut sc.c, &mut sc.s);
                 let f = GFactors { c: &sc.c, s: &sc.s, g: gb, dv };
                 let st_t = values_t(&st.read, m, dv, w);
                 f.phi_grads(isa, &mut sc.gphi, mp, m, rows, &st.read, &st_t, w);
@@ -293,7 +293,7 @@ pub fn backward_into(
                     let gb = rows_of(&g, h, a, b);
                     qb.features(map, rows_of(&q, h, a, b), rows);
                     let dn = &den[h * n + a..h * n + b];
-                    g_factors(gb, rows_of(&o, h, a, b), dn, dv, inv_l, &mut c, &mut sv);
+                    g_factors(isa, gb, rows_of(&o, h, a, b), dn, dv, inv_l, &mut c, &mut sv);
                     let f = GFactors { c: &c, s: &sv, g: gb, dv };
                     f.dbank(isa, &qb.phi, mp, m, rows, &mut sphi, &mut d32, w, false);
                     d64.iter_mut().zip(&d32).for_each(|(x, &y)| *x += y as f64);
@@ -325,7 +325,7 @@ pub fn backward_into(
                 sc.kb.features(map, rows_of(&k, h, a, b), rows);
                 sc.qb.features(map, rows_of(&q, h, a, b), rows);
                 let dn = &den[h * n + a..h * n + b];
-                g_factors(gb, rows_of(&o, h, a, b), dn, dv, inv_l, &mut sc.c, &mut sc.s);
+                g_factors(isa, gb, rows_of(&o, h, a, b), dn, dv, inv_l, &mut sc.c, &mut sc.s);
                 let f = GFactors { c: &sc.c, s: &sc.s, g: gb, dv };
                 // ∂ℓ/∂φ_k = X̂ dSᵀ + triu(X̂ Ĝᵀ) Φ_Q.
                 let dst = values_t(&st.read, m, dv, w);
