@@ -465,9 +465,8 @@ pub(crate) fn gemm_ext(
 
 /// `Bᵀ` of the value columns of an f32 bank (`m × w`): `dv × mp`, zero-padded to `mp = pad16(m)`.
 pub(crate) fn values_t(bank: &[f32], m: usize, dv: usize, w: usize) -> Vec<f32> {
-    let mp = pad16(m);
-    let mut out = vec![0.0f32; dv * mp];
-    transpose_into(bank, m, dv, w, &mut out, mp);
+    let mut out = vec![0.0f32; dv * pad16(m)];
+    transpose_into(bank, m, dv, w, &mut out, pad16(m));
     out
 }
 

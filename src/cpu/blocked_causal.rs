@@ -18,11 +18,11 @@
 //! [`T`] tokens, so accuracy does not depend on N.
 
 use super::blocked::{
-    g_factors, gemm_ext, key_bank, normalise, pad16, rows_of, values_t, Block, GFactors, T,
+    g_factors, gemm_ext, key_bank, normalise, pad16, rows_of, Block, GFactors, T,
 };
 use super::features::{FeatureMap, SoftMap};
 use super::forward::{exclusive_scan, Ctx};
-use super::gemm::{gemm, transpose_into, Strided};
+use super::gemm::{gemm, prefetch, transpose_into, Strided};
 use super::simd::Isa;
 use super::state::{bank_width, plan_segments, split_out, Heads};
 use rayon::prelude::*;
@@ -89,6 +89,7 @@ struct Scratch {
     sphi: Vec<f32>, // TC × m
     c: Vec<f32>,    // TC
     s: Vec<f32>,    // TC
+    st_t: Vec<f32>, // dv × mp: the state's values, transposed (padding columns stay 0)
 }
 
 impl Scratch {
@@ -104,6 +105,7 @@ impl Scratch {
             sphi: vec![0.0; TC * m],
             c: vec![0.0; TC],
             s: vec![0.0; TC],
+            st_t: vec![0.0; dv * mp],
         }
     }
 }
@@ -162,6 +164,9 @@ pub fn forward_into(
             while a < end {
                 let b = (a + TC).min(end);
                 let rows = b - a;
+                for x in [&q, &k, &v] {
+                    prefetch(rows_of(x, h, (b + TC).min(end), (b + 2 * TC).min(end)));
+                }
                 st.refresh();
                 let vb = rows_of(&v, h, a, b);
                 sc.kb.features(map, rows_of(&k, h, a, b), rows);
@@ -250,6 +255,9 @@ pub fn backward_into(
             while a < end {
                 let b = (a + TC).min(end);
                 let rows = b - a;
+                for x in [&q, &k, &v, &o, &g] {
+                    prefetch(rows_of(x, h, (b + TC).min(end), (b + 2 * TC).min(end)));
+                }
                 st.refresh();
                 let (vb, gb) = (rows_of(&v, h, a, b), rows_of(&g, h, a, b));
                 sc.kb.features(map, rows_of(&k, h, a, b), rows);
@@ -257,8 +265,8 @@ pub fn backward_into(
                 let dn = &den[h * n + a..h * n + b];
                 g_factors(isa, gb, rows_of(&o, h, a, b), dn, dv, inv_l, &mut sc.c, &mut sc.s);
                 let f = GFactors { c: &sc.c, s: &sc.s, g: gb, dv };
-                let st_t = values_t(&st.read, m, dv, w);
-                f.phi_grads(isa, &mut sc.gphi, mp, m, rows, &st.read, &st_t, w);
+                transpose_into(&st.read, m, dv, w, &mut sc.st_t, mp);
+                f.phi_grads(isa, &mut sc.gphi, mp, m, rows, &st.read, &sc.st_t, w);
                 gram(isa, &mut sc.att, &mut sc.tr, gb, dv, vb, dv, rows, dv);
                 scale_gv(&mut sc.att, rows, &sc.c, &sc.s, true);
                 mask(&mut sc.att, rows, true);
@@ -320,6 +328,9 @@ pub fn backward_into(
             while b > start {
                 let a = b.saturating_sub(TC).max(start);
                 let rows = b - a;
+                for x in [&q, &k, &v, &o, &g] {
+                    prefetch(rows_of(x, h, a.saturating_sub(2 * TC).max(start), a.saturating_sub(TC).max(start)));
+                }
                 st.refresh();
                 let (vb, gb) = (rows_of(&v, h, a, b), rows_of(&g, h, a, b));
                 sc.kb.features(map, rows_of(&k, h, a, b), rows);
@@ -328,8 +339,9 @@ pub fn backward_into(
                 g_factors(isa, gb, rows_of(&o, h, a, b), dn, dv, inv_l, &mut sc.c, &mut sc.s);
                 let f = GFactors { c: &sc.c, s: &sc.s, g: gb, dv };
                 // ∂ℓ/∂φ_k = X̂ dSᵀ + triu(X̂ Ĝᵀ) Φ_Q.
-                let dst = values_t(&st.read, m, dv, w);
-                gemm(isa, &mut sc.gphi, mp, rows, mp, dv, Strided::rows(vb, dv), &dst, mp, 1.0, false);
+                transpose_into(&st.read, m, dv, w, &mut sc.st_t, mp);
+                let dst = &sc.st_t;
+                gemm(isa, &mut sc.gphi, mp, rows, mp, dv, Strided::rows(vb, dv), dst, mp, 1.0, false);
                 for i in 0..rows {
                     for ff in 0..m {
                         sc.gphi[i * mp + ff] += st.read[ff * w + dv];
