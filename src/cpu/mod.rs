@@ -2,8 +2,11 @@
 //! and an always-tested scalar twin ([`simd`]), two-level f32/f64 accumulation ([`state`]).
 //!
 //! - [`blocked`], [`blocked_causal`]: the production soft-RACE paths ([`soft_forward`],
-//!   [`soft_grads`]): blocks of tokens as faer GEMMs (bank read once per block), causal as
-//!   chunked linear attention; forward and backward;
+//!   [`soft_grads`]): blocks of tokens as small register-tiled products ([`gemm`], bank read
+//!   once per block), an AVX-512 projection kernel, the next block prefetched; causal as
+//!   chunked linear attention; forward and backward, both ISAs tested against the reference;
+//! - [`gemm`]: `D (=|+=) α A B` with strided `A` (so `Φᵀ` is free), written once over the
+//!   [`simd::Simd`] primitives (AVX-512/AVX2 register tiles; the scalar twin);
 //! - [`forward`]: the per-token engine for every "features, then sums over keys" estimator
 //!   (soft RACE, hard LSH, linear, Performer), non-causal and causal (chunked scan), with the
 //!   scalar/SIMD twins; [`backward`]: its soft-RACE gradients;
