@@ -59,7 +59,9 @@ impl WithSimd for BitProbs<'_> {
             let e = exp_f32(-t.abs());
             let inv = 1.0 / (1.0 + e);
             let (big, small) = (inv, e * inv);
-            (*on, *off) = if t >= 0.0 { (big, small) } else { (small, big) };
+            let pos = t >= 0.0;
+            *on = if pos { big } else { small };
+            *off = if pos { small } else { big };
         }
     }
 }
@@ -119,36 +121,38 @@ fn dots4<S: Simd>(x0: &[f32], x1: &[f32], w: [&[f32]; 4]) -> [[f32; 4]; 2] {
     out
 }
 
-/// The four horizontal sums of `v[0..4]` with one shuffle tree (128-bit blocks, then lanes)
-/// instead of four separate reductions.
+/// The 16 horizontal sums of `v[0..16]` in one vector: lane `4k + j` holds the sum of
+/// `v[4j + k]` (a transpose-and-add tree: 128-bit blocks, then lanes; 15 adds in all).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-fn hsum4(v: &[std::arch::x86_64::__m512]) -> [f32; 4] {
+fn hsum16x(v: &[std::arch::x86_64::__m512; 16]) -> std::arch::x86_64::__m512 {
     use std::arch::x86_64::*;
-    // [a0+a2, a1+a3, b0+b2, b1+b3] by 128-bit blocks, and the same for c, d.
-    let ab = _mm512_add_ps(
-        _mm512_shuffle_f32x4::<0b01_00_01_00>(v[0], v[1]),
-        _mm512_shuffle_f32x4::<0b11_10_11_10>(v[0], v[1]),
-    );
-    let cd = _mm512_add_ps(
-        _mm512_shuffle_f32x4::<0b01_00_01_00>(v[2], v[3]),
-        _mm512_shuffle_f32x4::<0b11_10_11_10>(v[2], v[3]),
-    );
-    // Block k now holds four partial sums of v[k].
-    let s = _mm512_add_ps(
-        _mm512_shuffle_f32x4::<0b10_00_10_00>(ab, cd),
-        _mm512_shuffle_f32x4::<0b11_01_11_01>(ab, cd),
-    );
-    let s = _mm512_add_ps(s, _mm512_permute_ps::<0b10_11_00_01>(s));
-    let s = _mm512_add_ps(s, _mm512_permute_ps::<0b01_00_11_10>(s));
-    let mut out = [0.0f32; 16];
-    // SAFETY: `out` holds 16 floats, exactly one unaligned 512-bit store.
-    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), s) };
-    [out[0], out[4], out[8], out[12]]
+    // Block k of g[j] holds four partial sums of v[4j + k].
+    let g = [0, 1, 2, 3].map(|j| {
+        let pair = |a: __m512, b: __m512| {
+            _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0b01_00_01_00>(a, b),
+                _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b),
+            )
+        };
+        let (ab, cd) = (pair(v[4 * j], v[4 * j + 1]), pair(v[4 * j + 2], v[4 * j + 3]));
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b10_00_10_00>(ab, cd),
+            _mm512_shuffle_f32x4::<0b11_01_11_01>(ab, cd),
+        )
+    });
+    // 4 × 4 transpose-and-add inside each 128-bit block.
+    let u0 = _mm512_add_ps(_mm512_unpacklo_ps(g[0], g[1]), _mm512_unpackhi_ps(g[0], g[1]));
+    let u1 = _mm512_add_ps(_mm512_unpacklo_ps(g[2], g[3]), _mm512_unpackhi_ps(g[2], g[3]));
+    _mm512_add_ps(
+        _mm512_shuffle_ps::<0b01_00_01_00>(u0, u1),
+        _mm512_shuffle_ps::<0b11_10_11_10>(u0, u1),
+    )
 }
 
-/// [`Project`] with AVX-512 intrinsics for `d` a multiple of 16: eight `zmm` accumulators
-/// (two rows × four planes), one load of each row chunk and plane chunk per step.
+/// [`Project`] with AVX-512 intrinsics for `d` a multiple of 16: sixteen `zmm` accumulators
+/// (four rows × four planes), one load of each row chunk and plane chunk per step, and one
+/// transpose-and-add tree ([`hsum16x`]) for the sixteen dot products.
 ///
 /// # Safety
 /// The CPU must support AVX-512F (callers check [`super::simd::best_supported`]).
@@ -159,37 +163,67 @@ unsafe fn project_avx512(x: &[f32], w: &[f32], z: &mut [f32], rows: usize, lp: u
     assert!(d % 16 == 0 && x.len() >= rows * d && w.len() >= lp * d && z.len() >= rows * lp);
     let mut i = 0;
     while i < rows {
-        let nr = (rows - i).min(2);
-        let (r0, r1) = (i * d, (i + nr - 1) * d);
+        let nr = (rows - i).min(4);
+        // Rows past the end repeat the last row (their sums are not stored).
+        let xr = [0, 1, 2, 3].map(|r| (i + r.min(nr - 1)) * d);
         let mut p = 0;
         while p < lp {
             let np = (lp - p).min(4);
             let pw = [0, 1, 2, 3].map(|q| (p + q.min(np - 1)) * d);
-            let mut acc = [_mm512_setzero_ps(); 8];
+            // acc[4q + r]: plane q, row r, so lane 4r + q of the reduced vector is z[r][q].
+            let mut acc = [_mm512_setzero_ps(); 16];
             let mut c = 0;
             while c < d {
-                // SAFETY: `r0, r1 ≤ (rows−1)·d` and `pw[q] ≤ (lp−1)·d`, `c + 16 ≤ d`, and the
+                // SAFETY: `xr[r] ≤ (rows−1)·d` and `pw[q] ≤ (lp−1)·d`, `c + 16 ≤ d`, and the
                 // lengths were asserted above, so every 16-float load is in bounds.
                 unsafe {
-                    let (x0, x1) = (
-                        _mm512_loadu_ps(x.as_ptr().add(r0 + c)),
-                        _mm512_loadu_ps(x.as_ptr().add(r1 + c)),
-                    );
+                    let xs = xr.map(|o| _mm512_loadu_ps(x.as_ptr().add(o + c)));
                     for q in 0..4 {
                         let wq = _mm512_loadu_ps(w.as_ptr().add(pw[q] + c));
-                        acc[q] = _mm512_fmadd_ps(x0, wq, acc[q]);
-                        acc[4 + q] = _mm512_fmadd_ps(x1, wq, acc[4 + q]);
+                        for r in 0..4 {
+                            acc[4 * q + r] = _mm512_fmadd_ps(xs[r], wq, acc[4 * q + r]);
+                        }
                     }
                 }
                 c += 16;
             }
+            let mut out = [0.0f32; 16];
+            // SAFETY: `out` holds exactly one 512-bit vector.
+            unsafe { _mm512_storeu_ps(out.as_mut_ptr(), hsum16x(&acc)) };
             for r in 0..nr {
-                let sums = hsum4(&acc[4 * r..4 * r + 4]);
-                z[(i + r) * lp + p..(i + r) * lp + p + np].copy_from_slice(&sums[..np]);
+                let o = (i + r) * lp + p;
+                z[o..o + np].copy_from_slice(&out[4 * r..4 * r + np]);
             }
             p += 4;
         }
-        i += 2;
+        i += 4;
+    }
+}
+
+/// `φ_r = Π_b (bit b of r, most significant first ? on_b : off_b)` for `R = 2^P` known at
+/// compile time: the `R` products of a table run side by side (one vector for `R = 16`),
+/// multiplied in bit order like the general tree, so the values are identical.
+#[inline]
+fn tree<const R: usize, const P: usize>(
+    on: &[f32],
+    off: &[f32],
+    phi: &mut [f32],
+    rows: usize,
+    l: usize,
+    mp: usize,
+) {
+    for i in 0..rows {
+        for t in 0..l {
+            let o = (i * l + t) * P;
+            let mut v = [1.0f32; R];
+            for b in 0..P {
+                let (a1, a0) = (on[o + b], off[o + b]);
+                for (rr, x) in v.iter_mut().enumerate() {
+                    *x *= if (rr >> (P - 1 - b)) & 1 == 1 { a1 } else { a0 };
+                }
+            }
+            phi[i * mp + t * R..i * mp + (t + 1) * R].copy_from_slice(&v);
+        }
     }
 }
 
@@ -306,6 +340,13 @@ impl Block {
                 beta: map.beta,
             },
         );
+        let (on, off, phi) = (&self.on[..n], &self.off[..n], &mut self.phi);
+        match p {
+            2 => return tree::<4, 2>(on, off, phi, rows, l, mp),
+            3 => return tree::<8, 3>(on, off, phi, rows, l, mp),
+            4 => return tree::<16, 4>(on, off, phi, rows, l, mp),
+            _ => {}
+        }
         for i in 0..rows {
             for t in 0..l {
                 let out = &mut self.phi[i * mp + t * r..i * mp + (t + 1) * r];
