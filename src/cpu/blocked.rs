@@ -19,8 +19,8 @@
 
 use super::features::{FeatureMap, SoftMap};
 use super::forward::Ctx;
-use super::gemm::{gemm, prefetch, transpose_into, Strided};
-use super::simd::{best_supported, dispatch, exp_f32, tanh_f32, Isa, Simd, WithSimd};
+use super::gemm::{gemm, gemm_nt, prefetch, transpose_into, Strided};
+use super::simd::{dispatch, exp_f32, tanh_f32, Isa, Simd, WithSimd};
 use super::state::{bank_width, plan_segments, split_out, Heads};
 use rayon::prelude::*;
 
@@ -63,140 +63,6 @@ impl WithSimd for BitProbs<'_> {
             *on = if pos { big } else { small };
             *off = if pos { small } else { big };
         }
-    }
-}
-
-/// `Z = X Wᵀ` for `rows` rows of `x` (`rows × d`) and `lp` planes `w` (`lp × d`), into `z`
-/// (`rows × lp`): dot products, 16 lanes each, two rows × four planes at a time (one load of
-/// each row chunk serves four planes, one plane chunk serves two rows). For the small `L·P`
-/// of RACE this wastes no lanes, unlike a [`gemm`] with `L·P` output columns.
-struct Project<'a> {
-    x: &'a [f32],
-    w: &'a [f32],
-    z: &'a mut [f32],
-    rows: usize,
-    lp: usize,
-    d: usize,
-}
-
-impl WithSimd for Project<'_> {
-    type Output = ();
-    #[inline(always)]
-    fn run<S: Simd>(self) {
-        let (d, lp) = (self.d, self.lp);
-        let row = |i: usize| &self.x[i * d..(i + 1) * d];
-        let plane = |p: usize| &self.w[p * d..(p + 1) * d];
-        let mut i = 0;
-        while i < self.rows {
-            // Two rows at a time; a last odd row is paired with itself.
-            let (x0, x1) = (row(i), row((i + 1).min(self.rows - 1)));
-            let mut p = 0;
-            while p < lp {
-                // Four planes at a time; the last group repeats its final plane.
-                let ws = [0, 1, 2, 3].map(|q| plane((p + q).min(lp - 1)));
-                let acc = dots4::<S>(x0, x1, ws);
-                for (r, acc_r) in acc.iter().enumerate().take((self.rows - i).min(2)) {
-                    for (q, &v) in acc_r.iter().enumerate().take(lp - p) {
-                        self.z[(i + r) * lp + p + q] = v;
-                    }
-                }
-                p += 4;
-            }
-            i += 2;
-        }
-    }
-}
-
-
-/// `[x_r · w_q]` for two rows and four planes of length `d`.
-#[inline(always)]
-fn dots4<S: Simd>(x0: &[f32], x1: &[f32], w: [&[f32]; 4]) -> [[f32; 4]; 2] {
-    let xs = [x0, x1];
-    let mut out = [[0.0f32; 4]; 2];
-    for r in 0..2 {
-        for q in 0..4 {
-            out[r][q] = S::dot(xs[r], w[q]);
-        }
-    }
-    out
-}
-
-/// The 16 horizontal sums of `v[0..16]` in one vector: lane `4k + j` holds the sum of
-/// `v[4j + k]` (a transpose-and-add tree: 128-bit blocks, then lanes; 15 adds in all).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn hsum16x(v: &[std::arch::x86_64::__m512; 16]) -> std::arch::x86_64::__m512 {
-    use std::arch::x86_64::*;
-    // Block k of g[j] holds four partial sums of v[4j + k].
-    let g = [0, 1, 2, 3].map(|j| {
-        let pair = |a: __m512, b: __m512| {
-            _mm512_add_ps(
-                _mm512_shuffle_f32x4::<0b01_00_01_00>(a, b),
-                _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b),
-            )
-        };
-        let (ab, cd) = (pair(v[4 * j], v[4 * j + 1]), pair(v[4 * j + 2], v[4 * j + 3]));
-        _mm512_add_ps(
-            _mm512_shuffle_f32x4::<0b10_00_10_00>(ab, cd),
-            _mm512_shuffle_f32x4::<0b11_01_11_01>(ab, cd),
-        )
-    });
-    // 4 × 4 transpose-and-add inside each 128-bit block.
-    let u0 = _mm512_add_ps(_mm512_unpacklo_ps(g[0], g[1]), _mm512_unpackhi_ps(g[0], g[1]));
-    let u1 = _mm512_add_ps(_mm512_unpacklo_ps(g[2], g[3]), _mm512_unpackhi_ps(g[2], g[3]));
-    _mm512_add_ps(
-        _mm512_shuffle_ps::<0b01_00_01_00>(u0, u1),
-        _mm512_shuffle_ps::<0b11_10_11_10>(u0, u1),
-    )
-}
-
-/// [`Project`] with AVX-512 intrinsics for `d` a multiple of 16: sixteen `zmm` accumulators
-/// (four rows × four planes), one load of each row chunk and plane chunk per step, and one
-/// transpose-and-add tree ([`hsum16x`]) for the sixteen dot products.
-///
-/// # Safety
-/// The CPU must support AVX-512F (callers check [`super::simd::best_supported`]).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn project_avx512(x: &[f32], w: &[f32], z: &mut [f32], rows: usize, lp: usize, d: usize) {
-    use std::arch::x86_64::*;
-    assert!(d % 16 == 0 && x.len() >= rows * d && w.len() >= lp * d && z.len() >= rows * lp);
-    let mut i = 0;
-    while i < rows {
-        let nr = (rows - i).min(4);
-        // Rows past the end repeat the last row (their sums are not stored).
-        let xr = [0, 1, 2, 3].map(|r| (i + r.min(nr - 1)) * d);
-        let mut p = 0;
-        while p < lp {
-            let np = (lp - p).min(4);
-            let pw = [0, 1, 2, 3].map(|q| (p + q.min(np - 1)) * d);
-            // acc[4q + r]: plane q, row r, so lane 4r + q of the reduced vector is z[r][q].
-            let mut acc = [_mm512_setzero_ps(); 16];
-            let mut c = 0;
-            while c < d {
-                // SAFETY: `xr[r] ≤ (rows−1)·d` and `pw[q] ≤ (lp−1)·d`, `c + 16 ≤ d`, and the
-                // lengths were asserted above, so every 16-float load is in bounds.
-                unsafe {
-                    let xs = xr.map(|o| _mm512_loadu_ps(x.as_ptr().add(o + c)));
-                    for q in 0..4 {
-                        let wq = _mm512_loadu_ps(w.as_ptr().add(pw[q] + c));
-                        for r in 0..4 {
-                            acc[4 * q + r] = _mm512_fmadd_ps(xs[r], wq, acc[4 * q + r]);
-                        }
-                    }
-                }
-                c += 16;
-            }
-            let mut out = [0.0f32; 16];
-            // SAFETY: `out` holds exactly one 512-bit vector.
-            unsafe { _mm512_storeu_ps(out.as_mut_ptr(), hsum16x(&acc)) };
-            for r in 0..nr {
-                let o = (i + r) * lp + p;
-                z[o..o + np].copy_from_slice(&out[4 * r..4 * r + np]);
-            }
-            p += 4;
-        }
-        i += 4;
     }
 }
 
@@ -308,29 +174,7 @@ impl Block {
         let (p, l, r) = (pl.p, pl.l, pl.r());
         let (lp, mp) = (self.lp, self.mp);
         let n = rows * lp;
-        #[cfg(target_arch = "x86_64")]
-        let done = self.isa == Isa::Avx512 && best_supported() == Isa::Avx512 && d % 16 == 0;
-        #[cfg(not(target_arch = "x86_64"))]
-        let done = false;
-        if done {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `best_supported()` returned Avx512 only after CPUID confirmed AVX-512F.
-            unsafe {
-                project_avx512(x, &pl.w, &mut self.z, rows, lp, d)
-            };
-        } else {
-            dispatch(
-                self.isa,
-                Project {
-                    x,
-                    w: &pl.w,
-                    z: &mut self.z,
-                    rows,
-                    lp,
-                    d,
-                },
-            );
-        }
+        gemm_nt(self.isa, &mut self.z, lp, rows, lp, d, x, d, &pl.w, d);
         dispatch(
             self.isa,
             BitProbs {
@@ -504,11 +348,41 @@ pub(crate) fn gemm_ext(
     }
 }
 
-/// `Bᵀ` of the value columns of an f32 bank (`m × w`): `dv × mp`, zero-padded to `mp = pad16(m)`.
+/// Banks with at most this many feature rows are read by dot products ([`gemm_nt`]); wider
+/// ones through a transposed copy of their values ([`values_t`]) and [`gemm`]'s tiles.
+pub(crate) const NT_MAX_M: usize = 32;
+
+/// `Bᵀ` of the value columns of an f32 bank (`m × w`): `dv × mp`, zero-padded to `mp = pad16(m)`;
+/// empty when [`bank_dots`] does not need it (`m ≤` [`NT_MAX_M`]).
 pub(crate) fn values_t(bank: &[f32], m: usize, dv: usize, w: usize) -> Vec<f32> {
+    if m <= NT_MAX_M {
+        return Vec::new();
+    }
     let mut out = vec![0.0f32; dv * pad16(m)];
     transpose_into(bank, m, dv, w, &mut out, pad16(m));
     out
+}
+
+/// `out[i·mp + f] = x_i · B_f` for `rows` rows `x` (stride `dv`) and the value part of a bank
+/// (`m × w`); `bt` is [`values_t`] of the same bank.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn bank_dots(
+    isa: Isa,
+    out: &mut [f32],
+    mp: usize,
+    rows: usize,
+    m: usize,
+    x: &[f32],
+    dv: usize,
+    bank: &[f32],
+    w: usize,
+    bt: &[f32],
+) {
+    if m <= NT_MAX_M {
+        gemm_nt(isa, out, mp, rows, m, dv, x, dv, bank, w);
+    } else {
+        gemm(isa, out, mp, rows, mp, dv, Strided::rows(x, dv), bt, mp, 1.0, false);
+    }
 }
 
 fn to_f32(banks: &[Vec<f64>]) -> Vec<Vec<f32>> {
@@ -739,7 +613,7 @@ pub(crate) struct GFactors<'a> {
 
 impl GFactors<'_> {
     /// `∂ℓ/∂φ_if = ĝ_i·𝔅_f = c_i (g_i·B_f − s_i A_f)` into `gphi` (row stride `mp`), from a bank
-    /// `𝔅` (`m × w`) and its transposed values `bt` (`dv × mp`, [`values_t`]).
+    /// `𝔅` (`m × w`) and its transposed values `bt` ([`values_t`]).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn phi_grads(
         &self,
@@ -753,7 +627,7 @@ impl GFactors<'_> {
         w: usize,
     ) {
         let dv = self.dv;
-        gemm(isa, gphi, mp, rows, mp, dv, Strided::rows(self.g, dv), bt, mp, 1.0, false);
+        bank_dots(isa, gphi, mp, rows, m, self.g, dv, bank, w, bt);
         for i in 0..rows {
             let row = &mut gphi[i * mp..i * mp + m];
             for (f, x) in row.iter_mut().enumerate() {
@@ -899,7 +773,7 @@ pub fn key_grads(
                 prefetch(rows_of(&k, h, b, next));
                 prefetch(rows_of(&v, h, b, next));
                 blk.features(map, rows_of(&k, h, a, b), rows);
-                gemm(isa, &mut gphi, mp, rows, mp, dv, Strided::rows(vb, dv), &dbt[h], mp, 1.0, false);
+                bank_dots(isa, &mut gphi, mp, rows, m, vb, dv, db, w, &dbt[h]);
                 for i in 0..rows {
                     for f in 0..m {
                         gphi[i * mp + f] += db[f * w + dv];

@@ -18,7 +18,7 @@
 //! [`T`] tokens, so accuracy does not depend on N.
 
 use super::blocked::{
-    g_factors, gemm_ext, key_bank, normalise, pad16, rows_of, Block, GFactors, T,
+    bank_dots, g_factors, gemm_ext, key_bank, normalise, pad16, rows_of, Block, GFactors, NT_MAX_M, T,
 };
 use super::features::{FeatureMap, SoftMap};
 use super::forward::{exclusive_scan, Ctx};
@@ -265,7 +265,9 @@ pub fn backward_into(
                 let dn = &den[h * n + a..h * n + b];
                 g_factors(isa, gb, rows_of(&o, h, a, b), dn, dv, inv_l, &mut sc.c, &mut sc.s);
                 let f = GFactors { c: &sc.c, s: &sc.s, g: gb, dv };
-                transpose_into(&st.read, m, dv, w, &mut sc.st_t, mp);
+                if m > NT_MAX_M {
+                    transpose_into(&st.read, m, dv, w, &mut sc.st_t, mp);
+                }
                 f.phi_grads(isa, &mut sc.gphi, mp, m, rows, &st.read, &sc.st_t, w);
                 gram(isa, &mut sc.att, &mut sc.tr, gb, dv, vb, dv, rows, dv);
                 scale_gv(&mut sc.att, rows, &sc.c, &sc.s, true);
@@ -339,9 +341,10 @@ pub fn backward_into(
                 g_factors(isa, gb, rows_of(&o, h, a, b), dn, dv, inv_l, &mut sc.c, &mut sc.s);
                 let f = GFactors { c: &sc.c, s: &sc.s, g: gb, dv };
                 // ∂ℓ/∂φ_k = X̂ dSᵀ + triu(X̂ Ĝᵀ) Φ_Q.
-                transpose_into(&st.read, m, dv, w, &mut sc.st_t, mp);
-                let dst = &sc.st_t;
-                gemm(isa, &mut sc.gphi, mp, rows, mp, dv, Strided::rows(vb, dv), dst, mp, 1.0, false);
+                if m > NT_MAX_M {
+                    transpose_into(&st.read, m, dv, w, &mut sc.st_t, mp);
+                }
+                bank_dots(isa, &mut sc.gphi, mp, rows, m, vb, dv, &st.read, w, &sc.st_t);
                 for i in 0..rows {
                     for ff in 0..m {
                         sc.gphi[i * mp + ff] += st.read[ff * w + dv];

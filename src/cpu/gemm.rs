@@ -17,7 +17,7 @@
 //!
 //! [`Scalar`]: super::simd::Scalar
 
-use super::simd::{dispatch, Isa, Simd, WithSimd};
+use super::simd::{best_supported, dispatch, Isa, Simd, WithSimd};
 
 const V: usize = 16;
 
@@ -280,3 +280,152 @@ pub fn prefetch(x: &[f32]) {
     #[cfg(not(target_arch = "x86_64"))]
     let _ = x;
 }
+
+/// `D = A Bᵀ` by dot products: `D[i·ldd + j] = A_i · B_j` for `rows` rows of `A` and `cols`
+/// rows of `B`, each of length `k` (row strides `lda`, `ldb`). The projections `Z = X Wᵀ`
+/// and `∂ℓ/∂φ = G Bᵀ` have few, long output columns, where [`gemm`] would need a transposed
+/// copy and waste vector lanes; here each output is one 16-lane dot product. With AVX-512 and
+/// `k` a multiple of 16 a 4 × 4 register tile is reduced by one transpose-and-add tree;
+/// otherwise the [`Simd::dot`] primitive runs per output (the scalar twin included).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_nt(
+    isa: Isa,
+    d: &mut [f32],
+    ldd: usize,
+    rows: usize,
+    cols: usize,
+    k: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+) {
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    assert!(d.len() >= (rows - 1) * ldd + cols, "gemm_nt: D too short");
+    assert!(a.len() >= (rows - 1) * lda + k, "gemm_nt: A too short");
+    assert!(b.len() >= (cols - 1) * ldb + k, "gemm_nt: B too short");
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && best_supported() == Isa::Avx512 && k % 16 == 0 && k > 0 {
+        // SAFETY: `best_supported()` returned Avx512 only after CPUID confirmed AVX-512F; the
+        // operand lengths were asserted above.
+        unsafe { nt_avx512(d, ldd, rows, cols, k, a, lda, b, ldb) };
+        return;
+    }
+    struct Dots<'a> {
+        d: &'a mut [f32],
+        ldd: usize,
+        rows: usize,
+        cols: usize,
+        k: usize,
+        a: &'a [f32],
+        lda: usize,
+        b: &'a [f32],
+        ldb: usize,
+    }
+    impl WithSimd for Dots<'_> {
+        type Output = ();
+        #[inline(always)]
+        fn run<S: Simd>(self) {
+            for i in 0..self.rows {
+                let ai = &self.a[i * self.lda..i * self.lda + self.k];
+                for j in 0..self.cols {
+                    let bj = &self.b[j * self.ldb..j * self.ldb + self.k];
+                    self.d[i * self.ldd + j] = S::dot(ai, bj);
+                }
+            }
+        }
+    }
+    dispatch(isa, Dots { d, ldd, rows, cols, k, a, lda, b, ldb });
+}
+
+/// The 16 horizontal sums of `v[0..16]` in one vector: lane `4k + j` holds the sum of
+/// `v[4j + k]` (a transpose-and-add tree: 128-bit blocks, then lanes; 15 adds in all).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn hsum16x(v: &[std::arch::x86_64::__m512; 16]) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    // Block k of g[j] holds four partial sums of v[4j + k].
+    let g = [0, 1, 2, 3].map(|j| {
+        let pair = |a: __m512, b: __m512| {
+            _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0b01_00_01_00>(a, b),
+                _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b),
+            )
+        };
+        let (ab, cd) = (pair(v[4 * j], v[4 * j + 1]), pair(v[4 * j + 2], v[4 * j + 3]));
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b10_00_10_00>(ab, cd),
+            _mm512_shuffle_f32x4::<0b11_01_11_01>(ab, cd),
+        )
+    });
+    // 4 × 4 transpose-and-add inside each 128-bit block.
+    let u0 = _mm512_add_ps(_mm512_unpacklo_ps(g[0], g[1]), _mm512_unpackhi_ps(g[0], g[1]));
+    let u1 = _mm512_add_ps(_mm512_unpacklo_ps(g[2], g[3]), _mm512_unpackhi_ps(g[2], g[3]));
+    _mm512_add_ps(
+        _mm512_shuffle_ps::<0b01_00_01_00>(u0, u1),
+        _mm512_shuffle_ps::<0b11_10_11_10>(u0, u1),
+    )
+}
+
+/// [`gemm_nt`] with AVX-512 intrinsics for `k` a multiple of 16: sixteen `zmm` accumulators
+/// (four rows × four columns), one load of each row chunk and column chunk per step, and one
+/// transpose-and-add tree ([`hsum16x`]) for the sixteen dot products.
+///
+/// # Safety
+/// The CPU must support AVX-512F, and the operands must be as long as [`gemm_nt`] asserts.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn nt_avx512(
+    z: &mut [f32],
+    ldz: usize,
+    rows: usize,
+    lp: usize,
+    d: usize,
+    x: &[f32],
+    ldx: usize,
+    w: &[f32],
+    ldw: usize,
+) {
+    use std::arch::x86_64::*;
+    let mut i = 0;
+    while i < rows {
+        let nr = (rows - i).min(4);
+        // Rows past the end repeat the last row (their sums are not stored).
+        let xr = [0, 1, 2, 3].map(|r| (i + r.min(nr - 1)) * ldx);
+        let mut p = 0;
+        while p < lp {
+            let np = (lp - p).min(4);
+            let pw = [0, 1, 2, 3].map(|q| (p + q.min(np - 1)) * ldw);
+            // acc[4q + r]: plane q, row r, so lane 4r + q of the reduced vector is z[r][q].
+            let mut acc = [_mm512_setzero_ps(); 16];
+            let mut c = 0;
+            while c < d {
+                // SAFETY: `xr[r] ≤ (rows−1)·ldx` and `pw[q] ≤ (lp−1)·ldw` with `c + 16 ≤ d`, and
+                // `gemm_nt` asserted the lengths, so every 16-float load is in bounds.
+                unsafe {
+                    let xs = xr.map(|o| _mm512_loadu_ps(x.as_ptr().add(o + c)));
+                    for q in 0..4 {
+                        let wq = _mm512_loadu_ps(w.as_ptr().add(pw[q] + c));
+                        for r in 0..4 {
+                            acc[4 * q + r] = _mm512_fmadd_ps(xs[r], wq, acc[4 * q + r]);
+                        }
+                    }
+                }
+                c += 16;
+            }
+            let mut out = [0.0f32; 16];
+            // SAFETY: `out` holds exactly one 512-bit vector.
+            unsafe { _mm512_storeu_ps(out.as_mut_ptr(), hsum16x(&acc)) };
+            for r in 0..nr {
+                let o = (i + r) * ldz + p;
+                z[o..o + np].copy_from_slice(&out[4 * r..4 * r + np]);
+            }
+            p += 4;
+        }
+        i += 4;
+    }
+}
+

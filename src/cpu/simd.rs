@@ -125,7 +125,7 @@ pub struct Lanes;
 const W: usize = 16;
 
 #[inline(always)]
-pub(crate) fn hsum(acc: [f32; W]) -> f32 {
+fn hsum(acc: [f32; W]) -> f32 {
     // Pairwise: the same tree whatever the register width.
     let mut a = acc;
     let mut w = W;
