@@ -45,23 +45,31 @@ impl WithSimd for BitProbs<'_> {
     type Output = ();
     #[inline(always)]
     fn run<S: Simd>(self) {
-        for ((z, on), off) in self
-            .z
-            .iter_mut()
-            .zip(self.on.iter_mut())
-            .zip(self.off.iter_mut())
-        {
-            let u = tanh_f32(*z);
-            let t = 2.0 * self.beta * u;
-            *z = u;
-            // σ(±t) from one e = e^{−|t|} (≤ 1, so never overflows; exp_f32 flushes to 0 below
-            // −87): σ(|t|) = 1/(1 + e), σ(−|t|) = e/(1 + e), each to f32 relative accuracy.
-            let e = exp_f32(-t.abs());
-            let inv = 1.0 / (1.0 + e);
-            let (big, small) = (inv, e * inv);
-            let pos = t >= 0.0;
-            *on = if pos { big } else { small };
-            *off = if pos { small } else { big };
+        // Fixed 16-lane chunks (the last one zero-padded), so every step is whole vectors.
+        let n = self.z.len();
+        let mut c = 0;
+        while c < n {
+            let len = (n - c).min(16);
+            let mut z = [0.0f32; 16];
+            z[..len].copy_from_slice(&self.z[c..c + len]);
+            let (mut on, mut off) = ([0.0f32; 16], [0.0f32; 16]);
+            for l in 0..16 {
+                let u = tanh_f32(z[l]);
+                let t = 2.0 * self.beta * u;
+                z[l] = u;
+                // σ(±t) from one e = e^{−|t|} (≤ 1, so never overflows; exp_f32 flushes to 0
+                // below −87): σ(|t|) = 1/(1 + e), σ(−|t|) = e/(1 + e), each to f32 accuracy.
+                let e = exp_f32(-t.abs());
+                let inv = 1.0 / (1.0 + e);
+                let (big, small) = (inv, e * inv);
+                let pos = t >= 0.0;
+                on[l] = if pos { big } else { small };
+                off[l] = if pos { small } else { big };
+            }
+            self.z[c..c + len].copy_from_slice(&z[..len]);
+            self.on[c..c + len].copy_from_slice(&on[..len]);
+            self.off[c..c + len].copy_from_slice(&off[..len]);
+            c += 16;
         }
     }
 }

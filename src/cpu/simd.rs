@@ -151,6 +151,8 @@ impl Simd for Lanes {
         let (ac, bc) = (a.chunks_exact(W), b.chunks_exact(W));
         let (ar, br) = (ac.remainder(), bc.remainder());
         for (x, y) in ac.zip(bc) {
+            // Fixed-size views: the 16 lanes become one (or two) vector registers.
+            let (x, y): (&[f32; W], &[f32; W]) = (x.try_into().unwrap(), y.try_into().unwrap());
             for l in 0..W {
                 acc[l] = x[l].mul_add(y[l], acc[l]);
             }
@@ -239,14 +241,18 @@ pub fn dispatch<T: WithSimd>(isa: Isa, task: T) -> T::Output {
 #[inline(always)]
 pub fn exp_f32(x: f32) -> f32 {
     let x = x.clamp(-87.3, 88.0);
-    // Round to nearest with the 1.5·2^23 trick (no libm call, so loops over exp vectorise).
-    let n = (x * std::f32::consts::LOG2_E + 12_582_912.0) - 12_582_912.0;
+    // Round to nearest with the 1.5·2^23 trick (no libm call, so loops over exp vectorise):
+    // k = 1.5·2^23 + n exactly, so n is also k's low mantissa bits, read by a bit cast (a
+    // float-to-int `as` would be a saturating conversion, which does not vectorise).
+    let k = x * std::f32::consts::LOG2_E + 12_582_912.0;
+    let n = k - 12_582_912.0;
+    let ni = (k.to_bits() as i32).wrapping_sub(0x4B40_0000);
     let r = x - n * 0.693_145_75 - n * 1.428_606_8e-6;
     let p = 1.0
         + r * (1.0
             + r * (0.5
                 + r * (0.166_666_67 + r * (0.041_666_44 + r * (0.008_333_73 + r * 0.001_394_4)))));
-    let bits = ((n as i32 + 127) as u32) << 23;
+    let bits = (ni.wrapping_add(127) as u32) << 23;
     p * f32::from_bits(bits)
 }
 
