@@ -19,7 +19,7 @@
 
 use super::features::{FeatureMap, SoftMap};
 use super::forward::Ctx;
-use super::gemm::{gemm, gemm_nt, prefetch, transpose_into, Strided};
+use super::gemm::{gemm, gemm_nt, prefetch, transpose_into, Strided, Tri};
 use super::simd::{dispatch, exp_f32, tanh_f32, Isa, Simd, WithSimd};
 use super::state::{bank_width, plan_segments, split_out, Heads};
 use rayon::prelude::*;
@@ -182,7 +182,7 @@ impl Block {
         let (p, l, r) = (pl.p, pl.l, pl.r());
         let (lp, mp) = (self.lp, self.mp);
         let n = rows * lp;
-        gemm_nt(self.isa, &mut self.z, lp, rows, lp, d, x, d, &pl.w, d);
+        gemm_nt(self.isa, Tri::Full, &mut self.z, lp, rows, lp, d, x, d, &pl.w, d);
         dispatch(
             self.isa,
             BitProbs {
@@ -387,7 +387,7 @@ pub(crate) fn bank_dots(
     bt: &[f32],
 ) {
     if m <= NT_MAX_M {
-        gemm_nt(isa, out, mp, rows, m, dv, x, dv, bank, w);
+        gemm_nt(isa, Tri::Full, out, mp, rows, m, dv, x, dv, bank, w);
     } else {
         gemm(isa, out, mp, rows, mp, dv, Strided::rows(x, dv), bt, mp, 1.0, false);
     }

@@ -22,7 +22,7 @@ use super::blocked::{
 };
 use super::features::{FeatureMap, SoftMap};
 use super::forward::{exclusive_scan, Ctx};
-use super::gemm::{gemm, prefetch, transpose_into, Strided};
+use super::gemm::{gemm, gemm_nt, gemm_tri, prefetch, transpose_into, Strided, Tri};
 use super::simd::Isa;
 use super::state::{bank_width, plan_segments, split_out, Heads};
 use rayon::prelude::*;
@@ -83,7 +83,6 @@ struct Scratch {
     kb: Block,
     qb: Block,
     att: Vec<f32>,  // TC × TC
-    tr: Vec<f32>,   // transposed operand: max(dv, mp) × TC
     acc: Vec<f32>,  // TC × w
     gphi: Vec<f32>, // TC × mp
     sphi: Vec<f32>, // TC × m
@@ -99,7 +98,6 @@ impl Scratch {
             kb: Block::new(map, isa),
             qb: Block::new(map, isa),
             att: vec![0.0; TC * TC],
-            tr: vec![0.0; dv.max(mp) * TC],
             acc: vec![0.0; TC * w],
             gphi: vec![0.0; TC * mp],
             sphi: vec![0.0; TC * m],
@@ -110,22 +108,42 @@ impl Scratch {
     }
 }
 
-/// `att = X Yᵀ` for `rows × k` blocks `X` (stride `ldx`) and `Y` (stride `ldy`), through the
-/// transposed copy `tr` of `Y`; `att` has row stride [`TC`].
+/// `att[i][j] = x_i · y_j` (row stride [`TC`]) on the triangle that is kept (`lower`:
+/// `j ≤ i`, else `j ≥ i`); entries off it may be written too, and [`mask`] clears them.
 #[allow(clippy::too_many_arguments)]
 fn gram(
     isa: Isa,
     att: &mut [f32],
-    tr: &mut [f32],
     x: &[f32],
     ldx: usize,
     y: &[f32],
     ldy: usize,
     rows: usize,
     k: usize,
+    lower: bool,
 ) {
-    transpose_into(y, rows, k, ldy, tr, TC);
-    gemm(isa, att, TC, rows, rows, k, Strided::rows(x, ldx), tr, TC, 1.0, false);
+    let tri = if lower { Tri::Lower } else { Tri::Upper };
+    gemm_nt(isa, tri, att, TC, rows, rows, k, x, ldx, y, ldy);
+}
+
+/// `D += α A B` for a masked `rows × rows` block `A` (row stride [`TC`]), lower- or
+/// upper-triangular ([`gemm_tri`] skips the zero triangle).
+#[allow(clippy::too_many_arguments)]
+fn tri_gemm(
+    isa: Isa,
+    d: &mut [f32],
+    ldd: usize,
+    rows: usize,
+    cols: usize,
+    att: &[f32],
+    b: &[f32],
+    ldb: usize,
+    alpha: f32,
+    lower: bool,
+) {
+    let tri = if lower { Tri::Lower } else { Tri::Upper };
+    let a = Strided::rows(att, TC);
+    gemm_tri(isa, tri, d, ldd, rows, cols, rows, a, b, ldb, alpha, true);
 }
 
 /// Causal forward; same contract as [`super::forward_into`] with `causal = true`.
@@ -173,9 +191,12 @@ pub fn forward_into(
                 sc.qb.features(map, rows_of(&q, h, a, b), rows);
                 let (pq, pk) = (&sc.qb.phi, &sc.kb.phi);
                 gemm(isa, &mut sc.acc, w, rows, w, m, Strided::rows(pq, mp), &st.read, w, 1.0, false);
-                gram(isa, &mut sc.att, &mut sc.tr, pq, mp, pk, mp, rows, m);
+                gram(isa, &mut sc.att, pq, mp, pk, mp, rows, mp, true);
                 mask(&mut sc.att, rows, true);
-                gemm_ext(isa, &mut sc.acc, w, rows, rows, Strided::rows(&sc.att, TC), vb, dv, 1.0, true);
+                tri_gemm(isa, &mut sc.acc, w, rows, dv, &sc.att, vb, dv, 1.0, true);
+                for i in 0..rows {
+                    sc.acc[i * w + dv] += sc.att[i * TC..i * TC + i + 1].iter().sum::<f32>();
+                }
                 let t0 = a - start;
                 empty += normalise(
                     &sc.acc,
@@ -269,11 +290,10 @@ pub fn backward_into(
                     transpose_into(&st.read, m, dv, w, &mut sc.st_t, mp);
                 }
                 f.phi_grads(isa, &mut sc.gphi, mp, m, rows, &st.read, &sc.st_t, w);
-                gram(isa, &mut sc.att, &mut sc.tr, gb, dv, vb, dv, rows, dv);
+                gram(isa, &mut sc.att, gb, dv, vb, dv, rows, dv, true);
                 scale_gv(&mut sc.att, rows, &sc.c, &sc.s, true);
                 mask(&mut sc.att, rows, true);
-                let att = Strided::rows(&sc.att, TC);
-                gemm(isa, &mut sc.gphi, mp, rows, mp, rows, att, &sc.kb.phi, mp, 1.0, true);
+                tri_gemm(isa, &mut sc.gphi, mp, rows, mp, &sc.att, &sc.kb.phi, mp, 1.0, true);
                 dbeta += sc.qb.backward(map, &sc.gphi, mp, rows);
                 let t0 = a - start;
                 sc.qb.input_grads(map, rows, &mut dqp[t0 * d..(t0 + rows) * d]);
@@ -350,23 +370,22 @@ pub fn backward_into(
                         sc.gphi[i * mp + ff] += st.read[ff * w + dv];
                     }
                 }
-                gram(isa, &mut sc.att, &mut sc.tr, vb, dv, gb, dv, rows, dv);
+                gram(isa, &mut sc.att, vb, dv, gb, dv, rows, dv, false);
                 scale_gv(&mut sc.att, rows, &sc.c, &sc.s, false);
                 mask(&mut sc.att, rows, false);
-                let att = Strided::rows(&sc.att, TC);
-                gemm(isa, &mut sc.gphi, mp, rows, mp, rows, att, &sc.qb.phi, mp, 1.0, true);
+                tri_gemm(isa, &mut sc.gphi, mp, rows, mp, &sc.att, &sc.qb.phi, mp, 1.0, false);
                 // ∂ℓ/∂v = Φ_K dS_B + triu(Φ_K Φ_Qᵀ) (c ⊙ G).
                 let t0 = a - start;
                 let dv_out = &mut dvp[t0 * dv..(t0 + rows) * dv];
                 let pk = Strided::rows(&sc.kb.phi, mp);
                 gemm(isa, dv_out, dv, rows, dv, m, pk, &st.read, w, 1.0, false);
-                gram(isa, &mut sc.att, &mut sc.tr, &sc.kb.phi, mp, &sc.qb.phi, mp, rows, m);
+                gram(isa, &mut sc.att, &sc.kb.phi, mp, &sc.qb.phi, mp, rows, mp, false);
                 for j in 0..rows {
                     for i in 0..rows {
                         sc.att[j * TC + i] *= if i >= j { sc.c[i] } else { 0.0 };
                     }
                 }
-                gemm(isa, dv_out, dv, rows, dv, rows, Strided::rows(&sc.att, TC), gb, dv, 1.0, true);
+                tri_gemm(isa, dv_out, dv, rows, dv, &sc.att, gb, dv, 1.0, false);
                 dbeta += sc.kb.backward(map, &sc.gphi, mp, rows);
                 sc.kb.input_grads(map, rows, &mut dkp[t0 * d..(t0 + rows) * d]);
                 f.dbank(isa, &sc.qb.phi, mp, m, rows, &mut sc.sphi, &mut st.local, w, true);

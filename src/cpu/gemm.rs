@@ -40,6 +40,17 @@ impl<'a> Strided<'a> {
     }
 }
 
+/// Which entries of `A` can be non-zero: all, or (for the causal sub-block products, where
+/// `k = rows`) a triangle; a tile then runs only over the `k` its rows need.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Tri {
+    Full,
+    /// `A_ik = 0` for `k > i`.
+    Lower,
+    /// `A_ik = 0` for `k < i`.
+    Upper,
+}
+
 /// One product `D (=|+=) α A B`: `D` is `rows × cols` with row stride `ldd`, `A` is
 /// `rows × k`, `B` is `k × cols` with row stride `ldb`.
 pub struct Gemm<'a> {
@@ -53,6 +64,7 @@ pub struct Gemm<'a> {
     pub ldb: usize,
     pub alpha: f32,
     pub accumulate: bool,
+    pub tri: Tri,
 }
 
 impl Gemm<'_> {
@@ -87,6 +99,19 @@ struct Shape<'a> {
     ldb: usize,
     alpha: f32,
     accumulate: bool,
+    tri: Tri,
+}
+
+impl Shape<'_> {
+    /// The `k` range rows `i0..i1` need.
+    #[inline(always)]
+    fn k_range(&self, i0: usize, i1: usize) -> (usize, usize) {
+        match self.tri {
+            Tri::Full => (0, self.k),
+            Tri::Lower => (0, i1.min(self.k)),
+            Tri::Upper => (i0.min(self.k), self.k),
+        }
+    }
 }
 
 impl WithSimd for Gemm<'_> {
@@ -104,6 +129,7 @@ impl WithSimd for Gemm<'_> {
             ldb: self.ldb,
             alpha: self.alpha,
             accumulate: self.accumulate,
+            tri: self.tri,
         };
         let full = g.cols / V;
         let mut j = 0;
@@ -154,7 +180,8 @@ fn rows_for<S: Simd, const NV: usize>(g: &Shape, d: &mut [f32], c0: usize) {
 fn tile<S: Simd, const MR: usize, const NV: usize>(g: &Shape, d: &mut [f32], i0: usize, c0: usize) {
     let mut acc = [[[0.0f32; V]; NV]; MR];
     let (a, b) = (g.a, g.b);
-    for k in 0..g.k {
+    let (k0, k1) = g.k_range(i0, i0 + MR);
+    for k in k0..k1 {
         let brow = &b[k * g.ldb + c0..k * g.ldb + c0 + NV * V];
         let mut bv = [[0.0f32; V]; NV];
         for (j, x) in bv.iter_mut().enumerate() {
@@ -205,7 +232,8 @@ fn store<const MR: usize, const NV: usize>(
 fn tail<S: Simd>(g: &Shape, d: &mut [f32], i: usize, c0: usize) {
     let n = g.cols - c0;
     let mut acc = [0.0f32; V];
-    for k in 0..g.k {
+    let (k0, k1) = g.k_range(i, i + 1);
+    for k in k0..k1 {
         let mut bv = [0.0f32; V];
         bv[..n].copy_from_slice(&g.b[k * g.ldb + c0..k * g.ldb + c0 + n]);
         let x = g.a.data[i * g.a.rs + k * g.a.cs];
@@ -246,6 +274,39 @@ pub fn gemm(
         ldb,
         alpha,
         accumulate,
+        tri: Tri::Full,
+    }
+    .run(isa)
+}
+
+/// [`gemm`] for a triangular `A` (see [`Tri`]); the zero triangle is never read.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_tri(
+    isa: Isa,
+    tri: Tri,
+    d: &mut [f32],
+    ldd: usize,
+    rows: usize,
+    cols: usize,
+    k: usize,
+    a: Strided,
+    b: &[f32],
+    ldb: usize,
+    alpha: f32,
+    accumulate: bool,
+) {
+    Gemm {
+        d,
+        ldd,
+        rows,
+        cols,
+        k,
+        a,
+        b,
+        ldb,
+        alpha,
+        accumulate,
+        tri,
     }
     .run(isa)
 }
@@ -268,13 +329,16 @@ pub fn prefetch(x: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-        for line in x.chunks(16) {
-            // SAFETY: a prefetch hint never faults and has no architectural effect; `line` is a
-            // valid, in-bounds pointer anyway. (SSE is part of the x86-64 baseline.)
+        let p = x.as_ptr();
+        let mut i = 0;
+        while i < x.len() {
+            // SAFETY: `i < len`, so `p.add(i)` is in bounds; a prefetch hint never faults and
+            // has no architectural effect. (SSE is part of the x86-64 baseline.)
             #[allow(unused_unsafe)]
             unsafe {
-                _mm_prefetch::<_MM_HINT_T1>(line.as_ptr() as *const i8)
+                _mm_prefetch::<_MM_HINT_T1>(p.add(i) as *const i8)
             };
+            i += 16;
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -287,9 +351,12 @@ pub fn prefetch(x: &[f32]) {
 /// copy and waste vector lanes; here each output is one 16-lane dot product. With AVX-512 and
 /// `k` a multiple of 16 a 4 × 4 register tile is reduced by one transpose-and-add tree;
 /// otherwise the [`Simd::dot`] primitive runs per output (the scalar twin included).
+/// With `tri` other than [`Tri::Full`] only the outputs on that triangle (`j ≤ i` or `j ≥ i`)
+/// are guaranteed; tiles wholly off it are skipped.
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_nt(
     isa: Isa,
+    tri: Tri,
     d: &mut [f32],
     ldd: usize,
     rows: usize,
@@ -310,10 +377,11 @@ pub fn gemm_nt(
     if isa == Isa::Avx512 && best_supported() == Isa::Avx512 && k % 16 == 0 && k > 0 {
         // SAFETY: `best_supported()` returned Avx512 only after CPUID confirmed AVX-512F; the
         // operand lengths were asserted above.
-        unsafe { nt_avx512(d, ldd, rows, cols, k, a, lda, b, ldb) };
+        unsafe { nt_avx512(tri, d, ldd, rows, cols, k, a, lda, b, ldb) };
         return;
     }
     struct Dots<'a> {
+        tri: Tri,
         d: &'a mut [f32],
         ldd: usize,
         rows: usize,
@@ -331,13 +399,16 @@ pub fn gemm_nt(
             for i in 0..self.rows {
                 let ai = &self.a[i * self.lda..i * self.lda + self.k];
                 for j in 0..self.cols {
+                    if (self.tri == Tri::Lower && j > i) || (self.tri == Tri::Upper && j < i) {
+                        continue;
+                    }
                     let bj = &self.b[j * self.ldb..j * self.ldb + self.k];
                     self.d[i * self.ldd + j] = S::dot(ai, bj);
                 }
             }
         }
     }
-    dispatch(isa, Dots { d, ldd, rows, cols, k, a, lda, b, ldb });
+    dispatch(isa, Dots { tri, d, ldd, rows, cols, k, a, lda, b, ldb });
 }
 
 /// The 16 horizontal sums of `v[0..16]` in one vector: lane `4k + j` holds the sum of
@@ -379,6 +450,7 @@ fn hsum16x(v: &[std::arch::x86_64::__m512; 16]) -> std::arch::x86_64::__m512 {
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn nt_avx512(
+    tri: Tri,
     z: &mut [f32],
     ldz: usize,
     rows: usize,
@@ -398,6 +470,16 @@ unsafe fn nt_avx512(
         let mut p = 0;
         while p < lp {
             let np = (lp - p).min(4);
+            // Tiles wholly off the wanted triangle are skipped.
+            let off = match tri {
+                Tri::Full => false,
+                Tri::Lower => p > i + nr - 1,
+                Tri::Upper => p + np - 1 < i,
+            };
+            if off {
+                p += 4;
+                continue;
+            }
             let pw = [0, 1, 2, 3].map(|q| (p + q.min(np - 1)) * ldw);
             // acc[4q + r]: plane q, row r, so lane 4r + q of the reduced vector is z[r][q].
             let mut acc = [_mm512_setzero_ps(); 16];
