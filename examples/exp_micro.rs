@@ -29,4 +29,26 @@ fn main() {
         dispatch(detected_isa(), Bp { z: &mut z, on: &mut on, off: &mut off, beta: 8.0 });
     }
     println!("bitprobs: {:.2} cycles/element @4GHz", t.elapsed().as_secs_f64() * 4e9 / (reps * n) as f64);
+    dot_bench();
+}
+struct DotT<'a> { g: &'a [f32], o: &'a [f32], s: &'a mut [f32] }
+impl WithSimd for DotT<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn run<S: Simd>(self) {
+        for (i, si) in self.s.iter_mut().enumerate() {
+            *si = S::dot(&self.g[i * 128..(i + 1) * 128], &self.o[i * 128..(i + 1) * 128]);
+        }
+    }
+}
+#[allow(dead_code)]
+pub fn dot_bench() {
+    let rows = 32;
+    let g: Vec<f32> = (0..rows * 128).map(|i| (i % 7) as f32 * 0.1).collect();
+    let o: Vec<f32> = (0..rows * 128).map(|i| (i % 5) as f32 * 0.1).collect();
+    let mut s = vec![0.0f32; rows];
+    let reps = 200000;
+    let t = Instant::now();
+    for _ in 0..reps { dispatch(detected_isa(), DotT { g: &g, o: &o, s: &mut s }); }
+    println!("dot128: {:.1} cycles/row @4GHz ({})", t.elapsed().as_secs_f64() * 4e9 / (reps * rows) as f64, s[3]);
 }

@@ -147,20 +147,30 @@ impl Simd for Lanes {
     fn dot(a: &[f32], b: &[f32]) -> f32 {
         let n = a.len().min(b.len());
         let (a, b) = (&a[..n], &b[..n]);
-        let mut acc = [0.0f32; W];
-        let (ac, bc) = (a.chunks_exact(W), b.chunks_exact(W));
+        // Four independent 16-lane accumulators: one would chain every FMA on the previous
+        // one (latency-bound, about 4× slower for d = 128).
+        let mut acc = [[0.0f32; W]; 4];
+        let (ac, bc) = (a.chunks_exact(4 * W), b.chunks_exact(4 * W));
         let (ar, br) = (ac.remainder(), bc.remainder());
         for (x, y) in ac.zip(bc) {
-            // Fixed-size views: the 16 lanes become one (or two) vector registers.
-            let (x, y): (&[f32; W], &[f32; W]) = (x.try_into().unwrap(), y.try_into().unwrap());
-            for l in 0..W {
-                acc[l] = x[l].mul_add(y[l], acc[l]);
+            // Fixed-size views: each 16-lane group is one (or two) vector registers.
+            let (x, y): (&[f32; 4 * W], &[f32; 4 * W]) =
+                (x.try_into().unwrap(), y.try_into().unwrap());
+            for (j, accj) in acc.iter_mut().enumerate() {
+                for l in 0..W {
+                    accj[l] = x[j * W + l].mul_add(y[j * W + l], accj[l]);
+                }
             }
         }
-        for l in 0..ar.len() {
-            acc[l] = ar[l].mul_add(br[l], acc[l]);
+        for (i, (&x, &y)) in ar.iter().zip(br).enumerate() {
+            let (j, l) = (i / W, i % W);
+            acc[j][l] = x.mul_add(y, acc[j][l]);
         }
-        hsum(acc)
+        let mut sum = [0.0f32; W];
+        for l in 0..W {
+            sum[l] = (acc[0][l] + acc[1][l]) + (acc[2][l] + acc[3][l]);
+        }
+        hsum(sum)
     }
     #[inline(always)]
     fn dot2(g: &[f32], x: &[f32], y: &[f32]) -> f32 {
@@ -195,6 +205,76 @@ impl Simd for Lanes {
     }
 }
 
+/// [`Lanes`] with `dot` written in AVX-512 intrinsics (four `zmm` accumulators): the
+/// auto-vectorised form was compiled to 128-bit vectors. Used only by the AVX-512 frame of
+/// [`dispatch`], which is entered only after CPUID confirmed AVX-512F.
+#[derive(Clone, Copy)]
+pub struct Lanes512;
+
+impl Simd for Lanes512 {
+    #[inline(always)]
+    fn fma(a: f32, b: f32, c: f32) -> f32 {
+        Lanes::fma(a, b, c)
+    }
+    #[inline(always)]
+    fn dot(a: &[f32], b: &[f32]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        {
+            // SAFETY: `Lanes512` is only instantiated inside `dispatch`'s AVX-512 frame, which
+            // runs only when `best_supported()` (CPUID) reported AVX-512F.
+            unsafe { dot512(a, b) }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Lanes::dot(a, b)
+    }
+    #[inline(always)]
+    fn dot2(g: &[f32], x: &[f32], y: &[f32]) -> f32 {
+        Lanes::dot2(g, x, y)
+    }
+    #[inline(always)]
+    fn axpy(out: &mut [f32], w: f32, x: &[f32]) {
+        Lanes::axpy(out, w, x)
+    }
+    #[inline(always)]
+    fn axpy2(out: &mut [f32], w: f32, x: &[f32], y: &[f32]) {
+        Lanes::axpy2(out, w, x, y)
+    }
+}
+
+/// `Σ a_i b_i` with four 16-lane accumulators; the tail (< 16) through a masked load.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn dot512(a: &[f32], b: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let n = a.len().min(b.len());
+    let (pa, pb) = (a.as_ptr(), b.as_ptr());
+    let mut acc = [_mm512_setzero_ps(); 4];
+    let mut i = 0;
+    // SAFETY (all loads below): every full load reads [i, i + 16) with i + 16 ≤ n, and the
+    // masked load reads only the lanes below n − i; both slices have at least n elements.
+    unsafe {
+        while i + 64 <= n {
+            for (j, acc_j) in acc.iter_mut().enumerate() {
+                let (x, y) = (_mm512_loadu_ps(pa.add(i + 16 * j)), _mm512_loadu_ps(pb.add(i + 16 * j)));
+                *acc_j = _mm512_fmadd_ps(x, y, *acc_j);
+            }
+            i += 64;
+        }
+        while i + 16 <= n {
+            acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(pa.add(i)), _mm512_loadu_ps(pb.add(i)), acc[0]);
+            i += 16;
+        }
+        if i < n {
+            let m: __mmask16 = (1u32 << (n - i)) as u16 - 1;
+            let (x, y) = (_mm512_maskz_loadu_ps(m, pa.add(i)), _mm512_maskz_loadu_ps(m, pb.add(i)));
+            acc[1] = _mm512_fmadd_ps(x, y, acc[1]);
+        }
+    }
+    let s = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+    _mm512_reduce_add_ps(s)
+}
+
 /// A unit of kernel work, generic over the primitives. Implementations mark `run` as
 /// `#[inline(always)]` so it is compiled inside the ISA frame of [`dispatch`].
 pub trait WithSimd {
@@ -215,7 +295,7 @@ pub fn dispatch<T: WithSimd>(isa: Isa, task: T) -> T::Output {
         Isa::Avx512 => {
             #[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
             unsafe fn frame<T: WithSimd>(t: T) -> T::Output {
-                t.run::<Lanes>()
+                t.run::<Lanes512>()
             }
             // SAFETY: `isa` was clamped above to `best_supported()`, which returns Avx512 only
             // after `is_x86_feature_detected!` confirmed avx512f, avx512dq and fma on this CPU, so the
