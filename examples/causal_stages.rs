@@ -1,6 +1,6 @@
 //! Forward / backward timing of the causal and non-causal production paths (developer tool):
 //! `RAYON_NUM_THREADS=1 cargo run --release --example causal_stages`.
-use racelab::cpu::{detected_isa, soft_forward_into, soft_grads_into, Heads, PlanesF32, SoftMap};
+use racelab::cpu::{detected_isa, forward_into, soft_backward_into, soft_forward_into, soft_grads_into, Heads, PlanesF32, SoftMap};
 use racelab::hashing::Planes;
 use std::time::Instant;
 
@@ -26,10 +26,19 @@ fn main() {
             let mut den = Vec::new();
             for _ in 0..4 {
                 let s = Instant::now();
-                let (_, ctx) = soft_forward_into(&map, qh, kh, vh, causal, isa, &mut o, std::mem::take(&mut den));
+                let engine = std::env::var_os("ENGINE").is_some();
+                let (_, ctx) = if engine {
+                    forward_into(&map, qh, kh, vh, causal, isa, &mut o, std::mem::take(&mut den))
+                } else {
+                    soft_forward_into(&map, qh, kh, vh, causal, isa, &mut o, std::mem::take(&mut den))
+                };
                 tf = tf.min(s.elapsed().as_secs_f64());
                 let s = Instant::now();
-                let db = soft_grads_into(&map, &ctx, qh, kh, vh, Heads::new(hd, n, dv, &o), gh, isa, &mut dq, &mut dk, &mut dvv);
+                let db = if engine {
+                    soft_backward_into(&map, &ctx, qh, kh, vh, Heads::new(hd, n, dv, &o), gh, isa, &mut dq, &mut dk, &mut dvv)
+                } else {
+                    soft_grads_into(&map, &ctx, qh, kh, vh, Heads::new(hd, n, dv, &o), gh, isa, &mut dq, &mut dk, &mut dvv)
+                };
                 tb = tb.min(s.elapsed().as_secs_f64());
                 std::hint::black_box(db);
                 den = ctx.den;

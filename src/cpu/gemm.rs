@@ -321,14 +321,14 @@ pub fn transpose_into(x: &[f32], rows: usize, cols: usize, ld: usize, out: &mut 
     }
 }
 
-/// Ask for `x` to be brought into the L2 cache ahead of use (one hint per 64-byte line; a
+/// Ask for `x` to be brought into the caches ahead of use (one hint per 64-byte line; a
 /// no-op off x86-64). The blocked kernels call it on the next block's input rows, which are
 /// read in an order (several rows at once) that the hardware prefetchers follow poorly.
 #[inline]
 pub fn prefetch(x: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
         let p = x.as_ptr();
         let mut i = 0;
         while i < x.len() {
@@ -336,7 +336,7 @@ pub fn prefetch(x: &[f32]) {
             // has no architectural effect. (SSE is part of the x86-64 baseline.)
             #[allow(unused_unsafe)]
             unsafe {
-                _mm_prefetch::<_MM_HINT_T1>(p.add(i) as *const i8)
+                _mm_prefetch::<_MM_HINT_T0>(p.add(i) as *const i8)
             };
             i += 16;
         }
