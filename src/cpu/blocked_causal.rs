@@ -146,6 +146,74 @@ fn tri_gemm(
     gemm_tri(isa, tri, d, ldd, rows, cols, rows, a, b, ldb, alpha, true);
 }
 
+/// The segments of a causal pass and the bank entering each `(head, segment)`: f64
+/// exclusive scans of the segments' key banks (all zero with one segment per head).
+pub(crate) fn forward_bases(
+    map: &SoftMap,
+    isa: Isa,
+    k: Heads,
+    v: Heads,
+) -> (Vec<(usize, usize)>, Vec<Vec<f64>>) {
+    let (heads, m, w) = (k.heads, map.width(), bank_width(v.cols));
+    let segs = plan_segments(k.n, heads);
+    let ns = segs.len();
+    let totals: Vec<Vec<f64>> = if ns > 1 {
+        (0..heads * ns)
+            .into_par_iter()
+            .map(|i| key_bank(map, isa, k, v, i / ns, segs[i % ns]))
+            .collect()
+    } else {
+        vec![vec![0.0; m * w]; heads * ns]
+    };
+    let bases = exclusive_scan(&totals, heads, ns, false);
+    (segs, bases)
+}
+
+/// Each `(head, segment)`'s own `[dB | dA] = Σ φ(q_i) ĝ_iᵀ` (for the suffix scan of the causal
+/// backward; all zero with one segment per head, where no scan is needed).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn suffix_totals(
+    map: &SoftMap,
+    isa: Isa,
+    q: Heads,
+    o: Heads,
+    g: Heads,
+    den: &[f32],
+    segs: &[(usize, usize)],
+    heads: usize,
+) -> Vec<Vec<f64>> {
+    let (n, dv, m, w) = (q.n, o.cols, map.width(), bank_width(o.cols));
+    let ns = segs.len();
+    let inv_l = 1.0 / map.planes.l as f32;
+    if ns <= 1 {
+        return vec![vec![0.0; m * w]; heads * ns];
+    }
+    (0..heads * ns)
+        .into_par_iter()
+        .map(|i| {
+            let (h, (start, end)) = (i / ns, segs[i % ns]);
+            let mut qb = Block::new(map, isa);
+            let mp = qb.mp;
+            let (mut c, mut sv, mut sphi) = (vec![0.0f32; T], vec![0.0f32; T], vec![0.0f32; T * m]);
+            let (mut d32, mut d64) = (vec![0.0f32; m * w], vec![0.0f64; m * w]);
+            let mut a = start;
+            while a < end {
+                let b = (a + T).min(end);
+                let rows = b - a;
+                let gb = rows_of(&g, h, a, b);
+                qb.features(map, rows_of(&q, h, a, b), rows);
+                let dn = &den[h * n + a..h * n + b];
+                g_factors(isa, gb, rows_of(&o, h, a, b), dn, dv, inv_l, &mut c, &mut sv);
+                let f = GFactors { c: &c, s: &sv, g: gb, dv };
+                f.dbank(isa, &qb.phi, mp, m, rows, &mut sphi, &mut d32, w, false);
+                d64.iter_mut().zip(&d32).for_each(|(x, &y)| *x += y as f64);
+                a = b;
+            }
+            d64
+        })
+        .collect()
+}
+
 /// Causal forward; same contract as [`super::forward_into`] with `causal = true`.
 pub fn forward_into(
     map: &SoftMap,
@@ -158,17 +226,8 @@ pub fn forward_into(
 ) -> (usize, Ctx) {
     let (heads, n, dv, m, w) = (q.heads, q.n, v.cols, map.width(), bank_width(v.cols));
     den.resize(heads * n, 0.0);
-    let segs = plan_segments(n, heads);
+    let (segs, bases) = forward_bases(map, isa, k, v);
     let ns = segs.len();
-    let totals: Vec<Vec<f64>> = if ns > 1 {
-        (0..heads * ns)
-            .into_par_iter()
-            .map(|i| key_bank(map, isa, k, v, i / ns, segs[i % ns]))
-            .collect()
-    } else {
-        vec![vec![0.0; m * w]; heads]
-    };
-    let bases = exclusive_scan(&totals, heads, ns, false);
     let den_scale = map.den_scale();
     let empty: usize = split_out(o, n, dv, &segs)
         .into_par_iter()
@@ -306,35 +365,7 @@ pub fn backward_into(
         })
         .sum();
     // Suffix [dB | dA] entering each segment from the right.
-    let totals: Vec<Vec<f64>> = if ns > 1 {
-        (0..heads * ns)
-            .into_par_iter()
-            .map(|i| {
-                let (h, (start, end)) = (i / ns, segs[i % ns]);
-                let mut qb = Block::new(map, isa);
-                let mp = qb.mp;
-                let (mut c, mut sv, mut sphi) =
-                    (vec![0.0f32; T], vec![0.0f32; T], vec![0.0f32; T * m]);
-                let (mut d32, mut d64) = (vec![0.0f32; m * w], vec![0.0f64; m * w]);
-                let mut a = start;
-                while a < end {
-                    let b = (a + T).min(end);
-                    let rows = b - a;
-                    let gb = rows_of(&g, h, a, b);
-                    qb.features(map, rows_of(&q, h, a, b), rows);
-                    let dn = &den[h * n + a..h * n + b];
-                    g_factors(isa, gb, rows_of(&o, h, a, b), dn, dv, inv_l, &mut c, &mut sv);
-                    let f = GFactors { c: &c, s: &sv, g: gb, dv };
-                    f.dbank(isa, &qb.phi, mp, m, rows, &mut sphi, &mut d32, w, false);
-                    d64.iter_mut().zip(&d32).for_each(|(x, &y)| *x += y as f64);
-                    a = b;
-                }
-                d64
-            })
-            .collect()
-    } else {
-        vec![vec![0.0; m * w]; heads]
-    };
+    let totals = suffix_totals(map, isa, q, o, g, den, segs, heads);
     let dbases = exclusive_scan(&totals, heads, ns, true);
     // Keys and values, in reverse.
     let dbeta_k: f64 = split_out(dk, k.n, d, segs)

@@ -77,6 +77,18 @@ pub trait Simd: Copy {
     /// `a·b + c`: fused in [`Lanes`] (one FMA instruction in the SIMD frames), unfused in
     /// [`Scalar`] (where a fused multiply-add would be a slow library call).
     fn fma(a: f32, b: f32, c: f32) -> f32;
+    /// `out[c] = Σ_f φ_f (x[f·w + c] + y[f·w + c])` for `c < out.len()`, `f < φ.len()`
+    /// (reading a two-level bank with weights φ).
+    #[inline(always)]
+    fn rows_combine(phi: &[f32], x: &[f32], y: &[f32], w: usize, out: &mut [f32]) {
+        out.iter_mut().for_each(|o| *o = 0.0);
+        let n = out.len();
+        for (f, &p) in phi.iter().enumerate() {
+            if p != 0.0 {
+                Self::axpy2(out, p, &x[f * w..f * w + n], &y[f * w..f * w + n]);
+            }
+        }
+    }
 }
 
 /// Sequential loops: the reference twin of [`Lanes`].
@@ -228,16 +240,141 @@ impl Simd for Lanes512 {
         Lanes::dot(a, b)
     }
     #[inline(always)]
+    fn rows_combine(phi: &[f32], x: &[f32], y: &[f32], w: usize, out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            // SAFETY: as in `dot`.
+            unsafe { rows_combine512(phi, x, y, w, out) }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Lanes::rows_combine(phi, x, y, w, out)
+    }
+    #[inline(always)]
     fn dot2(g: &[f32], x: &[f32], y: &[f32]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        {
+            // SAFETY: as in `dot`.
+            unsafe { dot2_512(g, x, y) }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
         Lanes::dot2(g, x, y)
     }
     #[inline(always)]
     fn axpy(out: &mut [f32], w: f32, x: &[f32]) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            // SAFETY: as in `dot`.
+            unsafe { axpy2_512(out, w, x, None) }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
         Lanes::axpy(out, w, x)
     }
     #[inline(always)]
     fn axpy2(out: &mut [f32], w: f32, x: &[f32], y: &[f32]) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            // SAFETY: as in `dot`.
+            unsafe { axpy2_512(out, w, x, Some(y)) }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
         Lanes::axpy2(out, w, x, y)
+    }
+}
+
+/// [`Simd::rows_combine`]: one 16-column chunk of `out` at a time stays in a register while
+/// all rows are added (a row-by-row `axpy` would chain every row through memory).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn rows_combine512(phi: &[f32], x: &[f32], y: &[f32], w: usize, out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let (m, n) = (phi.len(), out.len());
+    if m == 0 {
+        out.iter_mut().for_each(|o| *o = 0.0);
+        return;
+    }
+    assert!(n <= w && x.len() >= (m - 1) * w + n && y.len() >= (m - 1) * w + n);
+    let (px, py, po) = (x.as_ptr(), y.as_ptr(), out.as_mut_ptr());
+    let mut c = 0;
+    while c < n {
+        let mask: __mmask16 = if n - c >= 16 { 0xFFFF } else { ((1u32 << (n - c)) - 1) as u16 };
+        let mut acc = _mm512_setzero_ps();
+        for (f, &p) in phi.iter().enumerate() {
+            // SAFETY: lanes c..c+16 (masked to < n) of row f lie within `x`, `y` (asserted).
+            unsafe {
+                let xy = _mm512_add_ps(
+                    _mm512_maskz_loadu_ps(mask, px.add(f * w + c)),
+                    _mm512_maskz_loadu_ps(mask, py.add(f * w + c)),
+                );
+                acc = _mm512_fmadd_ps(_mm512_set1_ps(p), xy, acc);
+            }
+        }
+        // SAFETY: lanes below n − c of `out` from c.
+        unsafe { _mm512_mask_storeu_ps(po.add(c), mask, acc) };
+        c += 16;
+    }
+}
+
+/// `Σ g_i (x_i + y_i)` over `g.len()` elements, two accumulators, masked tail.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn dot2_512(g: &[f32], x: &[f32], y: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let n = g.len();
+    assert!(x.len() >= n && y.len() >= n);
+    let (pg, px, py) = (g.as_ptr(), x.as_ptr(), y.as_ptr());
+    let mut acc = [_mm512_setzero_ps(); 2];
+    let mut i = 0;
+    // SAFETY (all loads): full loads read [i, i + 16) with i + 16 ≤ n; the masked load reads
+    // only lanes below n − i; all three slices hold at least n elements (asserted).
+    unsafe {
+        while i + 16 <= n {
+            let s = _mm512_add_ps(_mm512_loadu_ps(px.add(i)), _mm512_loadu_ps(py.add(i)));
+            let j = (i / 16) & 1;
+            acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(pg.add(i)), s, acc[j]);
+            i += 16;
+        }
+        if i < n {
+            let m: __mmask16 = ((1u32 << (n - i)) - 1) as u16;
+            let s = _mm512_add_ps(_mm512_maskz_loadu_ps(m, px.add(i)), _mm512_maskz_loadu_ps(m, py.add(i)));
+            acc[0] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, pg.add(i)), s, acc[0]);
+        }
+    }
+    _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]))
+}
+
+/// `out += w · (x + y)` (or `out += w · x` without `y`) over `out.len()` elements.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn axpy2_512(out: &mut [f32], w: f32, x: &[f32], y: Option<&[f32]>) {
+    use std::arch::x86_64::*;
+    let n = out.len();
+    assert!(x.len() >= n && y.is_none_or(|y| y.len() >= n));
+    let (po, px) = (out.as_mut_ptr(), x.as_ptr());
+    let wv = _mm512_set1_ps(w);
+    let mut i = 0;
+    // SAFETY (all loads and stores): full accesses cover [i, i + 16) with i + 16 ≤ n, masked
+    // ones only lanes below n − i; `x` and `y` hold at least n elements (asserted).
+    unsafe {
+        let load = |m: __mmask16, i: usize| -> __m512 {
+            let xv = _mm512_maskz_loadu_ps(m, px.add(i));
+            match y {
+                Some(y) => _mm512_add_ps(xv, _mm512_maskz_loadu_ps(m, y.as_ptr().add(i))),
+                None => xv,
+            }
+        };
+        while i + 16 <= n {
+            let o = _mm512_loadu_ps(po.add(i));
+            _mm512_storeu_ps(po.add(i), _mm512_fmadd_ps(wv, load(0xFFFF, i), o));
+            i += 16;
+        }
+        if i < n {
+            let m: __mmask16 = ((1u32 << (n - i)) - 1) as u16;
+            let o = _mm512_maskz_loadu_ps(m, po.add(i));
+            _mm512_mask_storeu_ps(po.add(i), m, _mm512_fmadd_ps(wv, load(m, i), o));
+        }
     }
 }
 

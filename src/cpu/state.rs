@@ -95,21 +95,10 @@ impl Bank {
         self.pending = 0;
     }
 
-    /// `out = Σ_f φ_f (base_f + local_f)` (`out.len() == w`, zeroed here).
+    /// `out = Σ_f φ_f (base_f + local_f)[..out.len()]` (overwritten).
     #[inline(always)]
     pub fn read<S: Simd>(&self, phi: &[f32], out: &mut [f32]) {
-        out.iter_mut().for_each(|o| *o = 0.0);
-        let w = self.w;
-        for (f, &p) in phi.iter().enumerate() {
-            if p != 0.0 {
-                S::axpy2(
-                    out,
-                    p,
-                    &self.base32[f * w..(f + 1) * w],
-                    &self.local[f * w..(f + 1) * w],
-                );
-            }
-        }
+        S::rows_combine(phi, &self.base32, &self.local, self.w, out);
     }
 
     /// `(base_f + local_f) · g`.
