@@ -13,12 +13,24 @@ fn main() {
             .map(|i| racelab::bench::machine::counter_uniform(seed, i as u64))
             .collect()
     };
-    let (q, k, v, g) = (fill(1, n * d), fill(2, n * d), fill(3, n * dv), fill(4, n * dv));
+    let (mut q, mut k, mut v, mut g) = (fill(1, n * d), fill(2, n * d), fill(3, n * dv), fill(4, n * dv));
+    let mut keep = Vec::new();
+    if std::env::var_os("ALIGN").is_some() {
+        // Re-home each input at a 64-byte boundary (a Vec<f32> view into an over-allocated buffer).
+        for x in [&mut q, &mut k, &mut v, &mut g] {
+            let mut buf = vec![0.0f32; x.len() + 16];
+            let off = (16 - (buf.as_ptr() as usize / 4) % 16) % 16;
+            buf[off..off + x.len()].copy_from_slice(x);
+            keep.push((buf, off, x.len()));
+        }
+    }
+    let views: Vec<&[f32]> = keep.iter().map(|(b, o, l)| &b[*o..*o + *l]).collect();
+    let (q, k, v, g): (&[f32], &[f32], &[f32], &[f32]) = if views.is_empty() { (&q, &k, &v, &g) } else { (views[0], views[1], views[2], views[3]) };
     let (qh, kh, vh, gh) = (
-        Heads::new(1, n, d, &q),
-        Heads::new(1, n, d, &k),
-        Heads::new(1, n, dv, &v),
-        Heads::new(1, n, dv, &g),
+        Heads::new(1, n, d, q),
+        Heads::new(1, n, d, k),
+        Heads::new(1, n, dv, v),
+        Heads::new(1, n, dv, g),
     );
     let pls: Vec<(usize, usize)> = match std::env::var("PL").as_deref() { Ok("2") => vec![(2, 2)], Ok("4") => vec![(4, 4)], _ => vec![(2, 2), (3, 3), (4, 4)] };
     for (p, l) in pls {

@@ -23,7 +23,7 @@ use super::blocked::{
 use super::features::{FeatureMap, SoftMap};
 use super::forward::{exclusive_scan, Ctx};
 use super::gemm::{gemm, gemm_nt, gemm_tri, prefetch, transpose_into, Strided, Tri};
-use super::simd::Isa;
+use super::simd::{dispatch, Isa, Simd, WithSimd};
 use super::state::{bank_width, plan_segments, split_out, Heads};
 use rayon::prelude::*;
 
@@ -44,16 +44,57 @@ fn mask(a: &mut [f32], rows: usize, lower: bool) {
 
 /// An f64 bank with an f32 block-local part, read as one f32 matrix.
 struct TwoLevel {
+    isa: Isa,
     base: Vec<f64>,
+    /// `f32(base)`, refreshed when the base changes (every [`T`] tokens).
+    base32: Vec<f32>,
     local: Vec<f32>,
     read: Vec<f32>,
     pending: usize,
 }
 
+/// `read = base32 + local` (elementwise, in the dispatched SIMD frame).
+struct AddTask<'a> {
+    out: &'a mut [f32],
+    x: &'a [f32],
+    y: &'a [f32],
+}
+
+impl WithSimd for AddTask<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn run<S: Simd>(self) {
+        for ((o, &a), &b) in self.out.iter_mut().zip(self.x).zip(self.y) {
+            *o = a + b;
+        }
+    }
+}
+
+/// `base += local` (f64), `local = 0`, `base32 = f32(base)`, in the dispatched SIMD frame.
+struct FlushTask<'a> {
+    base: &'a mut [f64],
+    base32: &'a mut [f32],
+    local: &'a mut [f32],
+}
+
+impl WithSimd for FlushTask<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn run<S: Simd>(self) {
+        for ((b, b32), l) in self.base.iter_mut().zip(self.base32.iter_mut()).zip(self.local.iter_mut()) {
+            *b += *l as f64;
+            *b32 = *b as f32;
+            *l = 0.0;
+        }
+    }
+}
+
 impl TwoLevel {
-    fn new(base: &[f64]) -> Self {
+    fn new(isa: Isa, base: &[f64]) -> Self {
         TwoLevel {
+            isa,
             base: base.to_vec(),
+            base32: base.iter().map(|&x| x as f32).collect(),
             local: vec![0.0; base.len()],
             read: vec![0.0; base.len()],
             pending: 0,
@@ -61,18 +102,19 @@ impl TwoLevel {
     }
     /// `read = f32(base) + local`.
     fn refresh(&mut self) {
-        for ((r, &b), &l) in self.read.iter_mut().zip(&self.base).zip(&self.local) {
-            *r = b as f32 + l;
-        }
+        let (x, y) = (&self.base32, &self.local);
+        dispatch(self.isa, AddTask { out: &mut self.read, x, y });
     }
     /// Count `rows` tokens; fold the f32 part into f64 every `T` tokens.
     fn tick(&mut self, rows: usize) {
         self.pending += rows;
         if self.pending >= T {
-            for (b, l) in self.base.iter_mut().zip(self.local.iter_mut()) {
-                *b += *l as f64;
-                *l = 0.0;
-            }
+            let task = FlushTask {
+                base: &mut self.base,
+                base32: &mut self.base32,
+                local: &mut self.local,
+            };
+            dispatch(self.isa, task);
             self.pending = 0;
         }
     }
@@ -233,7 +275,7 @@ pub fn forward_into(
         .into_par_iter()
         .zip(split_out(&mut den, n, 1, &segs).into_par_iter())
         .map(|((h, s, op), (_, _, dp))| {
-            let mut st = TwoLevel::new(&bases[h * ns + s]);
+            let mut st = TwoLevel::new(isa, &bases[h * ns + s]);
             let mut sc = Scratch::new(map, isa, dv, w);
             let mp = sc.kb.mp;
             let (start, end) = segs[s];
@@ -284,14 +326,23 @@ pub fn forward_into(
     )
 }
 
-/// `att_ij (=) c_i (g_i·v_j − s_i)` (queries `i`, keys `j`, both in the sub-block) from
-/// `att = G Vᵀ`, when `by_row`; else `att_ji = c_i (v_j·g_i − s_i)` from `att = V Gᵀ`.
+/// `att_ij (=) c_i (g_i·v_j − s_i)` for `j ≤ i` (queries `i`, keys `j`, both in the
+/// sub-block) from `att = G Vᵀ`, when `by_row`; else `att_ji = c_i (v_j·g_i − s_i)` for
+/// `i ≥ j` from `att = V Gᵀ`; 0 off the triangle.
 fn scale_gv(att: &mut [f32], rows: usize, c: &[f32], s: &[f32], by_row: bool) {
+    // Fused with the triangular mask (`by_row`: keep j ≤ i; else keep columns ≥ the row);
+    // branch-free per row, so each row is a few vector selects.
     for r in 0..rows {
-        for col in 0..rows {
-            let i = if by_row { r } else { col };
-            let x = &mut att[r * TC + col];
-            *x = c[i] * (*x - s[i]);
+        let row = &mut att[r * TC..r * TC + rows];
+        if by_row {
+            let (cr, sr) = (c[r], s[r]);
+            for (col, x) in row.iter_mut().enumerate() {
+                *x = if col <= r { cr * (*x - sr) } else { 0.0 };
+            }
+        } else {
+            for (col, x) in row.iter_mut().enumerate() {
+                *x = if col >= r { c[col] * (*x - s[col]) } else { 0.0 };
+            }
         }
     }
 }
@@ -327,7 +378,7 @@ pub fn backward_into(
     let dbeta_q: f64 = split_out(dq, n, d, segs)
         .into_par_iter()
         .map(|(h, s, dqp)| {
-            let mut st = TwoLevel::new(&ctx.banks[h * ns + s]);
+            let mut st = TwoLevel::new(isa, &ctx.banks[h * ns + s]);
             let mut sc = Scratch::new(map, isa, dv, w);
             let mp = sc.kb.mp;
             let (start, end) = segs[s];
@@ -351,7 +402,6 @@ pub fn backward_into(
                 f.phi_grads(isa, &mut sc.gphi, mp, m, rows, &st.read, &sc.st_t, w);
                 gram(isa, &mut sc.att, gb, dv, vb, dv, rows, dv, true);
                 scale_gv(&mut sc.att, rows, &sc.c, &sc.s, true);
-                mask(&mut sc.att, rows, true);
                 tri_gemm(isa, &mut sc.gphi, mp, rows, mp, &sc.att, &sc.kb.phi, mp, 1.0, true);
                 dbeta += sc.qb.backward(map, &sc.gphi, mp, rows);
                 let t0 = a - start;
@@ -372,7 +422,7 @@ pub fn backward_into(
         .into_par_iter()
         .zip(split_out(dvv, k.n, dv, segs).into_par_iter())
         .map(|((h, s, dkp), (_, _, dvp))| {
-            let mut st = TwoLevel::new(&dbases[h * ns + s]);
+            let mut st = TwoLevel::new(isa, &dbases[h * ns + s]);
             let mut sc = Scratch::new(map, isa, dv, w);
             let mp = sc.kb.mp;
             let (start, end) = segs[s];
@@ -403,7 +453,6 @@ pub fn backward_into(
                 }
                 gram(isa, &mut sc.att, vb, dv, gb, dv, rows, dv, false);
                 scale_gv(&mut sc.att, rows, &sc.c, &sc.s, false);
-                mask(&mut sc.att, rows, false);
                 tri_gemm(isa, &mut sc.gphi, mp, rows, mp, &sc.att, &sc.qb.phi, mp, 1.0, false);
                 // ∂ℓ/∂v = Φ_K dS_B + triu(Φ_K Φ_Qᵀ) (c ⊙ G).
                 let t0 = a - start;
