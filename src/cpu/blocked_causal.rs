@@ -27,8 +27,20 @@ use super::simd::{dispatch, Isa, Simd, WithSimd};
 use super::state::{bank_width, plan_segments, split_out, Heads};
 use rayon::prelude::*;
 
-/// Tokens per causal sub-block (the intra-block products are `TC × TC`).
+/// Largest causal sub-block (the intra-block products are at most `TC × TC`, stored with
+/// row stride `TC`).
 pub const TC: usize = 32;
+
+/// Tokens per causal sub-block for a bank of `m` rows: the intra-block products cost about
+/// `tc·dv` per token and the per-sub-block work (state refresh, transposes) `m·w/tc`, so
+/// narrow banks take short sub-blocks (measured: 16 is faster for m ≤ 32, 32 for m = 64).
+pub fn sub_block(m: usize) -> usize {
+    if m <= 32 {
+        16
+    } else {
+        TC
+    }
+}
 
 /// Zero the entries above (`lower = true`: keep `j ≤ i`) or below (keep `j ≥ i`) the diagonal
 /// of a `rows × rows` matrix with row stride [`TC`].
@@ -277,14 +289,14 @@ pub fn forward_into(
         .map(|((h, s, op), (_, _, dp))| {
             let mut st = TwoLevel::new(isa, &bases[h * ns + s]);
             let mut sc = Scratch::new(map, isa, dv, w);
-            let mp = sc.kb.mp;
+            let (mp, tc) = (sc.kb.mp, sub_block(m));
             let (start, end) = segs[s];
             let (mut a, mut empty) = (start, 0usize);
             while a < end {
-                let b = (a + TC).min(end);
+                let b = (a + tc).min(end);
                 let rows = b - a;
                 for x in [&q, &k, &v] {
-                    prefetch(rows_of(x, h, (b + TC).min(end), (b + 2 * TC).min(end)));
+                    prefetch(rows_of(x, h, (b + tc).min(end), (b + 2 * tc).min(end)));
                 }
                 st.refresh();
                 let vb = rows_of(&v, h, a, b);
@@ -380,14 +392,14 @@ pub fn backward_into(
         .map(|(h, s, dqp)| {
             let mut st = TwoLevel::new(isa, &ctx.banks[h * ns + s]);
             let mut sc = Scratch::new(map, isa, dv, w);
-            let mp = sc.kb.mp;
+            let (mp, tc) = (sc.kb.mp, sub_block(m));
             let (start, end) = segs[s];
             let (mut a, mut dbeta) = (start, 0.0f64);
             while a < end {
-                let b = (a + TC).min(end);
+                let b = (a + tc).min(end);
                 let rows = b - a;
                 for x in [&q, &k, &v, &o, &g] {
-                    prefetch(rows_of(x, h, (b + TC).min(end), (b + 2 * TC).min(end)));
+                    prefetch(rows_of(x, h, (b + tc).min(end), (b + 2 * tc).min(end)));
                 }
                 st.refresh();
                 let (vb, gb) = (rows_of(&v, h, a, b), rows_of(&g, h, a, b));
@@ -424,15 +436,15 @@ pub fn backward_into(
         .map(|((h, s, dkp), (_, _, dvp))| {
             let mut st = TwoLevel::new(isa, &dbases[h * ns + s]);
             let mut sc = Scratch::new(map, isa, dv, w);
-            let mp = sc.kb.mp;
+            let (mp, tc) = (sc.kb.mp, sub_block(m));
             let (start, end) = segs[s];
             let mut dbeta = 0.0f64;
             let mut b = end;
             while b > start {
-                let a = b.saturating_sub(TC).max(start);
+                let a = b.saturating_sub(tc).max(start);
                 let rows = b - a;
                 for x in [&q, &k, &v, &o, &g] {
-                    prefetch(rows_of(x, h, a.saturating_sub(2 * TC).max(start), a.saturating_sub(TC).max(start)));
+                    prefetch(rows_of(x, h, a.saturating_sub(2 * tc).max(start), a.saturating_sub(tc).max(start)));
                 }
                 st.refresh();
                 let (vb, gb) = (rows_of(&v, h, a, b), rows_of(&g, h, a, b));
