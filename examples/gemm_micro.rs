@@ -17,7 +17,10 @@ fn main() {
         ("dq LP=16", 64, 128, 16, false),
     ];
     for (label, rows, cols, k, tr) in shapes {
-        let shift: usize = std::env::var("SHIFT").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+        let shift: usize = std::env::var("SHIFT")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
         // 64-byte aligned storage, then shifted by SHIFT floats.
         fn aligned(len: usize, shift: usize) -> (Vec<f32>, usize) {
             let v = vec![0.0f32; len + 32];
@@ -27,19 +30,29 @@ fn main() {
         let (mut abuf, ao) = aligned(rows * k, shift);
         let (mut bbuf, bo) = aligned(k * cols, shift);
         let (mut dbuf, d_o) = aligned(rows * cols, shift);
-        for i in 0..rows * k { abuf[ao + i] = ((i * 7 % 13) as f32) * 0.1 - 0.6; }
-        for i in 0..k * cols { bbuf[bo + i] = ((i * 5 % 11) as f32) * 0.1 - 0.5; }
+        for i in 0..rows * k {
+            abuf[ao + i] = ((i * 7 % 13) as f32) * 0.1 - 0.6;
+        }
+        for i in 0..k * cols {
+            bbuf[bo + i] = ((i * 5 % 11) as f32) * 0.1 - 0.5;
+        }
         let a = &abuf[ao..ao + rows * k];
         let b = &bbuf[bo..bo + k * cols];
         let d = &mut dbuf[d_o..d_o + rows * cols];
-        let av = if tr { Strided::transposed(a, rows) } else { Strided::rows(a, k) };
+        let av = if tr {
+            Strided::transposed(a, rows)
+        } else {
+            Strided::rows(a, k)
+        };
         // check against a plain loop
         for isa in [Isa::Scalar, isa] {
             gemm(isa, d, cols, rows, cols, k, av, b, cols, 1.0, false);
             let mut err = 0.0f32;
             for i in 0..rows {
                 for j in 0..cols {
-                    let want: f32 = (0..k).map(|kk| a[i * av.rs + kk * av.cs] * b[kk * cols + j]).sum();
+                    let want: f32 = (0..k)
+                        .map(|kk| a[i * av.rs + kk * av.cs] * b[kk * cols + j])
+                        .sum();
                     err = err.max((want - d[i * cols + j]).abs());
                 }
             }

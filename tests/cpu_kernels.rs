@@ -7,7 +7,10 @@ mod common;
 use common::assert_close;
 use racelab::analysis::metrics::rel_max_err;
 use racelab::cpu::decode::Decoder;
-use racelab::cpu::{forward, soft_backward, soft_forward, soft_grads, HardMap, Heads, Isa, LinearMap, PlanesF32, SoftMap};
+use racelab::cpu::{
+    forward, soft_backward, soft_forward, soft_grads, HardMap, Heads, Isa, LinearMap, PlanesF32,
+    SoftMap,
+};
 use racelab::reference::backward::soft_race_backward;
 use racelab::reference::baselines::{linear_attention, performer_attention, performer_omega};
 use racelab::reference::race::{hard_lsh, soft_race};
@@ -164,29 +167,22 @@ fn soft_forward_matches_reference() {
                 );
             }
             for isa in isas() {
-                let out = forward(
-                    &map,
-                    Heads::new(c.heads, c.n, c.d, &qf),
-                    Heads::new(c.heads, c.n, c.d, &kf),
-                    Heads::new(c.heads, c.n, c.dv, &vf),
-                    causal,
-                    isa,
-                );
-                let got: Vec<f64> = out.o.iter().map(|&x| x as f64).collect();
-                let err = rel_max_err(&got, &want);
-                assert!(err <= FWD_TOL, "soft fwd P={} L={} beta={} d={} n={} causal={causal} {isa:?}: rel err {err:.2e}", c.p, c.l, c.beta, c.d, c.n);
-                // The production (blocked) path on the same inputs.
-                let prod = soft_forward(
-                    &map,
-                    Heads::new(c.heads, c.n, c.d, &qf),
-                    Heads::new(c.heads, c.n, c.d, &kf),
-                    Heads::new(c.heads, c.n, c.dv, &vf),
-                    causal,
-                    isa,
-                );
-                let got: Vec<f64> = prod.o.iter().map(|&x| x as f64).collect();
-                let err = rel_max_err(&got, &want);
-                assert!(err <= FWD_TOL, "production soft fwd P={} L={} beta={} d={} n={} causal={causal} {isa:?}: rel err {err:.2e}", c.p, c.l, c.beta, c.d, c.n);
+                // The per-token engine and the production (blocked) path on the same inputs.
+                for production in [false, true] {
+                    let (qh, kh, vh) = (
+                        Heads::new(c.heads, c.n, c.d, &qf),
+                        Heads::new(c.heads, c.n, c.d, &kf),
+                        Heads::new(c.heads, c.n, c.dv, &vf),
+                    );
+                    let out = if production {
+                        soft_forward(&map, qh, kh, vh, causal, isa)
+                    } else {
+                        forward(&map, qh, kh, vh, causal, isa)
+                    };
+                    let got: Vec<f64> = out.o.iter().map(|&x| x as f64).collect();
+                    let err = rel_max_err(&got, &want);
+                    assert!(err <= FWD_TOL, "soft fwd (production: {production}) P={} L={} beta={} d={} n={} causal={causal} {isa:?}: rel err {err:.2e}", c.p, c.l, c.beta, c.d, c.n);
+                }
             }
         }
     }
@@ -228,45 +224,47 @@ fn soft_backward_matches_reference_gradients() {
                     Heads::new(c.heads, c.n, c.d, &kf),
                     Heads::new(c.heads, c.n, c.dv, &vf),
                 );
-              // Per-token engine, production (blocked) engine, and each backward on the
-              // other engine's forward context.
-              for (fwd_prod, bwd_prod) in [(false, false), (true, true), (false, true), (true, false)] {
-                let fwd = if fwd_prod {
-                    soft_forward(&map, qh, kh, vh, causal, isa)
-                } else {
-                    forward(&map, qh, kh, vh, causal, isa)
-                };
-                let oh = Heads::new(c.heads, c.n, c.dv, &fwd.o);
-                let gh = Heads::new(c.heads, c.n, c.dv, &gf);
-                let grads = if bwd_prod {
-                    soft_grads(&map, &fwd.ctx, qh, kh, vh, oh, gh, isa)
-                } else {
-                    soft_backward(&map, &fwd.ctx, qh, kh, vh, oh, gh, isa)
-                };
-                let tag = format!(
+                // Per-token engine, production (blocked) engine, and each backward on the
+                // other engine's forward context.
+                for (fwd_prod, bwd_prod) in
+                    [(false, false), (true, true), (false, true), (true, false)]
+                {
+                    let fwd = if fwd_prod {
+                        soft_forward(&map, qh, kh, vh, causal, isa)
+                    } else {
+                        forward(&map, qh, kh, vh, causal, isa)
+                    };
+                    let oh = Heads::new(c.heads, c.n, c.dv, &fwd.o);
+                    let gh = Heads::new(c.heads, c.n, c.dv, &gf);
+                    let grads = if bwd_prod {
+                        soft_grads(&map, &fwd.ctx, qh, kh, vh, oh, gh, isa)
+                    } else {
+                        soft_backward(&map, &fwd.ctx, qh, kh, vh, oh, gh, isa)
+                    };
+                    let tag = format!(
                     "P={} L={} beta={} d={} n={} causal={causal} {isa:?} production fwd={fwd_prod} bwd={bwd_prod}",
                     c.p, c.l, c.beta, c.d, c.n
                 );
-                // Relative to the largest reference gradient, floored at 1e-3·max|G|·max|V|: at
-                // N = 1 the true dQ, dK are exactly 0 and only rounding remains.
-                let floor = 1e-3 * maxabs(&g) * maxabs(&v);
-                for (name, got, want) in [
-                    ("dq", &grads.dq, &dq),
-                    ("dk", &grads.dk, &dk),
-                    ("dv", &grads.dv, &dv),
-                ] {
-                    let got: Vec<f64> = got.iter().map(|&x| x as f64).collect();
-                    let err = racelab::analysis::metrics::max_abs_diff(&got, want)
-                        / maxabs(want).max(floor);
-                    assert!(err <= GRAD_TOL, "{name} {tag}: rel err {err:.2e}");
+                    // Relative to the largest reference gradient, floored at 1e-3·max|G|·max|V|: at
+                    // N = 1 the true dQ, dK are exactly 0 and only rounding remains.
+                    let floor = 1e-3 * maxabs(&g) * maxabs(&v);
+                    for (name, got, want) in [
+                        ("dq", &grads.dq, &dq),
+                        ("dk", &grads.dk, &dk),
+                        ("dv", &grads.dv, &dv),
+                    ] {
+                        let got: Vec<f64> = got.iter().map(|&x| x as f64).collect();
+                        let err = racelab::analysis::metrics::max_abs_diff(&got, want)
+                            / maxabs(want).max(floor);
+                        assert!(err <= GRAD_TOL, "{name} {tag}: rel err {err:.2e}");
+                    }
+                    let scale = db.abs().max(1e-3);
+                    assert!(
+                        (grads.dbeta - db).abs() / scale <= GRAD_TOL * 10.0,
+                        "dbeta {tag}: {} vs {db}",
+                        grads.dbeta
+                    );
                 }
-                let scale = db.abs().max(1e-3);
-                assert!(
-                    (grads.dbeta - db).abs() / scale <= GRAD_TOL * 10.0,
-                    "dbeta {tag}: {} vs {db}",
-                    grads.dbeta
-                );
-              }
             }
         }
     }

@@ -102,7 +102,7 @@ fn tree<const R: usize, const P: usize>(
 }
 
 /// Per-block feature state: projections' tanh, bit probabilities, features.
-pub struct Block {
+pub(crate) struct Block {
     pub(crate) isa: Isa,
     lp: usize,
     z: Vec<f32>,   // T × LP: projections, then u = tanh(z)
@@ -160,7 +160,7 @@ impl BwdMats {
 }
 
 impl Block {
-    pub fn new(map: &SoftMap, isa: Isa) -> Self {
+    pub(crate) fn new(map: &SoftMap, isa: Isa) -> Self {
         let pl = map.planes;
         let (lp, m) = (pl.l * pl.p, pl.l * pl.r());
         Block {
@@ -177,12 +177,24 @@ impl Block {
     }
 
     /// Features of rows `x` (`rows × d`); `z` keeps `u = tanh(Wx)` for the backward.
-    pub fn features(&mut self, map: &SoftMap, x: &[f32], rows: usize) {
+    pub(crate) fn features(&mut self, map: &SoftMap, x: &[f32], rows: usize) {
         let (pl, d) = (map.planes, map.planes.d);
         let (p, l, r) = (pl.p, pl.l, pl.r());
         let (lp, mp) = (self.lp, self.mp);
         let n = rows * lp;
-        gemm_nt(self.isa, Tri::Full, &mut self.z, lp, rows, lp, d, x, d, &pl.w, d);
+        gemm_nt(
+            self.isa,
+            Tri::Full,
+            &mut self.z,
+            lp,
+            rows,
+            lp,
+            d,
+            x,
+            d,
+            &pl.w,
+            d,
+        );
         dispatch(
             self.isa,
             BitProbs {
@@ -222,7 +234,7 @@ impl Block {
     /// `c_b = Σ_r ±y_r` (sign by bit b of r), `∂ℓ/∂z_b = beta c_b (1 − u_b²)`,
     /// `∂ℓ/∂beta += u_b c_b`. For `m ≤` [`SMALL_M`] the two sums over r are products with
     /// constant matrices (`ḡ = (Φ ⊙ Gφ) Ind`, `C = Y Sign`), one [`gemm`] each per block.
-    pub fn backward(&mut self, map: &SoftMap, gphi: &[f32], ld: usize, rows: usize) -> f64 {
+    pub(crate) fn backward(&mut self, map: &SoftMap, gphi: &[f32], ld: usize, rows: usize) -> f64 {
         let Some(bm) = self.bwd.as_mut() else {
             return self.backward_loop(map, gphi, ld, rows);
         };
@@ -236,12 +248,27 @@ impl Block {
                 .for_each(|(y, (&a, &b))| *y = a * b);
         }
         let a = Strided::rows(&bm.y, mp);
-        gemm(self.isa, &mut bm.gbar, bm.lpad, rows, bm.lpad, m, a, &bm.ind, bm.lpad, 1.0, false);
+        gemm(
+            self.isa,
+            &mut bm.gbar,
+            bm.lpad,
+            rows,
+            bm.lpad,
+            m,
+            a,
+            &bm.ind,
+            bm.lpad,
+            1.0,
+            false,
+        );
         for i in 0..rows {
             for t in 0..l {
                 let gb = bm.gbar[i * bm.lpad + t];
                 let o = i * mp + t * r;
-                let (ph, g) = (&self.phi[o..o + r], &gphi[i * ld + t * r..i * ld + (t + 1) * r]);
+                let (ph, g) = (
+                    &self.phi[o..o + r],
+                    &gphi[i * ld + t * r..i * ld + (t + 1) * r],
+                );
                 bm.y[o..o + r]
                     .iter_mut()
                     .zip(ph.iter().zip(g))
@@ -249,7 +276,9 @@ impl Block {
             }
         }
         let a = Strided::rows(&bm.y, mp);
-        gemm(self.isa, &mut bm.c, bm.lpp, rows, bm.lpp, m, a, &bm.sign, bm.lpp, 1.0, false);
+        gemm(
+            self.isa, &mut bm.c, bm.lpp, rows, bm.lpp, m, a, &bm.sign, bm.lpp, 1.0, false,
+        );
         let mut dbeta = 0.0f64;
         for i in 0..rows {
             let mut db = 0.0f32;
@@ -389,7 +418,19 @@ pub(crate) fn bank_dots(
     if m <= NT_MAX_M {
         gemm_nt(isa, Tri::Full, out, mp, rows, m, dv, x, dv, bank, w);
     } else {
-        gemm(isa, out, mp, rows, mp, dv, Strided::rows(x, dv), bt, mp, 1.0, false);
+        gemm(
+            isa,
+            out,
+            mp,
+            rows,
+            mp,
+            dv,
+            Strided::rows(x, dv),
+            bt,
+            mp,
+            1.0,
+            false,
+        );
     }
 }
 
@@ -575,18 +616,19 @@ pub fn forward_into(
     )
 }
 
-/// Fill the per-row factors of `Ĝ` ([`GFactors`]): `c_i = 1/(L·den_i)`, `s_i = g_i·ô_i`.
+/// Fill the per-row factors of `Ĝ` into `c`, `s` (`c_i = 1/(L·den_i)`, `s_i = g_i·ô_i`) for
+/// the block's rows `g`, `o` (stride `dv`) and return them as [`GFactors`].
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn g_factors(
+pub(crate) fn g_factors<'a>(
     isa: Isa,
-    g: &[f32],
+    g: &'a [f32],
     o: &[f32],
     den: &[f32],
     dv: usize,
     inv_l: f32,
-    c: &mut [f32],
-    s: &mut [f32],
-) {
+    c: &'a mut [f32],
+    s: &'a mut [f32],
+) -> GFactors<'a> {
     struct Task<'a> {
         g: &'a [f32],
         o: &'a [f32],
@@ -607,7 +649,16 @@ pub(crate) fn g_factors(
         *ci = if di != 0.0 { inv_l / di } else { 0.0 };
     }
     let rows = den.len();
-    dispatch(isa, Task { g, o, dv, s: &mut s[..rows] });
+    dispatch(
+        isa,
+        Task {
+            g,
+            o,
+            dv,
+            s: &mut s[..rows],
+        },
+    );
+    GFactors { c, s, g, dv }
 }
 
 /// The per-row factors of `Ĝ = [G/Den, −s/Den]/L` for a block: `c_i = 1/(L·den_i)` (0 for an
@@ -619,7 +670,12 @@ pub(crate) struct GFactors<'a> {
     pub dv: usize,
 }
 
-impl GFactors<'_> {
+impl<'a> GFactors<'a> {
+    /// Factors already in `c`, `s` for the rows `g` (stride `dv`).
+    pub(crate) fn of(c: &'a [f32], s: &'a [f32], g: &'a [f32], dv: usize) -> Self {
+        GFactors { c, s, g, dv }
+    }
+
     /// `∂ℓ/∂φ_if = ĝ_i·𝔅_f = c_i (g_i·B_f − s_i A_f)` into `gphi` (row stride `mp`), from a bank
     /// `𝔅` (`m × w`) and its transposed values `bt` ([`values_t`]).
     #[allow(clippy::too_many_arguments)]
@@ -728,8 +784,16 @@ pub fn query_grads(
                     prefetch(rows_of(x, h, b, next));
                 }
                 blk.features(map, rows_of(&q, h, a, b), rows);
-                g_factors(isa, gb, ob, &den[h * n + a..h * n + b], dv, inv_l, &mut c, &mut sv);
-                let f = GFactors { c: &c, s: &sv, g: gb, dv };
+                let f = g_factors(
+                    isa,
+                    gb,
+                    ob,
+                    &den[h * n + a..h * n + b],
+                    dv,
+                    inv_l,
+                    &mut c,
+                    &mut sv,
+                );
                 f.phi_grads(isa, &mut gphi, mp, m, rows, bank, &bt[h], w);
                 f.dbank(isa, &blk.phi, mp, m, rows, &mut sphi, &mut d32, w, false);
                 d64.iter_mut().zip(&d32).for_each(|(x, &y)| *x += y as f64);
@@ -789,7 +853,19 @@ pub fn key_grads(
                 }
                 let t0 = a - segs[s].0;
                 let phi = Strided::rows(&blk.phi, mp);
-                gemm(isa, &mut dvp[t0 * dv..(t0 + rows) * dv], dv, rows, dv, m, phi, db, w, 1.0, false);
+                gemm(
+                    isa,
+                    &mut dvp[t0 * dv..(t0 + rows) * dv],
+                    dv,
+                    rows,
+                    dv,
+                    m,
+                    phi,
+                    db,
+                    w,
+                    1.0,
+                    false,
+                );
                 dbeta += blk.backward(map, &gphi, mp, rows);
                 blk.input_grads(map, rows, &mut dkp[t0 * d..(t0 + rows) * d]);
                 a = b;

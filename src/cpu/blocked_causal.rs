@@ -18,7 +18,8 @@
 //! [`T`] tokens, so accuracy does not depend on N.
 
 use super::blocked::{
-    bank_dots, g_factors, gemm_ext, key_bank, normalise, pad16, rows_of, Block, GFactors, NT_MAX_M, T,
+    bank_dots, g_factors, gemm_ext, key_bank, normalise, pad16, rows_of, Block, GFactors, NT_MAX_M,
+    T,
 };
 use super::features::{FeatureMap, SoftMap};
 use super::forward::{exclusive_scan, Ctx};
@@ -93,7 +94,12 @@ impl WithSimd for FlushTask<'_> {
     type Output = ();
     #[inline(always)]
     fn run<S: Simd>(self) {
-        for ((b, b32), l) in self.base.iter_mut().zip(self.base32.iter_mut()).zip(self.local.iter_mut()) {
+        for ((b, b32), l) in self
+            .base
+            .iter_mut()
+            .zip(self.base32.iter_mut())
+            .zip(self.local.iter_mut())
+        {
             *b += *l as f64;
             *b32 = *b as f32;
             *l = 0.0;
@@ -115,7 +121,14 @@ impl TwoLevel {
     /// `read = f32(base) + local`.
     fn refresh(&mut self) {
         let (x, y) = (&self.base32, &self.local);
-        dispatch(self.isa, AddTask { out: &mut self.read, x, y });
+        dispatch(
+            self.isa,
+            AddTask {
+                out: &mut self.read,
+                x,
+                y,
+            },
+        );
     }
     /// Count `rows` tokens; fold the f32 part into f64 every `T` tokens.
     fn tick(&mut self, rows: usize) {
@@ -159,6 +172,42 @@ impl Scratch {
             s: vec![0.0; TC],
             st_t: vec![0.0; dv * mp],
         }
+    }
+}
+
+/// The inputs of the causal backward passes.
+struct Io<'a> {
+    map: &'a SoftMap<'a>,
+    isa: Isa,
+    q: Heads<'a>,
+    k: Heads<'a>,
+    v: Heads<'a>,
+    o: Heads<'a>,
+    g: Heads<'a>,
+    den: &'a [f32],
+}
+
+impl Scratch {
+    /// Start sub-block `a..b` of head `h`: prefetch the rows of `next`, refresh the state,
+    /// compute both feature blocks and `Ĝ`'s factors ([`g_factors`], into `c`, `s`).
+    fn load(
+        &mut self,
+        io: &Io,
+        st: &mut TwoLevel,
+        h: usize,
+        (a, b): (usize, usize),
+        next: (usize, usize),
+    ) {
+        for x in [&io.q, &io.k, &io.v, &io.o, &io.g] {
+            prefetch(rows_of(x, h, next.0, next.1));
+        }
+        st.refresh();
+        self.kb.features(io.map, rows_of(&io.k, h, a, b), b - a);
+        self.qb.features(io.map, rows_of(&io.q, h, a, b), b - a);
+        let (n, dv, inv_l) = (io.q.n, io.o.cols, 1.0 / io.map.planes.l as f32);
+        let (gb, ob) = (rows_of(&io.g, h, a, b), rows_of(&io.o, h, a, b));
+        let dn = &io.den[h * n + a..h * n + b];
+        g_factors(io.isa, gb, ob, dn, dv, inv_l, &mut self.c, &mut self.s);
     }
 }
 
@@ -257,8 +306,16 @@ pub(crate) fn suffix_totals(
                 let gb = rows_of(&g, h, a, b);
                 qb.features(map, rows_of(&q, h, a, b), rows);
                 let dn = &den[h * n + a..h * n + b];
-                g_factors(isa, gb, rows_of(&o, h, a, b), dn, dv, inv_l, &mut c, &mut sv);
-                let f = GFactors { c: &c, s: &sv, g: gb, dv };
+                let f = g_factors(
+                    isa,
+                    gb,
+                    rows_of(&o, h, a, b),
+                    dn,
+                    dv,
+                    inv_l,
+                    &mut c,
+                    &mut sv,
+                );
                 f.dbank(isa, &qb.phi, mp, m, rows, &mut sphi, &mut d32, w, false);
                 d64.iter_mut().zip(&d32).for_each(|(x, &y)| *x += y as f64);
                 a = b;
@@ -303,7 +360,19 @@ pub fn forward_into(
                 sc.kb.features(map, rows_of(&k, h, a, b), rows);
                 sc.qb.features(map, rows_of(&q, h, a, b), rows);
                 let (pq, pk) = (&sc.qb.phi, &sc.kb.phi);
-                gemm(isa, &mut sc.acc, w, rows, w, m, Strided::rows(pq, mp), &st.read, w, 1.0, false);
+                gemm(
+                    isa,
+                    &mut sc.acc,
+                    w,
+                    rows,
+                    w,
+                    m,
+                    Strided::rows(pq, mp),
+                    &st.read,
+                    w,
+                    1.0,
+                    false,
+                );
                 gram(isa, &mut sc.att, pq, mp, pk, mp, rows, mp, true);
                 mask(&mut sc.att, rows, true);
                 tri_gemm(isa, &mut sc.acc, w, rows, dv, &sc.att, vb, dv, 1.0, true);
@@ -320,7 +389,18 @@ pub fn forward_into(
                     &mut op[t0 * dv..(t0 + rows) * dv],
                     &mut dp[t0..t0 + rows],
                 );
-                gemm_ext(isa, &mut st.local, w, m, rows, Strided::transposed(pk, mp), vb, dv, 1.0, true);
+                gemm_ext(
+                    isa,
+                    &mut st.local,
+                    w,
+                    m,
+                    rows,
+                    Strided::transposed(pk, mp),
+                    vb,
+                    dv,
+                    1.0,
+                    true,
+                );
                 st.tick(rows);
                 a = b;
             }
@@ -353,7 +433,11 @@ fn scale_gv(att: &mut [f32], rows: usize, c: &[f32], s: &[f32], by_row: bool) {
             }
         } else {
             for (col, x) in row.iter_mut().enumerate() {
-                *x = if col >= r { c[col] * (*x - s[col]) } else { 0.0 };
+                *x = if col >= r {
+                    c[col] * (*x - s[col])
+                } else {
+                    0.0
+                };
             }
         }
     }
@@ -384,8 +468,17 @@ pub fn backward_into(
         map.width(),
         bank_width(v.cols),
     );
-    let inv_l = 1.0 / map.planes.l as f32;
     let (segs, ns, den) = (&ctx.segs, ctx.segs.len(), &ctx.den);
+    let io = Io {
+        map,
+        isa,
+        q,
+        k,
+        v,
+        o,
+        g,
+        den,
+    };
     // Queries, in order, with the prefix state rebuilt from the segment bases.
     let dbeta_q: f64 = split_out(dq, n, d, segs)
         .into_par_iter()
@@ -398,26 +491,32 @@ pub fn backward_into(
             while a < end {
                 let b = (a + tc).min(end);
                 let rows = b - a;
-                for x in [&q, &k, &v, &o, &g] {
-                    prefetch(rows_of(x, h, (b + tc).min(end), (b + 2 * tc).min(end)));
-                }
-                st.refresh();
+                let next = ((b + tc).min(end), (b + 2 * tc).min(end));
                 let (vb, gb) = (rows_of(&v, h, a, b), rows_of(&g, h, a, b));
-                sc.kb.features(map, rows_of(&k, h, a, b), rows);
-                sc.qb.features(map, rows_of(&q, h, a, b), rows);
-                let dn = &den[h * n + a..h * n + b];
-                g_factors(isa, gb, rows_of(&o, h, a, b), dn, dv, inv_l, &mut sc.c, &mut sc.s);
-                let f = GFactors { c: &sc.c, s: &sc.s, g: gb, dv };
+                sc.load(&io, &mut st, h, (a, b), next);
+                let f = GFactors::of(&sc.c, &sc.s, gb, dv);
                 if m > NT_MAX_M {
                     transpose_into(&st.read, m, dv, w, &mut sc.st_t, mp);
                 }
                 f.phi_grads(isa, &mut sc.gphi, mp, m, rows, &st.read, &sc.st_t, w);
                 gram(isa, &mut sc.att, gb, dv, vb, dv, rows, dv, true);
-                scale_gv(&mut sc.att, rows, &sc.c, &sc.s, true);
-                tri_gemm(isa, &mut sc.gphi, mp, rows, mp, &sc.att, &sc.kb.phi, mp, 1.0, true);
+                scale_gv(&mut sc.att, rows, f.c, f.s, true);
+                tri_gemm(
+                    isa,
+                    &mut sc.gphi,
+                    mp,
+                    rows,
+                    mp,
+                    &sc.att,
+                    &sc.kb.phi,
+                    mp,
+                    1.0,
+                    true,
+                );
                 dbeta += sc.qb.backward(map, &sc.gphi, mp, rows);
                 let t0 = a - start;
-                sc.qb.input_grads(map, rows, &mut dqp[t0 * d..(t0 + rows) * d]);
+                sc.qb
+                    .input_grads(map, rows, &mut dqp[t0 * d..(t0 + rows) * d]);
                 let pkt = Strided::transposed(&sc.kb.phi, mp);
                 gemm_ext(isa, &mut st.local, w, m, rows, pkt, vb, dv, 1.0, true);
                 st.tick(rows);
@@ -443,44 +542,84 @@ pub fn backward_into(
             while b > start {
                 let a = b.saturating_sub(tc).max(start);
                 let rows = b - a;
-                for x in [&q, &k, &v, &o, &g] {
-                    prefetch(rows_of(x, h, a.saturating_sub(2 * tc).max(start), a.saturating_sub(tc).max(start)));
-                }
-                st.refresh();
+                let next = (
+                    a.saturating_sub(2 * tc).max(start),
+                    a.saturating_sub(tc).max(start),
+                );
                 let (vb, gb) = (rows_of(&v, h, a, b), rows_of(&g, h, a, b));
-                sc.kb.features(map, rows_of(&k, h, a, b), rows);
-                sc.qb.features(map, rows_of(&q, h, a, b), rows);
-                let dn = &den[h * n + a..h * n + b];
-                g_factors(isa, gb, rows_of(&o, h, a, b), dn, dv, inv_l, &mut sc.c, &mut sc.s);
-                let f = GFactors { c: &sc.c, s: &sc.s, g: gb, dv };
+                sc.load(&io, &mut st, h, (a, b), next);
+                let f = GFactors::of(&sc.c, &sc.s, gb, dv);
                 // ∂ℓ/∂φ_k = X̂ dSᵀ + triu(X̂ Ĝᵀ) Φ_Q.
                 if m > NT_MAX_M {
                     transpose_into(&st.read, m, dv, w, &mut sc.st_t, mp);
                 }
-                bank_dots(isa, &mut sc.gphi, mp, rows, m, vb, dv, &st.read, w, &sc.st_t);
+                bank_dots(
+                    isa,
+                    &mut sc.gphi,
+                    mp,
+                    rows,
+                    m,
+                    vb,
+                    dv,
+                    &st.read,
+                    w,
+                    &sc.st_t,
+                );
                 for i in 0..rows {
                     for ff in 0..m {
                         sc.gphi[i * mp + ff] += st.read[ff * w + dv];
                     }
                 }
                 gram(isa, &mut sc.att, vb, dv, gb, dv, rows, dv, false);
-                scale_gv(&mut sc.att, rows, &sc.c, &sc.s, false);
-                tri_gemm(isa, &mut sc.gphi, mp, rows, mp, &sc.att, &sc.qb.phi, mp, 1.0, false);
+                scale_gv(&mut sc.att, rows, f.c, f.s, false);
+                tri_gemm(
+                    isa,
+                    &mut sc.gphi,
+                    mp,
+                    rows,
+                    mp,
+                    &sc.att,
+                    &sc.qb.phi,
+                    mp,
+                    1.0,
+                    false,
+                );
                 // ∂ℓ/∂v = Φ_K dS_B + triu(Φ_K Φ_Qᵀ) (c ⊙ G).
                 let t0 = a - start;
                 let dv_out = &mut dvp[t0 * dv..(t0 + rows) * dv];
                 let pk = Strided::rows(&sc.kb.phi, mp);
                 gemm(isa, dv_out, dv, rows, dv, m, pk, &st.read, w, 1.0, false);
-                gram(isa, &mut sc.att, &sc.kb.phi, mp, &sc.qb.phi, mp, rows, mp, false);
+                gram(
+                    isa,
+                    &mut sc.att,
+                    &sc.kb.phi,
+                    mp,
+                    &sc.qb.phi,
+                    mp,
+                    rows,
+                    mp,
+                    false,
+                );
                 for j in 0..rows {
                     for i in 0..rows {
-                        sc.att[j * TC + i] *= if i >= j { sc.c[i] } else { 0.0 };
+                        sc.att[j * TC + i] *= if i >= j { f.c[i] } else { 0.0 };
                     }
                 }
                 tri_gemm(isa, dv_out, dv, rows, dv, &sc.att, gb, dv, 1.0, false);
                 dbeta += sc.kb.backward(map, &sc.gphi, mp, rows);
-                sc.kb.input_grads(map, rows, &mut dkp[t0 * d..(t0 + rows) * d]);
-                f.dbank(isa, &sc.qb.phi, mp, m, rows, &mut sc.sphi, &mut st.local, w, true);
+                sc.kb
+                    .input_grads(map, rows, &mut dkp[t0 * d..(t0 + rows) * d]);
+                f.dbank(
+                    isa,
+                    &sc.qb.phi,
+                    mp,
+                    m,
+                    rows,
+                    &mut sc.sphi,
+                    &mut st.local,
+                    w,
+                    true,
+                );
                 st.tick(rows);
                 b = a;
             }

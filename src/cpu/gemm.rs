@@ -32,11 +32,19 @@ pub struct Strided<'a> {
 impl<'a> Strided<'a> {
     /// Row-major `rows × cols` with row stride `ld`.
     pub fn rows(data: &'a [f32], ld: usize) -> Self {
-        Strided { data, rs: ld, cs: 1 }
+        Strided {
+            data,
+            rs: ld,
+            cs: 1,
+        }
     }
     /// The transpose of a row-major matrix with row stride `ld`: `(i, k) = data[k·ld + i]`.
     pub fn transposed(data: &'a [f32], ld: usize) -> Self {
-        Strided { data, rs: 1, cs: ld }
+        Strided {
+            data,
+            rs: 1,
+            cs: ld,
+        }
     }
 }
 
@@ -75,13 +83,19 @@ impl Gemm<'_> {
             return;
         }
         let last = |rs: usize, cs: usize, r: usize, c: usize| (r - 1) * rs + (c - 1) * cs;
-        assert!(self.d.len() > last(self.ldd, 1, self.rows, self.cols), "gemm: D too short");
+        assert!(
+            self.d.len() > last(self.ldd, 1, self.rows, self.cols),
+            "gemm: D too short"
+        );
         if self.k > 0 {
             assert!(
                 self.a.data.len() > last(self.a.rs, self.a.cs, self.rows, self.k),
                 "gemm: A too short"
             );
-            assert!(self.b.len() > last(self.ldb, 1, self.k, self.cols), "gemm: B too short");
+            assert!(
+                self.b.len() > last(self.ldb, 1, self.k, self.cols),
+                "gemm: B too short"
+            );
         }
         dispatch(isa, self)
     }
@@ -144,7 +158,7 @@ impl WithSimd for Gemm<'_> {
         if j < full {
             rows_for::<S, 1>(&g, d, j * V);
         }
-        if g.cols % V != 0 {
+        if !g.cols.is_multiple_of(V) {
             for i in 0..g.rows {
                 tail::<S>(&g, d, i, full * V);
             }
@@ -263,7 +277,9 @@ pub fn gemm(
     alpha: f32,
     accumulate: bool,
 ) {
-    Gemm {
+    gemm_tri(
+        isa,
+        Tri::Full,
         d,
         ldd,
         rows,
@@ -274,9 +290,7 @@ pub fn gemm(
         ldb,
         alpha,
         accumulate,
-        tri: Tri::Full,
-    }
-    .run(isa)
+    )
 }
 
 /// [`gemm`] for a triangular `A` (see [`Tri`]); the zero triangle is never read.
@@ -313,7 +327,14 @@ pub fn gemm_tri(
 
 /// `out[c·ld_out + r] = x[r·ld + c]` for a `rows × cols` matrix; `ld_out ≥ rows` (padding
 /// columns of `out` are left as they are).
-pub fn transpose_into(x: &[f32], rows: usize, cols: usize, ld: usize, out: &mut [f32], ld_out: usize) {
+pub fn transpose_into(
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    ld: usize,
+    out: &mut [f32],
+    ld_out: usize,
+) {
     for r in 0..rows {
         for c in 0..cols {
             out[c * ld_out + r] = x[r * ld + c];
@@ -374,7 +395,7 @@ pub fn gemm_nt(
     assert!(a.len() >= (rows - 1) * lda + k, "gemm_nt: A too short");
     assert!(b.len() >= (cols - 1) * ldb + k, "gemm_nt: B too short");
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 && best_supported() == Isa::Avx512 && k % 16 == 0 && k > 0 {
+    if isa == Isa::Avx512 && best_supported() == Isa::Avx512 && k.is_multiple_of(16) && k > 0 {
         // SAFETY: `best_supported()` returned Avx512 only after CPUID confirmed AVX-512F; the
         // operand lengths were asserted above.
         unsafe { nt_avx512(tri, d, ldd, rows, cols, k, a, lda, b, ldb) };
@@ -408,7 +429,21 @@ pub fn gemm_nt(
             }
         }
     }
-    dispatch(isa, Dots { tri, d, ldd, rows, cols, k, a, lda, b, ldb });
+    dispatch(
+        isa,
+        Dots {
+            tri,
+            d,
+            ldd,
+            rows,
+            cols,
+            k,
+            a,
+            lda,
+            b,
+            ldb,
+        },
+    );
 }
 
 /// The 16 horizontal sums of `v[0..16]` in one vector: lane `4k + j` holds the sum of
@@ -425,15 +460,24 @@ fn hsum16x(v: &[std::arch::x86_64::__m512; 16]) -> std::arch::x86_64::__m512 {
                 _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b),
             )
         };
-        let (ab, cd) = (pair(v[4 * j], v[4 * j + 1]), pair(v[4 * j + 2], v[4 * j + 3]));
+        let (ab, cd) = (
+            pair(v[4 * j], v[4 * j + 1]),
+            pair(v[4 * j + 2], v[4 * j + 3]),
+        );
         _mm512_add_ps(
             _mm512_shuffle_f32x4::<0b10_00_10_00>(ab, cd),
             _mm512_shuffle_f32x4::<0b11_01_11_01>(ab, cd),
         )
     });
     // 4 × 4 transpose-and-add inside each 128-bit block.
-    let u0 = _mm512_add_ps(_mm512_unpacklo_ps(g[0], g[1]), _mm512_unpackhi_ps(g[0], g[1]));
-    let u1 = _mm512_add_ps(_mm512_unpacklo_ps(g[2], g[3]), _mm512_unpackhi_ps(g[2], g[3]));
+    let u0 = _mm512_add_ps(
+        _mm512_unpacklo_ps(g[0], g[1]),
+        _mm512_unpackhi_ps(g[0], g[1]),
+    );
+    let u1 = _mm512_add_ps(
+        _mm512_unpacklo_ps(g[2], g[3]),
+        _mm512_unpackhi_ps(g[2], g[3]),
+    );
     _mm512_add_ps(
         _mm512_shuffle_ps::<0b01_00_01_00>(u0, u1),
         _mm512_shuffle_ps::<0b11_10_11_10>(u0, u1),
@@ -510,4 +554,3 @@ unsafe fn nt_avx512(
         i += 4;
     }
 }
-

@@ -92,6 +92,7 @@ pub fn soft_grads_into(
 }
 
 /// [`soft_grads_into`] allocating its outputs.
+#[allow(clippy::too_many_arguments)]
 pub fn soft_grads(
     map: &SoftMap,
     ctx: &Ctx,

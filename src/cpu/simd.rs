@@ -297,7 +297,11 @@ fn rows_combine512(phi: &[f32], x: &[f32], y: &[f32], w: usize, out: &mut [f32])
     let (px, py, po) = (x.as_ptr(), y.as_ptr(), out.as_mut_ptr());
     let mut c = 0;
     while c < n {
-        let mask: __mmask16 = if n - c >= 16 { 0xFFFF } else { ((1u32 << (n - c)) - 1) as u16 };
+        let mask: __mmask16 = if n - c >= 16 {
+            0xFFFF
+        } else {
+            ((1u32 << (n - c)) - 1) as u16
+        };
         let mut acc = _mm512_setzero_ps();
         for (f, &p) in phi.iter().enumerate() {
             // SAFETY: lanes c..c+16 (masked to < n) of row f lie within `x`, `y` (asserted).
@@ -337,7 +341,10 @@ fn dot2_512(g: &[f32], x: &[f32], y: &[f32]) -> f32 {
         }
         if i < n {
             let m: __mmask16 = ((1u32 << (n - i)) - 1) as u16;
-            let s = _mm512_add_ps(_mm512_maskz_loadu_ps(m, px.add(i)), _mm512_maskz_loadu_ps(m, py.add(i)));
+            let s = _mm512_add_ps(
+                _mm512_maskz_loadu_ps(m, px.add(i)),
+                _mm512_maskz_loadu_ps(m, py.add(i)),
+            );
             acc[0] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, pg.add(i)), s, acc[0]);
         }
     }
@@ -393,18 +400,28 @@ fn dot512(a: &[f32], b: &[f32]) -> f32 {
     unsafe {
         while i + 64 <= n {
             for (j, acc_j) in acc.iter_mut().enumerate() {
-                let (x, y) = (_mm512_loadu_ps(pa.add(i + 16 * j)), _mm512_loadu_ps(pb.add(i + 16 * j)));
+                let (x, y) = (
+                    _mm512_loadu_ps(pa.add(i + 16 * j)),
+                    _mm512_loadu_ps(pb.add(i + 16 * j)),
+                );
                 *acc_j = _mm512_fmadd_ps(x, y, *acc_j);
             }
             i += 64;
         }
         while i + 16 <= n {
-            acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(pa.add(i)), _mm512_loadu_ps(pb.add(i)), acc[0]);
+            acc[0] = _mm512_fmadd_ps(
+                _mm512_loadu_ps(pa.add(i)),
+                _mm512_loadu_ps(pb.add(i)),
+                acc[0],
+            );
             i += 16;
         }
         if i < n {
             let m: __mmask16 = (1u32 << (n - i)) as u16 - 1;
-            let (x, y) = (_mm512_maskz_loadu_ps(m, pa.add(i)), _mm512_maskz_loadu_ps(m, pb.add(i)));
+            let (x, y) = (
+                _mm512_maskz_loadu_ps(m, pa.add(i)),
+                _mm512_maskz_loadu_ps(m, pb.add(i)),
+            );
             acc[1] = _mm512_fmadd_ps(x, y, acc[1]);
         }
     }

@@ -1,0 +1,97 @@
+//! Forward and backward time per token and head of the soft-RACE CPU paths, causal and not
+//! (developer tool; one thread shows per-core cost):
+//! `RAYON_NUM_THREADS=1 cargo run --release --example timing` (env: `N` tokens, default 2^16;
+//! `ENGINE=1` times the per-token engine instead of the production blocked paths).
+use racelab::cpu::{
+    detected_isa, forward_into, soft_backward_into, soft_forward_into, soft_grads_into, Heads,
+    PlanesF32, SoftMap,
+};
+use racelab::hashing::Planes;
+use std::time::Instant;
+
+fn h(x: &[f32], hd: usize, n: usize, d: usize) -> Heads<'_> {
+    Heads::new(hd, n, d, x)
+}
+
+fn main() {
+    let n: usize = std::env::var("N")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1 << 16);
+    let engine = std::env::var_os("ENGINE").is_some();
+    // Two heads: with one thread that is one segment per head, as in the paper-shape bench.
+    let (hd, d, isa) = (2usize, 128usize, detected_isa());
+    let fill = |seed: u64| -> Vec<f32> {
+        (0..hd * n * d)
+            .map(|i| racelab::bench::machine::counter_uniform(seed, i as u64))
+            .collect()
+    };
+    let (q, k, v, g) = (fill(1), fill(2), fill(3), fill(4));
+    let (mut o, mut dq, mut dk, mut dv) = (fill(5), fill(6), fill(7), fill(8));
+    for (p, l) in [(2, 2), (3, 3), (4, 4)] {
+        let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, 0).unwrap());
+        let map = SoftMap {
+            planes: &planes,
+            beta: 8.0,
+        };
+        for causal in [false, true] {
+            let (mut tf, mut tb, mut den) = (f64::MAX, f64::MAX, Vec::new());
+            for _ in 0..4 {
+                let s = Instant::now();
+                let (_, ctx) = if engine {
+                    forward_into(
+                        &map,
+                        h(&q, hd, n, d),
+                        h(&k, hd, n, d),
+                        h(&v, hd, n, d),
+                        causal,
+                        isa,
+                        &mut o,
+                        den,
+                    )
+                } else {
+                    soft_forward_into(
+                        &map,
+                        h(&q, hd, n, d),
+                        h(&k, hd, n, d),
+                        h(&v, hd, n, d),
+                        causal,
+                        isa,
+                        &mut o,
+                        den,
+                    )
+                };
+                tf = tf.min(s.elapsed().as_secs_f64());
+                let s = Instant::now();
+                let bwd = if engine {
+                    soft_backward_into
+                } else {
+                    soft_grads_into
+                };
+                let db = bwd(
+                    &map,
+                    &ctx,
+                    h(&q, hd, n, d),
+                    h(&k, hd, n, d),
+                    h(&v, hd, n, d),
+                    h(&o, hd, n, d),
+                    h(&g, hd, n, d),
+                    isa,
+                    &mut dq,
+                    &mut dk,
+                    &mut dv,
+                );
+                tb = tb.min(s.elapsed().as_secs_f64());
+                std::hint::black_box(db);
+                den = ctx.den;
+            }
+            let c = |x: f64| x * 4.0e9 / (hd * n) as f64;
+            println!(
+                "({p},{l}) causal={causal:5} cycles/token-head @4GHz: fwd {:.0} bwd {:.0} total {:.0}",
+                c(tf),
+                c(tb),
+                c(tf + tb)
+            );
+        }
+    }
+}
