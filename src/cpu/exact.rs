@@ -41,14 +41,12 @@ pub fn acos_f32(x: f32) -> f32 {
 #[inline(always)]
 fn pow_gamma(x: f32, gamma: f32, int_gamma: Option<u32>) -> f32 {
     match int_gamma {
-        Some(mut e) => {
+        Some(e) => {
+            // A fixed seven-bit loop (γ ≤ 64 < 2^7), so loops over x vectorise.
             let (mut base, mut acc) = (x, 1.0f32);
-            while e > 0 {
-                if e & 1 == 1 {
-                    acc *= base;
-                }
+            for bit in 0..7 {
+                acc *= if (e >> bit) & 1 == 1 { base } else { 1.0 };
                 base *= base;
-                e >>= 1;
             }
             acc
         }
@@ -94,11 +92,19 @@ impl WithSimd for RowsTask<'_> {
             };
             match self.kind {
                 Exact::Softmax { scale } => {
-                    // Scale and take the row max with 16 independent lanes (vectorises).
+                    // Scale and take the row max in fixed 16-lane chunks (whole vectors).
                     let mut lanes = [f32::NEG_INFINITY; 16];
-                    for (i, x) in row[..lim].iter_mut().enumerate() {
+                    let mut chunks = row[..lim].chunks_exact_mut(16);
+                    for c in &mut chunks {
+                        let c: &mut [f32; 16] = c.try_into().unwrap();
+                        for l in 0..16 {
+                            c[l] *= scale;
+                            lanes[l] = lanes[l].max(c[l]);
+                        }
+                    }
+                    for (l, x) in chunks.into_remainder().iter_mut().enumerate() {
                         *x *= scale;
-                        lanes[i % 16] = lanes[i % 16].max(*x);
+                        lanes[l] = lanes[l].max(*x);
                     }
                     let mx = lanes.iter().fold(self.m[r], |a, &b| a.max(b));
                     let alpha = if self.m[r] == f32::NEG_INFINITY {
@@ -107,9 +113,17 @@ impl WithSimd for RowsTask<'_> {
                         exp_f32(self.m[r] - mx)
                     };
                     let mut acc = [0.0f32; 16];
-                    for (i, x) in row[..lim].iter_mut().enumerate() {
+                    let mut chunks = row[..lim].chunks_exact_mut(16);
+                    for c in &mut chunks {
+                        let c: &mut [f32; 16] = c.try_into().unwrap();
+                        for l in 0..16 {
+                            c[l] = exp_f32(c[l] - mx);
+                            acc[l] += c[l];
+                        }
+                    }
+                    for (l, x) in chunks.into_remainder().iter_mut().enumerate() {
                         *x = exp_f32(*x - mx);
-                        acc[i % 16] += *x;
+                        acc[l] += *x;
                     }
                     let sum: f32 = acc.iter().sum();
                     row[lim..].iter_mut().for_each(|x| *x = 0.0);
@@ -118,13 +132,25 @@ impl WithSimd for RowsTask<'_> {
                     self.m[r] = mx;
                 }
                 Exact::Angular { gamma } => {
-                    let mut sum = 0.0f32;
-                    for x in row[..lim].iter_mut() {
+                    let kernel = |x: f32| {
                         let kappa =
                             1.0 - acos_f32(x.clamp(-1.0, 1.0)) * std::f32::consts::FRAC_1_PI;
-                        *x = pow_gamma(kappa, gamma, int_gamma);
-                        sum += *x;
+                        pow_gamma(kappa, gamma, int_gamma)
+                    };
+                    let mut acc = [0.0f32; 16];
+                    let mut chunks = row[..lim].chunks_exact_mut(16);
+                    for c in &mut chunks {
+                        let c: &mut [f32; 16] = c.try_into().unwrap();
+                        for l in 0..16 {
+                            c[l] = kernel(c[l]);
+                            acc[l] += c[l];
+                        }
                     }
+                    for (l, x) in chunks.into_remainder().iter_mut().enumerate() {
+                        *x = kernel(*x);
+                        acc[l] += *x;
+                    }
+                    let sum: f32 = acc.iter().sum();
                     row[lim..].iter_mut().for_each(|x| *x = 0.0);
                     self.alpha[r] = 1.0;
                     self.l[r] += sum;
