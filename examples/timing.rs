@@ -3,8 +3,8 @@
 //! `RAYON_NUM_THREADS=1 cargo run --release --example timing` (env: `N` tokens, default 2^16;
 //! `ENGINE=1` times the per-token engine instead of the production blocked paths).
 use racelab::cpu::{
-    detected_isa, forward_into, soft_backward_into, soft_forward_into, soft_grads_into, Heads,
-    PlanesF32, SoftMap,
+    detected_isa, forward_into, soft_backward_into, soft_forward_into, soft_grads_into, Ctx, Heads,
+    Isa, PlanesF32, SoftMap,
 };
 use racelab::hashing::Planes;
 use std::time::Instant;
@@ -28,6 +28,12 @@ fn main() {
     };
     let (q, k, v, g) = (fill(1), fill(2), fill(3), fill(4));
     let (mut o, mut dq, mut dk, mut dv) = (fill(5), fill(6), fill(7), fill(8));
+    type Fwd = fn(&SoftMap, Heads, Heads, Heads, bool, Isa, &mut [f32], Vec<f32>) -> (usize, Ctx);
+    let fwd: Fwd = if engine {
+        |m, q, k, v, c, i, o, den| forward_into(m, q, k, v, c, i, o, den)
+    } else {
+        soft_forward_into
+    };
     for (p, l) in [(2, 2), (3, 3), (4, 4)] {
         let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, 0).unwrap());
         let map = SoftMap {
@@ -38,29 +44,16 @@ fn main() {
             let (mut tf, mut tb, mut den) = (f64::MAX, f64::MAX, Vec::new());
             for _ in 0..4 {
                 let s = Instant::now();
-                let (_, ctx) = if engine {
-                    forward_into(
-                        &map,
-                        h(&q, hd, n, d),
-                        h(&k, hd, n, d),
-                        h(&v, hd, n, d),
-                        causal,
-                        isa,
-                        &mut o,
-                        den,
-                    )
-                } else {
-                    soft_forward_into(
-                        &map,
-                        h(&q, hd, n, d),
-                        h(&k, hd, n, d),
-                        h(&v, hd, n, d),
-                        causal,
-                        isa,
-                        &mut o,
-                        den,
-                    )
-                };
+                let (_, ctx) = fwd(
+                    &map,
+                    h(&q, hd, n, d),
+                    h(&k, hd, n, d),
+                    h(&v, hd, n, d),
+                    causal,
+                    isa,
+                    &mut o,
+                    den,
+                );
                 tf = tf.min(s.elapsed().as_secs_f64());
                 let s = Instant::now();
                 let bwd = if engine {

@@ -23,7 +23,7 @@ use super::blocked::{
 };
 use super::features::{FeatureMap, SoftMap};
 use super::forward::{exclusive_scan, Ctx};
-use super::gemm::{gemm, gemm_nt, gemm_tri, prefetch, transpose_into, Strided, Tri};
+use super::gemm::{gemm, gemm_nt, prefetch, transpose_into, Gemm, Strided, Tri};
 use super::simd::{dispatch, Isa, Simd, WithSimd};
 use super::state::{bank_width, plan_segments, split_out, Heads};
 use rayon::prelude::*;
@@ -230,7 +230,7 @@ fn gram(
 }
 
 /// `D += α A B` for a masked `rows × rows` block `A` (row stride [`TC`]), lower- or
-/// upper-triangular ([`gemm_tri`] skips the zero triangle).
+/// upper-triangular (the [`Gemm`] tiles skip the zero triangle).
 #[allow(clippy::too_many_arguments)]
 fn tri_gemm(
     isa: Isa,
@@ -244,9 +244,20 @@ fn tri_gemm(
     alpha: f32,
     lower: bool,
 ) {
-    let tri = if lower { Tri::Lower } else { Tri::Upper };
-    let a = Strided::rows(att, TC);
-    gemm_tri(isa, tri, d, ldd, rows, cols, rows, a, b, ldb, alpha, true);
+    Gemm {
+        d,
+        ldd,
+        rows,
+        cols,
+        k: rows,
+        a: Strided::rows(att, TC),
+        b,
+        ldb,
+        alpha,
+        accumulate: true,
+        tri: if lower { Tri::Lower } else { Tri::Upper },
+    }
+    .run(isa)
 }
 
 /// The segments of a causal pass and the bank entering each `(head, segment)`: f64

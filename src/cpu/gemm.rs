@@ -277,38 +277,6 @@ pub fn gemm(
     alpha: f32,
     accumulate: bool,
 ) {
-    gemm_tri(
-        isa,
-        Tri::Full,
-        d,
-        ldd,
-        rows,
-        cols,
-        k,
-        a,
-        b,
-        ldb,
-        alpha,
-        accumulate,
-    )
-}
-
-/// [`gemm`] for a triangular `A` (see [`Tri`]); the zero triangle is never read.
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_tri(
-    isa: Isa,
-    tri: Tri,
-    d: &mut [f32],
-    ldd: usize,
-    rows: usize,
-    cols: usize,
-    k: usize,
-    a: Strided,
-    b: &[f32],
-    ldb: usize,
-    alpha: f32,
-    accumulate: bool,
-) {
     Gemm {
         d,
         ldd,
@@ -320,7 +288,7 @@ pub fn gemm_tri(
         ldb,
         alpha,
         accumulate,
-        tri,
+        tri: Tri::Full,
     }
     .run(isa)
 }
