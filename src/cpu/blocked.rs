@@ -12,7 +12,7 @@
 //! Every product is one call on the block (the bank is read once per block, not once per
 //! token): [`gemm`] register tiles, or [`gemm_nt`] dot products where the output has few
 //! columns and a long inner dimension (`Z = X Wᵀ`; `G Bᵀ` for banks of at most
-//! [`NT_MAX_M`] rows). The next block's input rows are prefetched. The extension columns are never materialised: `Φᵀ[V, 1] = [ΦᵀV, Φᵀ1]`, and
+//! `NT_MAX_M` rows). The next block's input rows are prefetched. The extension columns are never materialised: `Φᵀ[V, 1] = [ΦᵀV, Φᵀ1]`, and
 //! `Ĝ`'s per-row scale `1/(L·Den)` is folded into `Φ` or into the `T × m` result, so `V`, `G`
 //! and `Ô` are read straight from the caller's buffers. rayon runs (head, segment) items in
 //! parallel. Same maths, same planes and same [`Ctx`] as [`super::forward`] /

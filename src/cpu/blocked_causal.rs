@@ -3,7 +3,7 @@
 //! Tokens are processed in sub-blocks of [`TC`]. With `S = [B | A]` the bank entering a
 //! sub-block (f64 base + f32 block-local sum, read as one f32 matrix), lower-triangular masks
 //! (`j ≤ i`, token i sees itself), and `Ĝ = [G/Den, −s/Den]/L` with its row factors
-//! `c_i = 1/(L·Den_i)`, `s_i = g_i·ô_i` ([`GFactors`]):
+//! `c_i = 1/(L·Den_i)`, `s_i = g_i·ô_i` (`GFactors`):
 //!
 //! - forward: `[Num | Den] = Φ_Q S + tril(Φ_Q Φ_Kᵀ) X̂`, then `S += Φ_Kᵀ X̂`;
 //! - backward, queries (forward order, prefix recomputed from the stored segment bases):
