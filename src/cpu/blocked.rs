@@ -364,26 +364,21 @@ pub(crate) fn gemm_ext(
     accumulate: bool,
 ) {
     gemm(isa, d, ldd, rows, dv, k, a, v, dv, alpha, accumulate);
-    // Row sums of A: in axpy order when A is a transpose (contiguous rows of the original),
-    // else 16 partial sums per row; either way the loops vectorise.
-    let mut sums = vec![0.0f32; rows];
+    // Row sums of A straight into column `dv` of D (no scratch): k outer when A is a
+    // transpose (its rows are contiguous columns of the original), else one row at a time.
+    if !accumulate {
+        (0..rows).for_each(|i| d[i * ldd + dv] = 0.0);
+    }
     if a.rs == 1 {
         for kk in 0..k {
             let col = &a.data[kk * a.cs..kk * a.cs + rows];
-            sums.iter_mut().zip(col).for_each(|(x, &y)| *x += y);
+            col.iter().enumerate().for_each(|(i, &y)| d[i * ldd + dv] += alpha * y);
         }
     } else {
-        for (i, x) in sums.iter_mut().enumerate() {
-            let mut acc = [0.0f32; 16];
-            for kk in 0..k {
-                acc[kk % 16] += a.data[i * a.rs + kk * a.cs];
-            }
-            *x = acc.iter().sum();
+        for i in 0..rows {
+            let s: f32 = (0..k).map(|kk| a.data[i * a.rs + kk * a.cs]).sum();
+            d[i * ldd + dv] += alpha * s;
         }
-    }
-    for (i, &sm) in sums.iter().enumerate() {
-        let x = &mut d[i * ldd + dv];
-        *x = if accumulate { *x } else { 0.0 } + alpha * sm;
     }
 }
 
@@ -574,24 +569,12 @@ pub(crate) fn normalise(
     o: &mut [f32],
     den: &mut [f32],
 ) -> usize {
-    let mut empty = 0;
-    for i in 0..rows {
-        let row = &acc[i * w..i * w + dv + 1];
-        let d = row[dv];
-        let out = &mut o[i * dv..(i + 1) * dv];
-        if d == 0.0 || !d.is_finite() {
-            out.iter_mut().for_each(|x| *x = 0.0);
-            den[i] = 0.0;
-            empty += 1;
-        } else {
-            let inv = 1.0 / d;
-            out.iter_mut()
-                .zip(&row[..dv])
-                .for_each(|(x, &y)| *x = y * inv);
-            den[i] = d * scale;
-        }
-    }
-    empty
+    (0..rows)
+        .filter(|&i| {
+            let out = &mut o[i * dv..(i + 1) * dv];
+            super::forward::finish_row(&acc[i * w..i * w + dv + 1], out, &mut den[i], scale)
+        })
+        .count()
 }
 
 /// Non-causal soft-RACE forward, blocked. Same contract as [`super::forward_into`].
@@ -724,17 +707,15 @@ impl<'a> GFactors<'a> {
         }
         let sp = Strided::transposed(sphi, m);
         gemm(isa, d32, w, m, dv, rows, sp, self.g, dv, 1.0, accumulate);
-        // Masses in axpy order (vectorises): mass_f = −Σ_i (c ⊙ Φ)_if s_i.
-        let mut mass = vec![0.0f32; m];
+        // Masses straight into column `dv`: mass_f −= Σ_i (c ⊙ Φ)_if s_i.
+        if !accumulate {
+            (0..m).for_each(|f| d32[f * w + dv] = 0.0);
+        }
         for i in 0..rows {
             let si = self.s[i];
-            mass.iter_mut()
-                .zip(&sphi[i * m..(i + 1) * m])
-                .for_each(|(x, &y)| *x -= y * si);
-        }
-        for (f, &ms) in mass.iter().enumerate() {
-            let x = &mut d32[f * w + dv];
-            *x = if accumulate { *x } else { 0.0 } + ms;
+            for (f, &y) in sphi[i * m..(i + 1) * m].iter().enumerate() {
+                d32[f * w + dv] -= y * si;
+            }
         }
     }
 }

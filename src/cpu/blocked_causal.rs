@@ -25,7 +25,7 @@ use super::features::{FeatureMap, SoftMap};
 use super::forward::{exclusive_scan, Ctx};
 use super::gemm::{gemm, gemm_nt, prefetch, transpose_into, Gemm, Strided, Tri};
 use super::simd::{dispatch, Isa, Simd, WithSimd};
-use super::state::{bank_width, plan_segments, split_out, Heads};
+use super::state::{bank_width, plan_segments, split_out, Bank, Heads};
 use rayon::prelude::*;
 
 /// Largest causal sub-block (the intra-block products are at most `TC × TC`, stored with
@@ -55,15 +55,12 @@ fn mask(a: &mut [f32], rows: usize, lower: bool) {
     }
 }
 
-/// An f64 bank with an f32 block-local part, read as one f32 matrix.
+/// The two-level [`Bank`] (f64 base, f32 block-local part) and its f32 read image
+/// `read = base32 + local`, refreshed once per sub-block.
 struct TwoLevel {
     isa: Isa,
-    base: Vec<f64>,
-    /// `f32(base)`, refreshed when the base changes (every [`T`] tokens).
-    base32: Vec<f32>,
-    local: Vec<f32>,
+    bank: Bank,
     read: Vec<f32>,
-    pending: usize,
 }
 
 /// `read = base32 + local` (elementwise, in the dispatched SIMD frame).
@@ -83,65 +80,22 @@ impl WithSimd for AddTask<'_> {
     }
 }
 
-/// `base += local` (f64), `local = 0`, `base32 = f32(base)`, in the dispatched SIMD frame.
-struct FlushTask<'a> {
-    base: &'a mut [f64],
-    base32: &'a mut [f32],
-    local: &'a mut [f32],
-}
-
-impl WithSimd for FlushTask<'_> {
-    type Output = ();
-    #[inline(always)]
-    fn run<S: Simd>(self) {
-        for ((b, b32), l) in self
-            .base
-            .iter_mut()
-            .zip(self.base32.iter_mut())
-            .zip(self.local.iter_mut())
-        {
-            *b += *l as f64;
-            *b32 = *b as f32;
-            *l = 0.0;
-        }
-    }
-}
-
 impl TwoLevel {
-    fn new(isa: Isa, base: &[f64]) -> Self {
+    fn new(isa: Isa, m: usize, w: usize, base: &[f64]) -> Self {
         TwoLevel {
             isa,
-            base: base.to_vec(),
-            base32: base.iter().map(|&x| x as f32).collect(),
-            local: vec![0.0; base.len()],
+            bank: Bank::new(m, w, Some(base)),
             read: vec![0.0; base.len()],
-            pending: 0,
         }
     }
     /// `read = f32(base) + local`.
     fn refresh(&mut self) {
-        let (x, y) = (&self.base32, &self.local);
-        dispatch(
-            self.isa,
-            AddTask {
-                out: &mut self.read,
-                x,
-                y,
-            },
-        );
+        let (x, y) = (&self.bank.base32, &self.bank.local);
+        dispatch(self.isa, AddTask { out: &mut self.read, x, y });
     }
     /// Count `rows` tokens; fold the f32 part into f64 every `T` tokens.
     fn tick(&mut self, rows: usize) {
-        self.pending += rows;
-        if self.pending >= T {
-            let task = FlushTask {
-                base: &mut self.base,
-                base32: &mut self.base32,
-                local: &mut self.local,
-            };
-            dispatch(self.isa, task);
-            self.pending = 0;
-        }
+        self.bank.tick_rows(rows, T);
     }
 }
 
@@ -355,7 +309,7 @@ pub fn forward_into(
         .into_par_iter()
         .zip(split_out(&mut den, n, 1, &segs).into_par_iter())
         .map(|((h, s, op), (_, _, dp))| {
-            let mut st = TwoLevel::new(isa, &bases[h * ns + s]);
+            let mut st = TwoLevel::new(isa, m, w, &bases[h * ns + s]);
             let mut sc = Scratch::new(map, isa, dv, w);
             let (mp, tc) = (sc.kb.mp, sub_block(m));
             let (start, end) = segs[s];
@@ -402,7 +356,7 @@ pub fn forward_into(
                 );
                 gemm_ext(
                     isa,
-                    &mut st.local,
+                    &mut st.bank.local,
                     w,
                     m,
                     rows,
@@ -494,7 +448,7 @@ pub fn backward_into(
     let dbeta_q: f64 = split_out(dq, n, d, segs)
         .into_par_iter()
         .map(|(h, s, dqp)| {
-            let mut st = TwoLevel::new(isa, &ctx.banks[h * ns + s]);
+            let mut st = TwoLevel::new(isa, m, w, &ctx.banks[h * ns + s]);
             let mut sc = Scratch::new(map, isa, dv, w);
             let (mp, tc) = (sc.kb.mp, sub_block(m));
             let (start, end) = segs[s];
@@ -529,7 +483,7 @@ pub fn backward_into(
                 sc.qb
                     .input_grads(map, rows, &mut dqp[t0 * d..(t0 + rows) * d]);
                 let pkt = Strided::transposed(&sc.kb.phi, mp);
-                gemm_ext(isa, &mut st.local, w, m, rows, pkt, vb, dv, 1.0, true);
+                gemm_ext(isa, &mut st.bank.local, w, m, rows, pkt, vb, dv, 1.0, true);
                 st.tick(rows);
                 a = b;
             }
@@ -544,7 +498,7 @@ pub fn backward_into(
         .into_par_iter()
         .zip(split_out(dvv, k.n, dv, segs).into_par_iter())
         .map(|((h, s, dkp), (_, _, dvp))| {
-            let mut st = TwoLevel::new(isa, &dbases[h * ns + s]);
+            let mut st = TwoLevel::new(isa, m, w, &dbases[h * ns + s]);
             let mut sc = Scratch::new(map, isa, dv, w);
             let (mp, tc) = (sc.kb.mp, sub_block(m));
             let (start, end) = segs[s];
@@ -627,7 +581,7 @@ pub fn backward_into(
                     m,
                     rows,
                     &mut sc.sphi,
-                    &mut st.local,
+                    &mut st.bank.local,
                     w,
                     true,
                 );

@@ -97,7 +97,7 @@ struct ReadTask<'a, F> {
 
 /// `o = num/den` for one row, or zeros (returns whether the row was empty).
 #[inline(always)]
-fn finish_row(acc: &[f32], o: &mut [f32], den: &mut f32, den_scale: f32) -> bool {
+pub(crate) fn finish_row(acc: &[f32], o: &mut [f32], den: &mut f32, den_scale: f32) -> bool {
     let dv = o.len();
     let d = acc[dv];
     if d == 0.0 || !d.is_finite() {

@@ -80,6 +80,15 @@ impl Bank {
         }
     }
 
+    /// Count `rows` tokens at once; flush once at least `every` have accumulated (the
+    /// blocked causal path adds a sub-block at a time).
+    pub fn tick_rows(&mut self, rows: usize, every: usize) {
+        self.pending += rows;
+        if self.pending >= every {
+            self.flush();
+        }
+    }
+
     /// Move the f32 block into the f64 base.
     pub fn flush(&mut self) {
         for ((b, b32), l) in self
