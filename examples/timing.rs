@@ -21,10 +21,25 @@ fn main() {
     let engine = std::env::var_os("ENGINE").is_some();
     // Two heads: with one thread that is one segment per head, as in the paper-shape bench.
     let (hd, d, isa) = (2usize, 128usize, detected_isa());
+    let huge = std::env::var_os("HUGE").is_some();
     let fill = |seed: u64| -> Vec<f32> {
-        (0..hd * n * d)
-            .map(|i| racelab::bench::machine::counter_uniform(seed, i as u64))
-            .collect()
+        let len = hd * n * d;
+        let mut v: Vec<f32> = if huge {
+            extern "C" {
+                fn madvise(addr: *mut u8, len: usize, advice: i32) -> i32;
+            }
+            let bytes = (len * 4).next_multiple_of(1 << 21);
+            let lay = std::alloc::Layout::from_size_align(bytes, 1 << 21).unwrap();
+            unsafe {
+                let p = std::alloc::alloc(lay);
+                madvise(p, bytes, 14);
+                Vec::from_raw_parts(p as *mut f32, 0, bytes / 4)
+            }
+        } else {
+            Vec::with_capacity(len)
+        };
+        v.extend((0..len).map(|i| racelab::bench::machine::counter_uniform(seed, i as u64)));
+        v
     };
     let (q, k, v, g) = (fill(1), fill(2), fill(3), fill(4));
     let (mut o, mut dq, mut dk, mut dv) = (fill(5), fill(6), fill(7), fill(8));
@@ -34,15 +49,24 @@ fn main() {
     } else {
         soft_forward_into
     };
+    // `PL=2` (or 3, 4) and `CAUSAL=0|1` select one row; `REPS` repeats (default 4), for profilers.
+    let only = |k: &str| std::env::var(k).ok().and_then(|s| s.parse::<usize>().ok());
+    let reps = only("REPS").unwrap_or(4);
     for (p, l) in [(2, 2), (3, 3), (4, 4)] {
+        if only("PL").is_some_and(|x| x != p) {
+            continue;
+        }
         let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, 0).unwrap());
         let map = SoftMap {
             planes: &planes,
             beta: 8.0,
         };
         for causal in [false, true] {
+            if only("CAUSAL").is_some_and(|x| (x == 1) != causal) {
+                continue;
+            }
             let (mut tf, mut tb, mut den) = (f64::MAX, f64::MAX, Vec::new());
-            for _ in 0..4 {
+            for _ in 0..reps {
                 let s = Instant::now();
                 let (_, ctx) = fwd(
                     &map,

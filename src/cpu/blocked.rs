@@ -21,7 +21,7 @@
 
 use super::features::{FeatureMap, SoftMap};
 use super::forward::Ctx;
-use super::gemm::{gemm, gemm_nt, prefetch, transpose_into, Strided, Tri};
+use super::gemm::{gemm, gemm_nt, transpose_into, Ahead, Strided, Tri};
 use super::simd::{dispatch, exp_f32, tanh_f32, Isa, Simd, WithSimd};
 use super::state::{bank_width, plan_segments, split_out, Heads};
 use rayon::prelude::*;
@@ -459,9 +459,10 @@ pub(crate) fn key_bank(
         let b = (a + T).min(range.1);
         let rows = b - a;
         let next = (b + T).min(range.1);
-        prefetch(rows_of(&k, h, b, next));
-        prefetch(rows_of(&v, h, b, next));
+        let mut ahead = Ahead::new(&[rows_of(&k, h, b, next), rows_of(&v, h, b, next)], 3);
+        ahead.step();
         blk.features(map, rows_of(&k, h, a, b), rows);
+        ahead.step();
         gemm_ext(
             isa,
             &mut b32,
@@ -474,6 +475,7 @@ pub(crate) fn key_bank(
             1.0,
             false,
         );
+        ahead.step();
         b64.iter_mut().zip(&b32).for_each(|(x, &y)| *x += y as f64);
         a = b;
     }
@@ -525,8 +527,10 @@ pub fn read_into(
                 let b = (a + T).min(end);
                 let rows = b - a;
                 let next = (b + T).min(end);
-                prefetch(rows_of(&q, h, b, next));
+                let mut ahead = Ahead::new(&[rows_of(&q, h, b, next)], 3);
+                ahead.step();
                 blk.features(map, rows_of(&q, h, a, b), rows);
+                ahead.step();
                 gemm(
                     isa,
                     &mut acc,
@@ -540,6 +544,7 @@ pub fn read_into(
                     1.0,
                     false,
                 );
+                ahead.step();
                 let t0 = a - segs[s].0;
                 empty += normalise(
                     &acc,
@@ -763,10 +768,17 @@ pub fn query_grads(
                 let rows = b - a;
                 let (gb, ob) = (rows_of(&g, h, a, b), rows_of(&o, h, a, b));
                 let next = (b + T).min(end);
-                for x in [&q, &o, &g] {
-                    prefetch(rows_of(x, h, b, next));
-                }
+                let mut ahead = Ahead::new(
+                    &[
+                        rows_of(&q, h, b, next),
+                        rows_of(&o, h, b, next),
+                        rows_of(&g, h, b, next),
+                    ],
+                    6,
+                );
+                ahead.step();
                 blk.features(map, rows_of(&q, h, a, b), rows);
+                ahead.step();
                 let f = g_factors(
                     isa,
                     gb,
@@ -777,10 +789,14 @@ pub fn query_grads(
                     &mut c,
                     &mut sv,
                 );
+                ahead.step();
                 f.phi_grads(isa, &mut gphi, mp, m, rows, bank, &bt[h], w);
+                ahead.step();
                 f.dbank(isa, &blk.phi, mp, m, rows, &mut sphi, &mut d32, w, false);
                 d64.iter_mut().zip(&d32).for_each(|(x, &y)| *x += y as f64);
+                ahead.step();
                 dbeta += blk.backward(map, &gphi, mp, rows);
+                ahead.step();
                 let t0 = a - segs[s].0;
                 blk.input_grads(map, rows, &mut dqp[t0 * d..(t0 + rows) * d]);
                 a = b;
@@ -825,15 +841,17 @@ pub fn key_grads(
                 let rows = b - a;
                 let vb = rows_of(&v, h, a, b);
                 let next = (b + T).min(end);
-                prefetch(rows_of(&k, h, b, next));
-                prefetch(rows_of(&v, h, b, next));
+                let mut ahead = Ahead::new(&[rows_of(&k, h, b, next), rows_of(&v, h, b, next)], 5);
+                ahead.step();
                 blk.features(map, rows_of(&k, h, a, b), rows);
+                ahead.step();
                 bank_dots(isa, &mut gphi, mp, rows, m, vb, dv, db, w, &dbt[h]);
                 for i in 0..rows {
                     for f in 0..m {
                         gphi[i * mp + f] += db[f * w + dv];
                     }
                 }
+                ahead.step();
                 let t0 = a - segs[s].0;
                 let phi = Strided::rows(&blk.phi, mp);
                 gemm(
@@ -849,7 +867,9 @@ pub fn key_grads(
                     1.0,
                     false,
                 );
+                ahead.step();
                 dbeta += blk.backward(map, &gphi, mp, rows);
+                ahead.step();
                 blk.input_grads(map, rows, &mut dkp[t0 * d..(t0 + rows) * d]);
                 a = b;
             }

@@ -334,6 +334,51 @@ pub fn prefetch(x: &[f32]) {
     let _ = x;
 }
 
+/// The next block's input rows, prefetched a share at a time between the phases of the
+/// current block (a burst of hundreds of line requests fills the miss buffers and stalls the
+/// core until they drain; spread out, they overlap with the arithmetic).
+pub struct Ahead<'a> {
+    parts: [&'a [f32]; 6],
+    np: usize,
+    part: usize,
+    off: usize,
+    per_step: usize,
+}
+
+impl<'a> Ahead<'a> {
+    /// Prefetch `parts` in `steps` calls of [`Ahead::step`].
+    pub fn new(parts: &[&'a [f32]], steps: usize) -> Self {
+        let mut p: [&[f32]; 6] = [&[]; 6];
+        p[..parts.len()].copy_from_slice(parts);
+        let lines: usize = parts.iter().map(|x| x.len().div_ceil(16)).sum();
+        Ahead {
+            parts: p,
+            np: parts.len(),
+            part: 0,
+            off: 0,
+            per_step: lines.div_ceil(steps.max(1)),
+        }
+    }
+
+    /// Issue the next share of line prefetches.
+    #[inline]
+    pub fn step(&mut self) {
+        let mut left = self.per_step;
+        while left > 0 && self.part < self.np {
+            let x = self.parts[self.part];
+            let n = ((x.len() - self.off.min(x.len())).div_ceil(16)).min(left);
+            let end = (self.off + 16 * n).min(x.len());
+            prefetch(&x[self.off..end]);
+            left -= n;
+            self.off = end;
+            if self.off >= x.len() {
+                self.part += 1;
+                self.off = 0;
+            }
+        }
+    }
+}
+
 /// `D = A Bᵀ` by dot products: `D[i·ldd + j] = A_i · B_j` for `rows` rows of `A` and `cols`
 /// rows of `B`, each of length `k` (row strides `lda`, `ldb`). The projections `Z = X Wᵀ`
 /// and `∂ℓ/∂φ = G Bᵀ` have few, long output columns, where [`gemm`] would need a transposed
