@@ -47,32 +47,50 @@ impl WithSimd for BitProbs<'_> {
     type Output = ();
     #[inline(always)]
     fn run<S: Simd>(self) {
-        // Fixed 16-lane chunks (the last one zero-padded), so every step is whole vectors.
+        // Whole 16-lane chunks straight from the slices; the last partial one through a
+        // zero-padded copy (a variable-length copy per chunk would be a `memcpy` call).
+        let beta = self.beta;
         let n = self.z.len();
-        let mut c = 0;
-        while c < n {
-            let len = (n - c).min(16);
-            let mut z = [0.0f32; 16];
-            z[..len].copy_from_slice(&self.z[c..c + len]);
-            let (mut on, mut off) = ([0.0f32; 16], [0.0f32; 16]);
-            for l in 0..16 {
-                let u = tanh_f32(z[l]);
-                let t = 2.0 * self.beta * u;
-                z[l] = u;
-                // σ(±t) from one e = e^{−|t|} (≤ 1, so never overflows; exp_f32 flushes to 0
-                // below −87): σ(|t|) = 1/(1 + e), σ(−|t|) = e/(1 + e), each to f32 accuracy.
-                let e = exp_f32(-t.abs());
-                let inv = 1.0 / (1.0 + e);
-                let (big, small) = (inv, e * inv);
-                let pos = t >= 0.0;
-                on[l] = if pos { big } else { small };
-                off[l] = if pos { small } else { big };
-            }
-            self.z[c..c + len].copy_from_slice(&z[..len]);
-            self.on[c..c + len].copy_from_slice(&on[..len]);
-            self.off[c..c + len].copy_from_slice(&off[..len]);
-            c += 16;
+        let full = n - n % 16;
+        let chunks = self.z[..full]
+            .chunks_exact_mut(16)
+            .zip(self.on[..full].chunks_exact_mut(16))
+            .zip(self.off[..full].chunks_exact_mut(16));
+        for ((z, on), off) in chunks {
+            probs16(
+                z.try_into().unwrap(),
+                on.try_into().unwrap(),
+                off.try_into().unwrap(),
+                beta,
+            );
         }
+        if full < n {
+            let len = n - full;
+            let (mut z, mut on, mut off) = ([0.0f32; 16], [0.0f32; 16], [0.0f32; 16]);
+            z[..len].copy_from_slice(&self.z[full..]);
+            probs16(&mut z, &mut on, &mut off, beta);
+            self.z[full..].copy_from_slice(&z[..len]);
+            self.on[full..].copy_from_slice(&on[..len]);
+            self.off[full..].copy_from_slice(&off[..len]);
+        }
+    }
+}
+
+/// [`BitProbs`] on one 16-lane chunk (branch-free, so it compiles to whole vectors).
+#[inline(always)]
+fn probs16(z: &mut [f32; 16], on: &mut [f32; 16], off: &mut [f32; 16], beta: f32) {
+    for l in 0..16 {
+        let u = tanh_f32(z[l]);
+        let t = 2.0 * beta * u;
+        z[l] = u;
+        // σ(±t) from one e = e^{−|t|} (≤ 1, so never overflows; exp_f32 flushes to 0
+        // below −87): σ(|t|) = 1/(1 + e), σ(−|t|) = e/(1 + e), each to f32 accuracy.
+        let e = exp_f32(-t.abs());
+        let inv = 1.0 / (1.0 + e);
+        let (big, small) = (inv, e * inv);
+        let pos = t >= 0.0;
+        on[l] = if pos { big } else { small };
+        off[l] = if pos { small } else { big };
     }
 }
 
@@ -372,7 +390,9 @@ pub(crate) fn gemm_ext(
     if a.rs == 1 {
         for kk in 0..k {
             let col = &a.data[kk * a.cs..kk * a.cs + rows];
-            col.iter().enumerate().for_each(|(i, &y)| d[i * ldd + dv] += alpha * y);
+            col.iter()
+                .enumerate()
+                .for_each(|(i, &y)| d[i * ldd + dv] += alpha * y);
         }
     } else {
         for i in 0..rows {

@@ -91,7 +91,14 @@ impl TwoLevel {
     /// `read = f32(base) + local`.
     fn refresh(&mut self) {
         let (x, y) = (&self.bank.base32, &self.bank.local);
-        dispatch(self.isa, AddTask { out: &mut self.read, x, y });
+        dispatch(
+            self.isa,
+            AddTask {
+                out: &mut self.read,
+                x,
+                y,
+            },
+        );
     }
     /// Count `rows` tokens; fold the f32 part into f64 every `T` tokens.
     fn tick(&mut self, rows: usize) {
