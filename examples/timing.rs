@@ -43,9 +43,9 @@ fn main() {
     };
     let (q, k, v, g) = (fill(1), fill(2), fill(3), fill(4));
     let (mut o, mut dq, mut dk, mut dv) = (fill(5), fill(6), fill(7), fill(8));
-    type Fwd = fn(&SoftMap, Heads, Heads, Heads, bool, Isa, &mut [f32], Vec<f32>) -> (usize, Ctx);
+    type Fwd = fn(&SoftMap, Heads, Heads, Heads, bool, Isa, &mut [f32], Ctx) -> (usize, Ctx);
     let fwd: Fwd = if engine {
-        |m, q, k, v, c, i, o, den| forward_into(m, q, k, v, c, i, o, den)
+        |m, q, k, v, c, i, o, reuse| forward_into(m, q, k, v, c, i, o, reuse.den)
     } else {
         soft_forward_into
     };
@@ -65,7 +65,7 @@ fn main() {
             if only("CAUSAL").is_some_and(|x| (x == 1) != causal) {
                 continue;
             }
-            let (mut tf, mut tb, mut den) = (f64::MAX, f64::MAX, Vec::new());
+            let (mut tf, mut tb, mut reuse) = (f64::MAX, f64::MAX, Ctx::default());
             for _ in 0..reps {
                 let s = Instant::now();
                 let (_, ctx) = fwd(
@@ -76,7 +76,7 @@ fn main() {
                     causal,
                     isa,
                     &mut o,
-                    den,
+                    reuse,
                 );
                 tf = tf.min(s.elapsed().as_secs_f64());
                 let s = Instant::now();
@@ -100,7 +100,7 @@ fn main() {
                 );
                 tb = tb.min(s.elapsed().as_secs_f64());
                 std::hint::black_box(db);
-                den = ctx.den;
+                reuse = ctx;
             }
             let c = |x: f64| x * 4.0e9 / (hd * n) as f64;
             println!(

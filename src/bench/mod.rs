@@ -264,7 +264,8 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
             } else {
                 (Vec::new(), Vec::new(), Vec::new())
             };
-            let mut den = Vec::with_capacity(h * n);
+            // The context's buffers (denominators, saved `u`) are recycled the same way.
+            let mut reuse = cpu::Ctx::default();
             let (secs, all) = match cfg.device {
                 Device::Cpu => time_runs(cfg.runs, || {
                     let (_, ctx) = soft_forward_into(
@@ -275,7 +276,7 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
                         cfg.causal,
                         isa,
                         &mut o,
-                        std::mem::take(&mut den),
+                        std::mem::take(&mut reuse),
                     );
                     if cfg.backward {
                         let db = soft_grads_into(
@@ -293,7 +294,7 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
                         );
                         std::hint::black_box(db);
                     }
-                    den = ctx.den;
+                    reuse = ctx;
                 }),
                 Device::Cuda => crate::cuda::time_soft(
                     &planes,

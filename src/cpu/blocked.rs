@@ -34,16 +34,17 @@ pub(crate) fn pad16(x: usize) -> usize {
     x.next_multiple_of(16)
 }
 
-/// `u = tanh(z)` (in place), `on = σ(2·beta·u)`, `off = σ(−2·beta·u)` over a whole block,
-/// in the dispatched SIMD frame (the loop is branch-free and vectorises).
-struct BitProbs<'a> {
+/// `u = tanh(z)` (in place; with `TANH = false`, `z` already holds `u`), `on = σ(2·beta·u)`,
+/// `off = σ(−2·beta·u)` over a whole block, in the dispatched SIMD frame (the loop is
+/// branch-free and vectorises).
+struct BitProbs<'a, const TANH: bool> {
     z: &'a mut [f32],
     on: &'a mut [f32],
     off: &'a mut [f32],
     beta: f32,
 }
 
-impl WithSimd for BitProbs<'_> {
+impl<const TANH: bool> WithSimd for BitProbs<'_, TANH> {
     type Output = ();
     #[inline(always)]
     fn run<S: Simd>(self) {
@@ -57,7 +58,7 @@ impl WithSimd for BitProbs<'_> {
             .zip(self.on[..full].chunks_exact_mut(16))
             .zip(self.off[..full].chunks_exact_mut(16));
         for ((z, on), off) in chunks {
-            probs16(
+            probs16::<TANH>(
                 z.try_into().unwrap(),
                 on.try_into().unwrap(),
                 off.try_into().unwrap(),
@@ -68,7 +69,7 @@ impl WithSimd for BitProbs<'_> {
             let len = n - full;
             let (mut z, mut on, mut off) = ([0.0f32; 16], [0.0f32; 16], [0.0f32; 16]);
             z[..len].copy_from_slice(&self.z[full..]);
-            probs16(&mut z, &mut on, &mut off, beta);
+            probs16::<TANH>(&mut z, &mut on, &mut off, beta);
             self.z[full..].copy_from_slice(&z[..len]);
             self.on[full..].copy_from_slice(&on[..len]);
             self.off[full..].copy_from_slice(&off[..len]);
@@ -78,9 +79,14 @@ impl WithSimd for BitProbs<'_> {
 
 /// [`BitProbs`] on one 16-lane chunk (branch-free, so it compiles to whole vectors).
 #[inline(always)]
-fn probs16(z: &mut [f32; 16], on: &mut [f32; 16], off: &mut [f32; 16], beta: f32) {
+fn probs16<const TANH: bool>(
+    z: &mut [f32; 16],
+    on: &mut [f32; 16],
+    off: &mut [f32; 16],
+    beta: f32,
+) {
     for l in 0..16 {
-        let u = tanh_f32(z[l]);
+        let u = if TANH { tanh_f32(z[l]) } else { z[l] };
         let t = 2.0 * beta * u;
         z[l] = u;
         // σ(±t) from one e = e^{−|t|} (≤ 1, so never overflows; exp_f32 flushes to 0
@@ -198,10 +204,7 @@ impl Block {
 
     /// Features of rows `x` (`rows × d`); `z` keeps `u = tanh(Wx)` for the backward.
     pub(crate) fn features(&mut self, map: &SoftMap, x: &[f32], rows: usize) {
-        let (pl, d) = (map.planes, map.planes.d);
-        let (p, l, r) = (pl.p, pl.l, pl.r());
-        let (lp, mp) = (self.lp, self.mp);
-        let n = rows * lp;
+        let (pl, d, lp) = (map.planes, map.planes.d, self.lp);
         gemm_nt(
             self.isa,
             Tri::Full,
@@ -215,9 +218,45 @@ impl Block {
             &pl.w,
             d,
         );
+        self.probs_and_tree::<true>(map, rows);
+    }
+
+    /// [`Block::features`] from saved `u = tanh(Wx)` (`rows × LP`, see [`Block::u`]): no
+    /// projection and no `tanh`, the same values.
+    pub(crate) fn features_from_u(&mut self, map: &SoftMap, u: &[f32], rows: usize) {
+        let n = rows * self.lp;
+        self.z[..n].copy_from_slice(&u[..n]);
+        self.probs_and_tree::<false>(map, rows);
+    }
+
+    /// [`Block::features`] of rows `x`, or [`Block::features_from_u`] when `saved` (the
+    /// forward's `u` of the same rows) is `Some`.
+    pub(crate) fn features_of(
+        &mut self,
+        map: &SoftMap,
+        x: &[f32],
+        saved: Option<&[f32]>,
+        rows: usize,
+    ) {
+        match saved {
+            Some(u) => self.features_from_u(map, u, rows),
+            None => self.features(map, x, rows),
+        }
+    }
+
+    /// `u = tanh(Wx)` of the last block's rows (`rows × LP`), as the forward saves it.
+    pub(crate) fn u(&self, rows: usize) -> &[f32] {
+        &self.z[..rows * self.lp]
+    }
+
+    fn probs_and_tree<const TANH: bool>(&mut self, map: &SoftMap, rows: usize) {
+        let pl = map.planes;
+        let (p, l, r) = (pl.p, pl.l, pl.r());
+        let (lp, mp) = (self.lp, self.mp);
+        let n = rows * lp;
         dispatch(
             self.isa,
-            BitProbs {
+            BitProbs::<TANH> {
                 z: &mut self.z[..n],
                 on: &mut self.on[..n],
                 off: &mut self.off[..n],
@@ -451,6 +490,36 @@ pub(crate) fn bank_dots(
     }
 }
 
+/// One `Some(piece)` of `u` (`[heads, n, lp]`) per (head, segment), in [`split_out`]'s order;
+/// all `None` when `u` is empty (nothing to save).
+fn saved_pieces<'a>(
+    u: &'a mut [f32],
+    n: usize,
+    lp: usize,
+    segs: &[(usize, usize)],
+    heads: usize,
+) -> Vec<Option<&'a mut [f32]>> {
+    if u.is_empty() {
+        return (0..heads * segs.len()).map(|_| None).collect();
+    }
+    split_out(u, n, lp, segs)
+        .into_iter()
+        .map(|(_, _, p)| Some(p))
+        .collect()
+}
+
+/// The saved `u` rows `a..b` of head `h` (`[heads, n, lp]`), or `None` when nothing was saved.
+pub(crate) fn saved_rows(
+    u: &[f32],
+    n: usize,
+    lp: usize,
+    h: usize,
+    a: usize,
+    b: usize,
+) -> Option<&[f32]> {
+    (!u.is_empty()).then(|| &u[(h * n + a) * lp..(h * n + b) * lp])
+}
+
 fn to_f32(banks: &[Vec<f64>]) -> Vec<Vec<f32>> {
     banks
         .iter()
@@ -462,7 +531,8 @@ pub(crate) fn rows_of<'a>(x: &Heads<'a>, h: usize, a: usize, b: usize) -> &'a [f
     &x.data[(h * x.n + a) * x.cols..(h * x.n + b) * x.cols]
 }
 
-/// `Σ_j φ(k_j)[v_j, 1]` over `range` of head `h` (f64).
+/// `Σ_j φ(k_j)[v_j, 1]` over `range` of head `h` (f64); with `save`, also the keys'
+/// `u = tanh(W k_j)` into it (`len × LP` for the range).
 pub(crate) fn key_bank(
     map: &SoftMap,
     isa: Isa,
@@ -470,6 +540,7 @@ pub(crate) fn key_bank(
     v: Heads,
     h: usize,
     range: (usize, usize),
+    mut save: Option<&mut [f32]>,
 ) -> Vec<f64> {
     let (m, dv, w) = (map.width(), v.cols, bank_width(v.cols));
     let mut blk = Block::new(map, isa);
@@ -482,6 +553,10 @@ pub(crate) fn key_bank(
         let mut ahead = Ahead::new(&[rows_of(&k, h, b, next), rows_of(&v, h, b, next)], 3);
         ahead.step();
         blk.features(map, rows_of(&k, h, a, b), rows);
+        if let Some(u) = save.as_deref_mut() {
+            let o = (a - range.0) * blk.lp;
+            u[o..o + rows * blk.lp].copy_from_slice(blk.u(rows));
+        }
         ahead.step();
         gemm_ext(
             isa,
@@ -502,13 +577,15 @@ pub(crate) fn key_bank(
     b64
 }
 
-/// Non-causal pass 1, blocked: `[B | A] = Σ_j φ(k_j)[v_j, 1]` per head (f64).
-pub fn key_banks(map: &SoftMap, isa: Isa, k: Heads, v: Heads) -> Vec<Vec<f64>> {
+/// Non-causal pass 1, blocked: `[B | A] = Σ_j φ(k_j)[v_j, 1]` per head (f64); the keys'
+/// `u = tanh(Wk)` into `uk` (`[heads, n, L·P]`) unless it is empty.
+pub fn key_banks(map: &SoftMap, isa: Isa, k: Heads, v: Heads, uk: &mut [f32]) -> Vec<Vec<f64>> {
     let (heads, m, w) = (k.heads, map.width(), bank_width(v.cols));
     let kseg = plan_segments(k.n, heads);
-    let parts: Vec<Vec<f64>> = (0..heads * kseg.len())
+    let parts: Vec<Vec<f64>> = saved_pieces(uk, k.n, map.planes.l * map.planes.p, &kseg, heads)
         .into_par_iter()
-        .map(|i| key_bank(map, isa, k, v, i / kseg.len(), kseg[i % kseg.len()]))
+        .enumerate()
+        .map(|(i, u)| key_bank(map, isa, k, v, i / kseg.len(), kseg[i % kseg.len()], u))
         .collect();
     parts
         .chunks(kseg.len())
@@ -522,7 +599,9 @@ pub fn key_banks(map: &SoftMap, isa: Isa, k: Heads, v: Heads) -> Vec<Vec<f64>> {
 }
 
 /// Non-causal pass 2, blocked: `o = Num/Den` from the per-head banks into `o` and `den`
-/// (`[heads, n]`, the Algorithm-1 denominator); returns (empty rows, segments used).
+/// (`[heads, n]`, the Algorithm-1 denominator), and the queries' `u = tanh(Wq)` into `uq`
+/// (`[heads, n, L·P]`) unless it is empty; returns (empty rows, segments used).
+#[allow(clippy::too_many_arguments)]
 pub fn read_into(
     map: &SoftMap,
     isa: Isa,
@@ -531,15 +610,18 @@ pub fn read_into(
     dv: usize,
     o: &mut [f32],
     den: &mut [f32],
+    uq: &mut [f32],
 ) -> (usize, Vec<(usize, usize)>) {
     let (heads, n, m, w) = (q.heads, q.n, map.width(), bank_width(dv));
     let banks32 = to_f32(banks);
     let segs = plan_segments(n, heads);
     let inv_l = map.den_scale();
+    let lp = map.planes.l * map.planes.p;
     let empty: usize = split_out(o, n, dv, &segs)
         .into_par_iter()
         .zip(split_out(den, n, 1, &segs).into_par_iter())
-        .map(|((h, s, op), (_, _, dp))| {
+        .zip(saved_pieces(uq, n, lp, &segs, heads).into_par_iter())
+        .map(|(((h, s, op), (_, _, dp)), mut save)| {
             let mut blk = Block::new(map, isa);
             let mut acc = vec![0.0f32; T * w];
             let (mut a, end, mut empty) = (segs[s].0, segs[s].1, 0usize);
@@ -550,6 +632,10 @@ pub fn read_into(
                 let mut ahead = Ahead::new(&[rows_of(&q, h, b, next)], 3);
                 ahead.step();
                 blk.features(map, rows_of(&q, h, a, b), rows);
+                let t0 = a - segs[s].0;
+                if let Some(u) = save.as_deref_mut() {
+                    u[t0 * lp..(t0 + rows) * lp].copy_from_slice(blk.u(rows));
+                }
                 ahead.step();
                 gemm(
                     isa,
@@ -565,7 +651,6 @@ pub fn read_into(
                     false,
                 );
                 ahead.step();
-                let t0 = a - segs[s].0;
                 empty += normalise(
                     &acc,
                     w,
@@ -602,7 +687,8 @@ pub(crate) fn normalise(
         .count()
 }
 
-/// Non-causal soft-RACE forward, blocked. Same contract as [`super::forward_into`].
+/// Non-causal soft-RACE forward, blocked. Same contract as [`super::soft_forward_into`]
+/// (`reuse`: a previous context whose buffers are recycled).
 pub fn forward_into(
     map: &SoftMap,
     isa: Isa,
@@ -610,11 +696,15 @@ pub fn forward_into(
     k: Heads,
     v: Heads,
     o: &mut [f32],
-    mut den: Vec<f32>,
+    reuse: Ctx,
 ) -> (usize, Ctx) {
+    let lp = map.planes.l * map.planes.p;
+    let (mut den, mut uq, mut uk) = (reuse.den, reuse.uq, reuse.uk);
     den.resize(q.heads * q.n, 0.0);
-    let banks = key_banks(map, isa, k, v);
-    let (empty, segs) = read_into(map, isa, q, &banks, v.cols, o, &mut den);
+    uq.resize(q.heads * q.n * lp, 0.0);
+    uk.resize(k.heads * k.n * lp, 0.0);
+    let banks = key_banks(map, isa, k, v, &mut uk);
+    let (empty, segs) = read_into(map, isa, q, &banks, v.cols, o, &mut den, &mut uq);
     (
         empty,
         Ctx {
@@ -622,6 +712,8 @@ pub fn forward_into(
             segs,
             banks,
             den,
+            uq,
+            uk,
         },
     )
 }
@@ -655,9 +747,7 @@ pub(crate) fn g_factors<'a>(
             }
         }
     }
-    for (ci, &di) in c.iter_mut().zip(den) {
-        *ci = if di != 0.0 { inv_l / di } else { 0.0 };
-    }
+    inv_den(den, inv_l, c);
     let rows = den.len();
     dispatch(
         isa,
@@ -669,6 +759,13 @@ pub(crate) fn g_factors<'a>(
         },
     );
     GFactors { c, s, g, dv }
+}
+
+/// `c_i = 1/(L·den_i)`, or 0 for an empty row (`den_i = 0`).
+pub(crate) fn inv_den(den: &[f32], inv_l: f32, c: &mut [f32]) {
+    for (ci, &di) in c.iter_mut().zip(den) {
+        *ci = if di != 0.0 { inv_l / di } else { 0.0 };
+    }
 }
 
 /// The per-row factors of `Ĝ = [G/Den, −s/Den]/L` for a block: `c_i = 1/(L·den_i)` (0 for an
@@ -700,8 +797,21 @@ impl<'a> GFactors<'a> {
         bt: &[f32],
         w: usize,
     ) {
+        bank_dots(isa, gphi, mp, rows, m, self.g, self.dv, bank, w, bt);
+        self.scale_phi_grads(gphi, mp, m, rows, bank, w);
+    }
+
+    /// The second half of [`GFactors::phi_grads`]: `gphi_if = g_i·B_f` in, `∂ℓ/∂φ_if` out.
+    pub(crate) fn scale_phi_grads(
+        &self,
+        gphi: &mut [f32],
+        mp: usize,
+        m: usize,
+        rows: usize,
+        bank: &[f32],
+        w: usize,
+    ) {
         let dv = self.dv;
-        bank_dots(isa, gphi, mp, rows, m, self.g, dv, bank, w, bt);
         for i in 0..rows {
             let row = &mut gphi[i * mp..i * mp + m];
             for (f, x) in row.iter_mut().enumerate() {
@@ -749,7 +859,10 @@ impl<'a> GFactors<'a> {
 /// (f64); returns `(d𝔅 per head, the queries' share of ∂ℓ/∂beta)`.
 ///
 /// With `c_i = 1/(L·Den_i)` and `s_i = g_i·ô_i`: `∂ℓ/∂φ_if = c_i (g_i·B_f − s_i A_f)`,
-/// `dB_f += Σ_i c_i φ_if g_i`, `dA_f −= Σ_i c_i φ_if s_i`.
+/// `dB_f += Σ_i c_i φ_if g_i`, `dA_f −= Σ_i c_i φ_if s_i`. `Ô` is not read: `ô_i = Num_i/Den_i`
+/// with `Num_i = Σ_f φ_if B_f`, so `s_i = c_i Σ_f φ_if (g_i·B_f)` from the products
+/// `g_i·B_f` that `∂ℓ/∂φ` needs anyway (the same f32 bank as the forward's read). `uq` is
+/// the forward's saved `u = tanh(Wq)` (`[heads, n, L·P]`); empty: recomputed from `q`.
 #[allow(clippy::too_many_arguments)]
 pub fn query_grads(
     map: &SoftMap,
@@ -758,7 +871,7 @@ pub fn query_grads(
     segs: &[(usize, usize)],
     den: &[f32],
     q: Heads,
-    o: Heads,
+    uq: &[f32],
     g: Heads,
     dq: &mut [f32],
 ) -> (Vec<Vec<f64>>, f64) {
@@ -766,10 +879,11 @@ pub fn query_grads(
         q.heads,
         q.n,
         q.cols,
-        o.cols,
+        g.cols,
         map.width(),
-        bank_width(o.cols),
+        bank_width(g.cols),
     );
+    let lp = map.planes.l * map.planes.p;
     let mp = pad16(m);
     let inv_l = 1.0 / map.planes.l as f32;
     let banks32 = to_f32(banks);
@@ -786,31 +900,25 @@ pub fn query_grads(
             while a < end {
                 let b = (a + T).min(end);
                 let rows = b - a;
-                let (gb, ob) = (rows_of(&g, h, a, b), rows_of(&o, h, a, b));
+                let gb = rows_of(&g, h, a, b);
                 let next = (b + T).min(end);
-                let mut ahead = Ahead::new(
-                    &[
-                        rows_of(&q, h, b, next),
-                        rows_of(&o, h, b, next),
-                        rows_of(&g, h, b, next),
-                    ],
-                    6,
-                );
+                let uqb = saved_rows(uq, n, lp, h, a, b);
+                let mut ahead = match uqb {
+                    Some(_) => Ahead::new(&[rows_of(&g, h, b, next)], 6),
+                    None => Ahead::new(&[rows_of(&q, h, b, next), rows_of(&g, h, b, next)], 6),
+                };
                 ahead.step();
-                blk.features(map, rows_of(&q, h, a, b), rows);
+                blk.features_of(map, rows_of(&q, h, a, b), uqb, rows);
                 ahead.step();
-                let f = g_factors(
-                    isa,
-                    gb,
-                    ob,
-                    &den[h * n + a..h * n + b],
-                    dv,
-                    inv_l,
-                    &mut c,
-                    &mut sv,
-                );
+                inv_den(&den[h * n + a..h * n + b], inv_l, &mut c);
+                bank_dots(isa, &mut gphi, mp, rows, m, gb, dv, bank, w, &bt[h]);
+                for (i, si) in sv[..rows].iter_mut().enumerate() {
+                    let (ph, gp) = (&blk.phi[i * mp..i * mp + m], &gphi[i * mp..i * mp + m]);
+                    *si = c[i] * ph.iter().zip(gp).map(|(&x, &y)| x * y).sum::<f32>();
+                }
+                let f = GFactors::of(&c, &sv, gb, dv);
                 ahead.step();
-                f.phi_grads(isa, &mut gphi, mp, m, rows, bank, &bt[h], w);
+                f.scale_phi_grads(&mut gphi, mp, m, rows, bank, w);
                 ahead.step();
                 f.dbank(isa, &blk.phi, mp, m, rows, &mut sphi, &mut d32, w, false);
                 d64.iter_mut().zip(&d32).for_each(|(x, &y)| *x += y as f64);
@@ -840,11 +948,13 @@ pub fn key_grads(
     dbanks: &[Vec<f64>],
     segs: &[(usize, usize)],
     k: Heads,
+    uk: &[f32],
     v: Heads,
     dk: &mut [f32],
     dvv: &mut [f32],
 ) -> f64 {
     let (d, dv, m, w) = (k.cols, v.cols, map.width(), bank_width(v.cols));
+    let lp = map.planes.l * map.planes.p;
     let mp = pad16(m);
     let dbanks32 = to_f32(dbanks);
     let dbt: Vec<Vec<f32>> = dbanks32.iter().map(|b| values_t(b, m, dv, w)).collect();
@@ -861,9 +971,13 @@ pub fn key_grads(
                 let rows = b - a;
                 let vb = rows_of(&v, h, a, b);
                 let next = (b + T).min(end);
-                let mut ahead = Ahead::new(&[rows_of(&k, h, b, next), rows_of(&v, h, b, next)], 5);
+                let ukb = saved_rows(uk, k.n, lp, h, a, b);
+                let mut ahead = match ukb {
+                    Some(_) => Ahead::new(&[rows_of(&v, h, b, next)], 5),
+                    None => Ahead::new(&[rows_of(&k, h, b, next), rows_of(&v, h, b, next)], 5),
+                };
                 ahead.step();
-                blk.features(map, rows_of(&k, h, a, b), rows);
+                blk.features_of(map, rows_of(&k, h, a, b), ukb, rows);
                 ahead.step();
                 bank_dots(isa, &mut gphi, mp, rows, m, vb, dv, db, w, &dbt[h]);
                 for i in 0..rows {
@@ -915,6 +1029,8 @@ pub fn backward_into(
     dvv: &mut [f32],
 ) -> f64 {
     assert!(!ctx.causal, "blocked backward is the non-causal path");
-    let (dbanks, dbeta_q) = query_grads(map, isa, &ctx.banks, &ctx.segs, &ctx.den, q, o, g, dq);
-    dbeta_q + key_grads(map, isa, &dbanks, &ctx.segs, k, v, dk, dvv)
+    let _ = o; // not read: see `query_grads`
+    let (banks, segs, den) = (&ctx.banks, &ctx.segs, &ctx.den);
+    let (dbanks, dbeta_q) = query_grads(map, isa, banks, segs, den, q, &ctx.uq, g, dq);
+    dbeta_q + key_grads(map, isa, &dbanks, segs, k, &ctx.uk, v, dk, dvv)
 }

@@ -235,7 +235,7 @@ pub(crate) fn forward_bases(
     let totals: Vec<Vec<f64>> = if ns > 1 {
         (0..heads * ns)
             .into_par_iter()
-            .map(|i| key_bank(map, isa, k, v, i / ns, segs[i % ns]))
+            .map(|i| key_bank(map, isa, k, v, i / ns, segs[i % ns], None))
             .collect()
     } else {
         vec![vec![0.0; m * w]; heads * ns]
@@ -297,7 +297,7 @@ pub(crate) fn suffix_totals(
         .collect()
 }
 
-/// Causal forward; same contract as [`super::forward_into`] with `causal = true`.
+/// Causal forward; same contract as [`super::soft_forward_into`] with `causal = true`.
 pub fn forward_into(
     map: &SoftMap,
     isa: Isa,
@@ -305,9 +305,10 @@ pub fn forward_into(
     k: Heads,
     v: Heads,
     o: &mut [f32],
-    mut den: Vec<f32>,
+    reuse: Ctx,
 ) -> (usize, Ctx) {
     let (heads, n, dv, m, w) = (q.heads, q.n, v.cols, map.width(), bank_width(v.cols));
+    let mut den = reuse.den;
     den.resize(heads * n, 0.0);
     let (segs, bases) = forward_bases(map, isa, k, v);
     let ns = segs.len();
@@ -386,6 +387,8 @@ pub fn forward_into(
             segs,
             banks: bases,
             den,
+            uq: Vec::new(),
+            uk: Vec::new(),
         },
     )
 }

@@ -17,7 +17,7 @@ use super::state::{bank_width, ext_buffer, plan_segments, split_out, Bank, Heads
 use rayon::prelude::*;
 
 /// What the forward pass keeps for the backward pass.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Ctx {
     pub causal: bool,
     pub segs: Vec<(usize, usize)>,
@@ -26,6 +26,12 @@ pub struct Ctx {
     pub banks: Vec<Vec<f64>>,
     /// Per token: the Algorithm-1 denominator `Den_i` (including the `1/L` for RACE).
     pub den: Vec<f32>,
+    /// Saved by the blocked soft-RACE forwards: `u = tanh(W q_i)` and `u = tanh(W k_j)` per
+    /// token (`[heads, n, L·P]` each, 4–16 floats per token against `d` for a row of Q), so
+    /// the backward neither re-reads Q and K nor projects them again. Empty when not saved
+    /// (the per-token engine's forward); the backward then recomputes them from Q and K.
+    pub uq: Vec<f32>,
+    pub uk: Vec<f32>,
 }
 
 /// Output of the forward pass.
@@ -258,6 +264,8 @@ pub fn forward_into<F: FeatureMap>(
                 segs: qseg,
                 banks,
                 den,
+                uq: Vec::new(),
+                uk: Vec::new(),
             },
         );
     }
@@ -295,6 +303,8 @@ pub fn forward_into<F: FeatureMap>(
     (
         empty,
         Ctx {
+            uq: Vec::new(),
+            uk: Vec::new(),
             causal,
             segs,
             banks: bases,

@@ -36,7 +36,9 @@ pub use simd::{detected_isa, Isa};
 pub use state::Heads;
 
 /// Production soft-RACE forward: blocked GEMMs, [`blocked`] (non-causal) or
-/// [`blocked_causal`] (chunked linear attention).
+/// [`blocked_causal`] (chunked linear attention). `reuse` is a previous context whose
+/// buffers are recycled (`Ctx::default()` for none): a training loop or a benchmark then
+/// does not pay fresh pages for the per-token saved values every step.
 #[allow(clippy::too_many_arguments)]
 pub fn soft_forward_into(
     map: &SoftMap,
@@ -46,12 +48,12 @@ pub fn soft_forward_into(
     causal: bool,
     isa: Isa,
     o: &mut [f32],
-    den: Vec<f32>,
+    reuse: Ctx,
 ) -> (usize, Ctx) {
     if causal {
-        blocked_causal::forward_into(map, isa, q, k, v, o, den)
+        blocked_causal::forward_into(map, isa, q, k, v, o, reuse)
     } else {
-        blocked::forward_into(map, isa, q, k, v, o, den)
+        blocked::forward_into(map, isa, q, k, v, o, reuse)
     }
 }
 
@@ -65,7 +67,7 @@ pub fn soft_forward(
     isa: Isa,
 ) -> ForwardOut {
     let mut o = vec![0.0f32; q.heads * q.n * v.cols];
-    let (empty_rows, ctx) = soft_forward_into(map, q, k, v, causal, isa, &mut o, Vec::new());
+    let (empty_rows, ctx) = soft_forward_into(map, q, k, v, causal, isa, &mut o, Ctx::default());
     ForwardOut { o, empty_rows, ctx }
 }
 

@@ -103,11 +103,12 @@ pub fn run(
             isa,
             Heads::new(heads, b - a, d, &kb),
             Heads::new(heads, b - a, dv, &vb),
+            &mut [],
         )) {
             tot.iter_mut().zip(&part).for_each(|(x, y)| *x += y);
         }
     }
-    // (2) queries → O, and (3) query gradients with O recomputed.
+    // (2) queries → O, and (3) query gradients (O itself is not needed: see `query_grads`).
     progress("stream: queries → O, dQ, [dB | dA]");
     let mut dbanks = vec![vec![0.0f64; m * w]; heads];
     let mut dbeta = 0.0;
@@ -116,12 +117,12 @@ pub fn run(
         gen_chunk(&mut qb, sq, heads, n, a, len, d);
         gen_chunk(&mut gb, sg, heads, n, a, len, dv);
         let (mut o, mut den) = (vec![0.0f32; heads * len * dv], vec![0.0f32; heads * len]);
+        // The chunk's queries' u = tanh(Wq), saved by the read for the query gradients (keys
+        // are regenerated in (4) instead: their u over all N would not be bounded memory).
+        let mut uq = vec![0.0f32; heads * len * l * p];
         let qh = Heads::new(heads, len, d, &qb);
-        let (_, segs) = read_into(&map, isa, qh, &banks, dv, &mut o, &mut den);
+        let (_, segs) = read_into(&map, isa, qh, &banks, dv, &mut o, &mut den, &mut uq);
         checksum += o.iter().map(|&x| x as f64).sum::<f64>();
-        // G does not depend on O here, so the chunk's O serves both the forward output and the
-        // backward (a stored-O backward would read it back instead).
-        let oh = Heads::new(heads, len, dv, &o);
         dq.resize(heads * len * d, 0.0);
         let (parts, db) = query_grads(
             &map,
@@ -130,7 +131,7 @@ pub fn run(
             &segs,
             &den,
             qh,
-            oh,
+            &uq,
             Heads::new(heads, len, dv, &gb),
             &mut dq,
         );
@@ -153,7 +154,7 @@ pub fn run(
         );
         dk.resize(heads * len * d, 0.0);
         dvv.resize(heads * len * dv, 0.0);
-        let db = key_grads(&map, isa, &dbanks, &segs, kh, vh, &mut dk, &mut dvv);
+        let db = key_grads(&map, isa, &dbanks, &segs, kh, &[], vh, &mut dk, &mut dvv);
         dbeta += db;
         checksum += dk.iter().chain(&dvv).map(|&x| x as f64).sum::<f64>();
     }
