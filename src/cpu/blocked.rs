@@ -492,7 +492,7 @@ pub(crate) fn bank_dots(
 
 /// One `Some(piece)` of `u` (`[heads, n, lp]`) per (head, segment), in [`split_out`]'s order;
 /// all `None` when `u` is empty (nothing to save).
-fn saved_pieces<'a>(
+pub(crate) fn saved_pieces<'a>(
     u: &'a mut [f32],
     n: usize,
     lp: usize,
@@ -718,49 +718,6 @@ pub fn forward_into(
     )
 }
 
-/// Fill the per-row factors of `Ĝ` into `c`, `s` (`c_i = 1/(L·den_i)`, `s_i = g_i·ô_i`) for
-/// the block's rows `g`, `o` (stride `dv`) and return them as [`GFactors`].
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn g_factors<'a>(
-    isa: Isa,
-    g: &'a [f32],
-    o: &[f32],
-    den: &[f32],
-    dv: usize,
-    inv_l: f32,
-    c: &'a mut [f32],
-    s: &'a mut [f32],
-) -> GFactors<'a> {
-    struct Task<'a> {
-        g: &'a [f32],
-        o: &'a [f32],
-        dv: usize,
-        s: &'a mut [f32],
-    }
-    impl WithSimd for Task<'_> {
-        type Output = ();
-        #[inline(always)]
-        fn run<S: Simd>(self) {
-            let dv = self.dv;
-            for (i, si) in self.s.iter_mut().enumerate() {
-                *si = S::dot(&self.g[i * dv..(i + 1) * dv], &self.o[i * dv..(i + 1) * dv]);
-            }
-        }
-    }
-    inv_den(den, inv_l, c);
-    let rows = den.len();
-    dispatch(
-        isa,
-        Task {
-            g,
-            o,
-            dv,
-            s: &mut s[..rows],
-        },
-    );
-    GFactors { c, s, g, dv }
-}
-
 /// `c_i = 1/(L·den_i)`, or 0 for an empty row (`den_i = 0`).
 pub(crate) fn inv_den(den: &[f32], inv_l: f32, c: &mut [f32]) {
     for (ci, &di) in c.iter_mut().zip(den) {
@@ -783,25 +740,8 @@ impl<'a> GFactors<'a> {
         GFactors { c, s, g, dv }
     }
 
-    /// `∂ℓ/∂φ_if = ĝ_i·𝔅_f = c_i (g_i·B_f − s_i A_f)` into `gphi` (row stride `mp`), from a bank
-    /// `𝔅` (`m × w`) and its transposed values `bt` ([`values_t`]).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn phi_grads(
-        &self,
-        isa: Isa,
-        gphi: &mut [f32],
-        mp: usize,
-        m: usize,
-        rows: usize,
-        bank: &[f32],
-        bt: &[f32],
-        w: usize,
-    ) {
-        bank_dots(isa, gphi, mp, rows, m, self.g, self.dv, bank, w, bt);
-        self.scale_phi_grads(gphi, mp, m, rows, bank, w);
-    }
-
-    /// The second half of [`GFactors::phi_grads`]: `gphi_if = g_i·B_f` in, `∂ℓ/∂φ_if` out.
+    /// `∂ℓ/∂φ_if = ĝ_i·𝔅_f = c_i (g_i·B_f − s_i A_f)` in place: `gphi_if = g_i·B_f` in (from
+    /// [`bank_dots`] of the bank `𝔅`, `m × w`), `∂ℓ/∂φ_if` out (row stride `mp`).
     pub(crate) fn scale_phi_grads(
         &self,
         gphi: &mut [f32],

@@ -18,8 +18,8 @@
 //! [`T`] tokens, so accuracy does not depend on N.
 
 use super::blocked::{
-    bank_dots, g_factors, gemm_ext, key_bank, normalise, pad16, rows_of, Block, GFactors, NT_MAX_M,
-    T,
+    bank_dots, gemm_ext, inv_den, key_bank, normalise, pad16, rows_of, saved_pieces, saved_rows,
+    Block, GFactors, NT_MAX_M, T,
 };
 use super::features::{FeatureMap, SoftMap};
 use super::forward::{exclusive_scan, Ctx};
@@ -111,6 +111,7 @@ struct Scratch {
     kb: Block,
     qb: Block,
     att: Vec<f32>,  // TC × TC
+    qk: Vec<f32>,   // TC × TC: Φ_Q Φ_Kᵀ (backward, for s)
     acc: Vec<f32>,  // TC × w
     gphi: Vec<f32>, // TC × mp
     sphi: Vec<f32>, // TC × m
@@ -126,6 +127,7 @@ impl Scratch {
             kb: Block::new(map, isa),
             qb: Block::new(map, isa),
             att: vec![0.0; TC * TC],
+            qk: vec![0.0; TC * TC],
             acc: vec![0.0; TC * w],
             gphi: vec![0.0; TC * mp],
             sphi: vec![0.0; TC * m],
@@ -136,21 +138,22 @@ impl Scratch {
     }
 }
 
-/// The inputs of the causal backward passes.
+/// The inputs of the causal backward passes (`uq`, `uk`: the forward's saved `u`, or empty).
 struct Io<'a> {
     map: &'a SoftMap<'a>,
-    isa: Isa,
     q: Heads<'a>,
     k: Heads<'a>,
     v: Heads<'a>,
-    o: Heads<'a>,
     g: Heads<'a>,
     den: &'a [f32],
+    uq: &'a [f32],
+    uk: &'a [f32],
 }
 
 impl Scratch {
     /// Start sub-block `a..b` of head `h`: prefetch the rows of `next`, refresh the state,
-    /// compute both feature blocks and `Ĝ`'s factors ([`g_factors`], into `c`, `s`).
+    /// compute both feature blocks (from the saved `u` when there is one) and `c` (into
+    /// `c`); with `s_all` (`[heads, n]`, the query pass's `s_i = g_i·ô_i`) also `s`.
     fn load(
         &mut self,
         io: &Io,
@@ -158,17 +161,32 @@ impl Scratch {
         h: usize,
         (a, b): (usize, usize),
         next: (usize, usize),
+        s_all: Option<&[f32]>,
     ) {
-        for x in [&io.q, &io.k, &io.v, &io.o, &io.g] {
+        let (n, lp) = (io.q.n, io.map.planes.l * io.map.planes.p);
+        for x in [&io.v, &io.g] {
             prefetch(rows_of(x, h, next.0, next.1));
         }
+        let (uq, uk) = (
+            saved_rows(io.uq, n, lp, h, a, b),
+            saved_rows(io.uk, n, lp, h, a, b),
+        );
+        if uq.is_none() {
+            prefetch(rows_of(&io.q, h, next.0, next.1));
+        }
+        if uk.is_none() {
+            prefetch(rows_of(&io.k, h, next.0, next.1));
+        }
         st.refresh();
-        self.kb.features(io.map, rows_of(&io.k, h, a, b), b - a);
-        self.qb.features(io.map, rows_of(&io.q, h, a, b), b - a);
-        let (n, dv, inv_l) = (io.q.n, io.o.cols, 1.0 / io.map.planes.l as f32);
-        let (gb, ob) = (rows_of(&io.g, h, a, b), rows_of(&io.o, h, a, b));
-        let dn = &io.den[h * n + a..h * n + b];
-        g_factors(io.isa, gb, ob, dn, dv, inv_l, &mut self.c, &mut self.s);
+        self.kb
+            .features_of(io.map, rows_of(&io.k, h, a, b), uk, b - a);
+        self.qb
+            .features_of(io.map, rows_of(&io.q, h, a, b), uq, b - a);
+        let inv_l = 1.0 / io.map.planes.l as f32;
+        inv_den(&io.den[h * n + a..h * n + b], inv_l, &mut self.c);
+        if let Some(s) = s_all {
+            self.s[..b - a].copy_from_slice(&s[h * n + a..h * n + b]);
+        }
     }
 }
 
@@ -245,20 +263,22 @@ pub(crate) fn forward_bases(
 }
 
 /// Each `(head, segment)`'s own `[dB | dA] = Σ φ(q_i) ĝ_iᵀ` (for the suffix scan of the causal
-/// backward; all zero with one segment per head, where no scan is needed).
+/// backward; all zero with one segment per head, where no scan is needed). `s_all` holds
+/// `s_i = g_i·ô_i` (`[heads, n]`), `uq` the saved `u` of the queries (or is empty).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn suffix_totals(
     map: &SoftMap,
     isa: Isa,
     q: Heads,
-    o: Heads,
+    uq: &[f32],
     g: Heads,
     den: &[f32],
+    s_all: &[f32],
     segs: &[(usize, usize)],
     heads: usize,
 ) -> Vec<Vec<f64>> {
-    let (n, dv, m, w) = (q.n, o.cols, map.width(), bank_width(o.cols));
-    let ns = segs.len();
+    let (n, dv, m, w) = (q.n, g.cols, map.width(), bank_width(g.cols));
+    let (ns, lp) = (segs.len(), map.planes.l * map.planes.p);
     let inv_l = 1.0 / map.planes.l as f32;
     if ns <= 1 {
         return vec![vec![0.0; m * w]; heads * ns];
@@ -269,25 +289,17 @@ pub(crate) fn suffix_totals(
             let (h, (start, end)) = (i / ns, segs[i % ns]);
             let mut qb = Block::new(map, isa);
             let mp = qb.mp;
-            let (mut c, mut sv, mut sphi) = (vec![0.0f32; T], vec![0.0f32; T], vec![0.0f32; T * m]);
+            let (mut c, mut sphi) = (vec![0.0f32; T], vec![0.0f32; T * m]);
             let (mut d32, mut d64) = (vec![0.0f32; m * w], vec![0.0f64; m * w]);
             let mut a = start;
             while a < end {
                 let b = (a + T).min(end);
                 let rows = b - a;
                 let gb = rows_of(&g, h, a, b);
-                qb.features(map, rows_of(&q, h, a, b), rows);
-                let dn = &den[h * n + a..h * n + b];
-                let f = g_factors(
-                    isa,
-                    gb,
-                    rows_of(&o, h, a, b),
-                    dn,
-                    dv,
-                    inv_l,
-                    &mut c,
-                    &mut sv,
-                );
+                let u = saved_rows(uq, n, lp, h, a, b);
+                qb.features_of(map, rows_of(&q, h, a, b), u, rows);
+                inv_den(&den[h * n + a..h * n + b], inv_l, &mut c);
+                let f = GFactors::of(&c, &s_all[h * n + a..h * n + b], gb, dv);
                 f.dbank(isa, &qb.phi, mp, m, rows, &mut sphi, &mut d32, w, false);
                 d64.iter_mut().zip(&d32).for_each(|(x, &y)| *x += y as f64);
                 a = b;
@@ -308,15 +320,20 @@ pub fn forward_into(
     reuse: Ctx,
 ) -> (usize, Ctx) {
     let (heads, n, dv, m, w) = (q.heads, q.n, v.cols, map.width(), bank_width(v.cols));
-    let mut den = reuse.den;
+    let lp = map.planes.l * map.planes.p;
+    let (mut den, mut uq, mut uk) = (reuse.den, reuse.uq, reuse.uk);
     den.resize(heads * n, 0.0);
+    uq.resize(heads * n * lp, 0.0);
+    uk.resize(heads * n * lp, 0.0);
     let (segs, bases) = forward_bases(map, isa, k, v);
     let ns = segs.len();
     let den_scale = map.den_scale();
     let empty: usize = split_out(o, n, dv, &segs)
         .into_par_iter()
         .zip(split_out(&mut den, n, 1, &segs).into_par_iter())
-        .map(|((h, s, op), (_, _, dp))| {
+        .zip(saved_pieces(&mut uq, n, lp, &segs, heads).into_par_iter())
+        .zip(saved_pieces(&mut uk, n, lp, &segs, heads).into_par_iter())
+        .map(|((((h, s, op), (_, _, dp)), mut suq), mut suk)| {
             let mut st = TwoLevel::new(isa, m, w, &bases[h * ns + s]);
             let mut sc = Scratch::new(map, isa, dv, w);
             let (mp, tc) = (sc.kb.mp, sub_block(m));
@@ -332,6 +349,12 @@ pub fn forward_into(
                 let vb = rows_of(&v, h, a, b);
                 sc.kb.features(map, rows_of(&k, h, a, b), rows);
                 sc.qb.features(map, rows_of(&q, h, a, b), rows);
+                let t0 = a - start;
+                for (blk, save) in [(&sc.qb, &mut suq), (&sc.kb, &mut suk)] {
+                    if let Some(u) = save.as_deref_mut() {
+                        u[t0 * lp..(t0 + rows) * lp].copy_from_slice(blk.u(rows));
+                    }
+                }
                 let (pq, pk) = (&sc.qb.phi, &sc.kb.phi);
                 gemm(
                     isa,
@@ -352,7 +375,6 @@ pub fn forward_into(
                 for i in 0..rows {
                     sc.acc[i * w + dv] += sc.att[i * TC..i * TC + i + 1].iter().sum::<f32>();
                 }
-                let t0 = a - start;
                 empty += normalise(
                     &sc.acc,
                     w,
@@ -387,8 +409,8 @@ pub fn forward_into(
             segs,
             banks: bases,
             den,
-            uq: Vec::new(),
-            uk: Vec::new(),
+            uq,
+            uk,
         },
     )
 }
@@ -444,20 +466,24 @@ pub fn backward_into(
         bank_width(v.cols),
     );
     let (segs, ns, den) = (&ctx.segs, ctx.segs.len(), &ctx.den);
+    let _ = o; // not read: `s_i = g_i·ô_i` is recomputed by the query pass
     let io = Io {
         map,
-        isa,
         q,
         k,
         v,
-        o,
         g,
         den,
+        uq: &ctx.uq,
+        uk: &ctx.uk,
     };
-    // Queries, in order, with the prefix state rebuilt from the segment bases.
+    // Queries, in order, with the prefix state rebuilt from the segment bases; each row's
+    // `s_i = g_i·ô_i` into `s_all` for the suffix totals and the key pass.
+    let mut s_all = vec![0.0f32; heads * n];
     let dbeta_q: f64 = split_out(dq, n, d, segs)
         .into_par_iter()
-        .map(|(h, s, dqp)| {
+        .zip(split_out(&mut s_all, n, 1, segs).into_par_iter())
+        .map(|((h, s, dqp), (_, _, sp))| {
             let mut st = TwoLevel::new(isa, m, w, &ctx.banks[h * ns + s]);
             let mut sc = Scratch::new(map, isa, dv, w);
             let (mp, tc) = (sc.kb.mp, sub_block(m));
@@ -468,13 +494,29 @@ pub fn backward_into(
                 let rows = b - a;
                 let next = ((b + tc).min(end), (b + 2 * tc).min(end));
                 let (vb, gb) = (rows_of(&v, h, a, b), rows_of(&g, h, a, b));
-                sc.load(&io, &mut st, h, (a, b), next);
-                let f = GFactors::of(&sc.c, &sc.s, gb, dv);
+                sc.load(&io, &mut st, h, (a, b), next, None);
                 if m > NT_MAX_M {
                     transpose_into(&st.read, m, dv, w, &mut sc.st_t, mp);
                 }
-                f.phi_grads(isa, &mut sc.gphi, mp, m, rows, &st.read, &sc.st_t, w);
+                // g_i·S_f, g_i·v_j and φ(q_i)·φ(k_j); then `ô_i = (Φ_Q S + tril(Φ_Q Φ_Kᵀ) X̂)_i / Den_i`
+                // gives s_i = c_i (Σ_f φ_if (g_i·S_f) + Σ_{j≤i} (φ_i·φ_j)(g_i·v_j)).
+                let (st_t, qb, kb) = (&sc.st_t, &sc.qb.phi, &sc.kb.phi);
+                bank_dots(isa, &mut sc.gphi, mp, rows, m, gb, dv, &st.read, w, st_t);
                 gram(isa, &mut sc.att, gb, dv, vb, dv, rows, dv, true);
+                gram(isa, &mut sc.qk, qb, mp, kb, mp, rows, mp, true);
+                for i in 0..rows {
+                    let (ph, gp) = (&qb[i * mp..i * mp + m], &sc.gphi[i * mp..i * mp + m]);
+                    let bank: f32 = ph.iter().zip(gp).map(|(&x, &y)| x * y).sum();
+                    let (qk, gv) = (
+                        &sc.qk[i * TC..i * TC + i + 1],
+                        &sc.att[i * TC..i * TC + i + 1],
+                    );
+                    let intra: f32 = qk.iter().zip(gv).map(|(&x, &y)| x * y).sum();
+                    sc.s[i] = sc.c[i] * (bank + intra);
+                }
+                sp[a - start..b - start].copy_from_slice(&sc.s[..rows]);
+                let f = GFactors::of(&sc.c, &sc.s, gb, dv);
+                f.scale_phi_grads(&mut sc.gphi, mp, m, rows, &st.read, w);
                 scale_gv(&mut sc.att, rows, f.c, f.s, true);
                 tri_gemm(
                     isa,
@@ -501,7 +543,7 @@ pub fn backward_into(
         })
         .sum();
     // Suffix [dB | dA] entering each segment from the right.
-    let totals = suffix_totals(map, isa, q, o, g, den, segs, heads);
+    let totals = suffix_totals(map, isa, q, &ctx.uq, g, den, &s_all, segs, heads);
     let dbases = exclusive_scan(&totals, heads, ns, true);
     // Keys and values, in reverse.
     let dbeta_k: f64 = split_out(dk, k.n, d, segs)
@@ -522,7 +564,7 @@ pub fn backward_into(
                     a.saturating_sub(tc).max(start),
                 );
                 let (vb, gb) = (rows_of(&v, h, a, b), rows_of(&g, h, a, b));
-                sc.load(&io, &mut st, h, (a, b), next);
+                sc.load(&io, &mut st, h, (a, b), next, Some(&s_all));
                 let f = GFactors::of(&sc.c, &sc.s, gb, dv);
                 // ∂ℓ/∂φ_k = X̂ dSᵀ + triu(X̂ Ĝᵀ) Φ_Q.
                 if m > NT_MAX_M {
