@@ -23,7 +23,7 @@ use super::blocked::{
 };
 use super::features::{FeatureMap, SoftMap};
 use super::forward::{exclusive_scan, Ctx};
-use super::gemm::{gemm, gemm_nt, prefetch, transpose_into, Gemm, Strided, Tri};
+use super::gemm::{gemm, gemm_nt, transpose_into, Ahead, Gemm, Strided, Tri};
 use super::simd::{dispatch, Isa, Simd, WithSimd};
 use super::state::{bank_width, plan_segments, split_out, Bank, Heads};
 use rayon::prelude::*;
@@ -106,17 +106,17 @@ impl TwoLevel {
     }
 }
 
-/// Scratch for one sub-block.
+/// Scratch for one block of [`T`] tokens (features, `∂ℓ/∂φ`, `c`, `s`) and its sub-blocks.
 struct Scratch {
     kb: Block,
     qb: Block,
     att: Vec<f32>,  // TC × TC
     qk: Vec<f32>,   // TC × TC: Φ_Q Φ_Kᵀ (backward, for s)
     acc: Vec<f32>,  // TC × w
-    gphi: Vec<f32>, // TC × mp
+    gphi: Vec<f32>, // T × mp
     sphi: Vec<f32>, // TC × m
-    c: Vec<f32>,    // TC
-    s: Vec<f32>,    // TC
+    c: Vec<f32>,    // T
+    s: Vec<f32>,    // T
     st_t: Vec<f32>, // dv × mp: the state's values, transposed (padding columns stay 0)
 }
 
@@ -129,10 +129,10 @@ impl Scratch {
             att: vec![0.0; TC * TC],
             qk: vec![0.0; TC * TC],
             acc: vec![0.0; TC * w],
-            gphi: vec![0.0; TC * mp],
+            gphi: vec![0.0; T * mp],
             sphi: vec![0.0; TC * m],
-            c: vec![0.0; TC],
-            s: vec![0.0; TC],
+            c: vec![0.0; T],
+            s: vec![0.0; T],
             st_t: vec![0.0; dv * mp],
         }
     }
@@ -151,33 +151,33 @@ struct Io<'a> {
 }
 
 impl Scratch {
-    /// Start sub-block `a..b` of head `h`: prefetch the rows of `next`, refresh the state,
-    /// compute both feature blocks (from the saved `u` when there is one) and `c` (into
-    /// `c`); with `s_all` (`[heads, n]`, the query pass's `s_i = g_i·ô_i`) also `s`.
-    fn load(
+    /// Start block `a..b` of head `h`: both feature blocks (from the saved `u` when there is
+    /// one) and `c`; with `s_all` (`[heads, n]`, the query pass's `s_i = g_i·ô_i`) also `s`.
+    /// Returns the prefetcher of the rows of `next`, to be stepped `steps` times.
+    fn load<'a>(
         &mut self,
-        io: &Io,
-        st: &mut TwoLevel,
+        io: &Io<'a>,
         h: usize,
         (a, b): (usize, usize),
         next: (usize, usize),
         s_all: Option<&[f32]>,
-    ) {
+        steps: usize,
+    ) -> Ahead<'a> {
         let (n, lp) = (io.q.n, io.map.planes.l * io.map.planes.p);
-        for x in [&io.v, &io.g] {
-            prefetch(rows_of(x, h, next.0, next.1));
-        }
         let (uq, uk) = (
             saved_rows(io.uq, n, lp, h, a, b),
             saved_rows(io.uk, n, lp, h, a, b),
         );
+        let ahead_of = |x: &Heads<'a>| rows_of(x, h, next.0, next.1);
+        let mut parts: [&[f32]; 4] = [ahead_of(&io.v), ahead_of(&io.g), &[], &[]];
         if uq.is_none() {
-            prefetch(rows_of(&io.q, h, next.0, next.1));
+            parts[2] = ahead_of(&io.q);
         }
         if uk.is_none() {
-            prefetch(rows_of(&io.k, h, next.0, next.1));
+            parts[3] = ahead_of(&io.k);
         }
-        st.refresh();
+        let mut ahead = Ahead::new(&parts, steps);
+        ahead.step();
         self.kb
             .features_of(io.map, rows_of(&io.k, h, a, b), uk, b - a);
         self.qb
@@ -187,7 +187,25 @@ impl Scratch {
         if let Some(s) = s_all {
             self.s[..b - a].copy_from_slice(&s[h * n + a..h * n + b]);
         }
+        ahead
     }
+}
+
+/// The sub-blocks of `a..b` of at most `tc` tokens, in order or (`rev`) from the end.
+fn sub_blocks(a: usize, b: usize, tc: usize, rev: bool) -> Vec<(usize, usize)> {
+    let mut out: Vec<(usize, usize)> = (a..b).step_by(tc).map(|x| (x, (x + tc).min(b))).collect();
+    if rev {
+        // From the end: the short sub-block (if any) comes last.
+        out = (0..out.len())
+            .map(|i| (b.saturating_sub((i + 1) * tc).max(a), b - i * tc))
+            .collect();
+    }
+    out
+}
+
+/// The blocks of [`T`] tokens of a segment, in order or (`rev`) from the end.
+fn blocks(start: usize, end: usize, rev: bool) -> Vec<(usize, usize)> {
+    sub_blocks(start, end, T, rev)
 }
 
 /// `att[i][j] = x_i · y_j` (row stride [`TC`]) on the triangle that is kept (`lower`:
@@ -338,15 +356,13 @@ pub fn forward_into(
             let mut sc = Scratch::new(map, isa, dv, w);
             let (mp, tc) = (sc.kb.mp, sub_block(m));
             let (start, end) = segs[s];
-            let (mut a, mut empty) = (start, 0usize);
-            while a < end {
-                let b = (a + tc).min(end);
-                let rows = b - a;
-                for x in [&q, &k, &v] {
-                    prefetch(rows_of(x, h, (b + tc).min(end), (b + 2 * tc).min(end)));
-                }
-                st.refresh();
-                let vb = rows_of(&v, h, a, b);
+            let mut empty = 0usize;
+            // Features per block of T tokens; the state is read and updated per sub-block.
+            for (a, b) in blocks(start, end, false) {
+                let (rows, next) = (b - a, (b + T).min(end));
+                let parts = [&q, &k, &v].map(|x| rows_of(x, h, b, next));
+                let mut ahead = Ahead::new(&parts, 1 + T / tc);
+                ahead.step();
                 sc.kb.features(map, rows_of(&k, h, a, b), rows);
                 sc.qb.features(map, rows_of(&q, h, a, b), rows);
                 let t0 = a - start;
@@ -355,49 +371,45 @@ pub fn forward_into(
                         u[t0 * lp..(t0 + rows) * lp].copy_from_slice(blk.u(rows));
                     }
                 }
-                let (pq, pk) = (&sc.qb.phi, &sc.kb.phi);
-                gemm(
-                    isa,
-                    &mut sc.acc,
-                    w,
-                    rows,
-                    w,
-                    m,
-                    Strided::rows(pq, mp),
-                    &st.read,
-                    w,
-                    1.0,
-                    false,
-                );
-                gram(isa, &mut sc.att, pq, mp, pk, mp, rows, mp, true);
-                mask(&mut sc.att, rows, true);
-                tri_gemm(isa, &mut sc.acc, w, rows, dv, &sc.att, vb, dv, 1.0, true);
-                for i in 0..rows {
-                    sc.acc[i * w + dv] += sc.att[i * TC..i * TC + i + 1].iter().sum::<f32>();
+                for (a2, b2) in sub_blocks(a, b, tc, false) {
+                    let (r2, off) = (b2 - a2, a2 - a);
+                    st.refresh();
+                    let vb = rows_of(&v, h, a2, b2);
+                    let (pq, pk) = (&sc.qb.phi[off * mp..], &sc.kb.phi[off * mp..]);
+                    gemm(
+                        isa,
+                        &mut sc.acc,
+                        w,
+                        r2,
+                        w,
+                        m,
+                        Strided::rows(pq, mp),
+                        &st.read,
+                        w,
+                        1.0,
+                        false,
+                    );
+                    gram(isa, &mut sc.att, pq, mp, pk, mp, r2, mp, true);
+                    mask(&mut sc.att, r2, true);
+                    tri_gemm(isa, &mut sc.acc, w, r2, dv, &sc.att, vb, dv, 1.0, true);
+                    for i in 0..r2 {
+                        sc.acc[i * w + dv] += sc.att[i * TC..i * TC + i + 1].iter().sum::<f32>();
+                    }
+                    let t2 = a2 - start;
+                    empty += normalise(
+                        &sc.acc,
+                        w,
+                        r2,
+                        dv,
+                        den_scale,
+                        &mut op[t2 * dv..(t2 + r2) * dv],
+                        &mut dp[t2..t2 + r2],
+                    );
+                    let pkt = Strided::transposed(pk, mp);
+                    gemm_ext(isa, &mut st.bank.local, w, m, r2, pkt, vb, dv, 1.0, true);
+                    st.tick(r2);
+                    ahead.step();
                 }
-                empty += normalise(
-                    &sc.acc,
-                    w,
-                    rows,
-                    dv,
-                    den_scale,
-                    &mut op[t0 * dv..(t0 + rows) * dv],
-                    &mut dp[t0..t0 + rows],
-                );
-                gemm_ext(
-                    isa,
-                    &mut st.bank.local,
-                    w,
-                    m,
-                    rows,
-                    Strided::transposed(pk, mp),
-                    vb,
-                    dv,
-                    1.0,
-                    true,
-                );
-                st.tick(rows);
-                a = b;
             }
             empty
         })
@@ -488,56 +500,47 @@ pub fn backward_into(
             let mut sc = Scratch::new(map, isa, dv, w);
             let (mp, tc) = (sc.kb.mp, sub_block(m));
             let (start, end) = segs[s];
-            let (mut a, mut dbeta) = (start, 0.0f64);
-            while a < end {
-                let b = (a + tc).min(end);
-                let rows = b - a;
-                let next = ((b + tc).min(end), (b + 2 * tc).min(end));
-                let (vb, gb) = (rows_of(&v, h, a, b), rows_of(&g, h, a, b));
-                sc.load(&io, &mut st, h, (a, b), next, None);
-                if m > NT_MAX_M {
-                    transpose_into(&st.read, m, dv, w, &mut sc.st_t, mp);
+            let mut dbeta = 0.0f64;
+            for (a, b) in blocks(start, end, false) {
+                let next = (b, (b + T).min(end));
+                let mut ahead = sc.load(&io, h, (a, b), next, None, 1 + T / tc);
+                for (a2, b2) in sub_blocks(a, b, tc, false) {
+                    let (r2, off) = (b2 - a2, a2 - a);
+                    st.refresh();
+                    if m > NT_MAX_M {
+                        transpose_into(&st.read, m, dv, w, &mut sc.st_t, mp);
+                    }
+                    let (vb, gb) = (rows_of(&v, h, a2, b2), rows_of(&g, h, a2, b2));
+                    let (pq, pk) = (&sc.qb.phi[off * mp..], &sc.kb.phi[off * mp..]);
+                    let gphi = &mut sc.gphi[off * mp..];
+                    // g_i·S_f, g_i·v_j and φ(q_i)·φ(k_j); then `ô_i = (Φ_Q S + tril(Φ_Q Φ_Kᵀ) X̂)_i /
+                    // Den_i` gives s_i = c_i (Σ_f φ_if (g_i·S_f) + Σ_{j≤i} (φ_i·φ_j)(g_i·v_j)).
+                    bank_dots(isa, gphi, mp, r2, m, gb, dv, &st.read, w, &sc.st_t);
+                    gram(isa, &mut sc.att, gb, dv, vb, dv, r2, dv, true);
+                    gram(isa, &mut sc.qk, pq, mp, pk, mp, r2, mp, true);
+                    let (c, s) = (&sc.c[off..off + r2], &mut sc.s[off..off + r2]);
+                    for i in 0..r2 {
+                        let (ph, gp) = (&pq[i * mp..i * mp + m], &gphi[i * mp..i * mp + m]);
+                        let bank: f32 = ph.iter().zip(gp).map(|(&x, &y)| x * y).sum();
+                        let row = i * TC..i * TC + i + 1;
+                        let (qk, gv) = (&sc.qk[row.clone()], &sc.att[row]);
+                        let intra: f32 = qk.iter().zip(gv).map(|(&x, &y)| x * y).sum();
+                        s[i] = c[i] * (bank + intra);
+                    }
+                    let f = GFactors::of(c, s, gb, dv);
+                    f.scale_phi_grads(gphi, mp, m, r2, &st.read, w);
+                    scale_gv(&mut sc.att, r2, f.c, f.s, true);
+                    tri_gemm(isa, gphi, mp, r2, mp, &sc.att, pk, mp, 1.0, true);
+                    let pkt = Strided::transposed(pk, mp);
+                    gemm_ext(isa, &mut st.bank.local, w, m, r2, pkt, vb, dv, 1.0, true);
+                    st.tick(r2);
+                    ahead.step();
                 }
-                // g_i·S_f, g_i·v_j and φ(q_i)·φ(k_j); then `ô_i = (Φ_Q S + tril(Φ_Q Φ_Kᵀ) X̂)_i / Den_i`
-                // gives s_i = c_i (Σ_f φ_if (g_i·S_f) + Σ_{j≤i} (φ_i·φ_j)(g_i·v_j)).
-                let (st_t, qb, kb) = (&sc.st_t, &sc.qb.phi, &sc.kb.phi);
-                bank_dots(isa, &mut sc.gphi, mp, rows, m, gb, dv, &st.read, w, st_t);
-                gram(isa, &mut sc.att, gb, dv, vb, dv, rows, dv, true);
-                gram(isa, &mut sc.qk, qb, mp, kb, mp, rows, mp, true);
-                for i in 0..rows {
-                    let (ph, gp) = (&qb[i * mp..i * mp + m], &sc.gphi[i * mp..i * mp + m]);
-                    let bank: f32 = ph.iter().zip(gp).map(|(&x, &y)| x * y).sum();
-                    let (qk, gv) = (
-                        &sc.qk[i * TC..i * TC + i + 1],
-                        &sc.att[i * TC..i * TC + i + 1],
-                    );
-                    let intra: f32 = qk.iter().zip(gv).map(|(&x, &y)| x * y).sum();
-                    sc.s[i] = sc.c[i] * (bank + intra);
-                }
-                sp[a - start..b - start].copy_from_slice(&sc.s[..rows]);
-                let f = GFactors::of(&sc.c, &sc.s, gb, dv);
-                f.scale_phi_grads(&mut sc.gphi, mp, m, rows, &st.read, w);
-                scale_gv(&mut sc.att, rows, f.c, f.s, true);
-                tri_gemm(
-                    isa,
-                    &mut sc.gphi,
-                    mp,
-                    rows,
-                    mp,
-                    &sc.att,
-                    &sc.kb.phi,
-                    mp,
-                    1.0,
-                    true,
-                );
+                let (rows, t0) = (b - a, a - start);
+                sp[t0..t0 + rows].copy_from_slice(&sc.s[..rows]);
                 dbeta += sc.qb.backward(map, &sc.gphi, mp, rows);
-                let t0 = a - start;
                 sc.qb
                     .input_grads(map, rows, &mut dqp[t0 * d..(t0 + rows) * d]);
-                let pkt = Strided::transposed(&sc.kb.phi, mp);
-                gemm_ext(isa, &mut st.bank.local, w, m, rows, pkt, vb, dv, 1.0, true);
-                st.tick(rows);
-                a = b;
             }
             dbeta
         })
@@ -555,90 +558,51 @@ pub fn backward_into(
             let (mp, tc) = (sc.kb.mp, sub_block(m));
             let (start, end) = segs[s];
             let mut dbeta = 0.0f64;
-            let mut b = end;
-            while b > start {
-                let a = b.saturating_sub(tc).max(start);
-                let rows = b - a;
-                let next = (
-                    a.saturating_sub(2 * tc).max(start),
-                    a.saturating_sub(tc).max(start),
-                );
-                let (vb, gb) = (rows_of(&v, h, a, b), rows_of(&g, h, a, b));
-                sc.load(&io, &mut st, h, (a, b), next, Some(&s_all));
-                let f = GFactors::of(&sc.c, &sc.s, gb, dv);
-                // ∂ℓ/∂φ_k = X̂ dSᵀ + triu(X̂ Ĝᵀ) Φ_Q.
-                if m > NT_MAX_M {
-                    transpose_into(&st.read, m, dv, w, &mut sc.st_t, mp);
-                }
-                bank_dots(
-                    isa,
-                    &mut sc.gphi,
-                    mp,
-                    rows,
-                    m,
-                    vb,
-                    dv,
-                    &st.read,
-                    w,
-                    &sc.st_t,
-                );
-                for i in 0..rows {
-                    for ff in 0..m {
-                        sc.gphi[i * mp + ff] += st.read[ff * w + dv];
+            for (a, b) in blocks(start, end, true) {
+                let next = (a.saturating_sub(T).max(start), a);
+                let mut ahead = sc.load(&io, h, (a, b), next, Some(&s_all), 1 + T / tc);
+                for (a2, b2) in sub_blocks(a, b, tc, true) {
+                    let (r2, off) = (b2 - a2, a2 - a);
+                    st.refresh();
+                    if m > NT_MAX_M {
+                        transpose_into(&st.read, m, dv, w, &mut sc.st_t, mp);
                     }
-                }
-                gram(isa, &mut sc.att, vb, dv, gb, dv, rows, dv, false);
-                scale_gv(&mut sc.att, rows, f.c, f.s, false);
-                tri_gemm(
-                    isa,
-                    &mut sc.gphi,
-                    mp,
-                    rows,
-                    mp,
-                    &sc.att,
-                    &sc.qb.phi,
-                    mp,
-                    1.0,
-                    false,
-                );
-                // ∂ℓ/∂v = Φ_K dS_B + triu(Φ_K Φ_Qᵀ) (c ⊙ G).
-                let t0 = a - start;
-                let dv_out = &mut dvp[t0 * dv..(t0 + rows) * dv];
-                let pk = Strided::rows(&sc.kb.phi, mp);
-                gemm(isa, dv_out, dv, rows, dv, m, pk, &st.read, w, 1.0, false);
-                gram(
-                    isa,
-                    &mut sc.att,
-                    &sc.kb.phi,
-                    mp,
-                    &sc.qb.phi,
-                    mp,
-                    rows,
-                    mp,
-                    false,
-                );
-                for j in 0..rows {
-                    for i in 0..rows {
-                        sc.att[j * TC + i] *= if i >= j { f.c[i] } else { 0.0 };
+                    let (vb, gb) = (rows_of(&v, h, a2, b2), rows_of(&g, h, a2, b2));
+                    let (pq, pk) = (&sc.qb.phi[off * mp..], &sc.kb.phi[off * mp..]);
+                    let (c, s) = (&sc.c[off..off + r2], &sc.s[off..off + r2]);
+                    let f = GFactors::of(c, s, gb, dv);
+                    // ∂ℓ/∂φ_k = X̂ dSᵀ + triu(X̂ Ĝᵀ) Φ_Q.
+                    let gphi = &mut sc.gphi[off * mp..];
+                    bank_dots(isa, gphi, mp, r2, m, vb, dv, &st.read, w, &sc.st_t);
+                    for i in 0..r2 {
+                        for ff in 0..m {
+                            gphi[i * mp + ff] += st.read[ff * w + dv];
+                        }
                     }
+                    gram(isa, &mut sc.att, vb, dv, gb, dv, r2, dv, false);
+                    scale_gv(&mut sc.att, r2, f.c, f.s, false);
+                    tri_gemm(isa, gphi, mp, r2, mp, &sc.att, pq, mp, 1.0, false);
+                    // ∂ℓ/∂v = Φ_K dS_B + triu(Φ_K Φ_Qᵀ) (c ⊙ G).
+                    let t0 = a2 - start;
+                    let dv_out = &mut dvp[t0 * dv..(t0 + r2) * dv];
+                    let pkr = Strided::rows(pk, mp);
+                    gemm(isa, dv_out, dv, r2, dv, m, pkr, &st.read, w, 1.0, false);
+                    gram(isa, &mut sc.att, pk, mp, pq, mp, r2, mp, false);
+                    for j in 0..r2 {
+                        for i in 0..r2 {
+                            sc.att[j * TC + i] *= if i >= j { c[i] } else { 0.0 };
+                        }
+                    }
+                    tri_gemm(isa, dv_out, dv, r2, dv, &sc.att, gb, dv, 1.0, false);
+                    let dsb = &mut st.bank.local;
+                    f.dbank(isa, pq, mp, m, r2, &mut sc.sphi, dsb, w, true);
+                    st.tick(r2);
+                    ahead.step();
                 }
-                tri_gemm(isa, dv_out, dv, rows, dv, &sc.att, gb, dv, 1.0, false);
+                let (rows, t0) = (b - a, a - start);
                 dbeta += sc.kb.backward(map, &sc.gphi, mp, rows);
                 sc.kb
                     .input_grads(map, rows, &mut dkp[t0 * d..(t0 + rows) * d]);
-                f.dbank(
-                    isa,
-                    &sc.qb.phi,
-                    mp,
-                    m,
-                    rows,
-                    &mut sc.sphi,
-                    &mut st.bank.local,
-                    w,
-                    true,
-                );
-                st.tick(rows);
-                b = a;
             }
             dbeta
         })
