@@ -613,3 +613,56 @@ fn exact_quadratic_kernels_match_reference() {
         }
     }
 }
+
+/// Outputs of at least `STREAM_MIN_BYTES` are written with non-temporal stores: the production
+/// kernels at such a size (2 heads × 32768 tokens × 128) against the per-token engine, whose
+/// stores are plain, for both passes, causal and not.
+#[test]
+fn streaming_stores_match_the_per_token_engine() {
+    use racelab::cpu::mem::{Out, STREAM_MIN_BYTES};
+    let isa = racelab::cpu::simd::best_supported();
+    let (heads, n, d, dv) = (2, STREAM_MIN_BYTES / 4 / (2 * 128), 128, 128);
+    if !Out::for_len(isa, heads * n * dv).stream {
+        println!("skipped: no vector ISA, so no streaming stores to test");
+        return;
+    }
+    let planes = PlanesF32::from_planes(&Planes::gaussian(2, 2, d, 9).unwrap());
+    let map = SoftMap {
+        planes: &planes,
+        beta: 8.0,
+    };
+    let (qf, _) = data(heads * n * d, 21, 0.5);
+    let (kf, _) = data(heads * n * d, 22, 0.5);
+    let (vf, _) = data(heads * n * dv, 23, 1.0);
+    let (gf, _) = data(heads * n * dv, 24, 1.0);
+    let (qh, kh, vh, gh) = (
+        Heads::new(heads, n, d, &qf),
+        Heads::new(heads, n, d, &kf),
+        Heads::new(heads, n, dv, &vf),
+        Heads::new(heads, n, dv, &gf),
+    );
+    let f64s = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
+    for causal in [false, true] {
+        let prod = soft_forward(&map, qh, kh, vh, causal, isa);
+        let twin = forward(&map, qh, kh, vh, causal, isa);
+        assert_fwd(
+            &format!("stream causal={causal} o"),
+            &prod.o,
+            &f64s(&twin.o),
+        );
+        let oh = Heads::new(heads, n, dv, &twin.o);
+        let gp = soft_grads(&map, &prod.ctx, qh, kh, vh, oh, gh, isa);
+        let gt = soft_backward(&map, &twin.ctx, qh, kh, vh, oh, gh, isa);
+        for (name, got, want) in [
+            ("dq", &gp.dq, &gt.dq),
+            ("dk", &gp.dk, &gt.dk),
+            ("dv", &gp.dv, &gt.dv),
+        ] {
+            let err = rel_max_err(&f64s(got), &f64s(want));
+            assert!(
+                err <= GRAD_TOL,
+                "stream causal={causal} {name}: rel err {err:.2e}"
+            );
+        }
+    }
+}

@@ -21,7 +21,8 @@
 
 use super::features::{FeatureMap, SoftMap};
 use super::forward::Ctx;
-use super::gemm::{gemm, gemm_nt, transpose_into, Ahead, Strided, Tri};
+use super::gemm::{gemm, gemm_nt, transpose_into, Strided, Tri};
+use super::mem::{Ahead, Out};
 use super::simd::{dispatch, exp_f32, tanh_f32, Isa, Simd, WithSimd};
 use super::state::{bank_width, plan_segments, split_out, Heads};
 use rayon::prelude::*;
@@ -617,13 +618,14 @@ pub fn read_into(
     let segs = plan_segments(n, heads);
     let inv_l = map.den_scale();
     let lp = map.planes.l * map.planes.p;
+    let out = Out::for_len(isa, o.len());
     let empty: usize = split_out(o, n, dv, &segs)
         .into_par_iter()
         .zip(split_out(den, n, 1, &segs).into_par_iter())
         .zip(saved_pieces(uq, n, lp, &segs, heads).into_par_iter())
         .map(|(((h, s, op), (_, _, dp)), mut save)| {
             let mut blk = Block::new(map, isa);
-            let mut acc = vec![0.0f32; T * w];
+            let (mut acc, mut ob) = (vec![0.0f32; T * w], vec![0.0f32; T * dv]);
             let (mut a, end, mut empty) = (segs[s].0, segs[s].1, 0usize);
             while a < end {
                 let b = (a + T).min(end);
@@ -651,17 +653,13 @@ pub fn read_into(
                     false,
                 );
                 ahead.step();
-                empty += normalise(
-                    &acc,
-                    w,
-                    rows,
-                    dv,
-                    inv_l,
-                    &mut op[t0 * dv..(t0 + rows) * dv],
-                    &mut dp[t0..t0 + rows],
-                );
+                let (ot, dt) = (&mut op[t0 * dv..(t0 + rows) * dv], &mut dp[t0..t0 + rows]);
+                out.produce(ot, &mut ob, |x| {
+                    empty += normalise(&acc, w, rows, dv, inv_l, x, dt);
+                });
                 a = b;
             }
+            out.fence();
             empty
         })
         .sum();
@@ -828,6 +826,7 @@ pub fn query_grads(
     let inv_l = 1.0 / map.planes.l as f32;
     let banks32 = to_f32(banks);
     let bt: Vec<Vec<f32>> = banks32.iter().map(|b| values_t(b, m, dv, w)).collect();
+    let out = Out::for_len(isa, dq.len());
     let qres: Vec<(usize, Vec<f64>, f64)> = split_out(dq, n, d, segs)
         .into_par_iter()
         .map(|(h, s, dqp)| {
@@ -835,6 +834,7 @@ pub fn query_grads(
             let (mut gphi, mut sphi) = (vec![0.0f32; T * mp], vec![0.0f32; T * m]);
             let (mut c, mut sv) = (vec![0.0f32; T], vec![0.0f32; T]);
             let (mut d32, mut d64) = (vec![0.0f32; m * w], vec![0.0f64; m * w]);
+            let mut scratch = vec![0.0f32; if out.stream { T * d } else { 0 }];
             let bank = &banks32[h];
             let (mut a, end, mut dbeta) = (segs[s].0, segs[s].1, 0.0f64);
             while a < end {
@@ -866,9 +866,11 @@ pub fn query_grads(
                 dbeta += blk.backward(map, &gphi, mp, rows);
                 ahead.step();
                 let t0 = a - segs[s].0;
-                blk.input_grads(map, rows, &mut dqp[t0 * d..(t0 + rows) * d]);
+                let dqb = &mut dqp[t0 * d..(t0 + rows) * d];
+                out.produce(dqb, &mut scratch, |x| blk.input_grads(map, rows, x));
                 a = b;
             }
+            out.fence();
             (h, d64, dbeta)
         })
         .collect();
@@ -898,12 +900,21 @@ pub fn key_grads(
     let mp = pad16(m);
     let dbanks32 = to_f32(dbanks);
     let dbt: Vec<Vec<f32>> = dbanks32.iter().map(|b| values_t(b, m, dv, w)).collect();
+    let (out_k, out_v) = (Out::for_len(isa, dk.len()), Out::for_len(isa, dvv.len()));
     split_out(dk, k.n, d, segs)
         .into_par_iter()
         .zip(split_out(dvv, k.n, dv, segs).into_par_iter())
         .map(|((h, s, dkp), (_, _, dvp))| {
             let mut blk = Block::new(map, isa);
             let mut gphi = vec![0.0f32; T * mp];
+            let mut scratch = vec![
+                0.0f32;
+                if out_k.stream || out_v.stream {
+                    T * d.max(dv)
+                } else {
+                    0
+                }
+            ];
             let db = &dbanks32[h];
             let (mut a, end, mut dbeta) = (segs[s].0, segs[s].1, 0.0f64);
             while a < end {
@@ -928,25 +939,18 @@ pub fn key_grads(
                 ahead.step();
                 let t0 = a - segs[s].0;
                 let phi = Strided::rows(&blk.phi, mp);
-                gemm(
-                    isa,
-                    &mut dvp[t0 * dv..(t0 + rows) * dv],
-                    dv,
-                    rows,
-                    dv,
-                    m,
-                    phi,
-                    db,
-                    w,
-                    1.0,
-                    false,
-                );
+                out_v.produce(&mut dvp[t0 * dv..(t0 + rows) * dv], &mut scratch, |x| {
+                    gemm(isa, x, dv, rows, dv, m, phi, db, w, 1.0, false)
+                });
                 ahead.step();
                 dbeta += blk.backward(map, &gphi, mp, rows);
                 ahead.step();
-                blk.input_grads(map, rows, &mut dkp[t0 * d..(t0 + rows) * d]);
+                let dkb = &mut dkp[t0 * d..(t0 + rows) * d];
+                out_k.produce(dkb, &mut scratch, |x| blk.input_grads(map, rows, x));
                 a = b;
             }
+            out_k.fence();
+            out_v.fence();
             dbeta
         })
         .sum()

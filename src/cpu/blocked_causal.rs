@@ -23,7 +23,8 @@ use super::blocked::{
 };
 use super::features::{FeatureMap, SoftMap};
 use super::forward::{exclusive_scan, Ctx};
-use super::gemm::{gemm, gemm_nt, transpose_into, Ahead, Gemm, Strided, Tri};
+use super::gemm::{gemm, gemm_nt, transpose_into, Gemm, Strided, Tri};
+use super::mem::{Ahead, Out};
 use super::simd::{dispatch, Isa, Simd, WithSimd};
 use super::state::{bank_width, plan_segments, split_out, Bank, Heads};
 use rayon::prelude::*;
@@ -346,6 +347,7 @@ pub fn forward_into(
     let (segs, bases) = forward_bases(map, isa, k, v);
     let ns = segs.len();
     let den_scale = map.den_scale();
+    let out = Out::for_len(isa, o.len());
     let empty: usize = split_out(o, n, dv, &segs)
         .into_par_iter()
         .zip(split_out(&mut den, n, 1, &segs).into_par_iter())
@@ -356,7 +358,7 @@ pub fn forward_into(
             let mut sc = Scratch::new(map, isa, dv, w);
             let (mp, tc) = (sc.kb.mp, sub_block(m));
             let (start, end) = segs[s];
-            let mut empty = 0usize;
+            let (mut empty, mut ob) = (0usize, vec![0.0f32; TC * dv]);
             // Features per block of T tokens; the state is read and updated per sub-block.
             for (a, b) in blocks(start, end, false) {
                 let (rows, next) = (b - a, (b + T).min(end));
@@ -396,21 +398,17 @@ pub fn forward_into(
                         sc.acc[i * w + dv] += sc.att[i * TC..i * TC + i + 1].iter().sum::<f32>();
                     }
                     let t2 = a2 - start;
-                    empty += normalise(
-                        &sc.acc,
-                        w,
-                        r2,
-                        dv,
-                        den_scale,
-                        &mut op[t2 * dv..(t2 + r2) * dv],
-                        &mut dp[t2..t2 + r2],
-                    );
+                    let (ot, dt) = (&mut op[t2 * dv..(t2 + r2) * dv], &mut dp[t2..t2 + r2]);
+                    out.produce(ot, &mut ob, |x| {
+                        empty += normalise(&sc.acc, w, r2, dv, den_scale, x, dt);
+                    });
                     let pkt = Strided::transposed(pk, mp);
                     gemm_ext(isa, &mut st.bank.local, w, m, r2, pkt, vb, dv, 1.0, true);
                     st.tick(r2);
                     ahead.step();
                 }
             }
+            out.fence();
             empty
         })
         .sum();
@@ -492,12 +490,18 @@ pub fn backward_into(
     // Queries, in order, with the prefix state rebuilt from the segment bases; each row's
     // `s_i = g_i·ô_i` into `s_all` for the suffix totals and the key pass.
     let mut s_all = vec![0.0f32; heads * n];
+    let (out_q, out_k, out_v) = (
+        Out::for_len(isa, dq.len()),
+        Out::for_len(isa, dk.len()),
+        Out::for_len(isa, dvv.len()),
+    );
     let dbeta_q: f64 = split_out(dq, n, d, segs)
         .into_par_iter()
         .zip(split_out(&mut s_all, n, 1, segs).into_par_iter())
         .map(|((h, s, dqp), (_, _, sp))| {
             let mut st = TwoLevel::new(isa, m, w, &ctx.banks[h * ns + s]);
             let mut sc = Scratch::new(map, isa, dv, w);
+            let mut scratch = vec![0.0f32; T * d.max(dv)];
             let (mp, tc) = (sc.kb.mp, sub_block(m));
             let (start, end) = segs[s];
             let mut dbeta = 0.0f64;
@@ -539,9 +543,10 @@ pub fn backward_into(
                 let (rows, t0) = (b - a, a - start);
                 sp[t0..t0 + rows].copy_from_slice(&sc.s[..rows]);
                 dbeta += sc.qb.backward(map, &sc.gphi, mp, rows);
-                sc.qb
-                    .input_grads(map, rows, &mut dqp[t0 * d..(t0 + rows) * d]);
+                let (qb, dqb) = (&sc.qb, &mut dqp[t0 * d..(t0 + rows) * d]);
+                out_q.produce(dqb, &mut scratch, |x| qb.input_grads(map, rows, x));
             }
+            out_q.fence();
             dbeta
         })
         .sum();
@@ -555,6 +560,7 @@ pub fn backward_into(
         .map(|((h, s, dkp), (_, _, dvp))| {
             let mut st = TwoLevel::new(isa, m, w, &dbases[h * ns + s]);
             let mut sc = Scratch::new(map, isa, dv, w);
+            let mut scratch = vec![0.0f32; T * d.max(dv)];
             let (mp, tc) = (sc.kb.mp, sub_block(m));
             let (start, end) = segs[s];
             let mut dbeta = 0.0f64;
@@ -583,17 +589,19 @@ pub fn backward_into(
                     scale_gv(&mut sc.att, r2, f.c, f.s, false);
                     tri_gemm(isa, gphi, mp, r2, mp, &sc.att, pq, mp, 1.0, false);
                     // ∂ℓ/∂v = Φ_K dS_B + triu(Φ_K Φ_Qᵀ) (c ⊙ G).
-                    let t0 = a2 - start;
-                    let dv_out = &mut dvp[t0 * dv..(t0 + r2) * dv];
-                    let pkr = Strided::rows(pk, mp);
-                    gemm(isa, dv_out, dv, r2, dv, m, pkr, &st.read, w, 1.0, false);
                     gram(isa, &mut sc.att, pk, mp, pq, mp, r2, mp, false);
                     for j in 0..r2 {
                         for i in 0..r2 {
                             sc.att[j * TC + i] *= if i >= j { c[i] } else { 0.0 };
                         }
                     }
-                    tri_gemm(isa, dv_out, dv, r2, dv, &sc.att, gb, dv, 1.0, false);
+                    let t0 = a2 - start;
+                    let (pkr, att, read) = (Strided::rows(pk, mp), &sc.att, &st.read);
+                    let dv_out = &mut dvp[t0 * dv..(t0 + r2) * dv];
+                    out_v.produce(dv_out, &mut scratch, |x| {
+                        gemm(isa, x, dv, r2, dv, m, pkr, read, w, 1.0, false);
+                        tri_gemm(isa, x, dv, r2, dv, att, gb, dv, 1.0, false);
+                    });
                     let dsb = &mut st.bank.local;
                     f.dbank(isa, pq, mp, m, r2, &mut sc.sphi, dsb, w, true);
                     st.tick(r2);
@@ -601,9 +609,11 @@ pub fn backward_into(
                 }
                 let (rows, t0) = (b - a, a - start);
                 dbeta += sc.kb.backward(map, &sc.gphi, mp, rows);
-                sc.kb
-                    .input_grads(map, rows, &mut dkp[t0 * d..(t0 + rows) * d]);
+                let (kb, dkb) = (&sc.kb, &mut dkp[t0 * d..(t0 + rows) * d]);
+                out_k.produce(dkb, &mut scratch, |x| kb.input_grads(map, rows, x));
             }
+            out_k.fence();
+            out_v.fence();
             dbeta
         })
         .sum();

@@ -25,6 +25,7 @@ pub mod exact;
 pub mod features;
 pub mod forward;
 pub mod gemm;
+pub mod mem;
 pub mod simd;
 pub mod state;
 pub mod stream;

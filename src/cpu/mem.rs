@@ -1,0 +1,195 @@
+//! Memory-traffic helpers of the blocked kernels: software prefetch of the next block's input
+//! rows ([`prefetch`], spread over a block by [`Ahead`]) and non-temporal stores of large
+//! outputs ([`Out`]).
+//!
+//! At the paper shape the non-causal forward+backward moves about 4.5 KiB per token and head
+//! (Q, K, V, G read once or twice; O, dQ, dK, dV written once), so past the caches the
+//! kernels are as much memory streams as arithmetic. A plain store to a line not in cache
+//! first reads it (read-for-ownership), so each output costs twice its size in traffic;
+//! streaming (non-temporal) stores write whole lines without reading them, but leave
+//! nothing in cache, which only pays when the output is larger than the caches.
+
+use super::simd::{best_supported, Isa};
+
+/// Ask for `x` to be brought into the caches ahead of use (one hint per 64-byte line; a
+/// no-op off x86-64). The blocked kernels call it on the next block's input rows, which are
+/// read in an order (several rows at once) that the hardware prefetchers follow poorly.
+#[inline]
+pub fn prefetch(x: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let p = x.as_ptr();
+        let mut i = 0;
+        while i < x.len() {
+            // SAFETY: `i < len`, so `p.add(i)` is in bounds; a prefetch hint never faults and
+            // has no architectural effect. (SSE is part of the x86-64 baseline.)
+            #[allow(unused_unsafe)]
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T0>(p.add(i) as *const i8)
+            };
+            i += 16;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = x;
+}
+
+/// The next block's input rows, prefetched a share at a time between the phases of the
+/// current block (a burst of hundreds of line requests fills the miss buffers and stalls the
+/// core until they drain; spread out, they overlap with the arithmetic).
+pub struct Ahead<'a> {
+    parts: [&'a [f32]; 6],
+    np: usize,
+    part: usize,
+    off: usize,
+    per_step: usize,
+}
+
+impl<'a> Ahead<'a> {
+    /// Prefetch `parts` in `steps` calls of [`Ahead::step`].
+    pub fn new(parts: &[&'a [f32]], steps: usize) -> Self {
+        let mut p: [&[f32]; 6] = [&[]; 6];
+        p[..parts.len()].copy_from_slice(parts);
+        let lines: usize = parts.iter().map(|x| x.len().div_ceil(16)).sum();
+        Ahead {
+            parts: p,
+            np: parts.len(),
+            part: 0,
+            off: 0,
+            per_step: lines.div_ceil(steps.max(1)),
+        }
+    }
+
+    /// Issue the next share of line prefetches.
+    #[inline]
+    pub fn step(&mut self) {
+        let mut left = self.per_step;
+        while left > 0 && self.part < self.np {
+            let x = self.parts[self.part];
+            let n = ((x.len() - self.off.min(x.len())).div_ceil(16)).min(left);
+            let end = (self.off + 16 * n).min(x.len());
+            prefetch(&x[self.off..end]);
+            left -= n;
+            self.off = end;
+            if self.off >= x.len() {
+                self.part += 1;
+                self.off = 0;
+            }
+        }
+    }
+}
+
+/// Outputs at least this large (bytes) are written with non-temporal stores ([`Out`]):
+/// beyond the last-level cache, where the data would be evicted before it is read again.
+pub const STREAM_MIN_BYTES: usize = 1 << 25;
+
+/// How a kernel writes one output tensor: plainly, or (`stream`) with non-temporal stores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Out {
+    pub stream: bool,
+}
+
+impl Out {
+    /// The policy for an output of `len` floats: stream when it is at least
+    /// [`STREAM_MIN_BYTES`] and the CPU has AVX-512 or AVX2.
+    pub fn for_len(isa: Isa, len: usize) -> Self {
+        let vector = matches!(isa, Isa::Avx512 | Isa::Avx2) && best_supported() != Isa::Scalar;
+        Out {
+            stream: vector && len * 4 >= STREAM_MIN_BYTES,
+        }
+    }
+
+    /// `dst = src` (same length), with non-temporal stores for the 32-byte-aligned middle
+    /// when streaming. Call [`Out::fence`] before the thread's results are used elsewhere.
+    pub fn write(self, dst: &mut [f32], src: &[f32]) {
+        assert_eq!(dst.len(), src.len(), "Out::write: lengths differ");
+        #[cfg(target_arch = "x86_64")]
+        if self.stream && std::arch::is_x86_feature_detected!("avx") {
+            // SAFETY: AVX was detected at run time; `stream_avx` keeps every access in bounds.
+            unsafe { stream_avx(dst, src) };
+            return;
+        }
+        dst.copy_from_slice(src);
+    }
+
+    /// Compute a block of an output with `f`: straight into `dst`, or (streaming) into
+    /// `scratch` (at least `dst.len()` long) and then [`Out::write`] to `dst`.
+    pub fn produce(self, dst: &mut [f32], scratch: &mut [f32], f: impl FnOnce(&mut [f32])) {
+        if self.stream {
+            let s = &mut scratch[..dst.len()];
+            f(s);
+            self.write(dst, s);
+        } else {
+            f(dst);
+        }
+    }
+
+    /// Order this thread's non-temporal stores before anything it does next (an `sfence`);
+    /// a no-op when not streaming.
+    pub fn fence(self) {
+        #[cfg(target_arch = "x86_64")]
+        if self.stream {
+            // SAFETY: SSE is part of the x86-64 baseline; `sfence` has no other effect.
+            unsafe { std::arch::x86_64::_mm_sfence() };
+        }
+    }
+}
+
+/// [`Out::write`]'s streaming copy: plain stores up to the first 32-byte boundary of `dst`,
+/// then `vmovntps` of 8 floats at a time, plain stores for the rest.
+///
+/// # Safety
+/// The CPU must support AVX; `dst.len() == src.len()`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn stream_avx(dst: &mut [f32], src: &[f32]) {
+    use std::arch::x86_64::{_mm256_loadu_ps, _mm256_stream_ps};
+    let n = dst.len();
+    let head = (dst.as_ptr().align_offset(32)).min(n);
+    dst[..head].copy_from_slice(&src[..head]);
+    let mut i = head;
+    while i + 8 <= n {
+        // SAFETY: `i + 8 ≤ n` for both slices; `dst + i` is 32-byte aligned (`head` aligned it
+        // and `i` advances by 8 floats).
+        unsafe {
+            _mm256_stream_ps(
+                dst.as_mut_ptr().add(i),
+                _mm256_loadu_ps(src.as_ptr().add(i)),
+            );
+        }
+        i += 8;
+    }
+    dst[i..].copy_from_slice(&src[i..]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streaming_write_is_an_exact_copy_at_any_alignment() {
+        let isa = crate::cpu::simd::best_supported();
+        let out = Out { stream: true };
+        for off in 0..9 {
+            for len in (0..40).chain([1000, 1003]) {
+                let src: Vec<f32> = (0..len).map(|i| i as f32 * 0.5 + 1.0).collect();
+                let mut dst = vec![-7.0f32; off + len + 9];
+                out.write(&mut dst[off..off + len], &src);
+                out.fence();
+                assert_eq!(&dst[off..off + len], &src[..], "off {off} len {len}");
+                assert!(dst[..off]
+                    .iter()
+                    .chain(&dst[off + len..])
+                    .all(|&x| x == -7.0));
+            }
+        }
+        // The policy streams only large outputs, and only with vector stores.
+        assert!(!Out::for_len(isa, 1000).stream);
+        assert!(!Out::for_len(Isa::Scalar, STREAM_MIN_BYTES).stream);
+        assert_eq!(
+            Out::for_len(isa, STREAM_MIN_BYTES / 4).stream,
+            isa != Isa::Scalar
+        );
+    }
+}
