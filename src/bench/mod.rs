@@ -123,7 +123,9 @@ pub struct Crossover {
 /// The whole run.
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchReport {
+    /// The larger of the two probes (before and after the rows): floors use it.
     pub bandwidth_gbs: f64,
+    pub bandwidth_probes_gbs: [f64; 2],
     pub fma_peak_gflops: f64,
     pub isa: String,
     pub rows: Vec<BenchRow>,
@@ -134,20 +136,27 @@ pub struct BenchReport {
     pub out_dir: Option<String>,
 }
 
-/// Minimum bytes per token and head: fwd reads Q,K,V and writes O; bwd reads Q,K,V,O,G and
-/// writes dQ,dK,dV (f32).
-pub fn bytes_per_token(d: usize, dv: usize, backward: bool) -> f64 {
-    let fwd = 2 * d + 2 * dv;
-    let bwd = 4 * d + 4 * dv;
+/// Minimum bytes per token and head (f32) with `lp = L·P` floats per token saved for the
+/// backward: the forward reads Q, K, V and writes O, the saved `u` of queries and keys and the
+/// denominator; the backward reads G, V (∂ℓ/∂k needs `v`), the saved values, and writes dQ, dK,
+/// dV. Q, K and O need not be read again (the kernels do not), so this is below the
+/// `4d + 4dv` backward of a re-reading implementation (24 KiB per token at the paper shape,
+/// against about 18.4 KiB here). `lp = 0` for the exact references' forward (Q, K, V, O).
+pub fn bytes_per_token(d: usize, dv: usize, lp: usize, backward: bool) -> f64 {
+    let saved = if lp > 0 { 2 * lp + 1 } else { 0 };
+    let fwd = 2 * d + 2 * dv + saved;
+    let bwd = 2 * d + 3 * dv + saved;
     4.0 * (if backward { fwd + bwd } else { fwd }) as f64
 }
 
 /// FMA count of soft RACE per token and head, times 2 flops (see `cpu::backward` docs):
-/// forward `2Pd + 2R(dv+1)` per table, backward `4Pd + 4R(dv+1)`.
+/// forward `2Pd + 2R(dv+1)` per table (projections of q and k, bank update and read),
+/// backward `2Pd + 4R(dv+1)` (the projections are saved, not recomputed: `∂ℓ/∂q`, `∂ℓ/∂k`
+/// through `W`, and four bank-sized products).
 pub fn race_flops_per_token(p: usize, l: usize, d: usize, dv: usize, backward: bool) -> f64 {
     let r = 1usize << p;
     let fwd = 2 * p * d + 2 * r * (dv + 1);
-    let bwd = 4 * p * d + 4 * r * (dv + 1);
+    let bwd = 2 * p * d + 4 * r * (dv + 1);
     2.0 * (l * if backward { fwd + bwd } else { fwd }) as f64
 }
 
@@ -202,8 +211,10 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
     }
     let isa = cpu::detected_isa();
     progress("measuring memory bandwidth and FMA peak");
-    let bw = machine::bandwidth_gbs();
+    let bw_start = machine::bandwidth_gbs();
     let peak = machine::fma_peak_gflops(isa);
+    // Floors are set below with the larger of this and a second probe after the rows.
+    let bw = bw_start;
     let (h, d, dv) = (cfg.heads, cfg.d, cfg.d);
     let mut rows = Vec::new();
     let mut skipped = Vec::new();
@@ -243,8 +254,8 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
             Heads::new(h, n, d, &k),
             Heads::new(h, n, dv, &v),
         );
-        let bytes = bytes_per_token(d, dv, cfg.backward) * (n * h) as f64;
         for &(p, l) in &cfg.pl {
+            let bytes = bytes_per_token(d, dv, l * p, cfg.backward) * (n * h) as f64;
             progress(&format!("race (P,L)=({p},{l}) N={n}"));
             let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, cfg.seed)?);
             let map = SoftMap {
@@ -360,7 +371,7 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
                 std::hint::black_box(exact_attention(kind, qh, kh, vh, cfg.causal, isa));
             });
             ref_last[ri] = Some((n, secs));
-            let rbytes = bytes_per_token(d, dv, false) * (n * h) as f64;
+            let rbytes = bytes_per_token(d, dv, 0, false) * (n * h) as f64;
             let floor = rbytes / (bw * 1e9);
             let flops = 4.0
                 * (n as f64)
@@ -435,8 +446,18 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
             }
         })
         .collect();
+    // The memory bandwidth is probed again after the rows (a shared machine's bandwidth drifts
+    // over minutes) and the floors use the larger reading: the stricter floor.
+    progress("measuring memory bandwidth again");
+    let bw_end = machine::bandwidth_gbs();
+    let bw = bw_start.max(bw_end);
+    for r in &mut rows {
+        r.floor_seconds = r.bytes_moved / (bw * 1e9);
+        r.ratio_to_floor = r.seconds / r.floor_seconds;
+    }
     let mut report = BenchReport {
         bandwidth_gbs: bw,
+        bandwidth_probes_gbs: [bw_start, bw_end],
         fma_peak_gflops: peak,
         isa: isa.name().to_string(),
         rows,

@@ -667,8 +667,12 @@ fn run_bench(a: BenchArgs) -> Result<()> {
     }
     println!("{}", rep.provenance.line());
     println!(
-        "measured bandwidth {:.1} GB/s, FMA peak {:.0} GFLOP/s ({})",
-        rep.bandwidth_gbs, rep.fma_peak_gflops, rep.isa
+        "measured bandwidth {:.1} GB/s (probes before/after the rows: {:.1}, {:.1}; floors use the larger), FMA peak {:.0} GFLOP/s ({})",
+        rep.bandwidth_gbs,
+        rep.bandwidth_probes_gbs[0],
+        rep.bandwidth_probes_gbs[1],
+        rep.fma_peak_gflops,
+        rep.isa
     );
     println!(
         "{:<10} {:>10} {:>6} {:>11} {:>12} {:>10} {:>9} {:>10}",
