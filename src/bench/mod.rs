@@ -236,14 +236,14 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
             ));
             continue;
         }
-        let mut q = vec![0.0f32; h * n * d];
-        let mut k = vec![0.0f32; h * n * d];
-        let mut v = vec![0.0f32; h * n * dv];
+        let mut q = cpu::mem::zeroed_huge(h * n * d);
+        let mut k = cpu::mem::zeroed_huge(h * n * d);
+        let mut v = cpu::mem::zeroed_huge(h * n * dv);
         machine::fill(&mut q, cfg.seed, 0);
         machine::fill(&mut k, cfg.seed + 1, 0);
         machine::fill(&mut v, cfg.seed + 2, 0);
         let g = if cfg.backward {
-            let mut g = vec![0.0f32; h * n * dv];
+            let mut g = cpu::mem::zeroed_huge(h * n * dv);
             machine::fill(&mut g, cfg.seed + 3, 0);
             g
         } else {
@@ -265,12 +265,12 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
             reset_peak_rss();
             // Output and gradient buffers are allocated once per row and reused across runs,
             // as a caching allocator would; runs time the kernels, not page faults.
-            let mut o = vec![0.0f32; h * n * dv];
+            let mut o = cpu::mem::zeroed_huge(h * n * dv);
             let (mut dq, mut dk, mut dvb) = if cfg.backward {
                 (
-                    vec![0.0f32; h * n * d],
-                    vec![0.0f32; h * n * d],
-                    vec![0.0f32; h * n * dv],
+                    cpu::mem::zeroed_huge(h * n * d),
+                    cpu::mem::zeroed_huge(h * n * d),
+                    cpu::mem::zeroed_huge(h * n * dv),
                 )
             } else {
                 (Vec::new(), Vec::new(), Vec::new())

@@ -163,6 +163,36 @@ unsafe fn stream_avx(dst: &mut [f32], src: &[f32]) {
     dst[i..].copy_from_slice(&src[i..]);
 }
 
+/// A zeroed `Vec<f32>` of `len` whose pages are advised as transparent huge pages (Linux
+/// `madvise(MADV_HUGEPAGE)`, best effort, for allocations of at least 4 MiB) before they are
+/// first touched. A kernel streaming through gigabytes of 4 KiB pages spends a measurable part
+/// of its time in TLB misses (about 7–10% at the paper shape here); 2 MiB pages remove most.
+/// Where THP is off or `madvise` fails, this is a plain zeroed vector.
+pub fn zeroed_huge(len: usize) -> Vec<f32> {
+    let mut v: Vec<f32> = Vec::with_capacity(len);
+    #[cfg(target_os = "linux")]
+    if len * 4 >= 4 << 20 {
+        extern "C" {
+            fn madvise(
+                addr: *mut std::ffi::c_void,
+                len: usize,
+                advice: std::ffi::c_int,
+            ) -> std::ffi::c_int;
+        }
+        const MADV_HUGEPAGE: std::ffi::c_int = 14;
+        let p = v.as_mut_ptr() as usize;
+        let (start, end) = (p.next_multiple_of(4096), (p + len * 4) / 4096 * 4096);
+        if end > start {
+            // SAFETY: `[start, end)` lies inside this vector's allocation (page-aligned as
+            // madvise requires); MADV_HUGEPAGE only changes how its pages are backed, never
+            // their contents. A failure (THP unavailable) is ignored: the hint is optional.
+            let _ = unsafe { madvise(start as *mut std::ffi::c_void, end - start, MADV_HUGEPAGE) };
+        }
+    }
+    v.resize(len, 0.0);
+    v
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
