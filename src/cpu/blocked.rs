@@ -23,7 +23,7 @@ use super::features::{FeatureMap, SoftMap};
 use super::forward::Ctx;
 use super::gemm::{gemm, gemm_nt, transpose_into, Strided, Tri};
 use super::mem::{Ahead, Out};
-use super::simd::{dispatch, exp_f32, tanh_f32, Isa, Simd, WithSimd};
+use super::simd::{add_into_f64, dispatch, exp_f32, in_frame, tanh_f32, Isa, Simd, WithSimd};
 use super::state::{bank_width, plan_segments, split_out, Heads};
 use rayon::prelude::*;
 
@@ -299,14 +299,16 @@ impl Block {
             return self.backward_loop(map, gphi, ld, rows);
         };
         let (l, r) = (map.planes.l, map.planes.r());
-        let (lp, mp, m) = (self.lp, self.mp, l * r);
-        for i in 0..rows {
-            let (ph, g) = (&self.phi[i * mp..i * mp + m], &gphi[i * ld..i * ld + m]);
-            bm.y[i * mp..i * mp + m]
-                .iter_mut()
-                .zip(ph.iter().zip(g))
-                .for_each(|(y, (&a, &b))| *y = a * b);
-        }
+        let (lp, mp, m, isa) = (self.lp, self.mp, l * r, self.isa);
+        in_frame(isa, || {
+            for i in 0..rows {
+                let (ph, g) = (&self.phi[i * mp..i * mp + m], &gphi[i * ld..i * ld + m]);
+                bm.y[i * mp..i * mp + m]
+                    .iter_mut()
+                    .zip(ph.iter().zip(g))
+                    .for_each(|(y, (&a, &b))| *y = a * b);
+            }
+        });
         let a = Strided::rows(&bm.y, mp);
         gemm(
             self.isa,
@@ -321,35 +323,40 @@ impl Block {
             1.0,
             false,
         );
-        for i in 0..rows {
-            for t in 0..l {
-                let gb = bm.gbar[i * bm.lpad + t];
-                let o = i * mp + t * r;
-                let (ph, g) = (
-                    &self.phi[o..o + r],
-                    &gphi[i * ld + t * r..i * ld + (t + 1) * r],
-                );
-                bm.y[o..o + r]
-                    .iter_mut()
-                    .zip(ph.iter().zip(g))
-                    .for_each(|(y, (&a, &b))| *y = a * (b - gb));
+        in_frame(isa, || {
+            for i in 0..rows {
+                for t in 0..l {
+                    let gb = bm.gbar[i * bm.lpad + t];
+                    let o = i * mp + t * r;
+                    let (ph, g) = (
+                        &self.phi[o..o + r],
+                        &gphi[i * ld + t * r..i * ld + (t + 1) * r],
+                    );
+                    bm.y[o..o + r]
+                        .iter_mut()
+                        .zip(ph.iter().zip(g))
+                        .for_each(|(y, (&a, &b))| *y = a * (b - gb));
+                }
             }
-        }
+        });
         let a = Strided::rows(&bm.y, mp);
         gemm(
             self.isa, &mut bm.c, bm.lpp, rows, bm.lpp, m, a, &bm.sign, bm.lpp, 1.0, false,
         );
-        let mut dbeta = 0.0f64;
-        for i in 0..rows {
-            let mut db = 0.0f32;
-            for j in 0..lp {
-                let (c, u) = (bm.c[i * bm.lpp + j], self.z[i * lp + j]);
-                db += u * c;
-                self.dz[i * lp + j] = map.beta * c * (1.0 - u * u);
+        let (z, dz, beta) = (&self.z, &mut self.dz, map.beta);
+        in_frame(isa, || {
+            let mut dbeta = 0.0f64;
+            for i in 0..rows {
+                let mut db = 0.0f32;
+                for j in 0..lp {
+                    let (c, u) = (bm.c[i * bm.lpp + j], z[i * lp + j]);
+                    db += u * c;
+                    dz[i * lp + j] = beta * c * (1.0 - u * u);
+                }
+                dbeta += db as f64;
             }
-            dbeta += db as f64;
-        }
-        dbeta
+            dbeta
+        })
     }
 
     /// [`Block::backward`] table by table (any `m`).
@@ -572,7 +579,7 @@ pub(crate) fn key_bank(
             false,
         );
         ahead.step();
-        b64.iter_mut().zip(&b32).for_each(|(x, &y)| *x += y as f64);
+        add_into_f64(isa, &mut b64, &b32);
         a = b;
     }
     b64
@@ -655,7 +662,7 @@ pub fn read_into(
                 ahead.step();
                 let (ot, dt) = (&mut op[t0 * dv..(t0 + rows) * dv], &mut dp[t0..t0 + rows]);
                 out.produce(ot, &mut ob, |x| {
-                    empty += normalise(&acc, w, rows, dv, inv_l, x, dt);
+                    empty += normalise(isa, &acc, w, rows, dv, inv_l, x, dt);
                 });
                 a = b;
             }
@@ -668,7 +675,9 @@ pub fn read_into(
 
 /// `o_i = Num_i / Den_i` from `[Num | Den]` rows (stride `w`) and `den_i = Den_i·scale`; an
 /// empty row (`Den = 0` or not finite) is written as 0 and counted.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn normalise(
+    isa: Isa,
     acc: &[f32],
     w: usize,
     rows: usize,
@@ -677,12 +686,14 @@ pub(crate) fn normalise(
     o: &mut [f32],
     den: &mut [f32],
 ) -> usize {
-    (0..rows)
-        .filter(|&i| {
-            let out = &mut o[i * dv..(i + 1) * dv];
-            super::forward::finish_row(&acc[i * w..i * w + dv + 1], out, &mut den[i], scale)
-        })
-        .count()
+    in_frame(isa, || {
+        (0..rows)
+            .filter(|&i| {
+                let out = &mut o[i * dv..(i + 1) * dv];
+                super::forward::finish_row(&acc[i * w..i * w + dv + 1], out, &mut den[i], scale)
+            })
+            .count()
+    })
 }
 
 /// Non-causal soft-RACE forward, blocked. Same contract as [`super::soft_forward_into`]
@@ -716,6 +727,23 @@ pub fn forward_into(
     )
 }
 
+/// The mass column `A_f = 𝔅[f][dv]` of a bank (`m × w`), contiguous (the elementwise loops
+/// over `f` then vectorise instead of gathering with stride `w`).
+pub(crate) fn masses(bank: &[f32], m: usize, w: usize, dv: usize, out: &mut Vec<f32>) {
+    out.clear();
+    out.extend((0..m).map(|f| bank[f * w + dv]));
+}
+
+/// `x_i += a` for every row `i` of `x` (`rows × m`, row stride `ld`), in the dispatched frame.
+pub(crate) fn add_rows(isa: Isa, x: &mut [f32], ld: usize, rows: usize, a: &[f32]) {
+    in_frame(isa, || {
+        for i in 0..rows {
+            let row = &mut x[i * ld..i * ld + a.len()];
+            row.iter_mut().zip(a).for_each(|(x, &y)| *x += y);
+        }
+    })
+}
+
 /// `c_i = 1/(L·den_i)`, or 0 for an empty row (`den_i = 0`).
 pub(crate) fn inv_den(den: &[f32], inv_l: f32, c: &mut [f32]) {
     for (ci, &di) in c.iter_mut().zip(den) {
@@ -739,23 +767,25 @@ impl<'a> GFactors<'a> {
     }
 
     /// `∂ℓ/∂φ_if = ĝ_i·𝔅_f = c_i (g_i·B_f − s_i A_f)` in place: `gphi_if = g_i·B_f` in (from
-    /// [`bank_dots`] of the bank `𝔅`, `m × w`), `∂ℓ/∂φ_if` out (row stride `mp`).
+    /// [`bank_dots`] of the bank `𝔅`), `∂ℓ/∂φ_if` out (row stride `mp`); `a` is the bank's
+    /// mass column ([`masses`], `m` long).
     pub(crate) fn scale_phi_grads(
         &self,
+        isa: Isa,
         gphi: &mut [f32],
         mp: usize,
-        m: usize,
         rows: usize,
-        bank: &[f32],
-        w: usize,
+        a: &[f32],
     ) {
-        let dv = self.dv;
-        for i in 0..rows {
-            let row = &mut gphi[i * mp..i * mp + m];
-            for (f, x) in row.iter_mut().enumerate() {
-                *x = self.c[i] * (*x - self.s[i] * bank[f * w + dv]);
+        in_frame(isa, || {
+            for i in 0..rows {
+                let (ci, si) = (self.c[i], self.s[i]);
+                let row = &mut gphi[i * mp..i * mp + a.len()];
+                row.iter_mut()
+                    .zip(a)
+                    .for_each(|(x, &af)| *x = ci * (*x - si * af));
             }
-        }
+        })
     }
 
     /// `d𝔅 (=|+=) Φᵀ Ĝ`: `dB_f = Σ_i c_i φ_if g_i`, `dA_f = −Σ_i c_i φ_if s_i`, into `d32`
@@ -774,21 +804,33 @@ impl<'a> GFactors<'a> {
         accumulate: bool,
     ) {
         let dv = self.dv;
-        for i in 0..rows {
-            let (ph, sp) = (&phi[i * mp..i * mp + m], &mut sphi[i * m..(i + 1) * m]);
-            sp.iter_mut().zip(ph).for_each(|(y, &x)| *y = x * self.c[i]);
-        }
+        in_frame(isa, || {
+            for i in 0..rows {
+                let (ph, sp) = (&phi[i * mp..i * mp + m], &mut sphi[i * m..(i + 1) * m]);
+                sp.iter_mut().zip(ph).for_each(|(y, &x)| *y = x * self.c[i]);
+            }
+        });
         let sp = Strided::transposed(sphi, m);
         gemm(isa, d32, w, m, dv, rows, sp, self.g, dv, 1.0, accumulate);
-        // Masses straight into column `dv`: mass_f −= Σ_i (c ⊙ Φ)_if s_i.
-        if !accumulate {
-            (0..m).for_each(|f| d32[f * w + dv] = 0.0);
-        }
-        for i in 0..rows {
-            let si = self.s[i];
-            for (f, &y) in sphi[i * m..(i + 1) * m].iter().enumerate() {
-                d32[f * w + dv] -= y * si;
+        // Masses: mass_f −= Σ_i (c ⊙ Φ)_if s_i, summed contiguously, then into column `dv`.
+        let mut mass = [0.0f32; 1024];
+        let mass = &mut mass[..m.min(1024)];
+        in_frame(isa, || {
+            for i in 0..rows {
+                let si = self.s[i];
+                let sp = &sphi[i * m..i * m + mass.len()];
+                mass.iter_mut().zip(sp).for_each(|(x, &y)| *x -= y * si);
             }
+        });
+        for (f, &x) in mass.iter().enumerate() {
+            let t = &mut d32[f * w + dv];
+            *t = if accumulate { *t + x } else { x };
+        }
+        // Banks wider than the stack buffer (m > 1024): the rest column-wise.
+        for f in mass.len()..m {
+            let x: f32 = (0..rows).map(|i| -sphi[i * m + f] * self.s[i]).sum();
+            let t = &mut d32[f * w + dv];
+            *t = if accumulate { *t + x } else { x };
         }
     }
 }
@@ -826,6 +868,14 @@ pub fn query_grads(
     let inv_l = 1.0 / map.planes.l as f32;
     let banks32 = to_f32(banks);
     let bt: Vec<Vec<f32>> = banks32.iter().map(|b| values_t(b, m, dv, w)).collect();
+    let am: Vec<Vec<f32>> = banks32
+        .iter()
+        .map(|b| {
+            let mut a = Vec::new();
+            masses(b, m, w, dv, &mut a);
+            a
+        })
+        .collect();
     let out = Out::for_len(isa, dq.len());
     let qres: Vec<(usize, Vec<f64>, f64)> = split_out(dq, n, d, segs)
         .into_par_iter()
@@ -852,16 +902,18 @@ pub fn query_grads(
                 ahead.step();
                 inv_den(&den[h * n + a..h * n + b], inv_l, &mut c);
                 bank_dots(isa, &mut gphi, mp, rows, m, gb, dv, bank, w, &bt[h]);
-                for (i, si) in sv[..rows].iter_mut().enumerate() {
-                    let (ph, gp) = (&blk.phi[i * mp..i * mp + m], &gphi[i * mp..i * mp + m]);
-                    *si = c[i] * ph.iter().zip(gp).map(|(&x, &y)| x * y).sum::<f32>();
-                }
+                in_frame(isa, || {
+                    for (i, si) in sv[..rows].iter_mut().enumerate() {
+                        let (ph, gp) = (&blk.phi[i * mp..i * mp + m], &gphi[i * mp..i * mp + m]);
+                        *si = c[i] * ph.iter().zip(gp).map(|(&x, &y)| x * y).sum::<f32>();
+                    }
+                });
                 let f = GFactors::of(&c, &sv, gb, dv);
                 ahead.step();
-                f.scale_phi_grads(&mut gphi, mp, m, rows, bank, w);
+                f.scale_phi_grads(isa, &mut gphi, mp, rows, &am[h]);
                 ahead.step();
                 f.dbank(isa, &blk.phi, mp, m, rows, &mut sphi, &mut d32, w, false);
-                d64.iter_mut().zip(&d32).for_each(|(x, &y)| *x += y as f64);
+                add_into_f64(isa, &mut d64, &d32);
                 ahead.step();
                 dbeta += blk.backward(map, &gphi, mp, rows);
                 ahead.step();
@@ -900,6 +952,14 @@ pub fn key_grads(
     let mp = pad16(m);
     let dbanks32 = to_f32(dbanks);
     let dbt: Vec<Vec<f32>> = dbanks32.iter().map(|b| values_t(b, m, dv, w)).collect();
+    let dam: Vec<Vec<f32>> = dbanks32
+        .iter()
+        .map(|b| {
+            let mut a = Vec::new();
+            masses(b, m, w, dv, &mut a);
+            a
+        })
+        .collect();
     let (out_k, out_v) = (Out::for_len(isa, dk.len()), Out::for_len(isa, dvv.len()));
     split_out(dk, k.n, d, segs)
         .into_par_iter()
@@ -931,11 +991,7 @@ pub fn key_grads(
                 blk.features_of(map, rows_of(&k, h, a, b), ukb, rows);
                 ahead.step();
                 bank_dots(isa, &mut gphi, mp, rows, m, vb, dv, db, w, &dbt[h]);
-                for i in 0..rows {
-                    for f in 0..m {
-                        gphi[i * mp + f] += db[f * w + dv];
-                    }
-                }
+                add_rows(isa, &mut gphi, mp, rows, &dam[h]);
                 ahead.step();
                 let t0 = a - segs[s].0;
                 let phi = Strided::rows(&blk.phi, mp);

@@ -18,8 +18,8 @@
 //! [`T`] tokens, so accuracy does not depend on N.
 
 use super::blocked::{
-    bank_dots, gemm_ext, inv_den, key_bank, normalise, pad16, rows_of, saved_pieces, saved_rows,
-    Block, GFactors, NT_MAX_M, T,
+    add_rows, bank_dots, gemm_ext, inv_den, key_bank, masses, normalise, pad16, rows_of,
+    saved_pieces, saved_rows, Block, GFactors, NT_MAX_M, T,
 };
 use super::features::{FeatureMap, SoftMap};
 use super::forward::{exclusive_scan, Ctx};
@@ -119,6 +119,7 @@ struct Scratch {
     c: Vec<f32>,    // T
     s: Vec<f32>,    // T
     st_t: Vec<f32>, // dv × mp: the state's values, transposed (padding columns stay 0)
+    mass: Vec<f32>, // m: the state's mass column
 }
 
 impl Scratch {
@@ -135,6 +136,7 @@ impl Scratch {
             c: vec![0.0; T],
             s: vec![0.0; T],
             st_t: vec![0.0; dv * mp],
+            mass: Vec::with_capacity(m),
         }
     }
 }
@@ -400,7 +402,7 @@ pub fn forward_into(
                     let t2 = a2 - start;
                     let (ot, dt) = (&mut op[t2 * dv..(t2 + r2) * dv], &mut dp[t2..t2 + r2]);
                     out.produce(ot, &mut ob, |x| {
-                        empty += normalise(&sc.acc, w, r2, dv, den_scale, x, dt);
+                        empty += normalise(isa, &sc.acc, w, r2, dv, den_scale, x, dt);
                     });
                     let pkt = Strided::transposed(pk, mp);
                     gemm_ext(isa, &mut st.bank.local, w, m, r2, pkt, vb, dv, 1.0, true);
@@ -532,7 +534,8 @@ pub fn backward_into(
                         s[i] = c[i] * (bank + intra);
                     }
                     let f = GFactors::of(c, s, gb, dv);
-                    f.scale_phi_grads(gphi, mp, m, r2, &st.read, w);
+                    masses(&st.read, m, w, dv, &mut sc.mass);
+                    f.scale_phi_grads(isa, gphi, mp, r2, &sc.mass);
                     scale_gv(&mut sc.att, r2, f.c, f.s, true);
                     tri_gemm(isa, gphi, mp, r2, mp, &sc.att, pk, mp, 1.0, true);
                     let pkt = Strided::transposed(pk, mp);
@@ -580,11 +583,8 @@ pub fn backward_into(
                     // ∂ℓ/∂φ_k = X̂ dSᵀ + triu(X̂ Ĝᵀ) Φ_Q.
                     let gphi = &mut sc.gphi[off * mp..];
                     bank_dots(isa, gphi, mp, r2, m, vb, dv, &st.read, w, &sc.st_t);
-                    for i in 0..r2 {
-                        for ff in 0..m {
-                            gphi[i * mp + ff] += st.read[ff * w + dv];
-                        }
-                    }
+                    masses(&st.read, m, w, dv, &mut sc.mass);
+                    add_rows(isa, gphi, mp, r2, &sc.mass);
                     gram(isa, &mut sc.att, vb, dv, gb, dv, r2, dv, false);
                     scale_gv(&mut sc.att, r2, f.c, f.s, false);
                     tri_gemm(isa, gphi, mp, r2, mp, &sc.att, pq, mp, 1.0, false);

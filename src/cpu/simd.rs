@@ -470,6 +470,30 @@ pub fn dispatch<T: WithSimd>(isa: Isa, task: T) -> T::Output {
     }
 }
 
+/// Run the closure `f` inside [`dispatch`]'s frame for `isa`, so that its loops (inlined into
+/// the frame) are compiled for that instruction set: code outside a frame is compiled for the
+/// x86-64 baseline (SSE2), where an elementwise loop over f32 runs 4 lanes at a time and one
+/// over f64 only 2.
+#[inline(always)]
+pub fn in_frame<R, F: FnOnce() -> R>(isa: Isa, f: F) -> R {
+    struct Task<F>(F);
+    impl<R, F: FnOnce() -> R> WithSimd for Task<F> {
+        type Output = R;
+        #[inline(always)]
+        fn run<S: Simd>(self) -> R {
+            (self.0)()
+        }
+    }
+    dispatch(isa, Task(f))
+}
+
+/// `acc += x` elementwise, f32 into f64 (the two-level flush), in the dispatched frame.
+pub fn add_into_f64(isa: Isa, acc: &mut [f64], x: &[f32]) {
+    in_frame(isa, || {
+        acc.iter_mut().zip(x).for_each(|(a, &b)| *a += b as f64);
+    })
+}
+
 /// `e^x` for f32, vectorisable: `x = n ln2 + r`, `e^r` by a degree-6 polynomial, `2^n` by
 /// exponent bits. Inputs below −87.3 return 0; relative error < 2e-7 elsewhere.
 #[inline(always)]
