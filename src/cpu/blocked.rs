@@ -159,7 +159,7 @@ struct BwdMats {
 }
 
 impl BwdMats {
-    fn new(l: usize, p: usize) -> Self {
+    fn new(l: usize, p: usize, t: usize) -> Self {
         let (r, m, lp) = (1usize << p, l << p, l * p);
         let (lpad, lpp) = (pad16(l), pad16(lp));
         let mut ind = vec![0.0f32; m * lpad];
@@ -179,27 +179,32 @@ impl BwdMats {
             ind,
             sign,
             lpp,
-            y: vec![0.0; T * pad16(m)],
-            gbar: vec![0.0; T * lpad],
-            c: vec![0.0; T * lpp],
+            y: vec![0.0; t * pad16(m)],
+            gbar: vec![0.0; t * lpad],
+            c: vec![0.0; t * lpp],
         }
     }
 }
 
 impl Block {
     pub(crate) fn new(map: &SoftMap, isa: Isa) -> Self {
+        Self::with_rows(map, isa, T)
+    }
+
+    /// A block of up to `t` rows.
+    pub(crate) fn with_rows(map: &SoftMap, isa: Isa, t: usize) -> Self {
         let pl = map.planes;
         let (lp, m) = (pl.l * pl.p, pl.l * pl.r());
         Block {
             isa,
             lp,
-            z: vec![0.0; T * lp],
-            on: vec![0.0; T * lp],
-            off: vec![0.0; T * lp],
-            phi: vec![0.0; T * pad16(m)],
+            z: vec![0.0; t * lp],
+            on: vec![0.0; t * lp],
+            off: vec![0.0; t * lp],
+            phi: vec![0.0; t * pad16(m)],
             mp: pad16(m),
-            dz: vec![0.0; T * lp],
-            bwd: (m <= SMALL_M).then(|| BwdMats::new(pl.l, pl.p)),
+            dz: vec![0.0; t * lp],
+            bwd: (m <= SMALL_M).then(|| BwdMats::new(pl.l, pl.p, t)),
         }
     }
 
@@ -465,7 +470,10 @@ pub(crate) fn values_t(bank: &[f32], m: usize, dv: usize, w: usize) -> Vec<f32> 
 }
 
 /// `out[i·mp + f] = x_i · B_f` for `rows` rows `x` (stride `dv`) and the value part of a bank
-/// (`m × w`); `bt` is [`values_t`] of the same bank.
+/// (`m × w`): through `bt`, [`values_t`] of the same bank, with [`gemm`]'s tiles, or by dot
+/// products ([`gemm_nt`]) when `bt` is empty. (The causal passes read a bank that changes
+/// every sub-block and always take the dot products: a transposed copy per sub-block costs
+/// more than it saves, measured.)
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn bank_dots(
     isa: Isa,
@@ -479,7 +487,7 @@ pub(crate) fn bank_dots(
     w: usize,
     bt: &[f32],
 ) {
-    if m <= NT_MAX_M {
+    if bt.is_empty() {
         gemm_nt(isa, Tri::Full, out, mp, rows, m, dv, x, dv, bank, w);
     } else {
         gemm(
