@@ -30,7 +30,7 @@ use super::features::{FeatureMap, SoftMap};
 use super::forward::{exclusive_scan, Ctx};
 use super::gemm::{gemm, gemm_nt, Gemm, Strided, Tri};
 use super::mem::{Ahead, Out};
-use super::simd::{dispatch, Isa, Simd, WithSimd};
+use super::simd::{dispatch, in_frame, Isa, Simd, WithSimd};
 use super::state::{bank_width, plan_segments, split_out, Bank, Heads};
 use rayon::prelude::*;
 
@@ -114,7 +114,8 @@ impl TwoLevel {
     }
     /// Count `rows` tokens; fold the f32 part into f64 every `T` tokens.
     fn tick(&mut self, rows: usize) {
-        self.bank.tick_rows(rows, T);
+        let bank = &mut self.bank;
+        in_frame(self.isa, || bank.tick_rows(rows, T));
     }
 }
 
@@ -439,26 +440,28 @@ pub fn forward_into(
 /// `att_ij (=) c_i (g_i·v_j − s_i)` for `j ≤ i` (queries `i`, keys `j`, both in the
 /// sub-block) from `att = G Vᵀ`, when `by_row`; else `att_ji = c_i (v_j·g_i − s_i)` for
 /// `i ≥ j` from `att = V Gᵀ`; 0 off the triangle.
-fn scale_gv(att: &mut [f32], rows: usize, c: &[f32], s: &[f32], by_row: bool) {
+fn scale_gv(isa: Isa, att: &mut [f32], rows: usize, c: &[f32], s: &[f32], by_row: bool) {
     // Fused with the triangular mask (`by_row`: keep j ≤ i; else keep columns ≥ the row);
-    // branch-free per row, so each row is a few vector selects.
-    for r in 0..rows {
-        let row = &mut att[r * TC..r * TC + rows];
-        if by_row {
-            let (cr, sr) = (c[r], s[r]);
-            for (col, x) in row.iter_mut().enumerate() {
-                *x = if col <= r { cr * (*x - sr) } else { 0.0 };
-            }
-        } else {
-            for (col, x) in row.iter_mut().enumerate() {
-                *x = if col >= r {
-                    c[col] * (*x - s[col])
-                } else {
-                    0.0
-                };
+    // branch-free per row, so each row is a few vector selects (in the SIMD frame).
+    in_frame(isa, || {
+        for r in 0..rows {
+            let row = &mut att[r * TC..r * TC + rows];
+            if by_row {
+                let (cr, sr) = (c[r], s[r]);
+                for (col, x) in row.iter_mut().enumerate() {
+                    *x = if col <= r { cr * (*x - sr) } else { 0.0 };
+                }
+            } else {
+                for (col, x) in row.iter_mut().enumerate() {
+                    *x = if col >= r {
+                        c[col] * (*x - s[col])
+                    } else {
+                        0.0
+                    };
+                }
             }
         }
-    }
+    })
 }
 
 /// Causal backward from a causal [`Ctx`] (either causal forward's); writes every entry of
@@ -531,18 +534,21 @@ pub fn backward_into(
                     gram(isa, &mut sc.att, gb, dv, vb, dv, r2, dv, true);
                     gram(isa, &mut sc.qk, pq, mp, pk, mp, r2, mp, true);
                     let (c, s) = (&sc.c[off..off + r2], &mut sc.s[off..off + r2]);
-                    for i in 0..r2 {
-                        let (ph, gp) = (&pq[i * mp..i * mp + m], &gphi[i * mp..i * mp + m]);
-                        let bank: f32 = ph.iter().zip(gp).map(|(&x, &y)| x * y).sum();
-                        let row = i * TC..i * TC + i + 1;
-                        let (qk, gv) = (&sc.qk[row.clone()], &sc.att[row]);
-                        let intra: f32 = qk.iter().zip(gv).map(|(&x, &y)| x * y).sum();
-                        s[i] = c[i] * (bank + intra);
-                    }
+                    let (qk, att) = (&sc.qk, &sc.att);
+                    in_frame(isa, || {
+                        for i in 0..r2 {
+                            let (ph, gp) = (&pq[i * mp..i * mp + m], &gphi[i * mp..i * mp + m]);
+                            let bank: f32 = ph.iter().zip(gp).map(|(&x, &y)| x * y).sum();
+                            let row = i * TC..i * TC + i + 1;
+                            let (qk, gv) = (&qk[row.clone()], &att[row]);
+                            let intra: f32 = qk.iter().zip(gv).map(|(&x, &y)| x * y).sum();
+                            s[i] = c[i] * (bank + intra);
+                        }
+                    });
                     let f = GFactors::of(c, s, gb, dv);
                     masses(&st.read, m, w, dv, &mut sc.mass);
                     f.scale_phi_grads(isa, gphi, mp, r2, &sc.mass);
-                    scale_gv(&mut sc.att, r2, f.c, f.s, true);
+                    scale_gv(isa, &mut sc.att, r2, f.c, f.s, true);
                     tri_gemm(isa, gphi, mp, r2, mp, &sc.att, pk, mp, 1.0, true);
                     let pkt = Strided::transposed(pk, mp);
                     gemm_ext(isa, &mut st.bank.local, w, m, r2, pkt, vb, dv, 1.0, true);
@@ -589,15 +595,19 @@ pub fn backward_into(
                     masses(&st.read, m, w, dv, &mut sc.mass);
                     add_rows(isa, gphi, mp, r2, &sc.mass);
                     gram(isa, &mut sc.att, vb, dv, gb, dv, r2, dv, false);
-                    scale_gv(&mut sc.att, r2, f.c, f.s, false);
+                    scale_gv(isa, &mut sc.att, r2, f.c, f.s, false);
                     tri_gemm(isa, gphi, mp, r2, mp, &sc.att, pq, mp, 1.0, false);
                     // ∂ℓ/∂v = Φ_K dS_B + triu(Φ_K Φ_Qᵀ) (c ⊙ G).
                     gram(isa, &mut sc.att, pk, mp, pq, mp, r2, mp, false);
-                    for j in 0..r2 {
-                        for i in 0..r2 {
-                            sc.att[j * TC + i] *= if i >= j { c[i] } else { 0.0 };
+                    let att = &mut sc.att;
+                    in_frame(isa, || {
+                        for j in 0..r2 {
+                            let row = &mut att[j * TC..j * TC + r2];
+                            for (i, x) in row.iter_mut().enumerate() {
+                                *x *= if i >= j { c[i] } else { 0.0 };
+                            }
                         }
-                    }
+                    });
                     let t0 = a2 - start;
                     let (pkr, att, read) = (Strided::rows(pk, mp), &sc.att, &st.read);
                     let dv_out = &mut dvp[t0 * dv..(t0 + r2) * dv];

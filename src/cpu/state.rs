@@ -81,7 +81,8 @@ impl Bank {
     }
 
     /// Count `rows` tokens at once; flush once at least `every` have accumulated (the
-    /// blocked causal path adds a sub-block at a time).
+    /// blocked causal path adds a sub-block at a time, inside its SIMD frame).
+    #[inline(always)]
     pub fn tick_rows(&mut self, rows: usize, every: usize) {
         self.pending += rows;
         if self.pending >= every {
@@ -90,6 +91,7 @@ impl Bank {
     }
 
     /// Move the f32 block into the f64 base.
+    #[inline(always)]
     pub fn flush(&mut self) {
         for ((b, b32), l) in self
             .base64
