@@ -1,5 +1,5 @@
 //! Throughput of `cpu::gemm` on the blocked kernels' shapes (developer tool).
-use racelab::cpu::gemm::{gemm, Strided};
+use racelab::cpu::gemm::{gemm, gemm_nt, Strided, Tri};
 use racelab::cpu::simd::{best_supported, Isa};
 use std::time::Instant;
 
@@ -62,6 +62,40 @@ fn main() {
         let t = Instant::now();
         for _ in 0..reps {
             gemm(isa, d, cols, rows, cols, k, av, b, cols, 1.0, true);
+        }
+        let s = t.elapsed().as_secs_f64();
+        let gf = 2.0 * (rows * cols * k * reps) as f64 / s / 1e9;
+        println!("{label:16} {gf:7.1} GFLOP/s (one core; peak ~262)");
+    }
+    // gemm_nt: D = A Bᵀ (label, rows, cols, k).
+    for (label, rows, cols, k) in [
+        ("nt proj LP=4", 64, 4, 128),
+        ("nt proj LP=16", 64, 16, 128),
+        ("nt bank m=8", 16, 8, 128),
+        ("nt bank m=64", 32, 64, 128),
+        ("nt gram 32x32", 32, 32, 128),
+    ] {
+        // Rows 64-byte aligned, or (SHIFT=n) shifted by n floats, as for the gemm shapes.
+        let shift: usize = std::env::var("SHIFT")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let fill = |len: usize, m: usize, c: f32| -> (Vec<f32>, usize) {
+            let mut v = vec![0.0f32; len + 32];
+            let off = (16 - (v.as_ptr() as usize / 4) % 16) % 16 + shift;
+            for i in 0..len {
+                v[off + i] = ((i * m % 13) as f32) * 0.1 - c;
+            }
+            (v, off)
+        };
+        let ((av, ao), (bv, bo)) = (fill(rows * k, 7, 0.6), fill(cols * k, 5, 0.5));
+        let (a, b) = (&av[ao..ao + rows * k], &bv[bo..bo + cols * k]);
+        let mut d = vec![0.0f32; rows * cols];
+        let reps = 200_000_000 / (rows * cols * k);
+        let t = Instant::now();
+        for _ in 0..reps {
+            gemm_nt(isa, Tri::Full, &mut d, cols, rows, cols, k, a, k, b, k);
+            std::hint::black_box(&mut d);
         }
         let s = t.elapsed().as_secs_f64();
         let gf = 2.0 * (rows * cols * k * reps) as f64 / s / 1e9;

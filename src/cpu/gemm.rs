@@ -489,9 +489,18 @@ unsafe fn nt_avx512(
             let mut out = [0.0f32; 16];
             // SAFETY: `out` holds exactly one 512-bit vector.
             unsafe { _mm512_storeu_ps(out.as_mut_ptr(), hsum16x(&acc)) };
+            // Whole 4-wide pieces by fixed-size copies (a variable-length copy is a `memcpy`
+            // call, as long as the tile's arithmetic at these sizes).
             for r in 0..nr {
                 let o = (i + r) * ldz + p;
-                z[o..o + np].copy_from_slice(&out[4 * r..4 * r + np]);
+                if np == 4 {
+                    let piece: &[f32; 4] = out[4 * r..4 * r + 4].try_into().unwrap();
+                    z[o..o + 4].copy_from_slice(piece);
+                } else {
+                    for q in 0..np {
+                        z[o + q] = out[4 * r + q];
+                    }
+                }
             }
             p += 4;
         }
