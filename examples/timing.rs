@@ -21,24 +21,18 @@ fn main() {
     let engine = std::env::var_os("ENGINE").is_some();
     // Two heads: with one thread that is one segment per head, as in the paper-shape bench.
     let (hd, d, isa) = (2usize, 128usize, detected_isa());
-    let huge = std::env::var_os("HUGE").is_some();
-    let fill = |seed: u64| -> Vec<f32> {
+    // Aligned, huge-page buffers as the bench uses (`VEC=1`: plain vectors instead).
+    let plain = std::env::var_os("VEC").is_some();
+    let fill = |seed: u64| -> Box<dyn std::ops::DerefMut<Target = [f32]>> {
         let len = hd * n * d;
-        let mut v: Vec<f32> = if huge {
-            extern "C" {
-                fn madvise(addr: *mut u8, len: usize, advice: i32) -> i32;
-            }
-            let bytes = (len * 4).next_multiple_of(1 << 21);
-            let lay = std::alloc::Layout::from_size_align(bytes, 1 << 21).unwrap();
-            unsafe {
-                let p = std::alloc::alloc(lay);
-                madvise(p, bytes, 14);
-                Vec::from_raw_parts(p as *mut f32, 0, bytes / 4)
-            }
+        let mut v: Box<dyn std::ops::DerefMut<Target = [f32]>> = if plain {
+            Box::new(vec![0.0f32; len])
         } else {
-            Vec::with_capacity(len)
+            Box::new(racelab::cpu::mem::ABuf::zeroed(len))
         };
-        v.extend((0..len).map(|i| racelab::bench::machine::counter_uniform(seed, i as u64)));
+        v.iter_mut()
+            .enumerate()
+            .for_each(|(i, x)| *x = racelab::bench::machine::counter_uniform(seed, i as u64));
         v
     };
     let (q, k, v, g) = (fill(1), fill(2), fill(3), fill(4));

@@ -236,18 +236,18 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
             ));
             continue;
         }
-        let mut q = cpu::mem::zeroed_huge(h * n * d);
-        let mut k = cpu::mem::zeroed_huge(h * n * d);
-        let mut v = cpu::mem::zeroed_huge(h * n * dv);
+        let mut q = cpu::mem::ABuf::zeroed(h * n * d);
+        let mut k = cpu::mem::ABuf::zeroed(h * n * d);
+        let mut v = cpu::mem::ABuf::zeroed(h * n * dv);
         machine::fill(&mut q, cfg.seed, 0);
         machine::fill(&mut k, cfg.seed + 1, 0);
         machine::fill(&mut v, cfg.seed + 2, 0);
         let g = if cfg.backward {
-            let mut g = cpu::mem::zeroed_huge(h * n * dv);
+            let mut g = cpu::mem::ABuf::zeroed(h * n * dv);
             machine::fill(&mut g, cfg.seed + 3, 0);
             g
         } else {
-            Vec::new()
+            cpu::mem::ABuf::zeroed(0)
         };
         let (qh, kh, vh) = (
             Heads::new(h, n, d, &q),
@@ -265,15 +265,16 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
             reset_peak_rss();
             // Output and gradient buffers are allocated once per row and reused across runs,
             // as a caching allocator would; runs time the kernels, not page faults.
-            let mut o = cpu::mem::zeroed_huge(h * n * dv);
+            let mut o = cpu::mem::ABuf::zeroed(h * n * dv);
             let (mut dq, mut dk, mut dvb) = if cfg.backward {
                 (
-                    cpu::mem::zeroed_huge(h * n * d),
-                    cpu::mem::zeroed_huge(h * n * d),
-                    cpu::mem::zeroed_huge(h * n * dv),
+                    cpu::mem::ABuf::zeroed(h * n * d),
+                    cpu::mem::ABuf::zeroed(h * n * d),
+                    cpu::mem::ABuf::zeroed(h * n * dv),
                 )
             } else {
-                (Vec::new(), Vec::new(), Vec::new())
+                let z = || cpu::mem::ABuf::zeroed(0);
+                (z(), z(), z())
             };
             // The context's buffers (denominators, saved `u`) are recycled the same way.
             let mut reuse = cpu::Ctx::default();

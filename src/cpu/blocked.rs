@@ -22,7 +22,7 @@
 use super::features::{FeatureMap, SoftMap};
 use super::forward::Ctx;
 use super::gemm::{gemm, gemm_nt, transpose_into, Strided, Tri};
-use super::mem::{Ahead, Out};
+use super::mem::{ABuf, Ahead, Out};
 use super::simd::{add_into_f64, dispatch, exp_f32, in_frame, tanh_f32, Isa, Simd, WithSimd};
 use super::state::{bank_width, plan_segments, split_out, Heads};
 use rayon::prelude::*;
@@ -132,13 +132,15 @@ fn tree<const R: usize, const P: usize>(
 pub(crate) struct Block {
     pub(crate) isa: Isa,
     lp: usize,
-    z: Vec<f32>,   // T × LP: projections, then u = tanh(z)
-    on: Vec<f32>,  // T × LP
-    off: Vec<f32>, // T × LP
+    z: ABuf,   // T × LP: projections, then u = tanh(z)
+    on: ABuf,  // T × LP
+    off: ABuf, // T × LP
     /// Features, row stride `mp = pad16(m)` (padding columns stay 0).
-    pub(crate) phi: Vec<f32>, // T × mp
+    pub(crate) phi: ABuf, // T × mp
     pub(crate) mp: usize,
-    dz: Vec<f32>, // T × LP
+    dz: ABuf, // T × LP
+    /// The planes `W` (`LP × d`), copied to an aligned buffer (full-vector loads).
+    w: ABuf,
     /// Backward as two products (when `m ≤` [`SMALL_M`]): see [`Block::backward`].
     bwd: Option<BwdMats>,
 }
@@ -198,19 +200,20 @@ impl Block {
         Block {
             isa,
             lp,
-            z: vec![0.0; t * lp],
-            on: vec![0.0; t * lp],
-            off: vec![0.0; t * lp],
-            phi: vec![0.0; t * pad16(m)],
+            z: ABuf::zeroed(t * lp),
+            on: ABuf::zeroed(t * lp),
+            off: ABuf::zeroed(t * lp),
+            phi: ABuf::zeroed(t * pad16(m)),
             mp: pad16(m),
-            dz: vec![0.0; t * lp],
+            dz: ABuf::zeroed(t * lp),
+            w: ABuf::from_slice(&pl.w),
             bwd: (m <= SMALL_M).then(|| BwdMats::new(pl.l, pl.p, t)),
         }
     }
 
     /// Features of rows `x` (`rows × d`); `z` keeps `u = tanh(Wx)` for the backward.
     pub(crate) fn features(&mut self, map: &SoftMap, x: &[f32], rows: usize) {
-        let (pl, d, lp) = (map.planes, map.planes.d, self.lp);
+        let (d, lp) = (map.planes.d, self.lp);
         gemm_nt(
             self.isa,
             Tri::Full,
@@ -221,7 +224,7 @@ impl Block {
             d,
             x,
             d,
-            &pl.w,
+            &self.w,
             d,
         );
         self.probs_and_tree::<true>(map, rows);
@@ -410,7 +413,7 @@ impl Block {
             d,
             self.lp,
             Strided::rows(&self.dz, self.lp),
-            &map.planes.w,
+            &self.w,
             d,
             1.0,
             false,
@@ -460,11 +463,11 @@ pub(crate) const NT_MAX_M: usize = 32;
 
 /// `Bᵀ` of the value columns of an f32 bank (`m × w`): `dv × mp`, zero-padded to `mp = pad16(m)`;
 /// empty when [`bank_dots`] does not need it (`m ≤` [`NT_MAX_M`]).
-pub(crate) fn values_t(bank: &[f32], m: usize, dv: usize, w: usize) -> Vec<f32> {
+pub(crate) fn values_t(bank: &[f32], m: usize, dv: usize, w: usize) -> ABuf {
     if m <= NT_MAX_M {
-        return Vec::new();
+        return ABuf::zeroed(0);
     }
-    let mut out = vec![0.0f32; dv * pad16(m)];
+    let mut out = ABuf::zeroed(dv * pad16(m));
     transpose_into(bank, m, dv, w, &mut out, pad16(m));
     out
 }
@@ -536,10 +539,15 @@ pub(crate) fn saved_rows(
     (!u.is_empty()).then(|| &u[(h * n + a) * lp..(h * n + b) * lp])
 }
 
-fn to_f32(banks: &[Vec<f64>]) -> Vec<Vec<f32>> {
+/// f32 copies of f64 banks, in aligned buffers (they are read by full-vector loads).
+fn to_f32(banks: &[Vec<f64>]) -> Vec<ABuf> {
     banks
         .iter()
-        .map(|b| b.iter().map(|&x| x as f32).collect())
+        .map(|b| {
+            let mut out = ABuf::zeroed(b.len());
+            out.iter_mut().zip(b).for_each(|(y, &x)| *y = x as f32);
+            out
+        })
         .collect()
 }
 
@@ -640,7 +648,7 @@ pub fn read_into(
         .zip(saved_pieces(uq, n, lp, &segs, heads).into_par_iter())
         .map(|(((h, s, op), (_, _, dp)), mut save)| {
             let mut blk = Block::new(map, isa);
-            let (mut acc, mut ob) = (vec![0.0f32; T * w], vec![0.0f32; T * dv]);
+            let (mut acc, mut ob) = (ABuf::zeroed(T * w), ABuf::zeroed(T * dv));
             let (mut a, end, mut empty) = (segs[s].0, segs[s].1, 0usize);
             while a < end {
                 let b = (a + T).min(end);
@@ -875,7 +883,7 @@ pub fn query_grads(
     let mp = pad16(m);
     let inv_l = 1.0 / map.planes.l as f32;
     let banks32 = to_f32(banks);
-    let bt: Vec<Vec<f32>> = banks32.iter().map(|b| values_t(b, m, dv, w)).collect();
+    let bt: Vec<ABuf> = banks32.iter().map(|b| values_t(b, m, dv, w)).collect();
     let am: Vec<Vec<f32>> = banks32
         .iter()
         .map(|b| {
@@ -889,10 +897,10 @@ pub fn query_grads(
         .into_par_iter()
         .map(|(h, s, dqp)| {
             let mut blk = Block::new(map, isa);
-            let (mut gphi, mut sphi) = (vec![0.0f32; T * mp], vec![0.0f32; T * m]);
+            let (mut gphi, mut sphi) = (ABuf::zeroed(T * mp), ABuf::zeroed(T * m));
             let (mut c, mut sv) = (vec![0.0f32; T], vec![0.0f32; T]);
             let (mut d32, mut d64) = (vec![0.0f32; m * w], vec![0.0f64; m * w]);
-            let mut scratch = vec![0.0f32; if out.stream { T * d } else { 0 }];
+            let mut scratch = ABuf::zeroed(if out.stream { T * d } else { 0 });
             let bank = &banks32[h];
             let (mut a, end, mut dbeta) = (segs[s].0, segs[s].1, 0.0f64);
             while a < end {
@@ -959,7 +967,7 @@ pub fn key_grads(
     let lp = map.planes.l * map.planes.p;
     let mp = pad16(m);
     let dbanks32 = to_f32(dbanks);
-    let dbt: Vec<Vec<f32>> = dbanks32.iter().map(|b| values_t(b, m, dv, w)).collect();
+    let dbt: Vec<ABuf> = dbanks32.iter().map(|b| values_t(b, m, dv, w)).collect();
     let dam: Vec<Vec<f32>> = dbanks32
         .iter()
         .map(|b| {
@@ -974,15 +982,9 @@ pub fn key_grads(
         .zip(split_out(dvv, k.n, dv, segs).into_par_iter())
         .map(|((h, s, dkp), (_, _, dvp))| {
             let mut blk = Block::new(map, isa);
-            let mut gphi = vec![0.0f32; T * mp];
-            let mut scratch = vec![
-                0.0f32;
-                if out_k.stream || out_v.stream {
-                    T * d.max(dv)
-                } else {
-                    0
-                }
-            ];
+            let mut gphi = ABuf::zeroed(T * mp);
+            let streams = out_k.stream || out_v.stream;
+            let mut scratch = ABuf::zeroed(if streams { T * d.max(dv) } else { 0 });
             let db = &dbanks32[h];
             let (mut a, end, mut dbeta) = (segs[s].0, segs[s].1, 0.0f64);
             while a < end {

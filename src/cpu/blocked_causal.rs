@@ -29,7 +29,7 @@ use super::blocked::{
 use super::features::{FeatureMap, SoftMap};
 use super::forward::{exclusive_scan, Ctx};
 use super::gemm::{gemm, gemm_nt, Gemm, Strided, Tri};
-use super::mem::{Ahead, Out};
+use super::mem::{ABuf, Ahead, Out};
 use super::simd::{dispatch, in_frame, Isa, Simd, WithSimd};
 use super::state::{bank_width, plan_segments, split_out, Bank, Heads};
 use rayon::prelude::*;
@@ -72,7 +72,7 @@ fn mask(a: &mut [f32], rows: usize, lower: bool) {
 struct TwoLevel {
     isa: Isa,
     bank: Bank,
-    read: Vec<f32>,
+    read: ABuf,
 }
 
 /// `read = base32 + local` (elementwise, in the dispatched SIMD frame).
@@ -97,7 +97,7 @@ impl TwoLevel {
         TwoLevel {
             isa,
             bank: Bank::new(m, w, Some(base)),
-            read: vec![0.0; base.len()],
+            read: ABuf::zeroed(base.len()),
         }
     }
     /// `read = f32(base) + local`.
@@ -123,10 +123,10 @@ impl TwoLevel {
 struct Scratch {
     kb: Block,
     qb: Block,
-    att: Vec<f32>,  // TC × TC
-    qk: Vec<f32>,   // TC × TC: Φ_Q Φ_Kᵀ (backward, for s)
-    acc: Vec<f32>,  // TC × w
-    gphi: Vec<f32>, // TB × mp
+    att: ABuf,      // TC × TC
+    qk: ABuf,       // TC × TC: Φ_Q Φ_Kᵀ (backward, for s)
+    acc: ABuf,      // TC × w
+    gphi: ABuf,     // TB × mp
     sphi: Vec<f32>, // TC × m
     c: Vec<f32>,    // TB
     s: Vec<f32>,    // TB
@@ -139,10 +139,10 @@ impl Scratch {
         Scratch {
             kb: Block::with_rows(map, isa, TB),
             qb: Block::with_rows(map, isa, TB),
-            att: vec![0.0; TC * TC],
-            qk: vec![0.0; TC * TC],
-            acc: vec![0.0; TC * w],
-            gphi: vec![0.0; TB * mp],
+            att: ABuf::zeroed(TC * TC),
+            qk: ABuf::zeroed(TC * TC),
+            acc: ABuf::zeroed(TC * w),
+            gphi: ABuf::zeroed(TB * mp),
             sphi: vec![0.0; TC * m],
             c: vec![0.0; TB],
             s: vec![0.0; TB],
@@ -370,7 +370,7 @@ pub fn forward_into(
             let mut sc = Scratch::new(map, isa, w);
             let (mp, tc) = (sc.kb.mp, sub_block(m));
             let (start, end) = segs[s];
-            let (mut empty, mut ob) = (0usize, vec![0.0f32; TC * dv]);
+            let (mut empty, mut ob) = (0usize, ABuf::zeroed(TC * dv));
             // Features per block of TB tokens; the state is read and updated per sub-block.
             for (a, b) in blocks(start, end, false) {
                 let (rows, next) = (b - a, (b + TB).min(end));
@@ -515,7 +515,7 @@ pub fn backward_into(
         .map(|((h, s, dqp), (_, _, sp))| {
             let mut st = TwoLevel::new(isa, m, w, &ctx.banks[h * ns + s]);
             let mut sc = Scratch::new(map, isa, w);
-            let mut scratch = vec![0.0f32; TB * d.max(dv)];
+            let mut scratch = ABuf::zeroed(TB * d.max(dv));
             let (mp, tc) = (sc.kb.mp, sub_block(m));
             let (start, end) = segs[s];
             let mut dbeta = 0.0f64;
@@ -575,7 +575,7 @@ pub fn backward_into(
         .map(|((h, s, dkp), (_, _, dvp))| {
             let mut st = TwoLevel::new(isa, m, w, &dbases[h * ns + s]);
             let mut sc = Scratch::new(map, isa, w);
-            let mut scratch = vec![0.0f32; TB * d.max(dv)];
+            let mut scratch = ABuf::zeroed(TB * d.max(dv));
             let (mp, tc) = (sc.kb.mp, sub_block(m));
             let (start, end) = segs[s];
             let mut dbeta = 0.0f64;

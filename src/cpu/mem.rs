@@ -163,15 +163,87 @@ unsafe fn stream_avx(dst: &mut [f32], src: &[f32]) {
     dst[i..].copy_from_slice(&src[i..]);
 }
 
-/// A zeroed `Vec<f32>` of `len` whose pages are advised as transparent huge pages (Linux
-/// `madvise(MADV_HUGEPAGE)`, best effort, for allocations of at least 4 MiB) before they are
-/// first touched. A kernel streaming through gigabytes of 4 KiB pages spends a measurable part
-/// of its time in TLB misses (about 7–10% at the paper shape here); 2 MiB pages remove most.
-/// Where THP is off or `madvise` fails, this is a plain zeroed vector.
-pub fn zeroed_huge(len: usize) -> Vec<f32> {
-    let mut v: Vec<f32> = Vec::with_capacity(len);
+/// A zero-initialised f32 buffer aligned to 64 bytes (one cache line, one AVX-512 vector), used
+/// as a slice (`Deref<Target = [f32]>`). Full-vector loads from rows that start off a line
+/// boundary split across two lines: [`super::gemm::gemm_nt`] runs at about 55% of peak on
+/// misaligned operands against about 80% aligned (`examples/gemm_micro.rs`, `SHIFT`). Buffers
+/// of at least 4 MiB are also advised as transparent huge pages (Linux `madvise`, best
+/// effort) before first touch: streaming through gigabytes of 4 KiB pages costs TLB misses
+/// (about 7–10% of the kernels' time at the paper shape here).
+pub struct ABuf {
+    ptr: std::ptr::NonNull<f32>,
+    len: usize,
+}
+
+// SAFETY: `ABuf` owns its allocation exclusively, like `Vec<f32>`.
+unsafe impl Send for ABuf {}
+// SAFETY: shared access only hands out `&[f32]`.
+unsafe impl Sync for ABuf {}
+
+impl ABuf {
+    fn layout(len: usize) -> std::alloc::Layout {
+        std::alloc::Layout::from_size_align((len * 4).max(64), 64).expect("ABuf: size overflow")
+    }
+
+    /// `len` zeros.
+    pub fn zeroed(len: usize) -> Self {
+        let layout = Self::layout(len);
+        // SAFETY: the layout has a non-zero size.
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) } as *mut f32;
+        let Some(ptr) = std::ptr::NonNull::new(raw) else {
+            std::alloc::handle_alloc_error(layout)
+        };
+        advise_huge(raw as usize, len * 4);
+        ABuf { ptr, len }
+    }
+
+    /// A copy of `x`.
+    pub fn from_slice(x: &[f32]) -> Self {
+        let mut b = Self::zeroed(x.len());
+        b.copy_from_slice(x);
+        b
+    }
+}
+
+impl std::ops::Deref for ABuf {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        // SAFETY: `ptr` points to `len` initialised f32 owned by `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl std::ops::DerefMut for ABuf {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        // SAFETY: as in `deref`, and `&mut self` makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for ABuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `zeroed` with exactly this layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr() as *mut u8, Self::layout(self.len)) }
+    }
+}
+
+impl Clone for ABuf {
+    fn clone(&self) -> Self {
+        Self::from_slice(self)
+    }
+}
+
+impl std::fmt::Debug for ABuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ABuf({} floats)", self.len)
+    }
+}
+
+/// Advise `[addr, addr + bytes)` (its whole pages) as transparent huge pages, for regions of
+/// at least 4 MiB not yet touched; a failure (THP unavailable) is ignored.
+fn advise_huge(addr: usize, bytes: usize) {
     #[cfg(target_os = "linux")]
-    if len * 4 >= 4 << 20 {
+    if bytes >= 4 << 20 {
         extern "C" {
             fn madvise(
                 addr: *mut std::ffi::c_void,
@@ -180,17 +252,16 @@ pub fn zeroed_huge(len: usize) -> Vec<f32> {
             ) -> std::ffi::c_int;
         }
         const MADV_HUGEPAGE: std::ffi::c_int = 14;
-        let p = v.as_mut_ptr() as usize;
-        let (start, end) = (p.next_multiple_of(4096), (p + len * 4) / 4096 * 4096);
+        let (start, end) = (addr.next_multiple_of(4096), (addr + bytes) / 4096 * 4096);
         if end > start {
-            // SAFETY: `[start, end)` lies inside this vector's allocation (page-aligned as
-            // madvise requires); MADV_HUGEPAGE only changes how its pages are backed, never
-            // their contents. A failure (THP unavailable) is ignored: the hint is optional.
+            // SAFETY: `[start, end)` lies inside one live allocation (page-aligned as madvise
+            // requires); MADV_HUGEPAGE only changes how its pages are backed, never their
+            // contents.
             let _ = unsafe { madvise(start as *mut std::ffi::c_void, end - start, MADV_HUGEPAGE) };
         }
     }
-    v.resize(len, 0.0);
-    v
+    #[cfg(not(target_os = "linux"))]
+    let _ = (addr, bytes);
 }
 
 #[cfg(test)]
