@@ -155,9 +155,15 @@ struct BwdMats {
     ind: Vec<f32>,  // m × lpad: ind[t·R + r][t] = 1 (table membership)
     sign: Vec<f32>, // m × lpp: sign[t·R + r][t·P + b] = ±1 by bit b of r (most significant first)
     lpp: usize,
-    y: Vec<f32>,    // T × mp
-    gbar: Vec<f32>, // T × lpad
-    c: Vec<f32>,    // T × lpp
+    y: ABuf,    // T × mp
+    gbar: ABuf, // T × lpad
+    c: ABuf,    // T × lpp
+    /// Tables of whole vectors (`R` a multiple of 16): the two sums over `r` are then dot
+    /// products per table ([`gemm_nt`] on the `rows·L × R` table rows), not products with the
+    /// block-diagonal `Ind` and `Sign` (`L` times the work, mostly zeros).
+    wide: bool,
+    ones: ABuf,   // R
+    sign_t: ABuf, // P × R: sign_t[b][r] = ±1 by bit b of r
 }
 
 impl BwdMats {
@@ -176,14 +182,29 @@ impl BwdMats {
                 }
             }
         }
+        let wide = r.is_multiple_of(16);
+        let mut sign_t = ABuf::zeroed(if wide { p * r } else { 0 });
+        if wide {
+            for b in 0..p {
+                for rr in 0..r {
+                    let bit = (rr >> (p - 1 - b)) & 1;
+                    sign_t[b * r + rr] = if bit == 1 { 1.0 } else { -1.0 };
+                }
+            }
+        }
+        let mut ones = ABuf::zeroed(if wide { r } else { 0 });
+        ones.iter_mut().for_each(|x| *x = 1.0);
         BwdMats {
             lpad,
             ind,
             sign,
             lpp,
-            y: vec![0.0; t * pad16(m)],
-            gbar: vec![0.0; t * lpad],
-            c: vec![0.0; t * lpp],
+            y: ABuf::zeroed(t * pad16(m)),
+            gbar: ABuf::zeroed(t * lpad),
+            c: ABuf::zeroed(t * lpp),
+            wide,
+            ones,
+            sign_t,
         }
     }
 }
@@ -306,62 +327,139 @@ impl Block {
         let Some(bm) = self.bwd.as_mut() else {
             return self.backward_loop(map, gphi, ld, rows);
         };
-        let (l, r) = (map.planes.l, map.planes.r());
-        let (lp, mp, m, isa) = (self.lp, self.mp, l * r, self.isa);
-        in_frame(isa, || {
-            for i in 0..rows {
-                let (ph, g) = (&self.phi[i * mp..i * mp + m], &gphi[i * ld..i * ld + m]);
-                bm.y[i * mp..i * mp + m]
-                    .iter_mut()
-                    .zip(ph.iter().zip(g))
-                    .for_each(|(y, (&a, &b))| *y = a * b);
-            }
-        });
-        let a = Strided::rows(&bm.y, mp);
-        gemm(
-            self.isa,
-            &mut bm.gbar,
-            bm.lpad,
-            rows,
-            bm.lpad,
-            m,
-            a,
-            &bm.ind,
-            bm.lpad,
-            1.0,
-            false,
+        let (l, r, p) = (map.planes.l, map.planes.r(), map.planes.p);
+        let (lp, mp, isa) = (self.lp, self.mp, self.isa);
+        assert_eq!(
+            ld, mp,
+            "Block::backward: ∂ℓ/∂φ must have the features' row stride"
         );
+        // Y = Φ ⊙ ∂ℓ/∂φ over the whole block at once (padding columns give 0).
+        let n = rows * mp;
+        let phi = &self.phi[..n];
         in_frame(isa, || {
-            for i in 0..rows {
-                for t in 0..l {
-                    let gb = bm.gbar[i * bm.lpad + t];
-                    let o = i * mp + t * r;
-                    let (ph, g) = (
-                        &self.phi[o..o + r],
-                        &gphi[i * ld + t * r..i * ld + (t + 1) * r],
-                    );
-                    bm.y[o..o + r]
-                        .iter_mut()
-                        .zip(ph.iter().zip(g))
-                        .for_each(|(y, (&a, &b))| *y = a * (b - gb));
+            let y = &mut bm.y[..n];
+            y.iter_mut()
+                .zip(phi.iter().zip(&gphi[..n]))
+                .for_each(|(y, (&a, &b))| *y = a * b);
+        });
+        // Wide tables: the block as `rows·L` table rows of `R` (`mp = m` then).
+        let (wide, tl) = (bm.wide, rows * l);
+        // ḡ per (row, table): gbar[i·gs + t].
+        let gs = if wide {
+            gemm_nt(
+                isa,
+                Tri::Full,
+                &mut bm.gbar,
+                1,
+                tl,
+                1,
+                r,
+                &bm.y,
+                r,
+                &bm.ones,
+                r,
+            );
+            l
+        } else {
+            let a = Strided::rows(&bm.y, mp);
+            let m = l * r;
+            gemm(
+                isa,
+                &mut bm.gbar,
+                bm.lpad,
+                rows,
+                bm.lpad,
+                m,
+                a,
+                &bm.ind,
+                bm.lpad,
+                1.0,
+                false,
+            );
+            bm.lpad
+        };
+        // Y = Φ ⊙ (∂ℓ/∂φ − ḡ), table by table.
+        if wide {
+            // Table row j of the block is features j·R.. (mp = m), with ḡ at gbar[j]; whole
+            // 16-lane pieces (a short loop of run-time length costs more in set-up than in
+            // arithmetic).
+            let (gbar, y) = (&bm.gbar[..tl], &mut bm.y[..n]);
+            in_frame(isa, || {
+                let rows_y = y.chunks_exact_mut(r).zip(phi.chunks_exact(r));
+                for ((yr, pr), (gr, &gb)) in rows_y.zip(gphi[..n].chunks_exact(r).zip(gbar)) {
+                    let pieces = yr.chunks_exact_mut(16).zip(pr.chunks_exact(16));
+                    for ((y, ph), g) in pieces.zip(gr.chunks_exact(16)) {
+                        let (y, ph, g): (&mut [f32; 16], &[f32; 16], &[f32; 16]) = (
+                            y.try_into().unwrap(),
+                            ph.try_into().unwrap(),
+                            g.try_into().unwrap(),
+                        );
+                        for k in 0..16 {
+                            y[k] = ph[k] * (g[k] - gb);
+                        }
+                    }
                 }
-            }
-        });
-        let a = Strided::rows(&bm.y, mp);
-        gemm(
-            self.isa, &mut bm.c, bm.lpp, rows, bm.lpp, m, a, &bm.sign, bm.lpp, 1.0, false,
-        );
-        let (z, dz, beta) = (&self.z, &mut self.dz, map.beta);
+            });
+        } else {
+            in_frame(isa, || {
+                for i in 0..rows {
+                    for t in 0..l {
+                        let gb = bm.gbar[i * gs + t];
+                        let o = i * mp + t * r;
+                        let (ph, g, y) = (&phi[o..o + r], &gphi[o..o + r], &mut bm.y[o..o + r]);
+                        y.iter_mut()
+                            .zip(ph.iter().zip(g))
+                            .for_each(|(y, (&a, &b))| *y = a * (b - gb));
+                    }
+                }
+            });
+        }
+        // C: c_b per (row, table), at c[i·cs + t·P + b].
+        let cs = if wide {
+            gemm_nt(
+                isa,
+                Tri::Full,
+                &mut bm.c,
+                p,
+                tl,
+                p,
+                r,
+                &bm.y,
+                r,
+                &bm.sign_t,
+                r,
+            );
+            lp
+        } else {
+            let a = Strided::rows(&bm.y, mp);
+            let m = l * r;
+            gemm(
+                isa, &mut bm.c, bm.lpp, rows, bm.lpp, m, a, &bm.sign, bm.lpp, 1.0, false,
+            );
+            bm.lpp
+        };
+        let (z, dz, beta, c) = (&self.z, &mut self.dz, map.beta, &bm.c);
         in_frame(isa, || {
             let mut dbeta = 0.0f64;
             for i in 0..rows {
-                let mut db = 0.0f32;
-                for j in 0..lp {
-                    let (c, u) = (bm.c[i * bm.lpp + j], z[i * lp + j]);
-                    db += u * c;
-                    dz[i * lp + j] = beta * c * (1.0 - u * u);
+                let (cr, zr) = (&c[i * cs..i * cs + lp], &z[i * lp..(i + 1) * lp]);
+                let dzr = &mut dz[i * lp..(i + 1) * lp];
+                for ((d, &cc), &u) in dzr.iter_mut().zip(cr).zip(zr) {
+                    *d = beta * cc * (1.0 - u * u);
                 }
-                dbeta += db as f64;
+                // Σ u·c in 16 lanes (an f32 running sum would be one serial chain).
+                let mut part = [0.0f32; 16];
+                let (cw, zw) = (cr.chunks_exact(16), zr.chunks_exact(16));
+                let (crest, zrest) = (cw.remainder(), zw.remainder());
+                for (cc, zz) in cw.zip(zw) {
+                    for k in 0..16 {
+                        part[k] += cc[k] * zz[k];
+                    }
+                }
+                for (k, (&cc, &zz)) in crest.iter().zip(zrest).enumerate() {
+                    part[k] += cc * zz;
+                }
+                dbeta += part.iter().sum::<f32>() as f64;
             }
             dbeta
         })
