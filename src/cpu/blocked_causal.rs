@@ -40,19 +40,15 @@ use rayon::prelude::*;
 /// every [`T`] tokens.
 pub const TB: usize = 128;
 
-/// Largest causal sub-block (the intra-block products are at most `TC × TC`, stored with
-/// row stride `TC`).
-pub const TC: usize = 32;
+/// Tokens per causal sub-block (the intra-block products are `TC × TC`, stored with row
+/// stride `TC`). They cost about `TC·dv` per token and the per-sub-block work (state refresh
+/// and read) about `m·w/TC`; measured with blocks of [`TB`], 16 is fastest for every
+/// `(P, L)` of the paper (8 and 32 are 3–12% slower).
+pub const TC: usize = 16;
 
-/// Tokens per causal sub-block for a bank of `m` rows: the intra-block products cost about
-/// `tc·dv` per token and the per-sub-block work (state refresh, transposes) `m·w/tc`, so
-/// narrow banks take short sub-blocks (measured: 16 is faster for m ≤ 32, 32 for m = 64).
-pub fn sub_block(m: usize) -> usize {
-    if m <= 32 {
-        16
-    } else {
-        TC
-    }
+/// Tokens per causal sub-block for a bank of `m` rows (at present [`TC`] for every `m`).
+pub fn sub_block(_m: usize) -> usize {
+    TC
 }
 
 /// Zero the entries above (`lower = true`: keep `j ≤ i`) or below (keep `j ≥ i`) the diagonal
