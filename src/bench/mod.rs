@@ -134,6 +134,9 @@ pub struct BenchReport {
     pub skipped: Vec<String>,
     pub provenance: Provenance,
     pub out_dir: Option<String>,
+    /// The seed of the planes and inputs, and beta.
+    pub seed: u64,
+    pub beta: f64,
 }
 
 /// Minimum bytes per token and head (f32) with `lp = L·P` floats per token saved for the
@@ -467,6 +470,8 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
         skipped,
         provenance: Provenance::collect(),
         out_dir: None,
+        seed: cfg.seed,
+        beta: cfg.beta,
     };
     if let Some(dir) = &cfg.out {
         write_outputs(dir, &report, cfg)?;

@@ -33,6 +33,9 @@ pub struct StreamReport {
     pub peak_rss_bytes: u64,
     pub chunk: usize,
     pub checksum: f64,
+    pub beta: f32,
+    pub seed: u64,
+    pub provenance: crate::provenance::Provenance,
 }
 
 /// `[heads, len, cols]` chunk of the virtual `[heads, n, cols]` tensor `seed`, from token `t0`.
@@ -170,5 +173,8 @@ pub fn run(
         peak_rss_bytes: peak_rss_bytes(),
         chunk: CHUNK,
         checksum: checksum + dbeta,
+        beta,
+        seed,
+        provenance: crate::provenance::Provenance::collect(),
     })
 }
