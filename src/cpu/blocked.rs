@@ -12,12 +12,18 @@
 //! Every product is one call on the block (the bank is read once per block, not once per
 //! token): [`gemm`] register tiles, or [`gemm_nt`] dot products where the output has few
 //! columns and a long inner dimension (`Z = X Wᵀ`; `G Bᵀ` for banks of at most
-//! `NT_MAX_M` rows). The next block's input rows are prefetched. The extension columns are never materialised: `Φᵀ[V, 1] = [ΦᵀV, Φᵀ1]`, and
-//! `Ĝ`'s per-row scale `1/(L·Den)` is folded into `Φ` or into the `T × m` result, so `V`, `G`
-//! and `Ô` are read straight from the caller's buffers. rayon runs (head, segment) items in
-//! parallel. Same maths, same planes and same [`Ctx`] as [`super::forward`] /
-//! [`super::backward`] (either backward accepts either forward's context); tested against the
-//! f64 reference like every other path.
+//! `NT_MAX_M` rows). The extension columns are never materialised: `Φᵀ[V, 1] = [ΦᵀV, Φᵀ1]`,
+//! and `Ĝ`'s per-row scale `1/(L·Den)` is folded into `Φ` or into the `T × m` result.
+//!
+//! Memory traffic ([`super::mem`]): the forward saves `u = tanh(Wq)`, `u = tanh(Wk)` in the
+//! [`Ctx`], so the backward reads only `G` (queries' pass) and `V` (keys' pass) besides them:
+//! no projection again, and `Ô` is not read at all (see [`query_grads`]). The next block's
+//! input rows are prefetched a share at a time; outputs of at least 32 MiB are written with
+//! streaming stores; internal operands live in 64-byte-aligned buffers. rayon runs (head,
+//! segment) items in parallel. Same maths, same planes and same [`Ctx`] as
+//! [`super::forward`] / [`super::backward`] (either backward accepts either forward's context:
+//! without saved `u` the features are recomputed from Q and K); tested against the f64
+//! reference like every other path.
 
 use super::features::{FeatureMap, SoftMap};
 use super::forward::Ctx;

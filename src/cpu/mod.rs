@@ -11,9 +11,13 @@
 //!   (soft RACE, hard LSH, linear, Performer), non-causal and causal (chunked scan), with the
 //!   scalar/SIMD twins; [`backward`]: its soft-RACE gradients;
 //! - [`decode`]: recurrent state with `step(q, k, v) -> o`;
-//! - [`exact`]: blocked, SIMD, parallel softmax and angular attention (quadratic baselines).
+//! - [`exact`]: blocked, SIMD, parallel softmax and angular attention (quadratic baselines);
+//! - [`mem`]: prefetch of the next block, streaming stores of large outputs, aligned
+//!   (huge-page) buffers.
 //!
-//! Memory: inputs, outputs and gradients plus `O(L·R·d)` state per head and segment; never an
+//! Memory: inputs, outputs and gradients plus `O(L·R·d)` state per head and segment, and
+//! `2·L·P + 1` floats per token saved by the forward for the backward (the denominator and
+//! `u = tanh(Wq)`, `u = tanh(Wk)`: 4–16 floats against `d = 128` for a row of Q); never an
 //! `N × R × d` intermediate. Every kernel is tested against [`crate::reference`] on the same
 //! (f32-rounded) planes.
 
