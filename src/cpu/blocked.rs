@@ -280,6 +280,30 @@ impl Block {
         }
     }
 
+    /// Start a backward block `a..b` of head `h`: a prefetcher (`steps` shares, two used
+    /// here) over the rows `b..next` of `other` and, unless its `u` is saved, of `x`; then
+    /// the features of `x`'s rows (from the saved `u` when given).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn start<'a>(
+        &mut self,
+        map: &SoftMap,
+        (x, saved): (&Heads<'a>, Option<&[f32]>),
+        other: &Heads<'a>,
+        h: usize,
+        (a, b): (usize, usize),
+        next: usize,
+        steps: usize,
+    ) -> Ahead<'a> {
+        let mut ahead = match saved {
+            Some(_) => Ahead::new(&[rows_of(other, h, b, next)], steps),
+            None => Ahead::new(&[rows_of(x, h, b, next), rows_of(other, h, b, next)], steps),
+        };
+        ahead.step();
+        self.features_of(map, rows_of(x, h, a, b), saved, b - a);
+        ahead.step();
+        ahead
+    }
+
     /// `u = tanh(Wx)` of the last block's rows (`rows × LP`), as the forward saves it.
     pub(crate) fn u(&self, rows: usize) -> &[f32] {
         &self.z[..rows * self.lp]
@@ -351,39 +375,8 @@ impl Block {
         // Wide tables: the block as `rows·L` table rows of `R` (`mp = m` then).
         let (wide, tl) = (bm.wide, rows * l);
         // ḡ per (row, table): gbar[i·gs + t].
-        let gs = if wide {
-            gemm_nt(
-                isa,
-                Tri::Full,
-                &mut bm.gbar,
-                1,
-                tl,
-                1,
-                r,
-                &bm.y,
-                r,
-                &bm.ones,
-                r,
-            );
-            l
-        } else {
-            let a = Strided::rows(&bm.y, mp);
-            let m = l * r;
-            gemm(
-                isa,
-                &mut bm.gbar,
-                bm.lpad,
-                rows,
-                bm.lpad,
-                m,
-                a,
-                &bm.ind,
-                bm.lpad,
-                1.0,
-                false,
-            );
-            bm.lpad
-        };
+        let (y, tp) = (&bm.y, (isa, rows, l, r, mp, wide));
+        let gs = table_product(tp, y, &mut bm.gbar, 1, &bm.ones, &bm.ind, bm.lpad);
         // Y = Φ ⊙ (∂ℓ/∂φ − ḡ), table by table.
         if wide {
             // Table row j of the block is features j·R.. (mp = m), with ḡ at gbar[j]; whole
@@ -421,29 +414,8 @@ impl Block {
             });
         }
         // C: c_b per (row, table), at c[i·cs + t·P + b].
-        let cs = if wide {
-            gemm_nt(
-                isa,
-                Tri::Full,
-                &mut bm.c,
-                p,
-                tl,
-                p,
-                r,
-                &bm.y,
-                r,
-                &bm.sign_t,
-                r,
-            );
-            lp
-        } else {
-            let a = Strided::rows(&bm.y, mp);
-            let m = l * r;
-            gemm(
-                isa, &mut bm.c, bm.lpp, rows, bm.lpp, m, a, &bm.sign, bm.lpp, 1.0, false,
-            );
-            bm.lpp
-        };
+        let (y, tp) = (&bm.y, (isa, rows, l, r, mp, wide));
+        let cs = table_product(tp, y, &mut bm.c, p, &bm.sign_t, &bm.sign, bm.lpp);
         let (z, dz, beta, c) = (&self.z, &mut self.dz, map.beta, &bm.c);
         in_frame(isa, || {
             let mut dbeta = 0.0f64;
@@ -522,6 +494,29 @@ impl Block {
             1.0,
             false,
         );
+    }
+}
+
+/// `out = Y M` for a block's `rows` (`tp = (isa, rows, L, R, mp, wide)`), `M` mapping each
+/// table's `R` features to `k` sums: for wide tables by dot products of the `rows·L` table
+/// rows with `mt` (`k × R`), else one product with the block-diagonal `full` (`m × ld`).
+/// Returns the row stride of `out` (per token).
+fn table_product(
+    (isa, rows, l, r, mp, wide): (Isa, usize, usize, usize, usize, bool),
+    y: &[f32],
+    out: &mut [f32],
+    k: usize,
+    mt: &[f32],
+    full: &[f32],
+    ld: usize,
+) -> usize {
+    if wide {
+        gemm_nt(isa, Tri::Full, out, k, rows * l, k, r, y, r, mt, r);
+        l * k
+    } else {
+        let a = Strided::rows(y, mp);
+        gemm(isa, out, ld, rows, ld, l * r, a, full, ld, 1.0, false);
+        ld
     }
 }
 
@@ -653,6 +648,24 @@ fn to_f32(banks: &[Vec<f64>]) -> Vec<ABuf> {
             out
         })
         .collect()
+}
+
+/// What the backward passes read of the per-head f64 banks (`m × w`): their f32 copies, the
+/// transposed values ([`values_t`]) and the mass columns ([`masses`]).
+type BankViews = (Vec<ABuf>, Vec<ABuf>, Vec<Vec<f32>>);
+
+fn bank_views(banks: &[Vec<f64>], m: usize, dv: usize, w: usize) -> BankViews {
+    let b32 = to_f32(banks);
+    let bt = b32.iter().map(|b| values_t(b, m, dv, w)).collect();
+    let am = b32
+        .iter()
+        .map(|b| {
+            let mut a = Vec::new();
+            masses(b, m, w, dv, &mut a);
+            a
+        })
+        .collect();
+    (b32, bt, am)
 }
 
 pub(crate) fn rows_of<'a>(x: &Heads<'a>, h: usize, a: usize, b: usize) -> &'a [f32] {
@@ -986,16 +999,7 @@ pub fn query_grads(
     let lp = map.planes.l * map.planes.p;
     let mp = pad16(m);
     let inv_l = 1.0 / map.planes.l as f32;
-    let banks32 = to_f32(banks);
-    let bt: Vec<ABuf> = banks32.iter().map(|b| values_t(b, m, dv, w)).collect();
-    let am: Vec<Vec<f32>> = banks32
-        .iter()
-        .map(|b| {
-            let mut a = Vec::new();
-            masses(b, m, w, dv, &mut a);
-            a
-        })
-        .collect();
+    let (banks32, bt, am) = bank_views(banks, m, dv, w);
     let out = Out::for_len(isa, dq.len());
     let qres: Vec<(usize, Vec<f64>, f64)> = split_out(dq, n, d, segs)
         .into_par_iter()
@@ -1013,13 +1017,7 @@ pub fn query_grads(
                 let gb = rows_of(&g, h, a, b);
                 let next = (b + T).min(end);
                 let uqb = saved_rows(uq, n, lp, h, a, b);
-                let mut ahead = match uqb {
-                    Some(_) => Ahead::new(&[rows_of(&g, h, b, next)], 6),
-                    None => Ahead::new(&[rows_of(&q, h, b, next), rows_of(&g, h, b, next)], 6),
-                };
-                ahead.step();
-                blk.features_of(map, rows_of(&q, h, a, b), uqb, rows);
-                ahead.step();
+                let mut ahead = blk.start(map, (&q, uqb), &g, h, (a, b), next, 6);
                 inv_den(&den[h * n + a..h * n + b], inv_l, &mut c);
                 bank_dots(isa, &mut gphi, mp, rows, m, gb, dv, bank, w, &bt[h]);
                 in_frame(isa, || {
@@ -1070,16 +1068,7 @@ pub fn key_grads(
     let (d, dv, m, w) = (k.cols, v.cols, map.width(), bank_width(v.cols));
     let lp = map.planes.l * map.planes.p;
     let mp = pad16(m);
-    let dbanks32 = to_f32(dbanks);
-    let dbt: Vec<ABuf> = dbanks32.iter().map(|b| values_t(b, m, dv, w)).collect();
-    let dam: Vec<Vec<f32>> = dbanks32
-        .iter()
-        .map(|b| {
-            let mut a = Vec::new();
-            masses(b, m, w, dv, &mut a);
-            a
-        })
-        .collect();
+    let (dbanks32, dbt, dam) = bank_views(dbanks, m, dv, w);
     let (out_k, out_v) = (Out::for_len(isa, dk.len()), Out::for_len(isa, dvv.len()));
     split_out(dk, k.n, d, segs)
         .into_par_iter()
@@ -1097,13 +1086,7 @@ pub fn key_grads(
                 let vb = rows_of(&v, h, a, b);
                 let next = (b + T).min(end);
                 let ukb = saved_rows(uk, k.n, lp, h, a, b);
-                let mut ahead = match ukb {
-                    Some(_) => Ahead::new(&[rows_of(&v, h, b, next)], 5),
-                    None => Ahead::new(&[rows_of(&k, h, b, next), rows_of(&v, h, b, next)], 5),
-                };
-                ahead.step();
-                blk.features_of(map, rows_of(&k, h, a, b), ukb, rows);
-                ahead.step();
+                let mut ahead = blk.start(map, (&k, ukb), &v, h, (a, b), next, 5);
                 bank_dots(isa, &mut gphi, mp, rows, m, vb, dv, db, w, &dbt[h]);
                 add_rows(isa, &mut gphi, mp, rows, &dam[h]);
                 ahead.step();
