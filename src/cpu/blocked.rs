@@ -685,7 +685,7 @@ pub(crate) fn key_bank(
 ) -> Vec<f64> {
     let (m, dv, w) = (map.width(), v.cols, bank_width(v.cols));
     let mut blk = Block::new(map, isa);
-    let (mut b32, mut b64) = (vec![0.0f32; m * w], vec![0.0f64; m * w]);
+    let (mut b32, mut b64) = (ABuf::zeroed(m * w), vec![0.0f64; m * w]);
     let mut a = range.0;
     while a < range.1 {
         let b = (a + T).min(range.1);
@@ -1007,7 +1007,7 @@ pub fn query_grads(
             let mut blk = Block::new(map, isa);
             let (mut gphi, mut sphi) = (ABuf::zeroed(T * mp), ABuf::zeroed(T * m));
             let (mut c, mut sv) = (vec![0.0f32; T], vec![0.0f32; T]);
-            let (mut d32, mut d64) = (vec![0.0f32; m * w], vec![0.0f64; m * w]);
+            let (mut d32, mut d64) = (ABuf::zeroed(m * w), vec![0.0f64; m * w]);
             let mut scratch = ABuf::zeroed(if out.stream { T * d } else { 0 });
             let bank = &banks32[h];
             let (mut a, end, mut dbeta) = (segs[s].0, segs[s].1, 0.0f64);

@@ -30,7 +30,7 @@ use super::features::{FeatureMap, SoftMap};
 use super::forward::{exclusive_scan, Ctx};
 use super::gemm::{gemm, gemm_nt, Gemm, Strided, Tri};
 use super::mem::{ABuf, Ahead, Out};
-use super::simd::{dispatch, in_frame, Isa, Simd, WithSimd};
+use super::simd::{add_into_f64, dispatch, in_frame, Isa, Simd, WithSimd};
 use super::state::{bank_width, plan_segments, split_out, Bank, Heads};
 use rayon::prelude::*;
 
@@ -317,7 +317,7 @@ pub(crate) fn suffix_totals(
             let mut qb = Block::new(map, isa);
             let mp = qb.mp;
             let (mut c, mut sphi) = (vec![0.0f32; T], vec![0.0f32; T * m]);
-            let (mut d32, mut d64) = (vec![0.0f32; m * w], vec![0.0f64; m * w]);
+            let (mut d32, mut d64) = (ABuf::zeroed(m * w), vec![0.0f64; m * w]);
             let mut a = start;
             while a < end {
                 let b = (a + T).min(end);
@@ -328,7 +328,7 @@ pub(crate) fn suffix_totals(
                 inv_den(&den[h * n + a..h * n + b], inv_l, &mut c);
                 let f = GFactors::of(&c, &s_all[h * n + a..h * n + b], gb, dv);
                 f.dbank(isa, &qb.phi, mp, m, rows, &mut sphi, &mut d32, w, false);
-                d64.iter_mut().zip(&d32).for_each(|(x, &y)| *x += y as f64);
+                add_into_f64(isa, &mut d64, &d32);
                 a = b;
             }
             d64

@@ -40,8 +40,9 @@ pub struct Bank {
     pub m: usize,
     pub w: usize,
     pub base64: Vec<f64>,
-    pub base32: Vec<f32>,
-    pub local: Vec<f32>,
+    /// f32 image and block, 64-byte aligned (full-vector loads and stores).
+    pub base32: super::mem::ABuf,
+    pub local: super::mem::ABuf,
     pending: usize,
 }
 
@@ -49,13 +50,14 @@ impl Bank {
     /// A bank starting at `base` (or zero).
     pub fn new(m: usize, w: usize, base: Option<&[f64]>) -> Self {
         let base64 = base.map(|b| b.to_vec()).unwrap_or_else(|| vec![0.0; m * w]);
-        let base32 = base64.iter().map(|&x| x as f32).collect();
+        let mut base32 = super::mem::ABuf::zeroed(m * w);
+        base32.iter_mut().zip(&base64).for_each(|(y, &x)| *y = x as f32);
         Bank {
             m,
             w,
             base64,
             base32,
-            local: vec![0.0; m * w],
+            local: super::mem::ABuf::zeroed(m * w),
             pending: 0,
         }
     }
