@@ -4,6 +4,12 @@ lean PyTorch autograd implementation on the same machine').
 
     pip install torch
     python3 experiments/tools/torch_race.py --n 262144 --p 2 --l 2 --threads 2
+    THP_MEM_ALLOC_ENABLE=1 python3 experiments/tools/torch_race.py ...   # same, on huge pages
+
+With its default allocator PyTorch spends most of this run faulting in fresh 4 KiB pages
+for the intermediates it allocates every step; THP_MEM_ALLOC_ENABLE=1 puts its CPU
+allocator on transparent huge pages (3-4x faster on this lab's machine). racelab's bench
+allocates its tensors on huge pages, so that is the like-for-like comparison.
 
 Same operator as racelab's Algorithm 1: u = tanh(W x), phi = softmax(beta * u @ corners^T),
 A = sum_j phi(k_j), B = sum_j phi(k_j) v_j^T, O = (phi(q) B) / (phi(q) A) averaged over
