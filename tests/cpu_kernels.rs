@@ -666,3 +666,52 @@ fn streaming_stores_match_the_per_token_engine() {
         }
     }
 }
+
+/// The production backward uses the forward's saved `u = tanh(Wx)` only when it fits the
+/// inputs; a context without it (or with a stale one of another size) recomputes the features
+/// from Q and K and gives the same gradients.
+#[test]
+fn saved_features_are_used_only_when_they_fit() {
+    let (heads, n, d, dv) = (2, 300, 16, 8);
+    let planes = PlanesF32::from_planes(&Planes::gaussian(3, 3, d, 4).unwrap());
+    let map = SoftMap {
+        planes: &planes,
+        beta: 5.0,
+    };
+    let (qf, _) = data(heads * n * d, 31, 0.5);
+    let (kf, _) = data(heads * n * d, 32, 0.5);
+    let (vf, _) = data(heads * n * dv, 33, 1.0);
+    let (gf, _) = data(heads * n * dv, 34, 1.0);
+    let (qh, kh, vh, gh) = (
+        Heads::new(heads, n, d, &qf),
+        Heads::new(heads, n, d, &kf),
+        Heads::new(heads, n, dv, &vf),
+        Heads::new(heads, n, dv, &gf),
+    );
+    for isa in isas() {
+        for causal in [false, true] {
+            let fwd = soft_forward(&map, qh, kh, vh, causal, isa);
+            assert_eq!(fwd.ctx.uq.len(), heads * n * 9, "the forward saves u");
+            let oh = Heads::new(heads, n, dv, &fwd.o);
+            let saved = soft_grads(&map, &fwd.ctx, qh, kh, vh, oh, gh, isa);
+            for stale in [0, 5] {
+                let mut ctx = fwd.ctx.clone();
+                ctx.uq.truncate(stale);
+                ctx.uk.truncate(stale);
+                let again = soft_grads(&map, &ctx, qh, kh, vh, oh, gh, isa);
+                let f64s = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
+                for (name, a, b) in [
+                    ("dq", &again.dq, &saved.dq),
+                    ("dk", &again.dk, &saved.dk),
+                    ("dv", &again.dv, &saved.dv),
+                ] {
+                    let err = rel_max_err(&f64s(a), &f64s(b));
+                    assert!(
+                        err <= 1e-6,
+                        "{name} causal={causal} {isa:?} stale={stale}: {err:.2e}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1128,6 +1128,7 @@ pub fn backward_into(
     assert!(!ctx.causal, "blocked backward is the non-causal path");
     let _ = o; // not read: see `query_grads`
     let (banks, segs, den) = (&ctx.banks, &ctx.segs, &ctx.den);
-    let (dbanks, dbeta_q) = query_grads(map, isa, banks, segs, den, q, &ctx.uq, g, dq);
-    dbeta_q + key_grads(map, isa, &dbanks, segs, k, &ctx.uk, v, dk, dvv)
+    let (uq, uk) = ctx.saved_u(&q, &k, map.planes.l * map.planes.p);
+    let (dbanks, dbeta_q) = query_grads(map, isa, banks, segs, den, q, uq, g, dq);
+    dbeta_q + key_grads(map, isa, &dbanks, segs, k, uk, v, dk, dvv)
 }

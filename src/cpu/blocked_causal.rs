@@ -487,6 +487,7 @@ pub fn backward_into(
     );
     let (segs, ns, den) = (&ctx.segs, ctx.segs.len(), &ctx.den);
     let _ = o; // not read: `s_i = g_i·ô_i` is recomputed by the query pass
+    let (uq, uk) = ctx.saved_u(&q, &k, map.planes.l * map.planes.p);
     let io = Io {
         map,
         q,
@@ -494,8 +495,8 @@ pub fn backward_into(
         v,
         g,
         den,
-        uq: &ctx.uq,
-        uk: &ctx.uk,
+        uq,
+        uk,
     };
     // Queries, in order, with the prefix state rebuilt from the segment bases; each row's
     // `s_i = g_i·ô_i` into `s_all` for the suffix totals and the key pass.
@@ -562,7 +563,7 @@ pub fn backward_into(
         })
         .sum();
     // Suffix [dB | dA] entering each segment from the right.
-    let totals = suffix_totals(map, isa, q, &ctx.uq, g, den, &s_all, segs, heads);
+    let totals = suffix_totals(map, isa, q, uq, g, den, &s_all, segs, heads);
     let dbases = exclusive_scan(&totals, heads, ns, true);
     // Keys and values, in reverse.
     let dbeta_k: f64 = split_out(dk, k.n, d, segs)

@@ -34,6 +34,18 @@ pub struct Ctx {
     pub uk: Vec<f32>,
 }
 
+impl Ctx {
+    /// The saved `u` of the queries and of the keys when they match `[heads, n, lp]` for
+    /// these inputs, else empty slices (the backward then recomputes the features from Q
+    /// and K, so a context from another engine or of another shape is never misread).
+    pub(crate) fn saved_u(&self, q: &Heads, k: &Heads, lp: usize) -> (&[f32], &[f32]) {
+        let fits = |u: &[f32], x: &Heads| u.len() == x.heads * x.n * lp;
+        let uq: &[f32] = if fits(&self.uq, q) { &self.uq } else { &[] };
+        let uk: &[f32] = if fits(&self.uk, k) { &self.uk } else { &[] };
+        (uq, uk)
+    }
+}
+
 /// Output of the forward pass.
 #[derive(Debug, Clone)]
 pub struct ForwardOut {

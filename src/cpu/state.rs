@@ -51,7 +51,10 @@ impl Bank {
     pub fn new(m: usize, w: usize, base: Option<&[f64]>) -> Self {
         let base64 = base.map(|b| b.to_vec()).unwrap_or_else(|| vec![0.0; m * w]);
         let mut base32 = super::mem::ABuf::zeroed(m * w);
-        base32.iter_mut().zip(&base64).for_each(|(y, &x)| *y = x as f32);
+        base32
+            .iter_mut()
+            .zip(&base64)
+            .for_each(|(y, &x)| *y = x as f32);
         Bank {
             m,
             w,
