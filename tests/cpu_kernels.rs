@@ -9,7 +9,7 @@ use racelab::analysis::metrics::rel_max_err;
 use racelab::cpu::decode::Decoder;
 use racelab::cpu::{
     forward, soft_backward, soft_forward, soft_grads, HardMap, Heads, Isa, LinearMap, PlanesF32,
-    SoftMap,
+    SoftGrads, SoftMap,
 };
 use racelab::reference::backward::soft_race_backward;
 use racelab::reference::baselines::{linear_attention, performer_attention, performer_omega};
@@ -614,6 +614,49 @@ fn exact_quadratic_kernels_match_reference() {
     }
 }
 
+/// Random Q, K (scale 0.5), V, G (scale 1) in f32, `[heads, n, ·]`, from seeds `seed..seed+4`.
+struct Qkvg {
+    dims: (usize, usize, usize, usize),
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    g: Vec<f32>,
+}
+
+impl Qkvg {
+    fn new(heads: usize, n: usize, d: usize, dv: usize, seed: u64) -> Self {
+        Qkvg {
+            dims: (heads, n, d, dv),
+            q: data(heads * n * d, seed, 0.5).0,
+            k: data(heads * n * d, seed + 1, 0.5).0,
+            v: data(heads * n * dv, seed + 2, 1.0).0,
+            g: data(heads * n * dv, seed + 3, 1.0).0,
+        }
+    }
+    fn heads(&self) -> (Heads<'_>, Heads<'_>, Heads<'_>, Heads<'_>) {
+        let (h, n, d, dv) = self.dims;
+        (
+            Heads::new(h, n, d, &self.q),
+            Heads::new(h, n, d, &self.k),
+            Heads::new(h, n, dv, &self.v),
+            Heads::new(h, n, dv, &self.g),
+        )
+    }
+}
+
+/// `dq`, `dk`, `dv` of `got` within `tol` of `want`, relative to the largest entry of `want`.
+fn assert_grads_close(tag: &str, got: &SoftGrads, want: &SoftGrads, tol: f64) {
+    let f64s = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
+    for (name, a, b) in [
+        ("dq", &got.dq, &want.dq),
+        ("dk", &got.dk, &want.dk),
+        ("dv", &got.dv, &want.dv),
+    ] {
+        let err = rel_max_err(&f64s(a), &f64s(b));
+        assert!(err <= tol, "{tag} {name}: rel err {err:.2e}");
+    }
+}
+
 /// Outputs of at least `STREAM_MIN_BYTES` are written with non-temporal stores: the production
 /// kernels at such a size (2 heads × 32768 tokens × 128) against the per-token engine, whose
 /// stores are plain, for both passes, causal and not.
@@ -631,16 +674,8 @@ fn streaming_stores_match_the_per_token_engine() {
         planes: &planes,
         beta: 8.0,
     };
-    let (qf, _) = data(heads * n * d, 21, 0.5);
-    let (kf, _) = data(heads * n * d, 22, 0.5);
-    let (vf, _) = data(heads * n * dv, 23, 1.0);
-    let (gf, _) = data(heads * n * dv, 24, 1.0);
-    let (qh, kh, vh, gh) = (
-        Heads::new(heads, n, d, &qf),
-        Heads::new(heads, n, d, &kf),
-        Heads::new(heads, n, dv, &vf),
-        Heads::new(heads, n, dv, &gf),
-    );
+    let x = Qkvg::new(heads, n, d, dv, 21);
+    let (qh, kh, vh, gh) = x.heads();
     let f64s = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
     for causal in [false, true] {
         let prod = soft_forward(&map, qh, kh, vh, causal, isa);
@@ -653,17 +688,7 @@ fn streaming_stores_match_the_per_token_engine() {
         let oh = Heads::new(heads, n, dv, &twin.o);
         let gp = soft_grads(&map, &prod.ctx, qh, kh, vh, oh, gh, isa);
         let gt = soft_backward(&map, &twin.ctx, qh, kh, vh, oh, gh, isa);
-        for (name, got, want) in [
-            ("dq", &gp.dq, &gt.dq),
-            ("dk", &gp.dk, &gt.dk),
-            ("dv", &gp.dv, &gt.dv),
-        ] {
-            let err = rel_max_err(&f64s(got), &f64s(want));
-            assert!(
-                err <= GRAD_TOL,
-                "stream causal={causal} {name}: rel err {err:.2e}"
-            );
-        }
+        assert_grads_close(&format!("stream causal={causal}"), &gp, &gt, GRAD_TOL);
     }
 }
 
@@ -678,16 +703,8 @@ fn saved_features_are_used_only_when_they_fit() {
         planes: &planes,
         beta: 5.0,
     };
-    let (qf, _) = data(heads * n * d, 31, 0.5);
-    let (kf, _) = data(heads * n * d, 32, 0.5);
-    let (vf, _) = data(heads * n * dv, 33, 1.0);
-    let (gf, _) = data(heads * n * dv, 34, 1.0);
-    let (qh, kh, vh, gh) = (
-        Heads::new(heads, n, d, &qf),
-        Heads::new(heads, n, d, &kf),
-        Heads::new(heads, n, dv, &vf),
-        Heads::new(heads, n, dv, &gf),
-    );
+    let x = Qkvg::new(heads, n, d, dv, 31);
+    let (qh, kh, vh, gh) = x.heads();
     for isa in isas() {
         for causal in [false, true] {
             let fwd = soft_forward(&map, qh, kh, vh, causal, isa);
@@ -699,18 +716,8 @@ fn saved_features_are_used_only_when_they_fit() {
                 ctx.uq.truncate(stale);
                 ctx.uk.truncate(stale);
                 let again = soft_grads(&map, &ctx, qh, kh, vh, oh, gh, isa);
-                let f64s = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
-                for (name, a, b) in [
-                    ("dq", &again.dq, &saved.dq),
-                    ("dk", &again.dk, &saved.dk),
-                    ("dv", &again.dv, &saved.dv),
-                ] {
-                    let err = rel_max_err(&f64s(a), &f64s(b));
-                    assert!(
-                        err <= 1e-6,
-                        "{name} causal={causal} {isa:?} stale={stale}: {err:.2e}"
-                    );
-                }
+                let tag = format!("causal={causal} {isa:?} stale={stale}");
+                assert_grads_close(&tag, &again, &saved, 1e-6);
             }
         }
     }
