@@ -110,7 +110,7 @@ fn probs16<const TANH: bool>(
 /// `φ_r = Π_b (bit b of r, most significant first ? on_b : off_b)` for `R = 2^P` known at
 /// compile time: the `R` products of a table run side by side (one vector for `R = 16`),
 /// multiplied in bit order like the general tree, so the values are identical.
-#[inline]
+#[inline(always)]
 fn tree<const R: usize, const P: usize>(
     on: &[f32],
     off: &[f32],
@@ -324,10 +324,12 @@ impl Block {
             },
         );
         let (on, off, phi) = (&self.on[..n], &self.off[..n], &mut self.phi);
+        // In the SIMD frame: outside it the R-wide products compile for SSE2.
+        let isa = self.isa;
         match p {
-            2 => return tree::<4, 2>(on, off, phi, rows, l, mp),
-            3 => return tree::<8, 3>(on, off, phi, rows, l, mp),
-            4 => return tree::<16, 4>(on, off, phi, rows, l, mp),
+            2 => return in_frame(isa, || tree::<4, 2>(on, off, phi, rows, l, mp)),
+            3 => return in_frame(isa, || tree::<8, 3>(on, off, phi, rows, l, mp)),
+            4 => return in_frame(isa, || tree::<16, 4>(on, off, phi, rows, l, mp)),
             _ => {}
         }
         for i in 0..rows {
@@ -536,18 +538,24 @@ pub(crate) fn gemm_ext(
     accumulate: bool,
 ) {
     gemm(isa, d, ldd, rows, dv, k, a, v, dv, alpha, accumulate);
-    // Row sums of A straight into column `dv` of D (no scratch): k outer when A is a
-    // transpose (its rows are contiguous columns of the original), else one row at a time.
+    // Row sums of A into column `dv` of D: k outer when A is a transpose (its rows are
+    // contiguous columns of the original), summed contiguously in the SIMD frame first for
+    // up to 1024 rows; else one row at a time.
     if !accumulate {
         (0..rows).for_each(|i| d[i * ldd + dv] = 0.0);
     }
-    if a.rs == 1 {
-        for kk in 0..k {
-            let col = &a.data[kk * a.cs..kk * a.cs + rows];
-            col.iter()
-                .enumerate()
-                .for_each(|(i, &y)| d[i * ldd + dv] += alpha * y);
-        }
+    if a.rs == 1 && rows <= 1024 {
+        let mut sums = [0.0f32; 1024];
+        let sums = &mut sums[..rows];
+        in_frame(isa, || {
+            for kk in 0..k {
+                let col = &a.data[kk * a.cs..kk * a.cs + rows];
+                sums.iter_mut().zip(col).for_each(|(s, &y)| *s += y);
+            }
+        });
+        sums.iter()
+            .enumerate()
+            .for_each(|(i, &s)| d[i * ldd + dv] += alpha * s);
     } else {
         for i in 0..rows {
             let s: f32 = (0..k).map(|kk| a.data[i * a.rs + kk * a.cs]).sum();

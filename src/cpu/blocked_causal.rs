@@ -53,14 +53,16 @@ pub fn sub_block(_m: usize) -> usize {
 
 /// Zero the entries above (`lower = true`: keep `j ≤ i`) or below (keep `j ≥ i`) the diagonal
 /// of a `rows × rows` matrix with row stride [`TC`].
-fn mask(a: &mut [f32], rows: usize, lower: bool) {
-    for i in 0..rows {
-        for j in 0..rows {
-            if (lower && j > i) || (!lower && j < i) {
-                a[i * TC + j] = 0.0;
+fn mask(isa: Isa, a: &mut [f32], rows: usize, lower: bool) {
+    in_frame(isa, || {
+        for i in 0..rows {
+            let row = &mut a[i * TC..i * TC + rows];
+            for (j, x) in row.iter_mut().enumerate() {
+                let off = if lower { j > i } else { j < i };
+                *x = if off { 0.0 } else { *x };
             }
         }
-    }
+    })
 }
 
 /// The two-level [`Bank`] (f64 base, f32 block-local part) and its f32 read image
@@ -400,7 +402,7 @@ pub fn forward_into(
                         false,
                     );
                     gram(isa, &mut sc.att, pq, mp, pk, mp, r2, mp, true);
-                    mask(&mut sc.att, r2, true);
+                    mask(isa, &mut sc.att, r2, true);
                     tri_gemm(isa, &mut sc.acc, w, r2, dv, &sc.att, vb, dv, 1.0, true);
                     for i in 0..r2 {
                         sc.acc[i * w + dv] += sc.att[i * TC..i * TC + i + 1].iter().sum::<f32>();
