@@ -350,21 +350,17 @@ impl Block {
         }
     }
 
-    /// From `∂ℓ/∂φ` (`rows × m`, row stride `ld`) to `∂ℓ/∂z` (into `self.dz`); returns
+    /// From `∂ℓ/∂φ` (`rows × m`, the features' row stride `mp`) to `∂ℓ/∂z` (into `self.dz`); returns
     /// Σ ∂ℓ/∂beta. Per table: `ḡ = Σ_r φ_r g_r`, `y_r = φ_r (g_r − ḡ)`,
     /// `c_b = Σ_r ±y_r` (sign by bit b of r), `∂ℓ/∂z_b = beta c_b (1 − u_b²)`,
     /// `∂ℓ/∂beta += u_b c_b`. For `m ≤` [`SMALL_M`] the two sums over r are products with
     /// constant matrices (`ḡ = (Φ ⊙ Gφ) Ind`, `C = Y Sign`), one [`gemm`] each per block.
-    pub(crate) fn backward(&mut self, map: &SoftMap, gphi: &[f32], ld: usize, rows: usize) -> f64 {
+    pub(crate) fn backward(&mut self, map: &SoftMap, gphi: &[f32], rows: usize) -> f64 {
         let Some(bm) = self.bwd.as_mut() else {
-            return self.backward_loop(map, gphi, ld, rows);
+            return self.backward_loop(map, gphi, rows);
         };
         let (l, r, p) = (map.planes.l, map.planes.r(), map.planes.p);
         let (lp, mp, isa) = (self.lp, self.mp, self.isa);
-        assert_eq!(
-            ld, mp,
-            "Block::backward: ∂ℓ/∂φ must have the features' row stride"
-        );
         // Y = Φ ⊙ ∂ℓ/∂φ over the whole block at once (padding columns give 0).
         let n = rows * mp;
         let phi = &self.phi[..n];
@@ -446,7 +442,7 @@ impl Block {
     }
 
     /// [`Block::backward`] table by table (any `m`).
-    fn backward_loop(&mut self, map: &SoftMap, gphi: &[f32], ld: usize, rows: usize) -> f64 {
+    fn backward_loop(&mut self, map: &SoftMap, gphi: &[f32], rows: usize) -> f64 {
         let (p, l, r) = (map.planes.p, map.planes.l, map.planes.r());
         let (lp, mp) = (self.lp, self.mp);
         let mut dbeta = 0.0f64;
@@ -454,7 +450,7 @@ impl Block {
             let mut db = 0.0f32;
             for t in 0..l {
                 let ph = &self.phi[i * mp + t * r..i * mp + (t + 1) * r];
-                let gp = &gphi[i * ld + t * r..i * ld + (t + 1) * r];
+                let gp = &gphi[i * mp + t * r..i * mp + (t + 1) * r];
                 // Four partial sums: short dependency chains.
                 let mut part = [0.0f32; 4];
                 for (rr, (&x, &g)) in ph.iter().zip(gp).enumerate() {
@@ -848,11 +844,7 @@ pub fn forward_into(
     o: &mut [f32],
     reuse: Ctx,
 ) -> (usize, Ctx) {
-    let lp = map.planes.l * map.planes.p;
-    let (mut den, mut uq, mut uk) = (reuse.den, reuse.uq, reuse.uk);
-    den.resize(q.heads * q.n, 0.0);
-    uq.resize(q.heads * q.n * lp, 0.0);
-    uk.resize(k.heads * k.n * lp, 0.0);
+    let (mut den, mut uq, mut uk) = reuse.recycle(map, &q, &k);
     let banks = key_banks(map, isa, k, v, &mut uk);
     let (empty, segs) = read_into(map, isa, q, &banks, v.cols, o, &mut den, &mut uq);
     (
@@ -1041,7 +1033,7 @@ pub fn query_grads(
                 f.dbank(isa, &blk.phi, mp, m, rows, &mut sphi, &mut d32, w, false);
                 add_into_f64(isa, &mut d64, &d32);
                 ahead.step();
-                dbeta += blk.backward(map, &gphi, mp, rows);
+                dbeta += blk.backward(map, &gphi, rows);
                 ahead.step();
                 let t0 = a - segs[s].0;
                 let dqb = &mut dqp[t0 * d..(t0 + rows) * d];
@@ -1104,7 +1096,7 @@ pub fn key_grads(
                     gemm(isa, x, dv, rows, dv, m, phi, db, w, 1.0, false)
                 });
                 ahead.step();
-                dbeta += blk.backward(map, &gphi, mp, rows);
+                dbeta += blk.backward(map, &gphi, rows);
                 ahead.step();
                 let dkb = &mut dkp[t0 * d..(t0 + rows) * d];
                 out_k.produce(dkb, &mut scratch, |x| blk.input_grads(map, rows, x));

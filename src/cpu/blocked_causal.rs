@@ -1,7 +1,7 @@
 //! Causal soft RACE (Algorithm 2) as blocked matrix products: chunked linear attention.
 //!
 //! Tokens are processed in blocks of [`TB`] (features, their backward and the input
-//! gradients, one product each) split into sub-blocks of `tc ≤` [`TC`] ([`sub_block`]). With
+//! gradients, one product each) split into sub-blocks of [`TC`]. With
 //! `S = [B | A]` the bank entering a sub-block (f64 base + f32 block-local sum, read as one f32
 //! matrix), lower-triangular masks (`j ≤ i`, token i sees itself), and
 //! `Ĝ = [G/Den, −s/Den]/L` with its row factors `c_i = 1/(L·Den_i)`, `s_i = g_i·ô_i`
@@ -45,11 +45,6 @@ pub const TB: usize = 128;
 /// and read) about `m·w/TC`; measured with blocks of [`TB`], 16 is fastest for every
 /// `(P, L)` of the paper (8 and 32 are 3–12% slower).
 pub const TC: usize = 16;
-
-/// Tokens per causal sub-block for a bank of `m` rows (at present [`TC`] for every `m`).
-pub fn sub_block(_m: usize) -> usize {
-    TC
-}
 
 /// Zero the entries above (`lower = true`: keep `j ≤ i`) or below (keep `j ≥ i`) the diagonal
 /// of a `rows × rows` matrix with row stride [`TC`].
@@ -350,10 +345,7 @@ pub fn forward_into(
 ) -> (usize, Ctx) {
     let (heads, n, dv, m, w) = (q.heads, q.n, v.cols, map.width(), bank_width(v.cols));
     let lp = map.planes.l * map.planes.p;
-    let (mut den, mut uq, mut uk) = (reuse.den, reuse.uq, reuse.uk);
-    den.resize(heads * n, 0.0);
-    uq.resize(heads * n * lp, 0.0);
-    uk.resize(heads * n * lp, 0.0);
+    let (mut den, mut uq, mut uk) = reuse.recycle(map, &q, &k);
     let (segs, bases) = forward_bases(map, isa, k, v);
     let ns = segs.len();
     let den_scale = map.den_scale();
@@ -366,7 +358,7 @@ pub fn forward_into(
         .map(|((((h, s, op), (_, _, dp)), mut suq), mut suk)| {
             let mut st = TwoLevel::new(isa, m, w, &bases[h * ns + s]);
             let mut sc = Scratch::new(map, isa, w);
-            let (mp, tc) = (sc.kb.mp, sub_block(m));
+            let (mp, tc) = (sc.kb.mp, TC);
             let (start, end) = segs[s];
             let (mut empty, mut ob) = (0usize, ABuf::zeroed(TC * dv));
             // Features per block of TB tokens; the state is read and updated per sub-block.
@@ -515,7 +507,7 @@ pub fn backward_into(
             let mut st = TwoLevel::new(isa, m, w, &ctx.banks[h * ns + s]);
             let mut sc = Scratch::new(map, isa, w);
             let mut scratch = ABuf::zeroed(TB * d.max(dv));
-            let (mp, tc) = (sc.kb.mp, sub_block(m));
+            let (mp, tc) = (sc.kb.mp, TC);
             let (start, end) = segs[s];
             let mut dbeta = 0.0f64;
             for (a, b) in blocks(start, end, false) {
@@ -556,7 +548,7 @@ pub fn backward_into(
                 }
                 let (rows, t0) = (b - a, a - start);
                 sp[t0..t0 + rows].copy_from_slice(&sc.s[..rows]);
-                dbeta += sc.qb.backward(map, &sc.gphi, mp, rows);
+                dbeta += sc.qb.backward(map, &sc.gphi, rows);
                 let (qb, dqb) = (&sc.qb, &mut dqp[t0 * d..(t0 + rows) * d]);
                 out_q.produce(dqb, &mut scratch, |x| qb.input_grads(map, rows, x));
             }
@@ -575,7 +567,7 @@ pub fn backward_into(
             let mut st = TwoLevel::new(isa, m, w, &dbases[h * ns + s]);
             let mut sc = Scratch::new(map, isa, w);
             let mut scratch = ABuf::zeroed(TB * d.max(dv));
-            let (mp, tc) = (sc.kb.mp, sub_block(m));
+            let (mp, tc) = (sc.kb.mp, TC);
             let (start, end) = segs[s];
             let mut dbeta = 0.0f64;
             for (a, b) in blocks(start, end, true) {
@@ -620,7 +612,7 @@ pub fn backward_into(
                     ahead.step();
                 }
                 let (rows, t0) = (b - a, a - start);
-                dbeta += sc.kb.backward(map, &sc.gphi, mp, rows);
+                dbeta += sc.kb.backward(map, &sc.gphi, rows);
                 let (kb, dkb) = (&sc.kb, &mut dkp[t0 * d..(t0 + rows) * d]);
                 out_k.produce(dkb, &mut scratch, |x| kb.input_grads(map, rows, x));
             }

@@ -35,6 +35,22 @@ pub struct Ctx {
 }
 
 impl Ctx {
+    /// This context's buffers, resized for a forward over `q`, `k` with `map`'s `L·P`:
+    /// the denominators and the saved `u` of queries and keys (contents are overwritten).
+    pub(crate) fn recycle(
+        self,
+        map: &super::SoftMap,
+        q: &Heads,
+        k: &Heads,
+    ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        let lp = map.planes.l * map.planes.p;
+        let (mut den, mut uq, mut uk) = (self.den, self.uq, self.uk);
+        den.resize(q.heads * q.n, 0.0);
+        uq.resize(q.heads * q.n * lp, 0.0);
+        uk.resize(k.heads * k.n * lp, 0.0);
+        (den, uq, uk)
+    }
+
     /// The saved `u` of the queries and of the keys when they match `[heads, n, lp]` for
     /// these inputs, else empty slices (the backward then recomputes the features from Q
     /// and K, so a context from another engine or of another shape is never misread).
