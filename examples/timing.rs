@@ -1,7 +1,8 @@
 //! Forward and backward time per token and head of the soft-RACE CPU paths, causal and not
 //! (developer tool; one thread shows per-core cost):
 //! `RAYON_NUM_THREADS=1 cargo run --release --example timing` (env: `N` tokens, default 2^16;
-//! `ENGINE=1` times the per-token engine instead of the production blocked paths).
+//! `ENGINE=1` times the per-token engine instead of the production blocked paths; `PL=2|3|4`
+//! and `CAUSAL=0|1` pick one row, `REPS` the repeats; `VEC=1` uses plain, unaligned vectors).
 use racelab::cpu::{
     detected_isa, forward_into, soft_backward_into, soft_forward_into, soft_grads_into, Ctx, Heads,
     Isa, PlanesF32, SoftMap,
