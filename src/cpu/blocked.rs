@@ -134,85 +134,93 @@ fn tree<const R: usize, const P: usize>(
     }
 }
 
-/// Per-block feature state: projections' tanh, bit probabilities, features.
+/// `out = f(out, a, b)` elementwise over the first `n` entries of three rows. (Whole flat rows:
+/// loops over fixed 16-lane pieces of several rows can be vectorised across the pieces
+/// instead, with gathers and scatters, about 5× slower.)
+#[inline(always)]
+fn rows3(out: &mut [f32], a: &[f32], b: &[f32], n: usize, f: impl Fn(f32, f32, f32) -> f32) {
+    let (out, a, b) = (&mut out[..n], &a[..n], &b[..n]);
+    out.iter_mut()
+        .zip(a.iter().zip(b))
+        .for_each(|(o, (&a, &b))| *o = f(*o, a, b));
+}
+
+/// The features' backward, tokens in lanes, table by table on whole rows of `n` tokens:
+/// `ḡ = Σ_r φ_r g_r`, `y_r = φ_r (g_r − ḡ)` (in place of `g_r` in `gt`), `c_b = Σ_r ±y_r` (sign
+/// by bit b of r) by a butterfly (`c_0` is the top half's sum minus the bottom half's; adding
+/// the halves leaves bit 1 on top, and so on: `3R/2` row operations per bit level), then
+/// `∂ℓ/∂z_b = beta c_b (1 − u_b²)` and `dbeta += u_b c_b`. `scratch`: three rows (`ḡ`, `c_b`,
+/// the `dbeta` terms). Returns `∂ℓ/∂beta` summed over the first `rows` tokens.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn tree_backward(
+    phit: &[f32],
+    gt: &mut [f32],
+    ut: &[f32],
+    dzt: &mut [f32],
+    (tp, rows): (usize, usize),
+    (l, r, p): (usize, usize, usize),
+    beta: f32,
+    scratch: &mut [f32],
+) -> f64 {
+    let n = pad16(rows);
+    let (gbar, rest) = scratch.split_at_mut(tp);
+    let (cb, dbr) = rest.split_at_mut(tp);
+    dbr[..n].iter_mut().for_each(|x| *x = 0.0);
+    for t in 0..l {
+        let row = |rr: usize| (t * r + rr) * tp..(t * r + rr + 1) * tp;
+        gbar[..n].iter_mut().for_each(|x| *x = 0.0);
+        for rr in 0..r {
+            rows3(gbar, &phit[row(rr)], &gt[row(rr)], n, |s, x, g| s + x * g);
+        }
+        for rr in 0..r {
+            rows3(&mut gt[row(rr)], &phit[row(rr)], gbar, n, |g, x, gb| {
+                x * (g - gb)
+            });
+        }
+        for b in 0..p {
+            let half = r >> (b + 1);
+            cb[..n].iter_mut().for_each(|x| *x = 0.0);
+            let (lo, hi) = gt[row(0).start..].split_at_mut(half * tp);
+            for j in 0..half {
+                let (lo, hi) = (&mut lo[j * tp..(j + 1) * tp], &hi[j * tp..(j + 1) * tp]);
+                rows3(cb, lo, hi, n, |s, y0, y1| s + (y1 - y0));
+                rows3(lo, hi, hi, n, |y0, y1, _| y0 + y1);
+            }
+            let u = &ut[(t * p + b) * tp..(t * p + b + 1) * tp];
+            rows3(&mut dzt[(t * p + b) * tp..], cb, u, n, |_, c, u| {
+                beta * c * (1.0 - u * u)
+            });
+            rows3(dbr, cb, u, n, |s, c, u| s + u * c);
+        }
+    }
+    dbr[..rows].iter().map(|&x| x as f64).sum()
+}
+
+/// Per-block feature state. The features are computed and read in row layout (one token per
+/// row: for `R = 16` a table is one vector). Their backward runs with tokens in lanes (each
+/// feature, `∂ℓ/∂φ` and `u` one row of `tp` tokens), where a table's sums over `r` are
+/// vertical adds of whole vectors instead of horizontal reductions ([`tree_backward`]);
+/// [`transpose_into`] converts (`2m + L·P` floats per token, a quarter of the work it removes
+/// at `(4, 4)`).
 pub(crate) struct Block {
     pub(crate) isa: Isa,
     lp: usize,
-    z: ABuf,   // T × LP: projections, then u = tanh(z)
-    on: ABuf,  // T × LP
-    off: ABuf, // T × LP
+    /// Token capacity, a multiple of 16 (the row length of the token-in-lanes buffers).
+    tp: usize,
+    z: ABuf,   // tp × LP: projections, then u = tanh(z)
+    on: ABuf,  // tp × LP
+    off: ABuf, // tp × LP
     /// Features, row stride `mp = pad16(m)` (padding columns stay 0).
-    pub(crate) phi: ABuf, // T × mp
+    pub(crate) phi: ABuf, // tp × mp
     pub(crate) mp: usize,
-    dz: ABuf, // T × LP
+    ut: ABuf,     // LP × tp: u, tokens in lanes (backward)
+    phit: ABuf,   // m × tp: features (backward)
+    gt: ABuf,     // m × tp: ∂ℓ/∂φ (backward)
+    dzt: ABuf,    // LP × tp: ∂ℓ/∂z
+    rowbuf: ABuf, // 3 × tp: scratch rows of the backward
     /// The planes `W` (`LP × d`), copied to an aligned buffer (full-vector loads).
     w: ABuf,
-    /// Backward as two products (when `m ≤` [`SMALL_M`]): see [`Block::backward`].
-    bwd: Option<BwdMats>,
-}
-
-/// Largest `m = L·2^P` for which [`Block::backward`] uses its product form (its constant
-/// matrices are `m × 16`-ish; beyond this the per-table loop is used).
-const SMALL_M: usize = 1024;
-
-/// Constant matrices and scratch of the product-form backward.
-struct BwdMats {
-    lpad: usize,
-    ind: Vec<f32>,  // m × lpad: ind[t·R + r][t] = 1 (table membership)
-    sign: Vec<f32>, // m × lpp: sign[t·R + r][t·P + b] = ±1 by bit b of r (most significant first)
-    lpp: usize,
-    y: ABuf,    // T × mp
-    gbar: ABuf, // T × lpad
-    c: ABuf,    // T × lpp
-    /// Tables of whole vectors (`R` a multiple of 16): the two sums over `r` are then dot
-    /// products per table ([`gemm_nt`] on the `rows·L × R` table rows), not products with the
-    /// block-diagonal `Ind` and `Sign` (`L` times the work, mostly zeros).
-    wide: bool,
-    ones: ABuf,   // R
-    sign_t: ABuf, // P × R: sign_t[b][r] = ±1 by bit b of r
-}
-
-impl BwdMats {
-    fn new(l: usize, p: usize, t: usize) -> Self {
-        let (r, m, lp) = (1usize << p, l << p, l * p);
-        let (lpad, lpp) = (pad16(l), pad16(lp));
-        let mut ind = vec![0.0f32; m * lpad];
-        let mut sign = vec![0.0f32; m * lpp];
-        for t in 0..l {
-            for rr in 0..r {
-                let f = t * r + rr;
-                ind[f * lpad + t] = 1.0;
-                for b in 0..p {
-                    let bit = (rr >> (p - 1 - b)) & 1;
-                    sign[f * lpp + t * p + b] = if bit == 1 { 1.0 } else { -1.0 };
-                }
-            }
-        }
-        let wide = r.is_multiple_of(16);
-        let mut sign_t = ABuf::zeroed(if wide { p * r } else { 0 });
-        if wide {
-            for b in 0..p {
-                for rr in 0..r {
-                    let bit = (rr >> (p - 1 - b)) & 1;
-                    sign_t[b * r + rr] = if bit == 1 { 1.0 } else { -1.0 };
-                }
-            }
-        }
-        let mut ones = ABuf::zeroed(if wide { r } else { 0 });
-        ones.iter_mut().for_each(|x| *x = 1.0);
-        BwdMats {
-            lpad,
-            ind,
-            sign,
-            lpp,
-            y: ABuf::zeroed(t * pad16(m)),
-            gbar: ABuf::zeroed(t * lpad),
-            c: ABuf::zeroed(t * lpp),
-            wide,
-            ones,
-            sign_t,
-        }
-    }
 }
 
 impl Block {
@@ -223,18 +231,22 @@ impl Block {
     /// A block of up to `t` rows.
     pub(crate) fn with_rows(map: &SoftMap, isa: Isa, t: usize) -> Self {
         let pl = map.planes;
-        let (lp, m) = (pl.l * pl.p, pl.l * pl.r());
+        let (lp, m, tp) = (pl.l * pl.p, pl.l * pl.r(), pad16(t));
         Block {
             isa,
             lp,
-            z: ABuf::zeroed(t * lp),
-            on: ABuf::zeroed(t * lp),
-            off: ABuf::zeroed(t * lp),
-            phi: ABuf::zeroed(t * pad16(m)),
+            tp,
+            z: ABuf::zeroed(tp * lp),
+            on: ABuf::zeroed(tp * lp),
+            off: ABuf::zeroed(tp * lp),
+            phi: ABuf::zeroed(tp * pad16(m)),
             mp: pad16(m),
-            dz: ABuf::zeroed(t * lp),
+            ut: ABuf::zeroed(lp * tp),
+            phit: ABuf::zeroed(m * tp),
+            gt: ABuf::zeroed(m * tp),
+            dzt: ABuf::zeroed(lp * tp),
+            rowbuf: ABuf::zeroed(3 * tp),
             w: ABuf::from_slice(&pl.w),
-            bwd: (m <= SMALL_M).then(|| BwdMats::new(pl.l, pl.p, t)),
         }
     }
 
@@ -304,7 +316,8 @@ impl Block {
         ahead
     }
 
-    /// `u = tanh(Wx)` of the last block's rows (`rows × LP`), as the forward saves it.
+    /// `u = tanh(Wx)` of the last block's rows (`rows × LP`), as the forward saves it (after
+    /// [`Block::features`]).
     pub(crate) fn u(&self, rows: usize) -> &[f32] {
         &self.z[..rows * self.lp]
     }
@@ -327,9 +340,27 @@ impl Block {
         // In the SIMD frame: outside it the R-wide products compile for SSE2.
         let isa = self.isa;
         match p {
-            2 => return in_frame(isa, || tree::<4, 2>(on, off, phi, rows, l, mp)),
-            3 => return in_frame(isa, || tree::<8, 3>(on, off, phi, rows, l, mp)),
-            4 => return in_frame(isa, || tree::<16, 4>(on, off, phi, rows, l, mp)),
+            2 => {
+                return in_frame(
+                    isa,
+                    #[inline(always)]
+                    || tree::<4, 2>(on, off, phi, rows, l, mp),
+                )
+            }
+            3 => {
+                return in_frame(
+                    isa,
+                    #[inline(always)]
+                    || tree::<8, 3>(on, off, phi, rows, l, mp),
+                )
+            }
+            4 => {
+                return in_frame(
+                    isa,
+                    #[inline(always)]
+                    || tree::<16, 4>(on, off, phi, rows, l, mp),
+                )
+            }
             _ => {}
         }
         for i in 0..rows {
@@ -350,171 +381,39 @@ impl Block {
         }
     }
 
-    /// From `∂ℓ/∂φ` (`rows × m`, the features' row stride `mp`) to `∂ℓ/∂z` (into `self.dz`); returns
-    /// Σ ∂ℓ/∂beta. Per table: `ḡ = Σ_r φ_r g_r`, `y_r = φ_r (g_r − ḡ)`,
-    /// `c_b = Σ_r ±y_r` (sign by bit b of r), `∂ℓ/∂z_b = beta c_b (1 − u_b²)`,
-    /// `∂ℓ/∂beta += u_b c_b`. For `m ≤` [`SMALL_M`] the two sums over r are products with
-    /// constant matrices (`ḡ = (Φ ⊙ Gφ) Ind`, `C = Y Sign`), one [`gemm`] each per block.
+    /// From `∂ℓ/∂φ` (`rows × m`, the features' row stride `mp`) to `∂ℓ/∂z` (kept for
+    /// [`Block::input_grads`]); returns Σ ∂ℓ/∂beta. Per table: `ḡ = Σ_r φ_r g_r`,
+    /// `c_b = Σ_r ±φ_r (g_r − ḡ)` (sign by bit b of r), `∂ℓ/∂z_b = beta c_b (1 − u_b²)`,
+    /// `∂ℓ/∂beta += u_b c_b` ([`tree_backward`], tokens in lanes).
     pub(crate) fn backward(&mut self, map: &SoftMap, gphi: &[f32], rows: usize) -> f64 {
-        let Some(bm) = self.bwd.as_mut() else {
-            return self.backward_loop(map, gphi, rows);
-        };
-        let (l, r, p) = (map.planes.l, map.planes.r(), map.planes.p);
-        let (lp, mp, isa) = (self.lp, self.mp, self.isa);
-        // Y = Φ ⊙ ∂ℓ/∂φ over the whole block at once (padding columns give 0).
-        let n = rows * mp;
-        let phi = &self.phi[..n];
-        in_frame(isa, || {
-            let y = &mut bm.y[..n];
-            y.iter_mut()
-                .zip(phi.iter().zip(&gphi[..n]))
-                .for_each(|(y, (&a, &b))| *y = a * b);
-        });
-        // Wide tables: the block as `rows·L` table rows of `R` (`mp = m` then).
-        let (wide, tl) = (bm.wide, rows * l);
-        // ḡ per (row, table): gbar[i·gs + t].
-        let (y, tp) = (&bm.y, (isa, rows, l, r, mp, wide));
-        let gs = table_product(tp, y, &mut bm.gbar, 1, &bm.ones, &bm.ind, bm.lpad);
-        // Y = Φ ⊙ (∂ℓ/∂φ − ḡ), table by table.
-        if wide {
-            // Table row j of the block is features j·R.. (mp = m), with ḡ at gbar[j]; whole
-            // 16-lane pieces (a short loop of run-time length costs more in set-up than in
-            // arithmetic).
-            let (gbar, y) = (&bm.gbar[..tl], &mut bm.y[..n]);
-            in_frame(isa, || {
-                let rows_y = y.chunks_exact_mut(r).zip(phi.chunks_exact(r));
-                for ((yr, pr), (gr, &gb)) in rows_y.zip(gphi[..n].chunks_exact(r).zip(gbar)) {
-                    let pieces = yr.chunks_exact_mut(16).zip(pr.chunks_exact(16));
-                    for ((y, ph), g) in pieces.zip(gr.chunks_exact(16)) {
-                        let (y, ph, g): (&mut [f32; 16], &[f32; 16], &[f32; 16]) = (
-                            y.try_into().unwrap(),
-                            ph.try_into().unwrap(),
-                            g.try_into().unwrap(),
-                        );
-                        for k in 0..16 {
-                            y[k] = ph[k] * (g[k] - gb);
-                        }
-                    }
-                }
-            });
-        } else {
-            in_frame(isa, || {
-                for i in 0..rows {
-                    for t in 0..l {
-                        let gb = bm.gbar[i * gs + t];
-                        let o = i * mp + t * r;
-                        let (ph, g, y) = (&phi[o..o + r], &gphi[o..o + r], &mut bm.y[o..o + r]);
-                        y.iter_mut()
-                            .zip(ph.iter().zip(g))
-                            .for_each(|(y, (&a, &b))| *y = a * (b - gb));
-                    }
-                }
-            });
-        }
-        // C: c_b per (row, table), at c[i·cs + t·P + b].
-        let (y, tp) = (&bm.y, (isa, rows, l, r, mp, wide));
-        let cs = table_product(tp, y, &mut bm.c, p, &bm.sign_t, &bm.sign, bm.lpp);
-        let (z, dz, beta, c) = (&self.z, &mut self.dz, map.beta, &bm.c);
-        in_frame(isa, || {
-            let mut dbeta = 0.0f64;
-            for i in 0..rows {
-                let (cr, zr) = (&c[i * cs..i * cs + lp], &z[i * lp..(i + 1) * lp]);
-                let dzr = &mut dz[i * lp..(i + 1) * lp];
-                for ((d, &cc), &u) in dzr.iter_mut().zip(cr).zip(zr) {
-                    *d = beta * cc * (1.0 - u * u);
-                }
-                // Σ u·c in 16 lanes (an f32 running sum would be one serial chain).
-                let mut part = [0.0f32; 16];
-                let (cw, zw) = (cr.chunks_exact(16), zr.chunks_exact(16));
-                let (crest, zrest) = (cw.remainder(), zw.remainder());
-                for (cc, zz) in cw.zip(zw) {
-                    for k in 0..16 {
-                        part[k] += cc[k] * zz[k];
-                    }
-                }
-                for (k, (&cc, &zz)) in crest.iter().zip(zrest).enumerate() {
-                    part[k] += cc * zz;
-                }
-                dbeta += part.iter().sum::<f32>() as f64;
-            }
-            dbeta
-        })
-    }
-
-    /// [`Block::backward`] table by table (any `m`).
-    fn backward_loop(&mut self, map: &SoftMap, gphi: &[f32], rows: usize) -> f64 {
-        let (p, l, r) = (map.planes.p, map.planes.l, map.planes.r());
-        let (lp, mp) = (self.lp, self.mp);
-        let mut dbeta = 0.0f64;
-        for i in 0..rows {
-            let mut db = 0.0f32;
-            for t in 0..l {
-                let ph = &self.phi[i * mp + t * r..i * mp + (t + 1) * r];
-                let gp = &gphi[i * mp + t * r..i * mp + (t + 1) * r];
-                // Four partial sums: short dependency chains.
-                let mut part = [0.0f32; 4];
-                for (rr, (&x, &g)) in ph.iter().zip(gp).enumerate() {
-                    part[rr % 4] += x * g;
-                }
-                let gbar = (part[0] + part[1]) + (part[2] + part[3]);
-                // c_b = Σ_r φ_r (g_r − gbar) (±1 by bit b of r): the P sums run interleaved.
-                let mut c = [0.0f32; crate::params::MAX_P];
-                for (rr, (&x, &g)) in ph.iter().zip(gp).enumerate() {
-                    let y = x * (g - gbar);
-                    for (b, cb) in c.iter_mut().enumerate().take(p) {
-                        *cb += if (rr >> (p - 1 - b)) & 1 == 1 { y } else { -y };
-                    }
-                }
-                for (b, &cb) in c.iter().enumerate().take(p) {
-                    let u = self.z[i * lp + t * p + b];
-                    db += u * cb;
-                    self.dz[i * lp + t * p + b] = map.beta * cb * (1.0 - u * u);
-                }
-            }
-            dbeta += db as f64;
-        }
-        dbeta
+        let pl = map.planes;
+        let (p, l, m) = (pl.p, pl.l, pl.l * pl.r());
+        let (tp, isa, beta) = (self.tp, self.isa, map.beta);
+        transpose_into(isa, &self.z, rows, self.lp, self.lp, &mut self.ut, tp);
+        transpose_into(isa, &self.phi, rows, m, self.mp, &mut self.phit, tp);
+        transpose_into(isa, gphi, rows, m, self.mp, &mut self.gt, tp);
+        let (phit, gt, ut, dzt) = (&self.phit, &mut self.gt, &self.ut, &mut self.dzt);
+        let scratch = &mut self.rowbuf;
+        let r = pl.r();
+        let db = in_frame(
+            isa,
+            #[inline(always)]
+            || tree_backward(phit, gt, ut, dzt, (tp, rows), (l, r, p), beta, scratch),
+        );
+        db
     }
 
     /// `∂ℓ/∂X = dZ W` for the block's `rows` into `out` (`rows × d`).
     pub(crate) fn input_grads(&self, map: &SoftMap, rows: usize, out: &mut [f32]) {
         let d = map.planes.d;
+        let dz = Strided {
+            data: &self.dzt,
+            rs: 1,
+            cs: self.tp,
+        };
         gemm(
-            self.isa,
-            out,
-            d,
-            rows,
-            d,
-            self.lp,
-            Strided::rows(&self.dz, self.lp),
-            &self.w,
-            d,
-            1.0,
-            false,
+            self.isa, out, d, rows, d, self.lp, dz, &self.w, d, 1.0, false,
         );
-    }
-}
-
-/// `out = Y M` for a block's `rows` (`tp = (isa, rows, L, R, mp, wide)`), `M` mapping each
-/// table's `R` features to `k` sums: for wide tables by dot products of the `rows·L` table
-/// rows with `mt` (`k × R`), else one product with the block-diagonal `full` (`m × ld`).
-/// Returns the row stride of `out` (per token).
-fn table_product(
-    (isa, rows, l, r, mp, wide): (Isa, usize, usize, usize, usize, bool),
-    y: &[f32],
-    out: &mut [f32],
-    k: usize,
-    mt: &[f32],
-    full: &[f32],
-    ld: usize,
-) -> usize {
-    if wide {
-        gemm_nt(isa, Tri::Full, out, k, rows * l, k, r, y, r, mt, r);
-        l * k
-    } else {
-        let a = Strided::rows(y, mp);
-        gemm(isa, out, ld, rows, ld, l * r, a, full, ld, 1.0, false);
-        ld
     }
 }
 
@@ -543,12 +442,16 @@ pub(crate) fn gemm_ext(
     if a.rs == 1 && rows <= 1024 {
         let mut sums = [0.0f32; 1024];
         let sums = &mut sums[..rows];
-        in_frame(isa, || {
-            for kk in 0..k {
-                let col = &a.data[kk * a.cs..kk * a.cs + rows];
-                sums.iter_mut().zip(col).for_each(|(s, &y)| *s += y);
-            }
-        });
+        in_frame(
+            isa,
+            #[inline(always)]
+            || {
+                for kk in 0..k {
+                    let col = &a.data[kk * a.cs..kk * a.cs + rows];
+                    sums.iter_mut().zip(col).for_each(|(s, &y)| *s += y);
+                }
+            },
+        );
         sums.iter()
             .enumerate()
             .for_each(|(i, &s)| d[i * ldd + dv] += alpha * s);
@@ -566,12 +469,12 @@ pub(crate) const NT_MAX_M: usize = 32;
 
 /// `Bᵀ` of the value columns of an f32 bank (`m × w`): `dv × mp`, zero-padded to `mp = pad16(m)`;
 /// empty when [`bank_dots`] does not need it (`m ≤` [`NT_MAX_M`]).
-pub(crate) fn values_t(bank: &[f32], m: usize, dv: usize, w: usize) -> ABuf {
+pub(crate) fn values_t(isa: Isa, bank: &[f32], m: usize, dv: usize, w: usize) -> ABuf {
     if m <= NT_MAX_M {
         return ABuf::zeroed(0);
     }
     let mut out = ABuf::zeroed(dv * pad16(m));
-    transpose_into(bank, m, dv, w, &mut out, pad16(m));
+    transpose_into(isa, bank, m, dv, w, &mut out, pad16(m));
     out
 }
 
@@ -658,9 +561,9 @@ fn to_f32(banks: &[Vec<f64>]) -> Vec<ABuf> {
 /// transposed values ([`values_t`]) and the mass columns ([`masses`]).
 type BankViews = (Vec<ABuf>, Vec<ABuf>, Vec<Vec<f32>>);
 
-fn bank_views(banks: &[Vec<f64>], m: usize, dv: usize, w: usize) -> BankViews {
+fn bank_views(isa: Isa, banks: &[Vec<f64>], m: usize, dv: usize, w: usize) -> BankViews {
     let b32 = to_f32(banks);
-    let bt = b32.iter().map(|b| values_t(b, m, dv, w)).collect();
+    let bt = b32.iter().map(|b| values_t(isa, b, m, dv, w)).collect();
     let am = b32
         .iter()
         .map(|b| {
@@ -823,14 +726,18 @@ pub(crate) fn normalise(
     o: &mut [f32],
     den: &mut [f32],
 ) -> usize {
-    in_frame(isa, || {
-        (0..rows)
-            .filter(|&i| {
-                let out = &mut o[i * dv..(i + 1) * dv];
-                super::forward::finish_row(&acc[i * w..i * w + dv + 1], out, &mut den[i], scale)
-            })
-            .count()
-    })
+    in_frame(
+        isa,
+        #[inline(always)]
+        || {
+            (0..rows)
+                .filter(|&i| {
+                    let out = &mut o[i * dv..(i + 1) * dv];
+                    super::forward::finish_row(&acc[i * w..i * w + dv + 1], out, &mut den[i], scale)
+                })
+                .count()
+        },
+    )
 }
 
 /// Non-causal soft-RACE forward, blocked. Same contract as [`super::soft_forward_into`]
@@ -869,12 +776,16 @@ pub(crate) fn masses(bank: &[f32], m: usize, w: usize, dv: usize, out: &mut Vec<
 
 /// `x_i += a` for every row `i` of `x` (`rows × m`, row stride `ld`), in the dispatched frame.
 pub(crate) fn add_rows(isa: Isa, x: &mut [f32], ld: usize, rows: usize, a: &[f32]) {
-    in_frame(isa, || {
-        for i in 0..rows {
-            let row = &mut x[i * ld..i * ld + a.len()];
-            row.iter_mut().zip(a).for_each(|(x, &y)| *x += y);
-        }
-    })
+    in_frame(
+        isa,
+        #[inline(always)]
+        || {
+            for i in 0..rows {
+                let row = &mut x[i * ld..i * ld + a.len()];
+                row.iter_mut().zip(a).for_each(|(x, &y)| *x += y);
+            }
+        },
+    )
 }
 
 /// `c_i = 1/(L·den_i)`, or 0 for an empty row (`den_i = 0`).
@@ -910,15 +821,19 @@ impl<'a> GFactors<'a> {
         rows: usize,
         a: &[f32],
     ) {
-        in_frame(isa, || {
-            for i in 0..rows {
-                let (ci, si) = (self.c[i], self.s[i]);
-                let row = &mut gphi[i * mp..i * mp + a.len()];
-                row.iter_mut()
-                    .zip(a)
-                    .for_each(|(x, &af)| *x = ci * (*x - si * af));
-            }
-        })
+        in_frame(
+            isa,
+            #[inline(always)]
+            || {
+                for i in 0..rows {
+                    let (ci, si) = (self.c[i], self.s[i]);
+                    let row = &mut gphi[i * mp..i * mp + a.len()];
+                    row.iter_mut()
+                        .zip(a)
+                        .for_each(|(x, &af)| *x = ci * (*x - si * af));
+                }
+            },
+        )
     }
 
     /// `d𝔅 (=|+=) Φᵀ Ĝ`: `dB_f = Σ_i c_i φ_if g_i`, `dA_f = −Σ_i c_i φ_if s_i`, into `d32`
@@ -937,24 +852,32 @@ impl<'a> GFactors<'a> {
         accumulate: bool,
     ) {
         let dv = self.dv;
-        in_frame(isa, || {
-            for i in 0..rows {
-                let (ph, sp) = (&phi[i * mp..i * mp + m], &mut sphi[i * m..(i + 1) * m]);
-                sp.iter_mut().zip(ph).for_each(|(y, &x)| *y = x * self.c[i]);
-            }
-        });
+        in_frame(
+            isa,
+            #[inline(always)]
+            || {
+                for i in 0..rows {
+                    let (ph, sp) = (&phi[i * mp..i * mp + m], &mut sphi[i * m..(i + 1) * m]);
+                    sp.iter_mut().zip(ph).for_each(|(y, &x)| *y = x * self.c[i]);
+                }
+            },
+        );
         let sp = Strided::transposed(sphi, m);
         gemm(isa, d32, w, m, dv, rows, sp, self.g, dv, 1.0, accumulate);
         // Masses: mass_f −= Σ_i (c ⊙ Φ)_if s_i, summed contiguously, then into column `dv`.
         let mut mass = [0.0f32; 1024];
         let mass = &mut mass[..m.min(1024)];
-        in_frame(isa, || {
-            for i in 0..rows {
-                let si = self.s[i];
-                let sp = &sphi[i * m..i * m + mass.len()];
-                mass.iter_mut().zip(sp).for_each(|(x, &y)| *x -= y * si);
-            }
-        });
+        in_frame(
+            isa,
+            #[inline(always)]
+            || {
+                for i in 0..rows {
+                    let si = self.s[i];
+                    let sp = &sphi[i * m..i * m + mass.len()];
+                    mass.iter_mut().zip(sp).for_each(|(x, &y)| *x -= y * si);
+                }
+            },
+        );
         for (f, &x) in mass.iter().enumerate() {
             let t = &mut d32[f * w + dv];
             *t = if accumulate { *t + x } else { x };
@@ -999,7 +922,7 @@ pub fn query_grads(
     let lp = map.planes.l * map.planes.p;
     let mp = pad16(m);
     let inv_l = 1.0 / map.planes.l as f32;
-    let (banks32, bt, am) = bank_views(banks, m, dv, w);
+    let (banks32, bt, am) = bank_views(isa, banks, m, dv, w);
     let out = Out::for_len(isa, dq.len());
     let qres: Vec<(usize, Vec<f64>, f64)> = split_out(dq, n, d, segs)
         .into_par_iter()
@@ -1020,12 +943,17 @@ pub fn query_grads(
                 let mut ahead = blk.start(map, (&q, uqb), &g, h, (a, b), next, 6);
                 inv_den(&den[h * n + a..h * n + b], inv_l, &mut c);
                 bank_dots(isa, &mut gphi, mp, rows, m, gb, dv, bank, w, &bt[h]);
-                in_frame(isa, || {
-                    for (i, si) in sv[..rows].iter_mut().enumerate() {
-                        let (ph, gp) = (&blk.phi[i * mp..i * mp + m], &gphi[i * mp..i * mp + m]);
-                        *si = c[i] * ph.iter().zip(gp).map(|(&x, &y)| x * y).sum::<f32>();
-                    }
-                });
+                in_frame(
+                    isa,
+                    #[inline(always)]
+                    || {
+                        for (i, si) in sv[..rows].iter_mut().enumerate() {
+                            let (ph, gp) =
+                                (&blk.phi[i * mp..i * mp + m], &gphi[i * mp..i * mp + m]);
+                            *si = c[i] * ph.iter().zip(gp).map(|(&x, &y)| x * y).sum::<f32>();
+                        }
+                    },
+                );
                 let f = GFactors::of(&c, &sv, gb, dv);
                 ahead.step();
                 f.scale_phi_grads(isa, &mut gphi, mp, rows, &am[h]);
@@ -1068,7 +996,7 @@ pub fn key_grads(
     let (d, dv, m, w) = (k.cols, v.cols, map.width(), bank_width(v.cols));
     let lp = map.planes.l * map.planes.p;
     let mp = pad16(m);
-    let (dbanks32, dbt, dam) = bank_views(dbanks, m, dv, w);
+    let (dbanks32, dbt, dam) = bank_views(isa, dbanks, m, dv, w);
     let (out_k, out_v) = (Out::for_len(isa, dk.len()), Out::for_len(isa, dvv.len()));
     split_out(dk, k.n, d, segs)
         .into_par_iter()

@@ -49,15 +49,19 @@ pub const TC: usize = 16;
 /// Zero the entries above (`lower = true`: keep `j ≤ i`) or below (keep `j ≥ i`) the diagonal
 /// of a `rows × rows` matrix with row stride [`TC`].
 fn mask(isa: Isa, a: &mut [f32], rows: usize, lower: bool) {
-    in_frame(isa, || {
-        for i in 0..rows {
-            let row = &mut a[i * TC..i * TC + rows];
-            for (j, x) in row.iter_mut().enumerate() {
-                let off = if lower { j > i } else { j < i };
-                *x = if off { 0.0 } else { *x };
+    in_frame(
+        isa,
+        #[inline(always)]
+        || {
+            for i in 0..rows {
+                let row = &mut a[i * TC..i * TC + rows];
+                for (j, x) in row.iter_mut().enumerate() {
+                    let off = if lower { j > i } else { j < i };
+                    *x = if off { 0.0 } else { *x };
+                }
             }
-        }
-    })
+        },
+    )
 }
 
 /// The two-level [`Bank`] (f64 base, f32 block-local part) and its f32 read image
@@ -108,7 +112,11 @@ impl TwoLevel {
     /// Count `rows` tokens; fold the f32 part into f64 every `T` tokens.
     fn tick(&mut self, rows: usize) {
         let bank = &mut self.bank;
-        in_frame(self.isa, || bank.tick_rows(rows, T));
+        in_frame(
+            self.isa,
+            #[inline(always)]
+            || bank.tick_rows(rows, T),
+        );
     }
 }
 
@@ -433,25 +441,29 @@ pub fn forward_into(
 fn scale_gv(isa: Isa, att: &mut [f32], rows: usize, c: &[f32], s: &[f32], by_row: bool) {
     // Fused with the triangular mask (`by_row`: keep j ≤ i; else keep columns ≥ the row);
     // branch-free per row, so each row is a few vector selects (in the SIMD frame).
-    in_frame(isa, || {
-        for r in 0..rows {
-            let row = &mut att[r * TC..r * TC + rows];
-            if by_row {
-                let (cr, sr) = (c[r], s[r]);
-                for (col, x) in row.iter_mut().enumerate() {
-                    *x = if col <= r { cr * (*x - sr) } else { 0.0 };
-                }
-            } else {
-                for (col, x) in row.iter_mut().enumerate() {
-                    *x = if col >= r {
-                        c[col] * (*x - s[col])
-                    } else {
-                        0.0
-                    };
+    in_frame(
+        isa,
+        #[inline(always)]
+        || {
+            for r in 0..rows {
+                let row = &mut att[r * TC..r * TC + rows];
+                if by_row {
+                    let (cr, sr) = (c[r], s[r]);
+                    for (col, x) in row.iter_mut().enumerate() {
+                        *x = if col <= r { cr * (*x - sr) } else { 0.0 };
+                    }
+                } else {
+                    for (col, x) in row.iter_mut().enumerate() {
+                        *x = if col >= r {
+                            c[col] * (*x - s[col])
+                        } else {
+                            0.0
+                        };
+                    }
                 }
             }
-        }
-    })
+        },
+    )
 }
 
 /// Causal backward from a causal [`Ctx`] (either causal forward's); writes every entry of
@@ -526,16 +538,20 @@ pub fn backward_into(
                     gram(isa, &mut sc.qk, pq, mp, pk, mp, r2, mp, true);
                     let (c, s) = (&sc.c[off..off + r2], &mut sc.s[off..off + r2]);
                     let (qk, att) = (&sc.qk, &sc.att);
-                    in_frame(isa, || {
-                        for i in 0..r2 {
-                            let (ph, gp) = (&pq[i * mp..i * mp + m], &gphi[i * mp..i * mp + m]);
-                            let bank: f32 = ph.iter().zip(gp).map(|(&x, &y)| x * y).sum();
-                            let row = i * TC..i * TC + i + 1;
-                            let (qk, gv) = (&qk[row.clone()], &att[row]);
-                            let intra: f32 = qk.iter().zip(gv).map(|(&x, &y)| x * y).sum();
-                            s[i] = c[i] * (bank + intra);
-                        }
-                    });
+                    in_frame(
+                        isa,
+                        #[inline(always)]
+                        || {
+                            for i in 0..r2 {
+                                let (ph, gp) = (&pq[i * mp..i * mp + m], &gphi[i * mp..i * mp + m]);
+                                let bank: f32 = ph.iter().zip(gp).map(|(&x, &y)| x * y).sum();
+                                let row = i * TC..i * TC + i + 1;
+                                let (qk, gv) = (&qk[row.clone()], &att[row]);
+                                let intra: f32 = qk.iter().zip(gv).map(|(&x, &y)| x * y).sum();
+                                s[i] = c[i] * (bank + intra);
+                            }
+                        },
+                    );
                     let f = GFactors::of(c, s, gb, dv);
                     masses(&st.read, m, w, dv, &mut sc.mass);
                     f.scale_phi_grads(isa, gphi, mp, r2, &sc.mass);
@@ -591,14 +607,18 @@ pub fn backward_into(
                     // ∂ℓ/∂v = Φ_K dS_B + triu(Φ_K Φ_Qᵀ) (c ⊙ G).
                     gram(isa, &mut sc.att, pk, mp, pq, mp, r2, mp, false);
                     let att = &mut sc.att;
-                    in_frame(isa, || {
-                        for j in 0..r2 {
-                            let row = &mut att[j * TC..j * TC + r2];
-                            for (i, x) in row.iter_mut().enumerate() {
-                                *x *= if i >= j { c[i] } else { 0.0 };
+                    in_frame(
+                        isa,
+                        #[inline(always)]
+                        || {
+                            for j in 0..r2 {
+                                let row = &mut att[j * TC..j * TC + r2];
+                                for (i, x) in row.iter_mut().enumerate() {
+                                    *x *= if i >= j { c[i] } else { 0.0 };
+                                }
                             }
-                        }
-                    });
+                        },
+                    );
                     let t0 = a2 - start;
                     let (pkr, att, read) = (Strided::rows(pk, mp), &sc.att, &st.read);
                     let dv_out = &mut dvp[t0 * dv..(t0 + r2) * dv];

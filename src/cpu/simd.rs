@@ -473,7 +473,10 @@ pub fn dispatch<T: WithSimd>(isa: Isa, task: T) -> T::Output {
 /// Run the closure `f` inside [`dispatch`]'s frame for `isa`, so that its loops (inlined into
 /// the frame) are compiled for that instruction set: code outside a frame is compiled for the
 /// x86-64 baseline (SSE2), where an elementwise loop over f32 runs 4 lanes at a time and one
-/// over f64 only 2.
+/// over f64 only 2. The closure must be marked `#[inline(always)]` at the call site
+/// (`in_frame(isa, #[inline(always)] || …)`): a closure is its own function, and LLVM declines
+/// to inline a large one into the frame, which leaves its body compiled for the baseline (seen
+/// in the assembly: the frame was a bare jump to the closure).
 #[inline(always)]
 pub fn in_frame<R, F: FnOnce() -> R>(isa: Isa, f: F) -> R {
     struct Task<F>(F);
@@ -489,9 +492,13 @@ pub fn in_frame<R, F: FnOnce() -> R>(isa: Isa, f: F) -> R {
 
 /// `acc += x` elementwise, f32 into f64 (the two-level flush), in the dispatched frame.
 pub fn add_into_f64(isa: Isa, acc: &mut [f64], x: &[f32]) {
-    in_frame(isa, || {
-        acc.iter_mut().zip(x).for_each(|(a, &b)| *a += b as f64);
-    })
+    in_frame(
+        isa,
+        #[inline(always)]
+        || {
+            acc.iter_mut().zip(x).for_each(|(a, &b)| *a += b as f64);
+        },
+    )
 }
 
 /// `e^x` for f32, vectorisable: `x = n ln2 + r`, `e^r` by a degree-6 polynomial, `2^n` by

@@ -23,13 +23,16 @@ pub struct HeadOutput {
     pub empty_rows: usize,
 }
 
-/// `O_i = num_i / den_i`, with rows of `den_i == 0` set to 0 and counted.
+/// `O_i = num_i / den_i`, with rows of `den_i == 0` set to 0 and counted. A subnormal `den_i`
+/// (below 2.2e-308, as soft RACE's kernel can be at very large beta) counts as empty too: its
+/// terms then carry only a few significant digits (a single key's `num/den` was off from
+/// `v` by 2.4e-5), so the ratio is not an answer to trust.
 pub fn ratio_rows(num: Mat<f64>, den: &[f64]) -> HeadOutput {
     let mut o = num;
     let mut empty_rows = 0;
     for (i, &dn) in den.iter().enumerate() {
         let row = o.row_mut(i);
-        if dn == 0.0 {
+        if dn == 0.0 || dn.is_subnormal() {
             empty_rows += 1;
             row.iter_mut().for_each(|x| *x = 0.0);
         } else {
