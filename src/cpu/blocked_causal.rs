@@ -20,15 +20,15 @@
 //! V and G. Every product is one [`gemm`] or [`gemm_nt`] call on the sub-block (triangular
 //! ones skip the zero half). Segments (for parallelism at few heads) start from f64 exclusive
 //! scans of segment totals, exactly as in [`super::forward`]; the f32 block-local sums are
-//! moved into f64 every [`T`] tokens, so accuracy does not depend on N.
+//! moved into f64 every [`TB`] tokens, so accuracy does not depend on N.
 
 use super::blocked::{
-    add_rows, bank_dots, gemm_ext, inv_den, key_bank, masses, normalise, pad16, rows_of,
-    saved_pieces, saved_rows, Block, GFactors, T,
+    add_rows, gemm_ext, inv_den, key_bank, normalise, pad16, rows_of, saved_pieces, saved_rows,
+    Block, GFactors, T,
 };
 use super::features::{FeatureMap, SoftMap};
 use super::forward::{exclusive_scan, Ctx};
-use super::gemm::{gemm, gemm_nt, Gemm, Strided, Tri};
+use super::gemm::{gemm_nt, gemm_nt2, Gemm, Strided, Tri};
 use super::mem::{ABuf, Ahead, Out};
 use super::simd::{add_into_f64, dispatch, in_frame, Isa, Simd, WithSimd};
 use super::state::{bank_width, plan_segments, split_out, Bank, Heads};
@@ -37,7 +37,8 @@ use rayon::prelude::*;
 /// Tokens per causal block: the features, their backward and the input gradients are computed
 /// for a block at once (measured: 128 is 5–9% faster than 64, the non-causal block); the
 /// state is read and updated per sub-block inside it, and its f32 part still moves into f64
-/// every [`T`] tokens.
+/// every `TB` tokens (measured: a fold every 64 tokens cost about 100 cycles per token and
+/// head at `(4, 4)`, about 70 every 128; the f32 part then sums at most 128 tokens).
 pub const TB: usize = 128;
 
 /// Tokens per causal sub-block (the intra-block products are `TC × TC`, stored with row
@@ -64,29 +65,12 @@ fn mask(isa: Isa, a: &mut [f32], rows: usize, lower: bool) {
     )
 }
 
-/// The two-level [`Bank`] (f64 base, f32 block-local part) and its f32 read image
-/// `read = base32 + local`, refreshed once per sub-block.
+/// The two-level [`Bank`] (f64 base, f32 block-local part). Products read the state as
+/// `base32 + local` inside their tiles ([`Gemm::b2`], [`gemm_nt2`]): a refreshed copy of the sum
+/// per sub-block cost about 170 cycles per token and head at `(4, 4)` in each pass, measured.
 struct TwoLevel {
     isa: Isa,
     bank: Bank,
-    read: ABuf,
-}
-
-/// `read = base32 + local` (elementwise, in the dispatched SIMD frame).
-struct AddTask<'a> {
-    out: &'a mut [f32],
-    x: &'a [f32],
-    y: &'a [f32],
-}
-
-impl WithSimd for AddTask<'_> {
-    type Output = ();
-    #[inline(always)]
-    fn run<S: Simd>(self) {
-        for ((o, &a), &b) in self.out.iter_mut().zip(self.x).zip(self.y) {
-            *o = a + b;
-        }
-    }
 }
 
 impl TwoLevel {
@@ -94,28 +78,64 @@ impl TwoLevel {
         TwoLevel {
             isa,
             bank: Bank::new(m, w, Some(base)),
-            read: ABuf::zeroed(base.len()),
         }
     }
-    /// `read = f32(base) + local`.
-    fn refresh(&mut self) {
-        let (x, y) = (&self.bank.base32, &self.bank.local);
-        dispatch(
-            self.isa,
-            AddTask {
-                out: &mut self.read,
-                x,
-                y,
-            },
+    /// The two parts `(f32(base), local)` whose sum is the state.
+    fn parts(&self) -> (&[f32], &[f32]) {
+        (&self.bank.base32, &self.bank.local)
+    }
+    /// `D = X S` for `rows` rows of `x` (`rows × m`, row stride `ldx`) and the state `S`
+    /// (`m × w`), into `d` (row stride `w`, first `cols` columns).
+    #[allow(clippy::too_many_arguments)]
+    fn product(&self, d: &mut [f32], rows: usize, cols: usize, x: &[f32], ldx: usize, ldd: usize) {
+        let (b, b2) = self.parts();
+        Gemm {
+            d,
+            ldd,
+            rows,
+            cols,
+            k: self.bank.m,
+            a: Strided::rows(x, ldx),
+            b,
+            b2: Some(b2),
+            ldb: self.bank.w,
+            alpha: 1.0,
+            accumulate: false,
+            tri: Tri::Full,
+        }
+        .run(self.isa)
+    }
+    /// `out[i·ldo + f] = x_i · B_f` for `rows` rows `x` (stride `dv`) and the state's value rows.
+    fn dots(&self, out: &mut [f32], ldo: usize, rows: usize, x: &[f32], dv: usize) {
+        let (isa, m, w) = (self.isa, self.bank.m, self.bank.w);
+        gemm_nt2(
+            isa,
+            Tri::Full,
+            out,
+            ldo,
+            rows,
+            m,
+            dv,
+            x,
+            dv,
+            self.parts(),
+            w,
         );
     }
-    /// Count `rows` tokens; fold the f32 part into f64 every `T` tokens.
+    /// The state's mass column `A_f = S[f][dv]` (contiguous).
+    fn masses(&self, dv: usize, out: &mut Vec<f32>) {
+        let (b, b2) = self.parts();
+        let w = self.bank.w;
+        out.clear();
+        out.extend((0..self.bank.m).map(|f| b[f * w + dv] + b2[f * w + dv]));
+    }
+    /// Count `rows` tokens; fold the f32 part into f64 every [`TB`] tokens.
     fn tick(&mut self, rows: usize) {
         let bank = &mut self.bank;
         in_frame(
             self.isa,
             #[inline(always)]
-            || bank.tick_rows(rows, T),
+            || bank.tick_rows(rows, TB),
         );
     }
 }
@@ -263,6 +283,7 @@ fn tri_gemm(
         k: rows,
         a: Strided::rows(att, TC),
         b,
+        b2: None,
         ldb,
         alpha,
         accumulate: true,
@@ -385,22 +406,9 @@ pub fn forward_into(
                 }
                 for (a2, b2) in sub_blocks(a, b, tc, false) {
                     let (r2, off) = (b2 - a2, a2 - a);
-                    st.refresh();
                     let vb = rows_of(&v, h, a2, b2);
                     let (pq, pk) = (&sc.qb.phi[off * mp..], &sc.kb.phi[off * mp..]);
-                    gemm(
-                        isa,
-                        &mut sc.acc,
-                        w,
-                        r2,
-                        w,
-                        m,
-                        Strided::rows(pq, mp),
-                        &st.read,
-                        w,
-                        1.0,
-                        false,
-                    );
+                    st.product(&mut sc.acc, r2, w, pq, mp, w);
                     gram(isa, &mut sc.att, pq, mp, pk, mp, r2, mp, true);
                     mask(isa, &mut sc.att, r2, true);
                     tri_gemm(isa, &mut sc.acc, w, r2, dv, &sc.att, vb, dv, 1.0, true);
@@ -466,6 +474,34 @@ fn scale_gv(isa: Isa, att: &mut [f32], rows: usize, c: &[f32], s: &[f32], by_row
     )
 }
 
+/// `s_i = c_i (Σ_f φ_if (g_i·S_f) + Σ_{j≤i} (φ_i·φ_j)(g_i·v_j))` for a sub-block's rows from
+/// `gphi` (`g_i·S_f`), `qk` (`φ_i·φ_j`) and `att` (`g_i·v_j`), each sum a 16-lane
+/// [`Simd::dot`] (a plain `f32` sum is one serial chain per row).
+struct CausalS<'a> {
+    pq: &'a [f32],
+    gphi: &'a [f32],
+    mp: usize,
+    m: usize,
+    qk: &'a [f32],
+    att: &'a [f32],
+    c: &'a [f32],
+    s: &'a mut [f32],
+}
+
+impl WithSimd for CausalS<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn run<S: Simd>(self) {
+        let (mp, m) = (self.mp, self.m);
+        for (i, si) in self.s.iter_mut().enumerate() {
+            let bank = S::dot(&self.pq[i * mp..i * mp + m], &self.gphi[i * mp..i * mp + m]);
+            let row = i * TC..i * TC + i + 1;
+            let intra = S::dot(&self.qk[row.clone()], &self.att[row]);
+            *si = self.c[i] * (bank + intra);
+        }
+    }
+}
+
 /// Causal backward from a causal [`Ctx`] (either causal forward's); writes every entry of
 /// `dq`, `dk`, `dv`; returns `∂ℓ/∂beta`.
 #[allow(clippy::too_many_arguments)]
@@ -527,33 +563,31 @@ pub fn backward_into(
                 let mut ahead = sc.load(&io, h, (a, b), next, None, 1 + TB / tc);
                 for (a2, b2) in sub_blocks(a, b, tc, false) {
                     let (r2, off) = (b2 - a2, a2 - a);
-                    st.refresh();
                     let (vb, gb) = (rows_of(&v, h, a2, b2), rows_of(&g, h, a2, b2));
                     let (pq, pk) = (&sc.qb.phi[off * mp..], &sc.kb.phi[off * mp..]);
                     let gphi = &mut sc.gphi[off * mp..];
                     // g_i·S_f, g_i·v_j and φ(q_i)·φ(k_j); then `ô_i = (Φ_Q S + tril(Φ_Q Φ_Kᵀ) X̂)_i /
                     // Den_i` gives s_i = c_i (Σ_f φ_if (g_i·S_f) + Σ_{j≤i} (φ_i·φ_j)(g_i·v_j)).
-                    bank_dots(isa, gphi, mp, r2, m, gb, dv, &st.read, w, &[]);
+                    st.dots(gphi, mp, r2, gb, dv);
                     gram(isa, &mut sc.att, gb, dv, vb, dv, r2, dv, true);
                     gram(isa, &mut sc.qk, pq, mp, pk, mp, r2, mp, true);
                     let (c, s) = (&sc.c[off..off + r2], &mut sc.s[off..off + r2]);
                     let (qk, att) = (&sc.qk, &sc.att);
-                    in_frame(
+                    dispatch(
                         isa,
-                        #[inline(always)]
-                        || {
-                            for i in 0..r2 {
-                                let (ph, gp) = (&pq[i * mp..i * mp + m], &gphi[i * mp..i * mp + m]);
-                                let bank: f32 = ph.iter().zip(gp).map(|(&x, &y)| x * y).sum();
-                                let row = i * TC..i * TC + i + 1;
-                                let (qk, gv) = (&qk[row.clone()], &att[row]);
-                                let intra: f32 = qk.iter().zip(gv).map(|(&x, &y)| x * y).sum();
-                                s[i] = c[i] * (bank + intra);
-                            }
+                        CausalS {
+                            pq,
+                            gphi,
+                            mp,
+                            m,
+                            qk,
+                            att,
+                            c,
+                            s,
                         },
                     );
                     let f = GFactors::of(c, s, gb, dv);
-                    masses(&st.read, m, w, dv, &mut sc.mass);
+                    st.masses(dv, &mut sc.mass);
                     f.scale_phi_grads(isa, gphi, mp, r2, &sc.mass);
                     scale_gv(isa, &mut sc.att, r2, f.c, f.s, true);
                     tri_gemm(isa, gphi, mp, r2, mp, &sc.att, pk, mp, 1.0, true);
@@ -591,15 +625,14 @@ pub fn backward_into(
                 let mut ahead = sc.load(&io, h, (a, b), next, Some(&s_all), 1 + TB / tc);
                 for (a2, b2) in sub_blocks(a, b, tc, true) {
                     let (r2, off) = (b2 - a2, a2 - a);
-                    st.refresh();
                     let (vb, gb) = (rows_of(&v, h, a2, b2), rows_of(&g, h, a2, b2));
                     let (pq, pk) = (&sc.qb.phi[off * mp..], &sc.kb.phi[off * mp..]);
                     let (c, s) = (&sc.c[off..off + r2], &sc.s[off..off + r2]);
                     let f = GFactors::of(c, s, gb, dv);
                     // ∂ℓ/∂φ_k = X̂ dSᵀ + triu(X̂ Ĝᵀ) Φ_Q.
                     let gphi = &mut sc.gphi[off * mp..];
-                    bank_dots(isa, gphi, mp, r2, m, vb, dv, &st.read, w, &[]);
-                    masses(&st.read, m, w, dv, &mut sc.mass);
+                    st.dots(gphi, mp, r2, vb, dv);
+                    st.masses(dv, &mut sc.mass);
                     add_rows(isa, gphi, mp, r2, &sc.mass);
                     gram(isa, &mut sc.att, vb, dv, gb, dv, r2, dv, false);
                     scale_gv(isa, &mut sc.att, r2, f.c, f.s, false);
@@ -620,10 +653,10 @@ pub fn backward_into(
                         },
                     );
                     let t0 = a2 - start;
-                    let (pkr, att, read) = (Strided::rows(pk, mp), &sc.att, &st.read);
+                    let (att, st_r) = (&sc.att, &st);
                     let dv_out = &mut dvp[t0 * dv..(t0 + r2) * dv];
                     out_v.produce(dv_out, &mut scratch, |x| {
-                        gemm(isa, x, dv, r2, dv, m, pkr, read, w, 1.0, false);
+                        st_r.product(x, r2, dv, pk, mp, dv);
                         tri_gemm(isa, x, dv, r2, dv, att, gb, dv, 1.0, false);
                     });
                     let dsb = &mut st.bank.local;
