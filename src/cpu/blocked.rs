@@ -798,32 +798,12 @@ pub(crate) fn inv_den(den: &[f32], inv_l: f32, c: &mut [f32]) {
 /// stride `ld`, over their first `len` columns: one 16-lane [`Simd::dot`] per row (a plain
 /// `f32` sum is one serial chain of `len` adds per row, 5× slower at `len = 64`).
 pub(crate) struct RowDots<'a> {
-    a: &'a [f32],
-    b: &'a [f32],
-    ld: usize,
-    len: usize,
-    c: Option<&'a [f32]>,
-    out: &'a mut [f32],
-}
-
-impl<'a> RowDots<'a> {
-    pub(crate) fn new(
-        a: &'a [f32],
-        b: &'a [f32],
-        ld: usize,
-        len: usize,
-        c: Option<&'a [f32]>,
-        out: &'a mut [f32],
-    ) -> Self {
-        RowDots {
-            a,
-            b,
-            ld,
-            len,
-            c,
-            out,
-        }
-    }
+    pub(crate) a: &'a [f32],
+    pub(crate) b: &'a [f32],
+    pub(crate) ld: usize,
+    pub(crate) len: usize,
+    pub(crate) c: Option<&'a [f32]>,
+    pub(crate) out: &'a mut [f32],
 }
 
 impl WithSimd for RowDots<'_> {
@@ -986,8 +966,15 @@ pub fn query_grads(
                 let mut ahead = blk.start(map, (&q, uqb), &g, h, (a, b), next, 6);
                 inv_den(&den[h * n + a..h * n + b], inv_l, &mut c);
                 bank_dots(isa, &mut gphi, mp, rows, m, gb, dv, bank, w, &bt[h]);
-                let sv_rows = &mut sv[..rows];
-                dispatch(isa, RowDots::new(&blk.phi, &gphi, mp, m, Some(&c), sv_rows));
+                let s_rows = RowDots {
+                    a: &blk.phi,
+                    b: &gphi,
+                    ld: mp,
+                    len: m,
+                    c: Some(&c),
+                    out: &mut sv[..rows],
+                };
+                dispatch(isa, s_rows);
                 let f = GFactors::of(&c, &sv, gb, dv);
                 ahead.step();
                 f.scale_phi_grads(isa, &mut gphi, mp, rows, &am[h]);
