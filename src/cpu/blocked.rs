@@ -479,9 +479,9 @@ pub(crate) fn values_t(isa: Isa, bank: &[f32], m: usize, dv: usize, w: usize) ->
 
 /// `out[i·mp + f] = x_i · B_f` for `rows` rows `x` (stride `dv`) and the value part of a bank
 /// (`m × w`): through `bt`, [`values_t`] of the same bank, with [`gemm`]'s tiles, or by dot
-/// products ([`gemm_nt`]) when `bt` is empty. (The causal passes read a bank that changes
-/// every sub-block and always take the dot products: a transposed copy per sub-block costs
-/// more than it saves, measured.)
+/// products ([`gemm_nt`]) when `bt` is empty. (The causal passes read a state that changes
+/// every sub-block by dot products on its two parts, `gemm_nt2`: a transposed copy per
+/// sub-block costs more than it saves, measured.)
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn bank_dots(
     isa: Isa,

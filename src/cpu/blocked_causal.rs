@@ -42,9 +42,10 @@ use rayon::prelude::*;
 pub const TB: usize = 128;
 
 /// Tokens per causal sub-block (the intra-block products are `TC × TC`, stored with row
-/// stride `TC`). They cost about `TC·dv` per token and the per-sub-block work (state refresh
-/// and read) about `m·w/TC`; measured with blocks of [`TB`], 16 is fastest for every
-/// `(P, L)` of the paper (8 and 32 are 3–12% slower).
+/// stride `TC`). They cost about `TC·dv` per token and the per-sub-block work (state read
+/// and update) about `m·w/TC`; measured with blocks of [`TB`] (third session, when the state
+/// was still read through a refreshed copy), 16 is fastest for every `(P, L)` of the paper
+/// (8 and 32 are 3–12% slower).
 pub const TC: usize = 16;
 
 /// Zero the entries above (`lower = true`: keep `j ≤ i`) or below (keep `j ≥ i`) the diagonal
