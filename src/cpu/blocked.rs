@@ -64,7 +64,10 @@ impl<const TANH: bool> WithSimd for BitProbs<'_, TANH> {
             .chunks_exact_mut(16)
             .zip(self.on[..full].chunks_exact_mut(16))
             .zip(self.off[..full].chunks_exact_mut(16));
-        for ((z, on), off) in chunks {
+        for (ci, ((z, on), off)) in chunks.enumerate() {
+            if ci % 4 == 0 {
+                super::mem::drip();
+            }
             probs16::<TANH>(
                 z.try_into().unwrap(),
                 on.try_into().unwrap(),
@@ -120,6 +123,9 @@ fn tree<const R: usize, const P: usize>(
     mp: usize,
 ) {
     for i in 0..rows {
+        if i % 4 == 0 {
+            super::mem::drip();
+        }
         for t in 0..l {
             let o = (i * l + t) * P;
             let mut v = [1.0f32; R];
@@ -179,6 +185,7 @@ fn tree_backward(
             });
         }
         for b in 0..p {
+            super::mem::drip();
             let half = r >> (b + 1);
             cb[..n].iter_mut().for_each(|x| *x = 0.0);
             let (lo, hi) = gt[row(0).start..].split_at_mut(half * tp);
@@ -292,9 +299,9 @@ impl Block {
         }
     }
 
-    /// Start a backward block `a..b` of head `h`: a prefetcher (`steps` shares, two used
-    /// here) over the rows `b..next` of `other` and, unless its `u` is saved, of `x`; then
-    /// the features of `x`'s rows (from the saved `u` when given).
+    /// Start a backward block `a..b` of head `h`: arm the [`Ahead`] drip with the rows
+    /// `b..next` of `other` and, unless its `u` is saved, of `x`; then the features of `x`'s
+    /// rows (from the saved `u` when given).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn start<'a>(
         &mut self,
@@ -304,11 +311,10 @@ impl Block {
         h: usize,
         (a, b): (usize, usize),
         next: usize,
-        steps: usize,
     ) -> Ahead<'a> {
         let mut ahead = match saved {
-            Some(_) => Ahead::new(&[rows_of(other, h, b, next)], steps),
-            None => Ahead::new(&[rows_of(x, h, b, next), rows_of(other, h, b, next)], steps),
+            Some(_) => Ahead::new(&[rows_of(other, h, b, next)]),
+            None => Ahead::new(&[rows_of(x, h, b, next), rows_of(other, h, b, next)]),
         };
         ahead.step();
         self.features_of(map, rows_of(x, h, a, b), saved, b - a);
@@ -597,7 +603,7 @@ pub(crate) fn key_bank(
         let b = (a + T).min(range.1);
         let rows = b - a;
         let next = (b + T).min(range.1);
-        let mut ahead = Ahead::new(&[rows_of(&k, h, b, next), rows_of(&v, h, b, next)], 3);
+        let mut ahead = Ahead::new(&[rows_of(&k, h, b, next), rows_of(&v, h, b, next)]);
         ahead.step();
         blk.features(map, rows_of(&k, h, a, b), rows);
         if let Some(u) = save.as_deref_mut() {
@@ -677,7 +683,7 @@ pub fn read_into(
                 let b = (a + T).min(end);
                 let rows = b - a;
                 let next = (b + T).min(end);
-                let mut ahead = Ahead::new(&[rows_of(&q, h, b, next)], 3);
+                let mut ahead = Ahead::new(&[rows_of(&q, h, b, next)]);
                 ahead.step();
                 blk.features(map, rows_of(&q, h, a, b), rows);
                 let t0 = a - segs[s].0;
@@ -731,6 +737,7 @@ pub(crate) fn normalise(
         || {
             (0..rows)
                 .filter(|&i| {
+                    super::mem::drip();
                     let out = &mut o[i * dv..(i + 1) * dv];
                     super::forward::finish_row(&acc[i * w..i * w + dv + 1], out, &mut den[i], scale)
                 })
@@ -963,7 +970,7 @@ pub fn query_grads(
                 let gb = rows_of(&g, h, a, b);
                 let next = (b + T).min(end);
                 let uqb = saved_rows(uq, n, lp, h, a, b);
-                let mut ahead = blk.start(map, (&q, uqb), &g, h, (a, b), next, 6);
+                let mut ahead = blk.start(map, (&q, uqb), &g, h, (a, b), next);
                 inv_den(&den[h * n + a..h * n + b], inv_l, &mut c);
                 bank_dots(isa, &mut gphi, mp, rows, m, gb, dv, bank, w, &bt[h]);
                 let s_rows = RowDots {
@@ -1035,7 +1042,7 @@ pub fn key_grads(
                 let vb = rows_of(&v, h, a, b);
                 let next = (b + T).min(end);
                 let ukb = saved_rows(uk, k.n, lp, h, a, b);
-                let mut ahead = blk.start(map, (&k, ukb), &v, h, (a, b), next, 5);
+                let mut ahead = blk.start(map, (&k, ukb), &v, h, (a, b), next);
                 bank_dots(isa, &mut gphi, mp, rows, m, vb, dv, db, w, &dbt[h]);
                 add_rows(isa, &mut gphi, mp, rows, &dam[h]);
                 ahead.step();

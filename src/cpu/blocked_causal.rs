@@ -188,7 +188,7 @@ struct Io<'a> {
 impl Scratch {
     /// Start block `a..b` of head `h`: both feature blocks (from the saved `u` when there is
     /// one) and `c`; with `s_all` (`[heads, n]`, the query pass's `s_i = g_i·ô_i`) also `s`.
-    /// Returns the prefetcher of the rows of `next`, to be stepped `steps` times.
+    /// Returns the [`Ahead`] drip armed with the rows of `next`.
     fn load<'a>(
         &mut self,
         io: &Io<'a>,
@@ -196,7 +196,6 @@ impl Scratch {
         (a, b): (usize, usize),
         next: (usize, usize),
         s_all: Option<&[f32]>,
-        steps: usize,
     ) -> Ahead<'a> {
         let (n, lp) = (io.q.n, io.map.planes.l * io.map.planes.p);
         let (uq, uk) = (
@@ -211,7 +210,7 @@ impl Scratch {
         if uk.is_none() {
             parts[3] = ahead_of(&io.k);
         }
-        let mut ahead = Ahead::new(&parts, steps);
+        let mut ahead = Ahead::new(&parts);
         ahead.step();
         self.kb
             .features_of(io.map, rows_of(&io.k, h, a, b), uk, b - a);
@@ -395,7 +394,7 @@ pub fn forward_into(
             for (a, b) in blocks(start, end, false) {
                 let (rows, next) = (b - a, (b + TB).min(end));
                 let parts = [&q, &k, &v].map(|x| rows_of(x, h, b, next));
-                let mut ahead = Ahead::new(&parts, 1 + TB / tc);
+                let mut ahead = Ahead::new(&parts);
                 ahead.step();
                 sc.kb.features(map, rows_of(&k, h, a, b), rows);
                 sc.qb.features(map, rows_of(&q, h, a, b), rows);
@@ -561,7 +560,7 @@ pub fn backward_into(
             let mut dbeta = 0.0f64;
             for (a, b) in blocks(start, end, false) {
                 let next = (b, (b + TB).min(end));
-                let mut ahead = sc.load(&io, h, (a, b), next, None, 1 + TB / tc);
+                let mut ahead = sc.load(&io, h, (a, b), next, None);
                 for (a2, b2) in sub_blocks(a, b, tc, false) {
                     let (r2, off) = (b2 - a2, a2 - a);
                     let (vb, gb) = (rows_of(&v, h, a2, b2), rows_of(&g, h, a2, b2));
@@ -623,7 +622,7 @@ pub fn backward_into(
             let mut dbeta = 0.0f64;
             for (a, b) in blocks(start, end, true) {
                 let next = (a.saturating_sub(TB).max(start), a);
-                let mut ahead = sc.load(&io, h, (a, b), next, Some(&s_all), 1 + TB / tc);
+                let mut ahead = sc.load(&io, h, (a, b), next, Some(&s_all));
                 for (a2, b2) in sub_blocks(a, b, tc, true) {
                     let (r2, off) = (b2 - a2, a2 - a);
                     let (vb, gb) = (rows_of(&v, h, a2, b2), rows_of(&g, h, a2, b2));

@@ -251,8 +251,12 @@ fn tile<S: Simd, const MR: usize, const NV: usize, const TWO: bool>(
                 }
             }
         }
+        if (k - k0) % 16 == 15 {
+            super::mem::drip();
+        }
     }
     store(g, d, &acc, i0, c0);
+    super::mem::drip();
 }
 
 #[inline(always)]
@@ -413,6 +417,7 @@ unsafe fn transpose_avx512(
                 // SAFETY: lanes `r0..r0 + nr` of output row `c0 + j < cols` are in bounds.
                 unsafe { _mm512_mask_storeu_ps(op.add((c0 + j) * ld_out + r0), rmask, *tj) };
             }
+            super::mem::drip();
             c0 += 16;
         }
         r0 += 16;
@@ -724,6 +729,7 @@ unsafe fn nt_tiles<const TWO: bool, const RT: usize, const QT: usize>(
                     }
                 }
             }
+            super::mem::drip();
             p += QT;
         }
         i += RT;
