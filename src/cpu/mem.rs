@@ -15,7 +15,7 @@ use super::simd::{best_supported, Isa};
 /// current block. Creating one arms this thread's drip with the rows and ends the previous
 /// block: the number of drips that block made sets how many lines each drip of this one
 /// prefetches, so the lines are spread over the whole block (half again an even share, so
-/// they are in before the block ends; 1.25–4× measured alike). Dropping it disarms the drip.
+/// they are in before the block ends; 1–4× measured alike). Dropping it disarms the drip.
 ///
 /// Why: one core here reads about 35 GB/s, about what the kernels need at `(2, 2)`, so the
 /// reads must overlap the arithmetic. The hardware prefetchers follow the kernels' reads
@@ -98,23 +98,23 @@ impl<'a> Ahead<'a> {
     /// Arm this thread's drip with `parts` (at most 6) for the current block.
     pub fn new(parts: &[&'a [f32]]) -> Self {
         let calls = CALLS.with(|c| c.replace(0)).max(1);
-        let ranges: Vec<(usize, usize)> = parts
-            .iter()
-            .filter(|x| !x.is_empty())
-            .map(|x| {
-                let a = x.as_ptr() as usize;
-                (a & !63, a + 4 * x.len())
-            })
-            .collect();
-        assert!(ranges.len() <= 6, "Ahead: at most 6 parts");
-        let lines: usize = ranges.iter().map(|(a, e)| (e - a).div_ceil(64)).sum();
+        // The non-empty parts as line-aligned byte ranges (no allocation: once per block).
+        let mut ranges = [(0usize, 0usize); 6];
+        let mut n = 0;
+        for x in parts.iter().filter(|x| !x.is_empty()) {
+            assert!(n < 6, "Ahead: at most 6 parts");
+            let a = x.as_ptr() as usize;
+            ranges[n] = (a & !63, a + 4 * x.len());
+            n += 1;
+        }
+        let lines: usize = ranges[..n].iter().map(|(a, e)| (e - a).div_ceil(64)).sum();
         PER.with(|c| c.set((lines * 3 / 2).div_ceil(calls).max(1)));
         let mut more = [(0, 0); 5];
-        let rest = ranges.len().saturating_sub(1);
-        more[5 - rest..].copy_from_slice(&ranges[ranges.len() - rest..]);
+        let rest = n.saturating_sub(1);
+        more[5 - rest..].copy_from_slice(&ranges[1..1 + rest]);
         MORE.with(|c| c.set(more));
         LEFT.with(|c| c.set(rest));
-        CUR.with(|c| c.set(ranges.first().copied().unwrap_or((0, 0))));
+        CUR.with(|c| c.set(if n > 0 { ranges[0] } else { (0, 0) }));
         Ahead {
             _parts: std::marker::PhantomData,
         }
