@@ -322,6 +322,30 @@ impl Block {
         ahead
     }
 
+    /// Transpose the features of the block's first `rows` tokens into [`Block::phit`].
+    pub(crate) fn features_t(&mut self, m: usize, rows: usize) {
+        transpose_into(
+            self.isa,
+            &self.phi,
+            rows,
+            m,
+            self.mp,
+            &mut self.phit,
+            self.tp,
+        );
+    }
+
+    /// The transposed features (`m × tp`, row stride [`Block::tp`]: feature `f` of token `i`
+    /// at `f·tp + i`), as [`Block::features_t`] or [`Block::backward`] last left them.
+    pub(crate) fn phit(&self) -> &[f32] {
+        &self.phit
+    }
+
+    /// The token capacity (row stride of the token-in-lanes buffers).
+    pub(crate) fn tp(&self) -> usize {
+        self.tp
+    }
+
     /// `u = tanh(Wx)` of the last block's rows (`rows × LP`), as the forward saves it (after
     /// [`Block::features`]).
     pub(crate) fn u(&self, rows: usize) -> &[f32] {
