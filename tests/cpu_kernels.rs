@@ -78,8 +78,8 @@ fn cases() -> Vec<Case> {
             n: 700,
             heads: 1,
         },
-        // m = 2^11 > 1024: the production backward's per-table loop instead of its
-        // product form.
+        // m = 2^11 > 1024: wider than the 1024-float stack buffers of `gemm_ext`'s row sums
+        // and `dbank`'s masses (their column-wise fallbacks).
         Case {
             p: 11,
             l: 1,
