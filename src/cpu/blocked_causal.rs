@@ -49,17 +49,20 @@ pub const TB: usize = 128;
 pub const TC: usize = 16;
 
 /// Zero the entries above (`lower = true`: keep `j ≤ i`) or below (keep `j ≥ i`) the diagonal
-/// of a `rows × rows` matrix with row stride [`TC`].
-fn mask(isa: Isa, a: &mut [f32], rows: usize, lower: bool) {
+/// of a `rows × rows` matrix with row stride [`TC`]; with `scale`, also multiply the kept
+/// entries of column `j` by `scale[j]`.
+fn mask(isa: Isa, a: &mut [f32], rows: usize, lower: bool, scale: Option<&[f32]>) {
+    let ones = [1.0f32; TC];
+    let c = &scale.unwrap_or(&ones)[..rows];
     in_frame(
         isa,
         #[inline(always)]
         || {
             for i in 0..rows {
                 let row = &mut a[i * TC..i * TC + rows];
-                for (j, x) in row.iter_mut().enumerate() {
+                for (j, (x, &cj)) in row.iter_mut().zip(c).enumerate() {
                     let off = if lower { j > i } else { j < i };
-                    *x = if off { 0.0 } else { *x };
+                    *x = if off { 0.0 } else { *x * cj };
                 }
             }
         },
@@ -459,7 +462,7 @@ pub fn forward_into(
                     st.product(&mut sc.acc, r2, w, pq, mp, w);
                     let pkt = (&sc.kb.phit()[off..], sc.kb.tp());
                     feature_gram(isa, &mut sc.att, (pq, pk, mp), pkt, m, r2, true);
-                    mask(isa, &mut sc.att, r2, true);
+                    mask(isa, &mut sc.att, r2, true, None);
                     tri_gemm(isa, &mut sc.acc, w, r2, dv, &sc.att, vb, dv, 1.0, true);
                     for i in 0..r2 {
                         sc.acc[i * w + dv] += sc.att[i * TC..i * TC + i + 1].iter().sum::<f32>();
@@ -690,19 +693,7 @@ pub fn backward_into(
                     // ∂ℓ/∂v = Φ_K dS_B + triu(Φ_K Φ_Qᵀ) (c ⊙ G).
                     let pqt = (&sc.qb.phit()[off..], sc.qb.tp());
                     feature_gram(isa, &mut sc.att, (pk, pq, mp), pqt, m, r2, false);
-                    let att = &mut sc.att;
-                    in_frame(
-                        isa,
-                        #[inline(always)]
-                        || {
-                            for j in 0..r2 {
-                                let row = &mut att[j * TC..j * TC + r2];
-                                for (i, x) in row.iter_mut().enumerate() {
-                                    *x *= if i >= j { c[i] } else { 0.0 };
-                                }
-                            }
-                        },
-                    );
+                    mask(isa, &mut sc.att, r2, false, Some(c));
                     let t0 = a2 - start;
                     let (att, st_r) = (&sc.att, &st);
                     let dv_out = &mut dvp[t0 * dv..(t0 + r2) * dv];

@@ -199,8 +199,35 @@ impl Out {
     }
 }
 
-/// [`Out::write`]'s streaming copy: plain stores up to the first 32-byte boundary of `dst`,
-/// then `vmovntps` of 8 floats at a time, plain stores for the rest.
+/// [`Out::write`]'s streaming copy with `LANES`-float vectors: plain stores up to the first
+/// `4·LANES`-byte boundary of `dst`, then `store(dst + i, src + i)` (one aligned streaming
+/// store) per vector, plain stores for the rest. Inlined into the target-feature wrappers
+/// below, so `store`'s intrinsics compile for their ISA.
+///
+/// # Safety
+/// `store` must write `LANES` floats from its source to its (aligned) destination and nothing
+/// else; `dst.len() == src.len()`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn stream_by<const LANES: usize>(
+    dst: &mut [f32],
+    src: &[f32],
+    store: impl Fn(*mut f32, *const f32),
+) {
+    let n = dst.len();
+    let head = (dst.as_ptr().align_offset(4 * LANES)).min(n);
+    dst[..head].copy_from_slice(&src[..head]);
+    let mut i = head;
+    while i + LANES <= n {
+        // `i + LANES ≤ n` for both slices; `dst + i` is aligned (`head` aligned it and `i`
+        // advances by whole vectors).
+        store(dst[i..].as_mut_ptr(), src[i..].as_ptr());
+        i += LANES;
+    }
+    dst[i..].copy_from_slice(&src[i..]);
+}
+
+/// [`stream_by`] with 32-byte `vmovntps ymm`.
 ///
 /// # Safety
 /// The CPU must support AVX; `dst.len() == src.len()`.
@@ -208,26 +235,18 @@ impl Out {
 #[target_feature(enable = "avx")]
 unsafe fn stream_avx(dst: &mut [f32], src: &[f32]) {
     use std::arch::x86_64::{_mm256_loadu_ps, _mm256_stream_ps};
-    let n = dst.len();
-    let head = (dst.as_ptr().align_offset(32)).min(n);
-    dst[..head].copy_from_slice(&src[..head]);
-    let mut i = head;
-    while i + 8 <= n {
-        // SAFETY: `i + 8 ≤ n` for both slices; `dst + i` is 32-byte aligned (`head` aligned it
-        // and `i` advances by 8 floats).
-        unsafe {
-            _mm256_stream_ps(
-                dst.as_mut_ptr().add(i),
-                _mm256_loadu_ps(src.as_ptr().add(i)),
-            );
-        }
-        i += 8;
+    // SAFETY: the store writes 8 floats to a 32-byte-aligned, in-bounds address (`stream_by`).
+    unsafe {
+        stream_by::<8>(
+            dst,
+            src,
+            #[inline(always)]
+            |d, s| _mm256_stream_ps(d, _mm256_loadu_ps(s)),
+        )
     }
-    dst[i..].copy_from_slice(&src[i..]);
 }
 
-/// [`stream_avx`] with whole 64-byte lines: plain stores up to the first line boundary of
-/// `dst`, then 16 floats at a time with `vmovntps zmm`, plain stores for the rest.
+/// [`stream_by`] with whole 64-byte lines (`vmovntps zmm`).
 ///
 /// # Safety
 /// The CPU must support AVX-512F; `dst.len() == src.len()`.
@@ -235,22 +254,15 @@ unsafe fn stream_avx(dst: &mut [f32], src: &[f32]) {
 #[target_feature(enable = "avx512f")]
 unsafe fn stream_avx512(dst: &mut [f32], src: &[f32]) {
     use std::arch::x86_64::{_mm512_loadu_ps, _mm512_stream_ps};
-    let n = dst.len();
-    let head = (dst.as_ptr().align_offset(64)).min(n);
-    dst[..head].copy_from_slice(&src[..head]);
-    let mut i = head;
-    while i + 16 <= n {
-        // SAFETY: `i + 16 ≤ n` for both slices; `dst + i` is 64-byte aligned (`head` aligned
-        // it and `i` advances by 16 floats).
-        unsafe {
-            _mm512_stream_ps(
-                dst.as_mut_ptr().add(i),
-                _mm512_loadu_ps(src.as_ptr().add(i)),
-            );
-        }
-        i += 16;
+    // SAFETY: the store writes 16 floats to a 64-byte-aligned, in-bounds address (`stream_by`).
+    unsafe {
+        stream_by::<16>(
+            dst,
+            src,
+            #[inline(always)]
+            |d, s| _mm512_stream_ps(d, _mm512_loadu_ps(s)),
+        )
     }
-    dst[i..].copy_from_slice(&src[i..]);
 }
 
 /// A zero-initialised f32 buffer aligned to 64 bytes (one cache line, one AVX-512 vector), used
