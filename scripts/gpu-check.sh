@@ -1,40 +1,89 @@
 #!/usr/bin/env bash
-# One command for a GPU machine: build, run the CUDA tests against the CPU kernels, and a
-# short benchmark at the paper shape (batch 1, 4 heads, d = 128, f32, forward+backward):
-# N = 2^20 and 2^22 for (P,L) = (2,2) and (4,4), then the largest N tried for (2,2).
-# Designed to finish inside 8 minutes on an H200. Writes everything under $OUT (or ./gpu-check).
+# One command for a GPU machine: run the CUDA tests against the CPU kernels, then a short
+# benchmark at the paper shape (batch 1, 4 heads, d = 128, f32): forward+backward at
+# N = 2^20 and 2^22 per head (4·2^20 and 16·2^20 tokens) for (P,L) = (2,2) and (4,4),
+# non-causal and causal, and forward only at 2^22 for (2,2). Designed to finish inside
+# 8 minutes on an H200. Everything goes under $OUT (or ./gpu-check): summary.txt and one
+# gpu-check.tgz with the logs and each bench's csv/json/png.
+#
+# Two ways to run it:
+# - with cargo on the GPU machine: `scripts/gpu-check.sh` builds and tests there;
+# - without (the lent machines have no Rust): build here with
+#   `scripts/gpu-check.sh --prebuild DIR`, which puts the `racelab` binary and the CUDA test
+#   binary (compiled with RACELAB_CUDA_TESTS=1) in DIR; carry DIR and run
+#   `RACELAB_PREBUILT=DIR scripts/gpu-check.sh` there.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+
+if [ "${1:-}" = "--prebuild" ]; then
+  dir="${2:?usage: scripts/gpu-check.sh --prebuild DIR}"
+  mkdir -p "$dir"
+  export RACELAB_CUDA_TESTS=1 CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target/gpu-prebuild}"
+  t=$(cargo test --release --test cuda --no-run --message-format=json 2>/dev/null |
+      python3 -c 'import json,sys
+for l in sys.stdin:
+    m=json.loads(l)
+    if m.get("reason")=="compiler-artifact" and m["target"]["name"]=="cuda" and m.get("executable"): print(m["executable"])')
+  [ -n "$t" ] || { echo "building the CUDA test binary failed"; exit 1; }
+  cargo build --release --bin racelab || exit 1
+  cp "$t" "$dir/cuda-test" && cp "$CARGO_TARGET_DIR/release/racelab" "$dir/racelab"
+  strip "$dir/cuda-test" "$dir/racelab" 2>/dev/null
+  ls -la "$dir"
+  exit 0
+fi
+
 OUT="${OUT:-gpu-check}"
+W=$(mktemp -d)
 mkdir -p "$OUT"
 start=$(date +%s)
-log() { echo "[gpu-check +$(( $(date +%s) - start ))s] $*" | tee -a "$OUT/summary.txt"; }
+# summary.txt is written straight into $OUT, so a run cut short still returns it.
+ln -s "$(cd "$OUT" && pwd)/summary.txt" "$W/summary.txt"
+log() { echo "[gpu-check +$(( $(date +%s) - start ))s] $*" | tee -a "$W/summary.txt"; }
+finish() { tar czhf "$OUT/gpu-check.tgz" -C "$W" .; }
+trap finish EXIT
 
-log "nvidia-smi: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -1)"
-log "building (release)"
-cargo build --release --all-targets >"$OUT/build.log" 2>&1 || { log "BUILD FAILED (see build.log)"; tail -30 "$OUT/build.log"; exit 1; }
+log "nvidia-smi: $(nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader 2>&1 | head -1)"
+log "host: $(nproc) cores, $(free -g | awk '/Mem/{print $2" GiB, "$7" GiB available"}'); $(nvcc --version 2>/dev/null | tail -1)"
 
-log "CUDA tests (RACELAB_CUDA_TESTS=1)"
-RACELAB_CUDA_TESTS=1 timeout 180 cargo test --release --test cuda -- --nocapture >"$OUT/cuda-tests.log" 2>&1
+# cudarc loads libcuda and libnvrtc by name (libnvrtc.so, .so.12, ...): make the toolkit's
+# NVRTC findable, under the unversioned name if only a versioned one (e.g. .so.13) exists.
+libs=$(mktemp -d)
+nv=$(ls /usr/local/cuda/lib64/libnvrtc.so* /usr/local/cuda*/targets/*/lib/libnvrtc.so* 2>/dev/null | head -1)
+[ -n "$nv" ] || nv=$(find / -xdev -name 'libnvrtc.so*' 2>/dev/null | grep -v builtins | head -1)
+if [ -n "$nv" ]; then
+  ln -sf "$nv" "$libs/libnvrtc.so"
+  export LD_LIBRARY_PATH="$libs:$(dirname "$nv")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+log "NVRTC: ${nv:-not found}"
+
+if [ -n "${RACELAB_PREBUILT:-}" ]; then
+  racelab="$RACELAB_PREBUILT/racelab"
+  cudatest=("$RACELAB_PREBUILT/cuda-test")
+else
+  log "building (release)"
+  cargo build --release --bin racelab >"$W/build.log" 2>&1 || { log "BUILD FAILED (see build.log)"; tail -30 "$W/build.log"; exit 1; }
+  racelab=./target/release/racelab
+  cudatest=(env RACELAB_CUDA_TESTS=1 cargo test --release --test cuda --)
+fi
+
+log "CUDA tests"
+timeout 150 "${cudatest[@]}" --nocapture --test-threads=1 >"$W/cuda-tests.log" 2>&1
 rc=$?
-grep -E "^test |test result" "$OUT/cuda-tests.log" | tee -a "$OUT/summary.txt"
-[ $rc -eq 0 ] || { log "CUDA TESTS FAILED (rc=$rc)"; grep -A15 "panicked" "$OUT/cuda-tests.log" | head -40; }
+grep -E "^test |test result|skipped" "$W/cuda-tests.log" | tee -a "$W/summary.txt"
+[ $rc -eq 0 ] || { log "CUDA TESTS FAILED (rc=$rc)"; grep -B2 -A15 "panicked" "$W/cuda-tests.log" | head -60 | tee -a "$W/summary.txt"; }
 
-for pl in "2 2" "4 4"; do
-  set -- $pl
-  log "bench (P,L)=($1,$2) N=2^20,2^22 fwd+bwd non-causal"
-  timeout 150 ./target/release/racelab bench --device cuda --backward --n 1048576,4194304 --p "$1" --l "$2" \
-      --out "$OUT/bench-$1-$2" >"$OUT/bench-$1-$2.txt" 2>&1
-  grep -E "^race|bandwidth|skipped|error" "$OUT/bench-$1-$2.txt" | tee -a "$OUT/summary.txt"
-done
-log "bench (2,2) causal fwd+bwd N=2^22"
-timeout 90 ./target/release/racelab bench --device cuda --backward --causal --n 4194304 --p 2 --l 2 \
-    --out "$OUT/bench-causal" >"$OUT/bench-causal.txt" 2>&1
-grep -E "^race|error" "$OUT/bench-causal.txt" | tee -a "$OUT/summary.txt"
-for n in 16777216 33554432; do
-  log "largest-N probe (2,2) fwd+bwd N=$n"
-  timeout 90 ./target/release/racelab bench --device cuda --backward --n "$n" --p 2 --l 2 --runs 3 \
-      --out "$OUT/bench-large-$n" >"$OUT/bench-large-$n.txt" 2>&1
-  grep -E "^race|error|skipped" "$OUT/bench-large-$n.txt" | tee -a "$OUT/summary.txt"
-done
+bench() {  # name, timeout, args...
+  local name=$1 to=$2; shift 2
+  log "bench $name: $*"
+  timeout "$to" "$racelab" bench --device cuda "$@" --out "$W/$name" >"$W/$name.txt" 2>&1
+  local r=$?
+  grep -E "^GPU|^race|^measured|skipped|rror" "$W/$name.txt" | tee -a "$W/summary.txt"
+  [ $r -eq 0 ] || log "bench $name exited with $r"
+}
+bench nc-22 100 --backward --n 1048576,4194304 --p 2 --l 2
+bench nc-44 100 --backward --n 1048576,4194304 --p 4 --l 4
+bench causal-22 80 --backward --causal --n 4194304 --p 2 --l 2
+bench causal-44 80 --backward --causal --n 4194304 --p 4 --l 4
+bench fwd-22 60 --n 4194304 --p 2 --l 2
+bench fwd-causal-22 60 --causal --n 4194304 --p 2 --l 2
 log "done"

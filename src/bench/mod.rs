@@ -128,6 +128,8 @@ pub struct BenchReport {
     pub bandwidth_probes_gbs: [f64; 2],
     pub fma_peak_gflops: f64,
     pub isa: String,
+    /// With `--device cuda`: the GPU's measured ceilings, which floor the GPU rows.
+    pub gpu: Option<crate::cuda::DeviceCeilings>,
     pub rows: Vec<BenchRow>,
     pub fits: Vec<Fit>,
     pub crossovers: Vec<Crossover>,
@@ -209,9 +211,14 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
         crate::params::validate_pl(p, l)?;
     }
     crate::params::validate_beta(cfg.beta)?;
-    if cfg.device == Device::Cuda {
+    // GPU rows are floored against the GPU's own measured copy bandwidth and FMA rate.
+    let gpu = if cfg.device == Device::Cuda {
         crate::cuda::ensure_device()?;
-    }
+        progress("measuring the GPU's copy bandwidth and FP32 FMA rate");
+        Some(crate::cuda::ceilings()?)
+    } else {
+        None
+    };
     let isa = cpu::detected_isa();
     progress("measuring memory bandwidth and FMA peak");
     let bw_start = machine::bandwidth_gbs();
@@ -323,7 +330,11 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
                 )?,
             };
             let flops = race_flops_per_token(p, l, d, dv, cfg.backward) * (n * h) as f64;
-            let floor = bytes / (bw * 1e9);
+            let (row_bw, row_peak) = match &gpu {
+                Some(c) => (c.bandwidth_gbs, c.fp32_gflops),
+                None => (bw, peak),
+            };
+            let floor = bytes / (row_bw * 1e9);
             rows.push(BenchRow {
                 method: "race".into(),
                 device: cfg.device,
@@ -341,7 +352,7 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
                 floor_seconds: floor,
                 ratio_to_floor: secs / floor,
                 flops: Some(flops),
-                flop_floor_seconds: Some(flops / (peak * 1e9)),
+                flop_floor_seconds: Some(flops / (row_peak * 1e9)),
                 runs: all,
             });
         }
@@ -456,7 +467,11 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
     let bw_end = machine::bandwidth_gbs();
     let bw = bw_start.max(bw_end);
     for r in &mut rows {
-        r.floor_seconds = r.bytes_moved / (bw * 1e9);
+        let row_bw = match (&gpu, r.device) {
+            (Some(c), Device::Cuda) => c.bandwidth_gbs,
+            _ => bw,
+        };
+        r.floor_seconds = r.bytes_moved / (row_bw * 1e9);
         r.ratio_to_floor = r.seconds / r.floor_seconds;
     }
     let mut report = BenchReport {
@@ -464,6 +479,7 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
         bandwidth_probes_gbs: [bw_start, bw_end],
         fma_peak_gflops: peak,
         isa: isa.name().to_string(),
+        gpu,
         rows,
         fits,
         crossovers,

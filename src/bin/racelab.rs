@@ -674,6 +674,12 @@ fn run_bench(a: BenchArgs) -> Result<()> {
         rep.fma_peak_gflops,
         rep.isa
     );
+    if let Some(g) = &rep.gpu {
+        println!(
+            "GPU {}: measured copy bandwidth {:.0} GB/s, FP32 FMA {:.0} GFLOP/s (the race rows' floors)",
+            g.name, g.bandwidth_gbs, g.fp32_gflops
+        );
+    }
     println!(
         "{:<10} {:>10} {:>6} {:>11} {:>12} {:>10} {:>9} {:>10}",
         "method", "N", "(P,L)", "seconds", "tokens/s", "RSS GiB", "x floor", "x flops"

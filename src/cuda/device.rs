@@ -1,6 +1,8 @@
 //! The cudarc driver side: device discovery without panics, NVRTC compilation, launches.
 
-use super::{check_problem, shared_floats, GpuForward, GpuInput, GpuShape, CHUNK, RACE_CU};
+use super::{
+    check_problem, shared_floats, DeviceCeilings, GpuForward, GpuInput, GpuShape, CHUNK, RACE_CU,
+};
 use crate::cpu::{Heads, PlanesF32, SoftGrads};
 use crate::error::{RaceError, Result};
 use cudarc::driver::{
@@ -15,10 +17,11 @@ struct Kernels {
     fwd: CudaFunction,
     bwd_q: CudaFunction,
     bwd_k: CudaFunction,
+    fma_peak: CudaFunction,
 }
 
 struct Gpu {
-    _ctx: Arc<CudaContext>,
+    ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     f32k: Kernels,
     bf16k: Kernels,
@@ -26,6 +29,14 @@ struct Gpu {
 
 fn cuda_err(what: &str, e: impl std::fmt::Debug) -> RaceError {
     RaceError::Cuda(format!("{what}: {e:?}"))
+}
+
+/// A device buffer for a kernel to fill: not zeroed, because every kernel here writes every
+/// element of its outputs (zeroing would add a full extra write pass to each timed run).
+fn out_buf(st: &Arc<CudaStream>, len: usize, what: &str) -> Result<CudaSlice<f32>> {
+    // SAFETY: f32 has no invalid bit patterns, and each caller hands the buffer to a kernel
+    // that writes all `len` elements before anything reads them (see the kernels' docs).
+    unsafe { st.alloc::<f32>(len) }.map_err(|e| cuda_err(what, e))
 }
 
 fn compile(ctx: &Arc<CudaContext>, bf16: bool) -> Result<Kernels> {
@@ -49,6 +60,7 @@ fn compile(ctx: &Arc<CudaContext>, bf16: bool) -> Result<Kernels> {
         fwd: f("race_fwd")?,
         bwd_q: f("race_bwd_q")?,
         bwd_k: f("race_bwd_k")?,
+        fma_peak: f("race_fma_peak")?,
     })
 }
 
@@ -74,7 +86,7 @@ fn open() -> std::result::Result<Gpu, RaceError> {
     let f32k = compile(&ctx, false)?;
     let bf16k = compile(&ctx, true)?;
     Ok(Gpu {
-        _ctx: ctx,
+        ctx,
         stream,
         f32k,
         bf16k,
@@ -201,9 +213,11 @@ fn chunk_totals<T: DeviceRepr>(
     mode: i32,
 ) -> Result<CudaSlice<f32>> {
     let st = &g.stream;
-    let mut partials = st
-        .alloc_zeros::<f32>(dm.heads as usize * dm.nchunks as usize * dm.mw)
-        .map_err(|e| cuda_err("alloc partials", e))?;
+    let mut partials = out_buf(
+        st,
+        dm.heads as usize * dm.nchunks as usize * dm.mw,
+        "alloc partials",
+    )?;
     let mut b = st.launch_builder(&kn.partial);
     b.arg(x)
         .arg(v)
@@ -237,9 +251,7 @@ fn scan_chunks(
     } else {
         dm.heads as usize * dm.mw
     };
-    let mut bases = st
-        .alloc_zeros::<f32>(nb)
-        .map_err(|e| cuda_err("alloc bases", e))?;
+    let mut bases = out_buf(st, nb, "alloc bases")?;
     let (nch, mw) = (dm.nchunks as i32, dm.mw as i32);
     let mut b = st.launch_builder(&kn.scan);
     b.arg(partials)
@@ -274,10 +286,8 @@ fn fwd_dev<T: DeviceRepr>(
     let dummy = st.alloc_zeros::<f32>(1).map_err(e("alloc"))?;
     let partials = chunk_totals(g, kn, &dev.k, &dev.v, &dummy, &dummy, &dummy, &dev.w, dm, 0)?;
     let bases = scan_chunks(g, kn, &partials, dm, if causal { 0 } else { 2 })?;
-    let mut o = st
-        .alloc_zeros::<f32>(total * dm.dv as usize)
-        .map_err(e("alloc o"))?;
-    let mut den = st.alloc_zeros::<f32>(total).map_err(e("alloc den"))?;
+    let mut o = out_buf(st, total * dm.dv as usize, "alloc o")?;
+    let mut den = out_buf(st, total, "alloc den")?;
     let causal_i = causal as i32;
     {
         let mut b = st.launch_builder(&kn.fwd);
@@ -320,10 +330,8 @@ fn bwd_dev<T: DeviceRepr>(
     }
     let total = dm.heads as usize * dm.n as usize;
     let causal_i = causal as i32;
-    let mut dq = st
-        .alloc_zeros::<f32>(total * dm.d as usize)
-        .map_err(e("alloc dq"))?;
-    let mut dbq = st.alloc_zeros::<f32>(total).map_err(e("alloc"))?;
+    let mut dq = out_buf(st, total * dm.d as usize, "alloc dq")?;
+    let mut dbq = out_buf(st, total, "alloc dbq")?;
     {
         let mut b = st.launch_builder(&kn.bwd_q);
         b.arg(&dev.q)
@@ -343,13 +351,9 @@ fn bwd_dev<T: DeviceRepr>(
     // Mode 1 reads ĝ from (g, o, den); its V argument is unused (q stands in).
     let partials = chunk_totals(g, kn, &dev.q, &dev.q, gr, o, den, &dev.w, dm, 1)?;
     let dbases = scan_chunks(g, kn, &partials, dm, if causal { 1 } else { 2 })?;
-    let mut dk = st
-        .alloc_zeros::<f32>(total * dm.d as usize)
-        .map_err(e("alloc"))?;
-    let mut dvv = st
-        .alloc_zeros::<f32>(total * dm.dv as usize)
-        .map_err(e("alloc"))?;
-    let mut dbk = st.alloc_zeros::<f32>(total).map_err(e("alloc"))?;
+    let mut dk = out_buf(st, total * dm.d as usize, "alloc dk")?;
+    let mut dvv = out_buf(st, total * dm.dv as usize, "alloc dv")?;
+    let mut dbk = out_buf(st, total, "alloc dbk")?;
     {
         let mut b = st.launch_builder(&kn.bwd_k);
         b.arg(&dev.q)
@@ -529,4 +533,63 @@ pub fn time_soft(
     let mut sorted = ts.clone();
     sorted.sort_by(|a, b| a.partial_cmp(b).unwrap());
     Ok((sorted[sorted.len() / 2], ts))
+}
+
+/// Measure the device's copy bandwidth and FP32 FMA rate (see [`DeviceCeilings`]).
+pub fn ceilings() -> Result<DeviceCeilings> {
+    let g = gpu()?;
+    let st = &g.stream;
+    let sync = || st.synchronize().map_err(|e| cuda_err("synchronize", e));
+    let name = g.ctx.name().map_err(|e| cuda_err("device name", e))?;
+    // Bandwidth: a 2 GiB device-to-device copy counts 4 GiB moved.
+    let len = 1usize << 29;
+    let src = st
+        .alloc_zeros::<f32>(len)
+        .map_err(|e| cuda_err("alloc copy source", e))?;
+    let mut dst = out_buf(st, len, "alloc copy target")?;
+    let mut bw = 0.0f64;
+    for i in 0..6 {
+        sync()?;
+        let t = Instant::now();
+        st.memcpy_dtod(&src, &mut dst)
+            .map_err(|e| cuda_err("device copy", e))?;
+        sync()?;
+        let s = t.elapsed().as_secs_f64();
+        if i > 0 {
+            bw = bw.max(2.0 * 4.0 * len as f64 / s / 1e9);
+        }
+    }
+    drop((src, dst));
+    // FMA rate: 8 chains × iters FMAs per thread, enough blocks to fill any current GPU.
+    let (blocks, threads, iters) = (16384u32, 256u32, 16384i32);
+    let mut out = out_buf(st, (blocks * threads) as usize, "alloc fma probe")?;
+    let mut flops = 0.0f64;
+    for i in 0..6 {
+        sync()?;
+        let t = Instant::now();
+        let mut b = st.launch_builder(&g.f32k.fma_peak);
+        b.arg(&mut out).arg(&iters);
+        let c = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: matches `race_fma_peak`; `out` holds one float per launched thread.
+        unsafe { b.launch(c) }.map_err(|e| cuda_err("race_fma_peak", e))?;
+        sync()?;
+        let s = t.elapsed().as_secs_f64();
+        if i > 0 {
+            let n = 2.0 * 8.0 * iters as f64 * (blocks * threads) as f64;
+            flops = flops.max(n / s / 1e9);
+        }
+    }
+    let probe = host(st, &out)?;
+    if probe.iter().any(|x| !x.is_finite()) {
+        return Err(RaceError::Cuda("the FMA probe produced non-finite values".into()));
+    }
+    Ok(DeviceCeilings {
+        name,
+        bandwidth_gbs: bw,
+        fp32_gflops: flops,
+    })
 }

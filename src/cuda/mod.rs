@@ -20,13 +20,26 @@ pub const RACE_CU: &str = include_str!("race.cu");
 pub const CHUNK: usize = 256;
 
 /// Kernel names the Rust side launches (checked against the source in tests).
-pub const KERNELS: [&str; 5] = [
+pub const KERNELS: [&str; 6] = [
     "race_partial",
     "race_scan",
     "race_fwd",
     "race_bwd_q",
     "race_bwd_k",
+    "race_fma_peak",
 ];
+
+/// The device's measured limits, against which GPU benchmark rows are floored.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DeviceCeilings {
+    /// The device's name as the driver reports it.
+    pub name: String,
+    /// Device-to-device copy bandwidth, bytes read plus bytes written, GB/s (best of 5 copies
+    /// of 2 GiB).
+    pub bandwidth_gbs: f64,
+    /// FP32 FMA rate, GFLOP/s (best of 5 launches of `race_fma_peak`).
+    pub fp32_gflops: f64,
+}
 
 /// Input element type on the device.
 #[derive(Debug, Clone, Copy)]
@@ -139,9 +152,9 @@ pub fn check_problem(
 #[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
-pub use device::{ensure_device, soft_backward, soft_forward, time_soft};
+pub use device::{ceilings, ensure_device, soft_backward, soft_forward, time_soft};
 
 #[cfg(not(feature = "cuda"))]
 mod stub;
 #[cfg(not(feature = "cuda"))]
-pub use stub::{ensure_device, soft_backward, soft_forward, time_soft};
+pub use stub::{ceilings, ensure_device, soft_backward, soft_forward, time_soft};

@@ -278,3 +278,15 @@ extern "C" __global__ void race_bwd_k(const in_t* Q, const in_t* K, const in_t* 
         __syncthreads();
     }
 }
+
+// FP32 FMA ceiling probe: 8 independent chains per thread, `iters` rounds, 2 flops per FMA.
+// The result is stored so the compiler cannot drop the chains.
+extern "C" __global__ void race_fma_peak(float* out, int iters) {
+    float x = 1.f + 1e-7f * threadIdx.x, y = 1e-7f;
+    float a0 = 0.1f, a1 = 0.2f, a2 = 0.3f, a3 = 0.4f, a4 = 0.5f, a5 = 0.6f, a6 = 0.7f, a7 = 0.8f;
+    for (int i = 0; i < iters; ++i) {
+        a0 = fmaf(a0, x, y); a1 = fmaf(a1, x, y); a2 = fmaf(a2, x, y); a3 = fmaf(a3, x, y);
+        a4 = fmaf(a4, x, y); a5 = fmaf(a5, x, y); a6 = fmaf(a6, x, y); a7 = fmaf(a7, x, y);
+    }
+    out[blockIdx.x * blockDim.x + threadIdx.x] = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7;
+}

@@ -53,3 +53,7 @@ pub fn time_soft(
 ) -> Result<(f64, Vec<f64>)> {
     Err(off())
 }
+
+pub fn ceilings() -> Result<super::DeviceCeilings> {
+    Err(off())
+}
