@@ -28,6 +28,8 @@ for l in sys.stdin:
   cargo build --release --bin racelab || exit 1
   cp "$t" "$dir/cuda-test" && cp "$CARGO_TARGET_DIR/release/racelab" "$dir/racelab"
   strip "$dir/cuda-test" "$dir/racelab" 2>/dev/null
+  # Compressed, because a lent machine's upload limit (64 MiB with the tracked files) is tight.
+  xz -9e -f "$dir/cuda-test" "$dir/racelab"
   ls -la "$dir"
   exit 0
 fi
@@ -57,6 +59,12 @@ fi
 log "NVRTC: ${nv:-not found}"
 
 if [ -n "${RACELAB_PREBUILT:-}" ]; then
+  bin=$(mktemp -d)
+  for f in racelab cuda-test; do
+    python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' \
+      "$RACELAB_PREBUILT/$f.xz" "$bin/$f" && chmod +x "$bin/$f"
+  done
+  RACELAB_PREBUILT=$bin
   racelab="$RACELAB_PREBUILT/racelab"
   cudatest=("$RACELAB_PREBUILT/cuda-test")
 else
