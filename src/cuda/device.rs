@@ -1,8 +1,6 @@
 //! The cudarc driver side: device discovery without panics, NVRTC compilation, launches.
 
-use super::{
-    check_problem, shared_floats, DeviceCeilings, GpuForward, GpuInput, GpuShape, CHUNK, RACE_CU,
-};
+use super::{check_problem, geometry, DeviceCeilings, GpuForward, GpuInput, GpuShape, RACE_CU};
 use crate::cpu::{Heads, PlanesF32, SoftGrads};
 use crate::error::{RaceError, Result};
 use cudarc::driver::{
@@ -116,7 +114,11 @@ struct Dims {
     heads: u32,
     nchunks: u32,
     mw: usize,
-    shared: u32,
+    warps: u32,
+    blocks_x: u32,
+    /// Shared bytes with a private state per warp / one state per block.
+    shared_private: u32,
+    shared_block: u32,
 }
 
 impl Dims {
@@ -133,28 +135,37 @@ impl Dims {
     }
 }
 
-fn dims(planes: &PlanesF32, beta: f32, s: GpuShape) -> Dims {
-    let nchunks = s.n.div_ceil(CHUNK);
-    Dims {
+fn dims(planes: &PlanesF32, beta: f32, s: GpuShape) -> Result<Dims> {
+    let geo = geometry(planes.p, planes.l, s)?;
+    Ok(Dims {
         n: s.n as i32,
         d: s.d as i32,
         dv: s.dv as i32,
         l: planes.l as i32,
         p: planes.p as i32,
         beta,
-        chunk: CHUNK as i32,
+        chunk: geo.chunk as i32,
         heads: s.heads as u32,
-        nchunks: nchunks as u32,
+        nchunks: geo.nchunks as u32,
         mw: (planes.l << planes.p) * (s.dv + 1),
-        shared: (4 * shared_floats(planes.p, planes.l, s.dv)) as u32,
-    }
+        warps: geo.warps as u32,
+        blocks_x: geo.blocks_x as u32,
+        shared_private: geo.shared_private as u32,
+        shared_block: geo.shared_block as u32,
+    })
 }
 
-fn cfg(dm: &Dims) -> LaunchConfig {
+/// One warp per chunk; `private_state` kernels (race_partial, the causal passes) carve one
+/// state per warp, the others one per block.
+fn cfg(dm: &Dims, private_state: bool) -> LaunchConfig {
     LaunchConfig {
-        grid_dim: (dm.nchunks, dm.heads, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: dm.shared,
+        grid_dim: (dm.blocks_x, dm.heads, 1),
+        block_dim: (32 * dm.warps, 1, 1),
+        shared_mem_bytes: if private_state {
+            dm.shared_private
+        } else {
+            dm.shared_block
+        },
     }
 }
 
@@ -230,8 +241,8 @@ fn chunk_totals<T: DeviceRepr>(
     // SAFETY: argument order and types match `race_partial` in race.cu; every buffer holds
     // the [heads, n, ·] extents the kernel indexes (checked by `check_problem`; g/o/den are
     // read only in mode 1), and the dynamic shared memory is sized by `shared_floats` for
-    // the SH_LAYOUT it carves.
-    unsafe { b.launch(cfg(dm)) }.map_err(|e| cuda_err("race_partial", e))?;
+    // the layout `carve` makes (a private state per warp).
+    unsafe { b.launch(cfg(dm, true)) }.map_err(|e| cuda_err("race_partial", e))?;
     Ok(partials)
 }
 
@@ -300,7 +311,7 @@ fn fwd_dev<T: DeviceRepr>(
             .arg(&mut den);
         dm.push(&mut b, &causal_i);
         // SAFETY: matches `race_fwd`; o has heads·n·dv floats, den heads·n.
-        unsafe { b.launch(cfg(dm)) }.map_err(e("race_fwd"))?;
+        unsafe { b.launch(cfg(dm, causal)) }.map_err(e("race_fwd"))?;
     }
     Ok((o, den, bases))
 }
@@ -346,7 +357,7 @@ fn bwd_dev<T: DeviceRepr>(
             .arg(&mut dbq);
         dm.push(&mut b, &causal_i);
         // SAFETY: matches `race_bwd_q`; bases come from the forward of the same shape/mode.
-        unsafe { b.launch(cfg(dm)) }.map_err(e("race_bwd_q"))?;
+        unsafe { b.launch(cfg(dm, causal)) }.map_err(e("race_bwd_q"))?;
     }
     // Mode 1 reads ĝ from (g, o, den); its V argument is unused (q stands in).
     let partials = chunk_totals(g, kn, &dev.q, &dev.q, gr, o, den, &dev.w, dm, 1)?;
@@ -369,7 +380,7 @@ fn bwd_dev<T: DeviceRepr>(
             .arg(&mut dbk);
         dm.push(&mut b, &causal_i);
         // SAFETY: matches `race_bwd_k`; dk, dv, dbk sized heads·n·{d, dv, 1}.
-        unsafe { b.launch(cfg(dm)) }.map_err(e("race_bwd_k"))?;
+        unsafe { b.launch(cfg(dm, causal)) }.map_err(e("race_bwd_k"))?;
     }
     Ok((dq, dk, dvv, dbq, dbk))
 }
@@ -419,9 +430,9 @@ pub fn soft_forward(
 ) -> Result<GpuForward> {
     check_problem(planes, beta, &q, &k, &v, s)?;
     let g = gpu()?;
-    let dm = dims(planes, beta, s);
+    let dm = dims(planes, beta, s)?;
     with_input!(g, planes, q, k, v, |dev, kn| {
-        allow_shared(kn, dm.shared)?;
+        allow_shared(kn, dm.shared_private)?;
         let (o, den, _) = fwd_dev(g, kn, &dev, &dm, causal)?;
         Ok(finish_forward(host(&g.stream, &o)?, host(&g.stream, &den)?))
     })
@@ -447,9 +458,9 @@ pub fn soft_backward(
         ));
     }
     let g = gpu()?;
-    let dm = dims(planes, beta, s);
+    let dm = dims(planes, beta, s)?;
     with_input!(g, planes, q, k, v, |dev, kn| {
-        allow_shared(kn, dm.shared)?;
+        allow_shared(kn, dm.shared_private)?;
         let (o, den, bases) = fwd_dev(g, kn, &dev, &dm, causal)?;
         let gd = g
             .stream
@@ -501,9 +512,9 @@ pub fn time_soft(
         s,
     )?;
     let g = gpu()?;
-    let dm = dims(planes, beta, s);
+    let dm = dims(planes, beta, s)?;
     let kn = &g.f32k;
-    allow_shared(kn, dm.shared)?;
+    allow_shared(kn, dm.shared_private)?;
     let dev = upload(&g.stream, planes, q.data, k.data, v.data)?;
     let gd = match gr {
         Some(x) => Some(

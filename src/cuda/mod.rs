@@ -2,8 +2,12 @@
 //!
 //! The kernels are CUDA C in [`RACE_CU`] (`src/cuda/race.cu`), compiled at run time by NVRTC
 //! twice: for f32 inputs and (with `-DRACE_BF16`) for bf16 inputs; accumulation is f32
-//! within chunks of [`CHUNK`] tokens and f64 across chunks (`race_scan`). No float atomics,
-//! so results are identical run to run.
+//! within chunks of at most [`MAX_CHUNK`] tokens ([`chunk_len`]) and f64 across chunks
+//! (`race_scan`). No float atomics, so results are identical run to run.
+//!
+//! Launch geometry ([`Geometry`]): one warp walks one chunk of one head, token by token, with
+//! warp-level steps only; a block holds up to 8 such warps, as many as the shared memory
+//! allows when each keeps a private `L·2^P × (dv+1)` state.
 //!
 //! With the `cuda` feature (default) the driver is loaded dynamically: the crate builds and
 //! its tests run on machines without CUDA, and every entry point first checks that the driver
@@ -16,8 +20,23 @@ use crate::error::{RaceError, Result};
 /// The CUDA C source of all kernels (compiled with NVRTC at run time).
 pub const RACE_CU: &str = include_str!("race.cu");
 
-/// Tokens per chunk (f32 accumulation happens within a chunk only).
-pub const CHUNK: usize = 256;
+/// Most tokens per chunk (f32 accumulation happens within a chunk only).
+pub const MAX_CHUNK: usize = 1024;
+/// Fewest tokens per chunk.
+pub const MIN_CHUNK: usize = 32;
+/// Warps wanted in flight: one warp per chunk, so chunks shrink until a problem has this
+/// many (about one wave of an H200 at 32 resident warps per multiprocessor).
+pub const TARGET_WARPS: usize = 4096;
+
+/// Chunk length for `heads × n` tokens: the power of two in [MIN_CHUNK, MAX_CHUNK] closest
+/// to giving [`TARGET_WARPS`] chunks. Longer chunks mean fewer partial states to scan (each
+/// is `L·2^P·(dv+1)` floats); shorter ones, more parallel warps.
+pub fn chunk_len(heads: usize, n: usize) -> usize {
+    (heads * n)
+        .div_ceil(TARGET_WARPS)
+        .next_power_of_two()
+        .clamp(MIN_CHUNK, MAX_CHUNK)
+}
 
 /// Kernel names the Rust side launches (checked against the source in tests).
 pub const KERNELS: [&str; 6] = [
@@ -96,10 +115,59 @@ pub struct GpuForward {
     pub empty_rows: usize,
 }
 
-/// Floats of dynamic shared memory a block needs (see SH_LAYOUT in race.cu).
-pub fn shared_floats(p: usize, l: usize, dv: usize) -> usize {
+/// Floats of dynamic shared memory a block of `warps` warps needs (the layout `carve` makes
+/// in race.cu): each warp's scratch `x [d] | 5 × [L·P] | 2 × [m] | 2 × [dv+1]`, then one
+/// `m × (dv+1)` state per warp (`private_state`) or one for the block.
+pub fn shared_floats(p: usize, l: usize, d: usize, dv: usize, warps: usize, private_state: bool) -> usize {
     let (lp, m, w) = (l * p, l << p, dv + 1);
-    4 * lp + m + 2 * w + m + 2 * lp + m * w
+    let scratch = d + 5 * lp + 2 * m + 2 * w;
+    warps * scratch + if private_state { warps } else { 1 } * m * w
+}
+
+/// Shared memory one block may use on current NVIDIA GPUs (Hopper: 227 KiB).
+pub const MAX_SHARED_BYTES: usize = 227 * 1024;
+
+/// How a problem is launched: warps per block (8 when the shared memory allows, else fewer),
+/// the chunk length, and the shared bytes of the private-state layout (the larger one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Geometry {
+    pub warps: usize,
+    pub chunk: usize,
+    pub nchunks: usize,
+    pub blocks_x: usize,
+    pub shared_private: usize,
+    pub shared_block: usize,
+}
+
+/// The launch geometry of a problem, or an error naming `p` when even one warp's private
+/// state does not fit in shared memory.
+pub fn geometry(p: usize, l: usize, s: GpuShape) -> Result<Geometry> {
+    let bytes = |warps, private| 4 * shared_floats(p, l, s.d, s.dv, warps, private);
+    let warps = [8usize, 4, 2, 1]
+        .into_iter()
+        .find(|&wp| bytes(wp, true) <= MAX_SHARED_BYTES)
+        .ok_or_else(|| {
+            RaceError::param(
+                "p",
+                format!(
+                    "the CUDA kernels keep one L·2^P × (dv+1) state per warp in shared memory; (P, L, d, dv) = ({p}, {l}, {}, {}) needs {} KiB > {} KiB; lower P, L or dv",
+                    s.d,
+                    s.dv,
+                    bytes(1, true) / 1024,
+                    MAX_SHARED_BYTES / 1024
+                ),
+            )
+        })?;
+    let chunk = chunk_len(s.heads, s.n);
+    let nchunks = s.n.div_ceil(chunk);
+    Ok(Geometry {
+        warps,
+        chunk,
+        nchunks,
+        blocks_x: nchunks.div_ceil(warps),
+        shared_private: bytes(warps, true),
+        shared_block: bytes(warps, false),
+    })
 }
 
 /// Validate a GPU problem before touching the device.
@@ -139,14 +207,7 @@ pub fn check_problem(
             ));
         }
     }
-    let bytes = 4 * shared_floats(planes.p, planes.l, s.dv);
-    if bytes > 227 * 1024 {
-        return Err(RaceError::param(
-            "p",
-            format!("the CUDA kernels keep L·2^P·(dv+1) floats in shared memory; (P, L, dv) = ({}, {}, {}) needs {} KiB > 227 KiB; lower P, L or dv", planes.p, planes.l, s.dv, bytes / 1024),
-        ));
-    }
-    Ok(())
+    geometry(planes.p, planes.l, s).map(|_| ())
 }
 
 #[cfg(feature = "cuda")]

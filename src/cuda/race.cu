@@ -2,11 +2,20 @@
 //
 // Layout: inputs [heads, n, d] (values [heads, n, dv]) row-major; planes W [L, P, d] f32.
 // A bank row f (feature f = l*R + r) has width w = dv + 1: value sums and, last, the mass.
-// Sequences are split into chunks of `chunk` tokens; one block owns one (chunk, head) and
-// keeps its bank state in shared memory (m*w floats). Chunk totals are combined by
-// race_scan in f64 (an exclusive scan for causal runs, the total for non-causal ones), so
-// f32 only ever accumulates within one chunk. No float atomics: every sum has a fixed order,
-// so results are bitwise reproducible run to run.
+//
+// Work split: each *warp* owns one chunk of `chunk` consecutive tokens of one head and walks
+// it token by token with warp-level steps only (shuffles and __syncwarp, no block barriers in
+// the token loop); a block is `warps` such warps side by side (chunk index
+// blockIdx.x * warps + warp, head blockIdx.y). Per token a warp computes the soft features of
+// one row (L·P dot products of length d, reduced by butterfly shuffles; tanh and the bit
+// sigmoids; the m = L·2^P corner products), then one bank-sized product against its state.
+//
+// Chunk totals are combined by race_scan in f64 (an exclusive scan for causal runs, the total
+// for non-causal ones), so f32 only ever accumulates within one chunk. No float atomics:
+// every sum has a fixed order, so results are bitwise reproducible run to run.
+//
+// State: kernels that accumulate (race_partial, and the causal passes) keep a private m·w
+// state per warp in shared memory; the non-causal passes share one read-only state per block.
 //
 // Compiled twice: as is (f32 inputs) and with -DRACE_BF16 (bf16 inputs read as raw 16-bit
 // words and widened exactly to f32). Outputs and gradients are always f32.
@@ -19,96 +28,229 @@ typedef float in_t;
 __device__ __forceinline__ float ld(const in_t* p, long long i) { return p[i]; }
 #endif
 
+#define FULL 0xffffffffu
+
+// Ask L2 for the row `ahead` tokens on (one 128-byte line per lane); never dereferenced.
+__device__ __forceinline__ void prefetch_row(const void* row, int bytes) {
+#ifdef __CUDA_ARCH__
+    const int off = (threadIdx.x & 31) * 128;
+    if (off < bytes) asm volatile("prefetch.global.L2 [%0];" ::"l"((const char*)row + off));
+#else
+    (void)row; (void)bytes;
+#endif
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
+    return v;
+}
+
 __device__ __forceinline__ float sigm(float t) {
     if (t >= 0.f) return 1.f / (1.f + expf(-t));
     float e = expf(t);
     return e / (1.f + e);
 }
 
-// Soft features of one row x (length d) for all L tables, cooperatively by the block.
-// Leaves s_u, s_on, s_off ([L*P]) and s_phi ([L*R]) in shared memory; ends synchronised.
-__device__ void block_features(const in_t* x, const float* W, int d, int L, int P, float beta,
-                               float* s_z, float* s_u, float* s_on, float* s_off, float* s_phi) {
-    const int LP = L * P, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    for (int lp = warp; lp < LP; lp += nwarps) {
+// Per-warp scratch (floats): x [d] | z/u [LP] | on [LP] | off [LP] | dz [LP] | db [LP] |
+// phi [m] | gphi [m] | y [w] | out [w]. After all warps' scratch, the state(s): one m·w per
+// warp (private) or one for the block. `shared_floats` in src/cuda/mod.rs mirrors this.
+struct Scratch {
+    float *x, *u, *on, *off, *dz, *db, *phi, *gphi, *y, *out, *st;
+};
+
+__device__ __forceinline__ int scratch_floats(int d, int LP, int m, int w) { return d + 5 * LP + 2 * m + 2 * w; }
+
+// Carve this warp's scratch and state. `private_state`: one m·w state per warp after all
+// warps' scratch; otherwise one shared state there.
+__device__ Scratch carve(float* sh, int d, int LP, int m, int w, int private_state) {
+    const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    float* p = sh + warp * scratch_floats(d, LP, m, w);
+    Scratch s;
+    s.x = p; p += d;
+    s.u = p; p += LP;
+    s.on = p; p += LP;
+    s.off = p; p += LP;
+    s.dz = p; p += LP;
+    s.db = p; p += LP;
+    s.phi = p; p += m;
+    s.gphi = p; p += m;
+    s.y = p; p += w;
+    s.out = p;
+    float* states = sh + nw * scratch_floats(d, LP, m, w);
+    s.st = states + (private_state ? warp * m * w : 0);
+    return s;
+}
+
+// Soft features of one row x (length d) for all L tables, by one warp: leaves u [LP] and
+// phi [m] in the scratch; ends with __syncwarp.
+__device__ void warp_features(const in_t* x, const float* __restrict__ W, int d, int L, int P, float beta,
+                              const Scratch& s) {
+    const int lane = threadIdx.x & 31, LP = L * P, R = 1 << P, m = L * R;
+    for (int i = lane; i < d; i += 32) s.x[i] = ld(x, i);
+    __syncwarp();
+    for (int lp = 0; lp < LP; ++lp) {
         float acc = 0.f;
-        for (int i = lane; i < d; i += 32) acc = fmaf(W[(long long)lp * d + i], ld(x, i), acc);
-        for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
-        if (lane == 0) s_z[lp] = acc;
+        for (int i = lane; i < d; i += 32) acc = fmaf(W[(long long)lp * d + i], s.x[i], acc);
+        acc = warp_sum(acc);
+        if (lane == (lp & 31)) s.u[lp] = acc;
     }
-    __syncthreads();
-    for (int lp = threadIdx.x; lp < LP; lp += blockDim.x) {
-        float u = tanhf(s_z[lp]);
-        float t = 2.f * beta * u;
-        s_u[lp] = u;
-        s_on[lp] = sigm(t);
-        s_off[lp] = sigm(-t);
+    __syncwarp();
+    for (int lp = lane; lp < LP; lp += 32) {
+        const float u = tanhf(s.u[lp]);
+        const float t = 2.f * beta * u;
+        s.u[lp] = u;
+        s.on[lp] = sigm(t);
+        s.off[lp] = sigm(-t);
     }
-    __syncthreads();
-    const int R = 1 << P, m = L * R;
-    for (int f = threadIdx.x; f < m; f += blockDim.x) {
-        int l = f / R, r = f % R;
+    __syncwarp();
+    for (int f = lane; f < m; f += 32) {
+        const int l = f / R, r = f % R;
         float v = 1.f;
-        for (int p = 0; p < P; ++p) v *= ((r >> (P - 1 - p)) & 1) ? s_on[l * P + p] : s_off[l * P + p];
-        s_phi[f] = v;
+        for (int p = 0; p < P; ++p) v *= ((r >> (P - 1 - p)) & 1) ? s.on[l * P + p] : s.off[l * P + p];
+        s.phi[f] = v;
     }
-    __syncthreads();
+    __syncwarp();
 }
 
-// ĝ = [g/den, -(g·o)/den] (zeros when den == 0) into s_g; ends synchronised.
-__device__ void block_gext(const float* g, const float* o, float den, int dv, float* s_g) {
-    if (threadIdx.x < 32) {
+// y = [v, 1] into s.y; ends with __syncwarp.
+__device__ void warp_y(const in_t* v, int dv, const Scratch& s) {
+    const int lane = threadIdx.x & 31;
+    for (int c = lane; c < dv; c += 32) s.y[c] = ld(v, c);
+    if (lane == 0) s.y[dv] = 1.f;
+    __syncwarp();
+}
+
+// ĝ = [g/den, -(g·o)/den] (zeros when den == 0) into dst; ends with __syncwarp.
+__device__ void warp_gext(const float* g, const float* o, float den, int dv, float* dst) {
+    const int lane = threadIdx.x & 31;
+    float acc = 0.f;
+    for (int c = lane; c < dv; c += 32) acc = fmaf(g[c], o[c], acc);
+    acc = warp_sum(acc);
+    for (int c = lane; c < dv; c += 32) dst[c] = den == 0.f ? 0.f : g[c] / den;
+    if (lane == 0) dst[dv] = den == 0.f ? 0.f : -acc / den;
+    __syncwarp();
+}
+
+// st[f][c] += sc · phi[f] · vec[c]; ends with __syncwarp.
+__device__ void warp_accumulate(float* st, const float* phi, const float* vec, float sc, int m, int w) {
+    const int lane = threadIdx.x & 31;
+    for (int f = 0; f < m; ++f) {
+        const float pf = phi[f] * sc;
+        float* row = st + f * w;
+        for (int c = lane; c < w; c += 32) row[c] = fmaf(pf, vec[c], row[c]);
+    }
+    __syncwarp();
+}
+
+// out[c] = Σ_f phi[f] st[f][c] for c < cols; ends with __syncwarp.
+__device__ void warp_read(const float* st, const float* phi, int m, int w, int cols, float* out) {
+    const int lane = threadIdx.x & 31;
+    for (int c = lane; c < cols; c += 32) {
         float acc = 0.f;
-        for (int c = threadIdx.x; c < dv; c += 32) acc = fmaf(g[c], o[c], acc);
-        for (int s = 16; s > 0; s >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, s);
-        if (threadIdx.x == 0) s_g[dv] = den == 0.f ? 0.f : -acc / den;
+        for (int f = 0; f < m; ++f) acc = fmaf(phi[f], st[f * w + c], acc);
+        out[c] = acc;
     }
-    for (int c = threadIdx.x; c < dv; c += blockDim.x) s_g[c] = den == 0.f ? 0.f : g[c] / den;
-    __syncthreads();
+    __syncwarp();
 }
 
-// Shared-memory layout shared by all kernels (floats):
-// z, u, on, off [LP each] | phi [m] | y [w] | out [w] | gphi [m] | dz [2*LP] | state [m*w]
-#define SH_LAYOUT                                                                  \
+// gphi[f] = sc · Σ_c st[f][c] vec[c] (lanes over features; w is odd when dv is even, so the
+// strided rows hit distinct banks); ends with __syncwarp.
+__device__ void warp_gphi(const float* st, const float* vec, float sc, int m, int w, float* gphi) {
+    const int lane = threadIdx.x & 31;
+    for (int f = lane; f < m; f += 32) {
+        float acc = 0.f;
+        for (int c = 0; c < w; ++c) acc = fmaf(st[f * w + c], vec[c], acc);
+        gphi[f] = acc * sc;
+    }
+    __syncwarp();
+}
+
+// Through one row's softmaxes: from gphi and the bit states, dz = ∂ℓ/∂z into s.dz; returns
+// Σ_p u_p c_p (this row's ∂ℓ/∂beta) on every lane. Ends with __syncwarp.
+__device__ float warp_table_backward(int L, int P, float beta, const Scratch& s) {
+    const int lane = threadIdx.x & 31, R = 1 << P, LP = L * P;
+    float db = 0.f;
+    for (int lp = lane; lp < LP; lp += 32) {
+        const int l = lp / P, p = lp % P;
+        const float* ph = s.phi + l * R;
+        const float* gp = s.gphi + l * R;
+        float gbar = 0.f;
+        for (int r = 0; r < R; ++r) gbar = fmaf(ph[r], gp[r], gbar);
+        float cc = 0.f;
+        for (int r = 0; r < R; ++r) {
+            float t = ph[r] * (gp[r] - gbar);
+            cc += ((r >> (P - 1 - p)) & 1) ? t : -t;
+        }
+        const float u = s.u[lp];
+        s.dz[lp] = beta * cc * (1.f - u * u);
+        s.db[lp] = u * cc;
+    }
+    __syncwarp();
+    // A fixed-order sum over lp (the same on every lane), so dβ does not depend on LP % 32.
+    for (int lp = 0; lp < LP; ++lp) db += s.db[lp];
+    return db;
+}
+
+// dx = Σ_lp dz_lp W_lp into out (length d).
+__device__ void warp_dx(const float* __restrict__ W, const float* dz, int LP, int d, float* out) {
+    const int lane = threadIdx.x & 31;
+    for (int i = lane; i < d; i += 32) {
+        float acc = 0.f;
+        for (int lp = 0; lp < LP; ++lp) acc = fmaf(dz[lp], W[(long long)lp * d + i], acc);
+        out[i] = acc;
+    }
+}
+
+// Common preamble: shapes, this warp's chunk [t0, t1) of head h (empty past the end).
+#define WARP_CHUNK(private_state)                                                  \
     extern __shared__ float sh[];                                                  \
     const int R = 1 << P, m = L * R, w = dv + 1, LP = L * P;                       \
-    float* s_z = sh;                                                               \
-    float* s_u = s_z + LP;                                                         \
-    float* s_on = s_u + LP;                                                        \
-    float* s_off = s_on + LP;                                                      \
-    float* s_phi = s_off + LP;                                                     \
-    float* s_y = s_phi + m;                                                        \
-    float* s_out = s_y + w;                                                        \
-    float* s_gphi = s_out + w;                                                     \
-    float* s_dz = s_gphi + m;                                                      \
-    float* s_state = s_dz + 2 * LP;                                                \
-    const int h = blockIdx.y, c = blockIdx.x;                                      \
-    const int t0 = c * chunk, t1 = min(n, t0 + chunk);                             \
-    (void)R; (void)w;
+    const int lane = threadIdx.x & 31, nw = blockDim.x >> 5;                       \
+    const int h = blockIdx.y, nch = (n + chunk - 1) / chunk;                       \
+    const int c = blockIdx.x * nw + (threadIdx.x >> 5);                            \
+    const int t0 = min(n, c * chunk), t1 = min(n, t0 + chunk);                     \
+    const Scratch s = carve(sh, d, LP, m, w, private_state);                       \
+    (void)R; (void)lane; (void)nch;
 
-// Chunk totals. mode 0: Σ φ(k_t)[v_t, 1]; mode 1: Σ φ(q_t) ĝ_t / L.
+// Load the state the pass starts from: this warp's chunk base (causal, private) or the
+// head's total shared by the block (non-causal). The block barrier is reached by every thread
+// (no warp has returned yet).
+__device__ void load_state(const float* bases, int causal, int h, int c, int nch, int mw, const Scratch& s) {
+    if (causal) {
+        if (c < nch) {
+            const float* b = bases + ((long long)h * nch + c) * mw;
+            for (int e = threadIdx.x & 31; e < mw; e += 32) s.st[e] = b[e];
+        }
+        __syncwarp();
+    } else {
+        const float* b = bases + (long long)h * mw;
+        for (int e = threadIdx.x; e < mw; e += blockDim.x) s.st[e] = b[e];
+        __syncthreads();
+    }
+}
+
+// Chunk totals. mode 0: Σ φ(k_t)[v_t, 1]; mode 1: Σ φ(q_t) ĝ_t / L. out [heads, nch, m*w].
 extern "C" __global__ void race_partial(const in_t* X, const in_t* V, const float* G, const float* O,
                                         const float* DEN, const float* W, float* out, int n, int d,
                                         int dv, int L, int P, float beta, int chunk, int mode) {
-    SH_LAYOUT
-    for (int e = threadIdx.x; e < m * w; e += blockDim.x) s_state[e] = 0.f;
-    const float invL = 1.f / (float)L;
+    WARP_CHUNK(1)
+    if (c >= nch) return;
+    for (int e = lane; e < m * w; e += 32) s.st[e] = 0.f;
+    __syncwarp();
+    const float sc = mode == 0 ? 1.f : 1.f / (float)L;
     for (int t = t0; t < t1; ++t) {
         const long long row = (long long)h * n + t;
-        block_features(X + row * d, W, d, L, P, beta, s_z, s_u, s_on, s_off, s_phi);
+        if (t + 2 < t1) prefetch_row(X + (row + 2) * d, d * (int)sizeof(in_t));
         if (mode == 0) {
-            for (int i = threadIdx.x; i < dv; i += blockDim.x) s_y[i] = ld(V, row * dv + i);
-            if (threadIdx.x == 0) s_y[dv] = 1.f;
-            __syncthreads();
+            warp_y(V + row * dv, dv, s);
         } else {
-            block_gext(G + row * dv, O + row * dv, DEN[row], dv, s_y);
+            warp_gext(G + row * dv, O + row * dv, DEN[row], dv, s.y);
         }
-        const float sc = mode == 0 ? 1.f : invL;
-        for (int e = threadIdx.x; e < m * w; e += blockDim.x) s_state[e] = fmaf(s_phi[e / w] * sc, s_y[e % w], s_state[e]);
-        __syncthreads();
+        warp_features(X + row * d, W, d, L, P, beta, s);
+        warp_accumulate(s.st, s.phi, s.y, sc, m, w);
     }
-    const long long base = ((long long)h * gridDim.x + c) * m * w;
-    for (int e = threadIdx.x; e < m * w; e += blockDim.x) out[base + e] = s_state[e];
+    float* dst = out + ((long long)h * nch + c) * m * w;
+    for (int e = lane; e < m * w; e += 32) dst[e] = s.st[e];
 }
 
 // Combine chunk totals in f64. mode 0: exclusive prefix; 1: exclusive suffix; 2: total
@@ -120,17 +262,22 @@ extern "C" __global__ void race_scan(const float* partials, float* bases, int nc
     const long long hb = (long long)h * nchunks * mw;
     double run = 0.0;
     if (mode == 2) {
+#pragma unroll 8
         for (int c = 0; c < nchunks; ++c) run += (double)partials[hb + (long long)c * mw + e];
         bases[(long long)h * mw + e] = (float)run;
     } else if (mode == 0) {
+#pragma unroll 8
         for (int c = 0; c < nchunks; ++c) {
+            const float p = partials[hb + (long long)c * mw + e];
             bases[hb + (long long)c * mw + e] = (float)run;
-            run += (double)partials[hb + (long long)c * mw + e];
+            run += (double)p;
         }
     } else {
+#pragma unroll 8
         for (int c = nchunks - 1; c >= 0; --c) {
+            const float p = partials[hb + (long long)c * mw + e];
             bases[hb + (long long)c * mw + e] = (float)run;
-            run += (double)partials[hb + (long long)c * mw + e];
+            run += (double)p;
         }
     }
 }
@@ -139,67 +286,23 @@ extern "C" __global__ void race_scan(const float* partials, float* bases, int nc
 extern "C" __global__ void race_fwd(const in_t* Q, const in_t* K, const in_t* V, const float* W,
                                     const float* bases, float* O, float* DEN, int n, int d, int dv,
                                     int L, int P, float beta, int chunk, int causal) {
-    SH_LAYOUT
-    const float* base = bases + (causal ? ((long long)h * gridDim.x + c) : (long long)h) * m * w;
-    for (int e = threadIdx.x; e < m * w; e += blockDim.x) s_state[e] = base[e];
-    __syncthreads();
+    WARP_CHUNK(causal)
+    load_state(bases, causal, h, c, nch, m * w, s);
     for (int t = t0; t < t1; ++t) {
         const long long row = (long long)h * n + t;
+        if (t + 2 < t1) prefetch_row(Q + (row + 2) * d, d * (int)sizeof(in_t));
         if (causal) {
-            block_features(K + row * d, W, d, L, P, beta, s_z, s_u, s_on, s_off, s_phi);
-            for (int i = threadIdx.x; i < dv; i += blockDim.x) s_y[i] = ld(V, row * dv + i);
-            if (threadIdx.x == 0) s_y[dv] = 1.f;
-            __syncthreads();
-            for (int e = threadIdx.x; e < m * w; e += blockDim.x) s_state[e] = fmaf(s_phi[e / w], s_y[e % w], s_state[e]);
-            __syncthreads();
+            if (t + 2 < t1) prefetch_row(K + (row + 2) * d, d * (int)sizeof(in_t));
+            warp_y(V + row * dv, dv, s);
+            warp_features(K + row * d, W, d, L, P, beta, s);
+            warp_accumulate(s.st, s.phi, s.y, 1.f, m, w);
         }
-        block_features(Q + row * d, W, d, L, P, beta, s_z, s_u, s_on, s_off, s_phi);
-        for (int cc = threadIdx.x; cc < w; cc += blockDim.x) {
-            float acc = 0.f;
-            for (int f = 0; f < m; ++f) acc = fmaf(s_phi[f], s_state[f * w + cc], acc);
-            s_out[cc] = acc;
-        }
-        __syncthreads();
-        const float den = s_out[dv];
-        for (int cc = threadIdx.x; cc < dv; cc += blockDim.x) O[row * dv + cc] = den == 0.f ? 0.f : s_out[cc] / den;
-        if (threadIdx.x == 0) DEN[row] = den / (float)L;
-        __syncthreads();
-    }
-}
-
-// Through one row's softmaxes: from s_gphi ([m]) and the bit states, dz = ∂ℓ/∂z into s_dz;
-// returns Σ_p u_p c_p (this row's ∂ℓ/∂beta) on thread 0. Ends synchronised.
-__device__ float block_table_backward(int L, int P, float beta, const float* s_u, const float* s_phi,
-                                      const float* s_gphi, float* s_dz) {
-    const int R = 1 << P, LP = L * P;
-    for (int lp = threadIdx.x; lp < LP; lp += blockDim.x) {
-        const int l = lp / P, p = lp % P;
-        const float* ph = s_phi + l * R;
-        const float* gp = s_gphi + l * R;
-        float gbar = 0.f;
-        for (int r = 0; r < R; ++r) gbar = fmaf(ph[r], gp[r], gbar);
-        float cc = 0.f;
-        for (int r = 0; r < R; ++r) {
-            float t = ph[r] * (gp[r] - gbar);
-            cc += ((r >> (P - 1 - p)) & 1) ? t : -t;
-        }
-        const float u = s_u[lp];
-        s_dz[lp] = beta * cc * (1.f - u * u);
-        s_dz[LP + lp] = u * cc;  // scratch for the beta gradient
-    }
-    __syncthreads();
-    float db = 0.f;
-    if (threadIdx.x == 0)
-        for (int lp = 0; lp < LP; ++lp) db += s_dz[LP + lp];
-    return db;
-}
-
-// dx = Σ_lp dz_lp W_lp into out (length d).
-__device__ void block_dx(const float* W, const float* s_dz, int LP, int d, float* out) {
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
-        float acc = 0.f;
-        for (int lp = 0; lp < LP; ++lp) acc = fmaf(s_dz[lp], W[(long long)lp * d + i], acc);
-        out[i] = acc;
+        warp_features(Q + row * d, W, d, L, P, beta, s);
+        warp_read(s.st, s.phi, m, w, w, s.out);
+        const float den = s.out[dv];
+        for (int cc = lane; cc < dv; cc += 32) O[row * dv + cc] = den == 0.f ? 0.f : s.out[cc] / den;
+        if (lane == 0) DEN[row] = den / (float)L;
+        __syncwarp();
     }
 }
 
@@ -208,33 +311,25 @@ extern "C" __global__ void race_bwd_q(const in_t* Q, const in_t* K, const in_t* 
                                       const float* bases, const float* O, const float* G, const float* DEN,
                                       float* DQ, float* DBQ, int n, int d, int dv, int L, int P,
                                       float beta, int chunk, int causal) {
-    SH_LAYOUT
-    const float* base = bases + (causal ? ((long long)h * gridDim.x + c) : (long long)h) * m * w;
-    for (int e = threadIdx.x; e < m * w; e += blockDim.x) s_state[e] = base[e];
-    __syncthreads();
+    WARP_CHUNK(causal)
+    load_state(bases, causal, h, c, nch, m * w, s);
     const float invL = 1.f / (float)L;
     for (int t = t0; t < t1; ++t) {
         const long long row = (long long)h * n + t;
+        if (t + 2 < t1) prefetch_row(Q + (row + 2) * d, d * (int)sizeof(in_t));
         if (causal) {
-            block_features(K + row * d, W, d, L, P, beta, s_z, s_u, s_on, s_off, s_phi);
-            for (int i = threadIdx.x; i < dv; i += blockDim.x) s_y[i] = ld(V, row * dv + i);
-            if (threadIdx.x == 0) s_y[dv] = 1.f;
-            __syncthreads();
-            for (int e = threadIdx.x; e < m * w; e += blockDim.x) s_state[e] = fmaf(s_phi[e / w], s_y[e % w], s_state[e]);
-            __syncthreads();
+            if (t + 2 < t1) prefetch_row(K + (row + 2) * d, d * (int)sizeof(in_t));
+            warp_y(V + row * dv, dv, s);
+            warp_features(K + row * d, W, d, L, P, beta, s);
+            warp_accumulate(s.st, s.phi, s.y, 1.f, m, w);
         }
-        block_gext(G + row * dv, O + row * dv, DEN[row], dv, s_out);
-        block_features(Q + row * d, W, d, L, P, beta, s_z, s_u, s_on, s_off, s_phi);
-        for (int f = threadIdx.x; f < m; f += blockDim.x) {
-            float acc = 0.f;
-            for (int cc = 0; cc < w; ++cc) acc = fmaf(s_state[f * w + cc], s_out[cc], acc);
-            s_gphi[f] = acc * invL;
-        }
-        __syncthreads();
-        float db = block_table_backward(L, P, beta, s_u, s_phi, s_gphi, s_dz);
-        block_dx(W, s_dz, LP, d, DQ + row * d);
-        if (threadIdx.x == 0) DBQ[row] = db;
-        __syncthreads();
+        warp_gext(G + row * dv, O + row * dv, DEN[row], dv, s.out);
+        warp_features(Q + row * d, W, d, L, P, beta, s);
+        warp_gphi(s.st, s.out, invL, m, w, s.gphi);
+        const float db = warp_table_backward(L, P, beta, s);
+        warp_dx(W, s.dz, LP, d, DQ + row * d);
+        if (lane == 0) DBQ[row] = db;
+        __syncwarp();
     }
 }
 
@@ -244,38 +339,27 @@ extern "C" __global__ void race_bwd_k(const in_t* Q, const in_t* K, const in_t* 
                                       const float* dbases, const float* O, const float* G, const float* DEN,
                                       float* DK, float* DV, float* DBK, int n, int d, int dv, int L, int P,
                                       float beta, int chunk, int causal) {
-    SH_LAYOUT
-    const float* base = dbases + (causal ? ((long long)h * gridDim.x + c) : (long long)h) * m * w;
-    for (int e = threadIdx.x; e < m * w; e += blockDim.x) s_state[e] = base[e];
-    __syncthreads();
+    WARP_CHUNK(causal)
+    load_state(dbases, causal, h, c, nch, m * w, s);
     const float invL = 1.f / (float)L;
     for (int t = t1 - 1; t >= t0; --t) {
         const long long row = (long long)h * n + t;
+        if (t - 2 >= t0) prefetch_row(K + (row - 2) * d, d * (int)sizeof(in_t));
         if (causal) {
-            block_gext(G + row * dv, O + row * dv, DEN[row], dv, s_out);
-            block_features(Q + row * d, W, d, L, P, beta, s_z, s_u, s_on, s_off, s_phi);
-            for (int e = threadIdx.x; e < m * w; e += blockDim.x) s_state[e] = fmaf(s_phi[e / w] * invL, s_out[e % w], s_state[e]);
-            __syncthreads();
+            if (t - 2 >= t0) prefetch_row(Q + (row - 2) * d, d * (int)sizeof(in_t));
+            warp_gext(G + row * dv, O + row * dv, DEN[row], dv, s.out);
+            warp_features(Q + row * d, W, d, L, P, beta, s);
+            warp_accumulate(s.st, s.phi, s.out, invL, m, w);
         }
-        block_features(K + row * d, W, d, L, P, beta, s_z, s_u, s_on, s_off, s_phi);
-        for (int i = threadIdx.x; i < dv; i += blockDim.x) s_y[i] = ld(V, row * dv + i);
-        if (threadIdx.x == 0) s_y[dv] = 1.f;
-        __syncthreads();
-        for (int f = threadIdx.x; f < m; f += blockDim.x) {
-            float acc = 0.f;
-            for (int cc = 0; cc < w; ++cc) acc = fmaf(s_state[f * w + cc], s_y[cc], acc);
-            s_gphi[f] = acc;
-        }
-        for (int cc = threadIdx.x; cc < dv; cc += blockDim.x) {
-            float acc = 0.f;
-            for (int f = 0; f < m; ++f) acc = fmaf(s_phi[f], s_state[f * w + cc], acc);
-            DV[row * dv + cc] = acc;
-        }
-        __syncthreads();
-        float db = block_table_backward(L, P, beta, s_u, s_phi, s_gphi, s_dz);
-        block_dx(W, s_dz, LP, d, DK + row * d);
-        if (threadIdx.x == 0) DBK[row] = db;
-        __syncthreads();
+        warp_y(V + row * dv, dv, s);
+        warp_features(K + row * d, W, d, L, P, beta, s);
+        warp_gphi(s.st, s.y, 1.f, m, w, s.gphi);
+        warp_read(s.st, s.phi, m, w, dv, s.out);
+        for (int cc = lane; cc < dv; cc += 32) DV[row * dv + cc] = s.out[cc];
+        const float db = warp_table_backward(L, P, beta, s);
+        warp_dx(W, s.dz, LP, d, DK + row * d);
+        if (lane == 0) DBK[row] = db;
+        __syncwarp();
     }
 }
 

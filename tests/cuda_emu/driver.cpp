@@ -1,0 +1,81 @@
+// Host side of the emulated CUDA run: the same launch sequence as src/cuda/device.rs
+// (fwd_dev, then bwd_dev), on the geometry the Rust side computed (`racelab::cuda::geometry`).
+// Reads one problem from argv[1], writes o, den, dq, dk, dv (f32) and dbeta (f64) to argv[2].
+// Output buffers start as NaN, so an element no kernel wrote shows up.
+
+static std::vector<float> nans(size_t n) { return std::vector<float>(n, std::numeric_limits<float>::quiet_NaN()); }
+
+int main(int argc, char** argv) {
+    if (argc != 3) return 2;
+    FILE* f = std::fopen(argv[1], "rb");
+    if (!f) return 2;
+    int32_t hd[12];
+    float beta;
+    if (std::fread(hd, 4, 12, f) != 12 || std::fread(&beta, 4, 1, f) != 1) return 2;
+    const int heads = hd[0], n = hd[1], d = hd[2], dv = hd[3], L = hd[4], P = hd[5], causal = hd[6];
+    const int warps = hd[7], chunk = hd[8], bf16 = hd[9], sh_private = hd[10], sh_block = hd[11];
+#ifdef RACE_BF16
+    if (!bf16) return 4;
+#else
+    if (bf16) return 4;
+#endif
+    const int m = L << P, w = dv + 1, mw = m * w, nch = (n + chunk - 1) / chunk;
+    const size_t nd = (size_t)heads * n * d, nv = (size_t)heads * n * dv, nt = (size_t)heads * n;
+    std::vector<float> W((size_t)L * P * d), G(nv);
+    std::vector<in_t> Q(nd), K(nd), V(nv);
+    bool ok = std::fread(W.data(), 4, W.size(), f) == W.size() &&
+              std::fread(Q.data(), sizeof(in_t), nd, f) == nd && std::fread(K.data(), sizeof(in_t), nd, f) == nd &&
+              std::fread(V.data(), sizeof(in_t), nv, f) == nv && std::fread(G.data(), 4, nv, f) == nv;
+    std::fclose(f);
+    if (!ok) return 2;
+
+    const unsigned bx = (unsigned)((nch + warps - 1) / warps), threads = 32u * warps;
+    const size_t shp = sh_private, shb = causal ? sh_private : sh_block;
+    const unsigned scan_bx = (unsigned)((mw + 255) / 256);
+    std::vector<float> dummy(1, 0.f);
+    // Forward.
+    auto partials = nans((size_t)heads * nch * mw);
+    launch(bx, heads, threads, shp, [&] {
+        race_partial(K.data(), V.data(), dummy.data(), dummy.data(), dummy.data(), W.data(), partials.data(), n, d, dv, L, P,
+                     beta, chunk, 0);
+    });
+    auto bases = nans(causal ? (size_t)heads * nch * mw : (size_t)heads * mw);
+    launch(scan_bx, heads, 256, 0, [&] { race_scan(partials.data(), bases.data(), nch, mw, causal ? 0 : 2); });
+    auto O = nans(nv), DEN = nans(nt);
+    launch(bx, heads, threads, shb, [&] {
+        race_fwd(Q.data(), K.data(), V.data(), W.data(), bases.data(), O.data(), DEN.data(), n, d, dv, L, P, beta, chunk,
+                 causal);
+    });
+    // Backward.
+    auto DQ = nans(nd), DBQ = nans(nt);
+    launch(bx, heads, threads, shb, [&] {
+        race_bwd_q(Q.data(), K.data(), V.data(), W.data(), bases.data(), O.data(), G.data(), DEN.data(), DQ.data(),
+                   DBQ.data(), n, d, dv, L, P, beta, chunk, causal);
+    });
+    auto partials1 = nans((size_t)heads * nch * mw);
+    launch(bx, heads, threads, shp, [&] {
+        race_partial(Q.data(), Q.data(), G.data(), O.data(), DEN.data(), W.data(), partials1.data(), n, d, dv, L, P, beta,
+                     chunk, 1);
+    });
+    auto dbases = nans(causal ? (size_t)heads * nch * mw : (size_t)heads * mw);
+    launch(scan_bx, heads, 256, 0, [&] { race_scan(partials1.data(), dbases.data(), nch, mw, causal ? 1 : 2); });
+    auto DK = nans(nd), DV = nans(nv), DBK = nans(nt);
+    launch(bx, heads, threads, shb, [&] {
+        race_bwd_k(Q.data(), K.data(), V.data(), W.data(), dbases.data(), O.data(), G.data(), DEN.data(), DK.data(),
+                   DV.data(), DBK.data(), n, d, dv, L, P, beta, chunk, causal);
+    });
+    double dbeta = 0.0;
+    for (float x : DBQ) dbeta += x;
+    for (float x : DBK) dbeta += x;
+
+    FILE* o = std::fopen(argv[2], "wb");
+    if (!o) return 2;
+    std::fwrite(O.data(), 4, nv, o);
+    std::fwrite(DEN.data(), 4, nt, o);
+    std::fwrite(DQ.data(), 4, nd, o);
+    std::fwrite(DK.data(), 4, nd, o);
+    std::fwrite(DV.data(), 4, nv, o);
+    std::fwrite(&dbeta, 8, 1, o);
+    std::fclose(o);
+    return 0;
+}

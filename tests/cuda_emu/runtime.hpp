@@ -1,0 +1,130 @@
+// A CPU emulation of the parts of the CUDA execution model that race.cu uses, so its kernels
+// run (slowly) on machines without a GPU: every CUDA thread is a fiber (ucontext) of one OS
+// thread; __syncthreads and __syncwarp are barriers that switch to the next runnable fiber;
+// __shfl_xor_sync goes through a per-warp exchange buffer between two warp barriers.
+// Shared memory is a per-block buffer poisoned with NaN, so a read of scratch nothing wrote
+// shows up in the results. Blocks run one after another, in grid order.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <ucontext.h>
+#include <vector>
+
+struct uint3_ { unsigned x, y, z; };
+static uint3_ threadIdx, blockIdx, blockDim, gridDim;
+static float* g_shared;
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __restrict__
+using std::min;
+
+namespace emu {
+struct Barrier { int arrived = 0, expected = 0; long gen = 0; };
+struct Fiber {
+    ucontext_t ctx;
+    std::vector<char> stack;
+    bool done = false;
+    Barrier* waiting = nullptr;
+    long wait_gen = 0;
+};
+static std::vector<Fiber> fibers;
+static ucontext_t sched;
+static int current = -1;
+static Barrier block_bar;
+static std::vector<Barrier> warp_bars;
+static float xchg[64][32];
+static void (*body_fn)(void*);
+static void* body_arg;
+
+inline void arrive(Barrier& b) {
+    Fiber& f = fibers[current];
+    if (++b.arrived == b.expected) {
+        b.arrived = 0;
+        ++b.gen;
+        return;  // the last to arrive goes on; the others become runnable
+    }
+    f.waiting = &b;
+    f.wait_gen = b.gen;
+    swapcontext(&f.ctx, &sched);
+}
+
+static void trampoline() {
+    body_fn(body_arg);
+    fibers[current].done = true;
+    // returning switches to uc_link (the scheduler)
+}
+
+// Run `body(arg)` as `threads` CUDA threads of block (bx, by).
+inline void run_block(unsigned bx, unsigned by, unsigned threads, void (*body)(void*), void* arg) {
+    blockIdx = {bx, by, 0};
+    body_fn = body;
+    body_arg = arg;
+    fibers.assign(threads, Fiber());
+    block_bar = Barrier{0, (int)threads, 0};
+    warp_bars.assign((threads + 31) / 32, Barrier{0, 32, 0});
+    for (unsigned t = 0; t < threads; ++t) {
+        Fiber& f = fibers[t];
+        f.stack.resize(256 * 1024);
+        getcontext(&f.ctx);
+        f.ctx.uc_stack.ss_sp = f.stack.data();
+        f.ctx.uc_stack.ss_size = f.stack.size();
+        f.ctx.uc_link = &sched;
+        makecontext(&f.ctx, trampoline, 0);
+    }
+    for (;;) {
+        bool any = false, progressed = false;
+        for (unsigned t = 0; t < threads; ++t) {
+            Fiber& f = fibers[t];
+            if (f.done) continue;
+            any = true;
+            if (f.waiting && f.waiting->gen == f.wait_gen) continue;  // still blocked
+            f.waiting = nullptr;
+            current = (int)t;
+            threadIdx = {t, 0, 0};
+            swapcontext(&sched, &f.ctx);
+            progressed = true;
+        }
+        if (!any) break;
+        if (!progressed) {
+            std::fprintf(stderr, "emulator: deadlock (threads wait on a barrier others never reach)\n");
+            std::exit(3);
+        }
+    }
+}
+}  // namespace emu
+
+inline void __syncthreads() { emu::arrive(emu::block_bar); }
+inline void __syncwarp() { emu::arrive(emu::warp_bars[threadIdx.x >> 5]); }
+inline float __shfl_xor_sync(unsigned, float v, int o) {
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    emu::xchg[w][l] = v;
+    __syncwarp();
+    const float r = emu::xchg[w][l ^ o];
+    __syncwarp();
+    return r;
+}
+inline float __uint_as_float(unsigned u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+// Launch `kernel(args...)` over grid (gx, gy) with `threads` threads and `shared` bytes.
+template <class F>
+void launch(unsigned gx, unsigned gy, unsigned threads, size_t shared, F kernel) {
+    gridDim = {gx, gy, 1};
+    blockDim = {threads, 1, 1};
+    std::vector<float> sh(shared / 4 + 1);
+    for (unsigned by = 0; by < gy; ++by)
+        for (unsigned bx = 0; bx < gx; ++bx) {
+            std::fill(sh.begin(), sh.end(), std::numeric_limits<float>::quiet_NaN());
+            g_shared = sh.data();
+            emu::run_block(bx, by, threads, [](void* k) { (*static_cast<F*>(k))(); }, &kernel);
+        }
+}
