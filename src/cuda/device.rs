@@ -38,12 +38,17 @@ fn out_buf(st: &Arc<CudaStream>, len: usize, what: &str) -> Result<CudaSlice<f32
 }
 
 fn compile(ctx: &Arc<CudaContext>, bf16: bool) -> Result<Kernels> {
+    let mut options: Vec<String> = if bf16 {
+        vec!["-DRACE_BF16".into()]
+    } else {
+        vec![]
+    };
+    // Tuning experiments only: extra NVRTC options, e.g. RACELAB_CUDA_DEFINES="-DAHEAD=8".
+    if let Ok(extra) = std::env::var("RACELAB_CUDA_DEFINES") {
+        options.extend(extra.split_whitespace().map(String::from));
+    }
     let opts = cudarc::nvrtc::CompileOptions {
-        options: if bf16 {
-            vec!["-DRACE_BF16".into()]
-        } else {
-            vec![]
-        },
+        options,
         ..Default::default()
     };
     let ptx = cudarc::nvrtc::compile_ptx_with_opts(RACE_CU, opts)

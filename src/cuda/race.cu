@@ -30,14 +30,28 @@ __device__ __forceinline__ float ld(const in_t* p, long long i) { return p[i]; }
 
 #define FULL 0xffffffffu
 
-// Ask L2 for the row `ahead` tokens on (one 128-byte line per lane); never dereferenced.
+// Rows are prefetched this many tokens ahead of the one a warp works on (0: none).
+#ifndef AHEAD
+#define AHEAD 4
+#endif
+
+// Ask L2 for a row a few tokens on (one 128-byte line per lane); never dereferenced.
 __device__ __forceinline__ void prefetch_row(const void* row, int bytes) {
-#ifdef __CUDA_ARCH__
+#if defined(__CUDA_ARCH__) && AHEAD > 0
     const int off = (threadIdx.x & 31) * 128;
     if (off < bytes) asm volatile("prefetch.global.L2 [%0];" ::"l"((const char*)row + off));
 #else
     (void)row; (void)bytes;
 #endif
+}
+
+// Prefetch token `row`'s input row of x (d wide) and, where given, its v or g/o rows.
+__device__ __forceinline__ void prefetch_token(const in_t* X, const in_t* V, const float* G, const float* O,
+                                               long long row, int d, int dv) {
+    prefetch_row(X + row * d, d * (int)sizeof(in_t));
+    if (V) prefetch_row(V + row * dv, dv * (int)sizeof(in_t));
+    if (G) prefetch_row(G + row * dv, dv * 4);
+    if (O) prefetch_row(O + row * dv, dv * 4);
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -153,14 +167,22 @@ __device__ void warp_read(const float* st, const float* phi, int m, int w, int c
     __syncwarp();
 }
 
-// gphi[f] = sc · Σ_c st[f][c] vec[c] (lanes over features; w is odd when dv is even, so the
-// strided rows hit distinct banks); ends with __syncwarp.
+// gphi[f] = sc · Σ_c st[f][c] vec[c]. Lanes split as (feature, column group): with m < 32
+// features, G = the largest power of two ≤ 32/m groups each sum every G-th column, and the
+// groups are added by shuffles (a fixed order). Rows are w = dv+1 floats apart, odd when dv
+// is even, so lanes on different features hit distinct banks. Ends with __syncwarp.
 __device__ void warp_gphi(const float* st, const float* vec, float sc, int m, int w, float* gphi) {
     const int lane = threadIdx.x & 31;
-    for (int f = lane; f < m; f += 32) {
+    int G = 1;
+    while (2 * G * m <= 32) G *= 2;
+    const int grp = lane / m, f0 = lane % m;
+    for (int fb = 0; fb < m; fb += 32) {  // m < 32 runs this once; m ≥ 32 has G = 1
+        const int f = G > 1 ? f0 : fb + lane;
         float acc = 0.f;
-        for (int c = 0; c < w; ++c) acc = fmaf(st[f * w + c], vec[c], acc);
-        gphi[f] = acc * sc;
+        if (grp < G && f < m)
+            for (int c = grp; c < w; c += G) acc = fmaf(st[f * w + c], vec[c], acc);
+        for (int o = G / 2; o > 0; o /= 2) acc += __shfl_down_sync(FULL, acc, o * m);
+        if (grp == 0 && f < m) gphi[f] = acc * sc;
     }
     __syncwarp();
 }
@@ -240,7 +262,10 @@ extern "C" __global__ void race_partial(const in_t* X, const in_t* V, const floa
     const float sc = mode == 0 ? 1.f : 1.f / (float)L;
     for (int t = t0; t < t1; ++t) {
         const long long row = (long long)h * n + t;
-        if (t + 2 < t1) prefetch_row(X + (row + 2) * d, d * (int)sizeof(in_t));
+        if (t + AHEAD < t1) {
+            if (mode == 0) prefetch_token(X, V, nullptr, nullptr, row + AHEAD, d, dv);
+            else prefetch_token(X, nullptr, G, O, row + AHEAD, d, dv);
+        }
         if (mode == 0) {
             warp_y(V + row * dv, dv, s);
         } else {
@@ -290,9 +315,11 @@ extern "C" __global__ void race_fwd(const in_t* Q, const in_t* K, const in_t* V,
     load_state(bases, causal, h, c, nch, m * w, s);
     for (int t = t0; t < t1; ++t) {
         const long long row = (long long)h * n + t;
-        if (t + 2 < t1) prefetch_row(Q + (row + 2) * d, d * (int)sizeof(in_t));
+        if (t + AHEAD < t1) {
+            prefetch_token(Q, nullptr, nullptr, nullptr, row + AHEAD, d, dv);
+            if (causal) prefetch_token(K, V, nullptr, nullptr, row + AHEAD, d, dv);
+        }
         if (causal) {
-            if (t + 2 < t1) prefetch_row(K + (row + 2) * d, d * (int)sizeof(in_t));
             warp_y(V + row * dv, dv, s);
             warp_features(K + row * d, W, d, L, P, beta, s);
             warp_accumulate(s.st, s.phi, s.y, 1.f, m, w);
@@ -316,9 +343,11 @@ extern "C" __global__ void race_bwd_q(const in_t* Q, const in_t* K, const in_t* 
     const float invL = 1.f / (float)L;
     for (int t = t0; t < t1; ++t) {
         const long long row = (long long)h * n + t;
-        if (t + 2 < t1) prefetch_row(Q + (row + 2) * d, d * (int)sizeof(in_t));
+        if (t + AHEAD < t1) {
+            prefetch_token(Q, nullptr, G, O, row + AHEAD, d, dv);
+            if (causal) prefetch_token(K, V, nullptr, nullptr, row + AHEAD, d, dv);
+        }
         if (causal) {
-            if (t + 2 < t1) prefetch_row(K + (row + 2) * d, d * (int)sizeof(in_t));
             warp_y(V + row * dv, dv, s);
             warp_features(K + row * d, W, d, L, P, beta, s);
             warp_accumulate(s.st, s.phi, s.y, 1.f, m, w);
@@ -344,9 +373,11 @@ extern "C" __global__ void race_bwd_k(const in_t* Q, const in_t* K, const in_t* 
     const float invL = 1.f / (float)L;
     for (int t = t1 - 1; t >= t0; --t) {
         const long long row = (long long)h * n + t;
-        if (t - 2 >= t0) prefetch_row(K + (row - 2) * d, d * (int)sizeof(in_t));
+        if (t - AHEAD >= t0) {
+            prefetch_token(K, V, nullptr, nullptr, row - AHEAD, d, dv);
+            if (causal) prefetch_token(Q, nullptr, G, O, row - AHEAD, d, dv);
+        }
         if (causal) {
-            if (t - 2 >= t0) prefetch_row(Q + (row - 2) * d, d * (int)sizeof(in_t));
             warp_gext(G + row * dv, O + row * dv, DEN[row], dv, s.out);
             warp_features(Q + row * d, W, d, L, P, beta, s);
             warp_accumulate(s.st, s.phi, s.out, invL, m, w);

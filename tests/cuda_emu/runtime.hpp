@@ -1,7 +1,7 @@
 // A CPU emulation of the parts of the CUDA execution model that race.cu uses, so its kernels
 // run (slowly) on machines without a GPU: every CUDA thread is a fiber (ucontext) of one OS
 // thread; __syncthreads and __syncwarp are barriers that switch to the next runnable fiber;
-// __shfl_xor_sync goes through a per-warp exchange buffer between two warp barriers.
+// __shfl_xor_sync and __shfl_down_sync go through a per-warp exchange buffer between two warp barriers.
 // Shared memory is a per-block buffer poisoned with NaN, so a read of scratch nothing wrote
 // shows up in the results. Blocks run one after another, in grid order.
 #include <algorithm>
@@ -106,6 +106,14 @@ inline float __shfl_xor_sync(unsigned, float v, int o) {
     emu::xchg[w][l] = v;
     __syncwarp();
     const float r = emu::xchg[w][l ^ o];
+    __syncwarp();
+    return r;
+}
+inline float __shfl_down_sync(unsigned, float v, int o) {
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    emu::xchg[w][l] = v;
+    __syncwarp();
+    const float r = l + o < 32 ? emu::xchg[w][l + o] : v;
     __syncwarp();
     return r;
 }
