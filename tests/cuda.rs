@@ -66,6 +66,16 @@ fn no_device_is_a_clear_error_not_a_panic() {
 
 #[test]
 fn nvrtc_source_defines_every_launched_kernel() {
+    for (name, value) in [
+        ("TILE", cuda::TILE),
+        ("TM", cuda::TILE_TM),
+        ("TC", cuda::TILE_TC),
+    ] {
+        assert!(
+            RACE_CU.contains(&format!("#define {name} {value}\n")),
+            "race.cu's {name} differs from the Rust side's {value}"
+        );
+    }
     for k in KERNELS {
         assert!(
             RACE_CU.contains(&format!("extern \"C\" __global__ void {k}(")),
@@ -151,8 +161,9 @@ fn emulate(
     g: &[f32],
     s: GpuShape,
     causal: bool,
+    tiled: bool,
 ) -> (Vec<f32>, racelab::cpu::SoftGrads) {
-    let geo = cuda::geometry(planes.p, planes.l, s).unwrap();
+    let geo = cuda::geometry_with(planes.p, planes.l, s, tiled).unwrap();
     let bf16 = matches!(q, GpuInput::Bf16(_));
     let mut buf: Vec<u8> = Vec::new();
     for x in [
@@ -168,6 +179,9 @@ fn emulate(
         bf16 as usize,
         geo.shared_private,
         geo.shared_block,
+        geo.tiled as usize,
+        geo.shared_tile,
+        geo.shared_tile_state,
     ] {
         buf.extend((x as i32).to_le_bytes());
     }
@@ -182,7 +196,13 @@ fn emulate(
     buf.extend(g.iter().flat_map(|x| x.to_le_bytes()));
     let bin = emulator(bf16);
     let dir = bin.parent().unwrap();
-    let tag = format!("{}-{}-{}-{}", planes.p, planes.l, s.n, causal as u8 + 2 * bf16 as u8);
+    let tag = format!(
+        "{}-{}-{}-{}",
+        planes.p,
+        planes.l,
+        s.n,
+        causal as u8 + 2 * bf16 as u8 + 4 * geo.tiled as u8
+    );
     let (inp, out) = (dir.join(format!("in-{tag}")), dir.join(format!("out-{tag}")));
     std::fs::write(&inp, &buf).unwrap();
     let st = std::process::Command::new(&bin).arg(&inp).arg(&out).status().unwrap();
@@ -215,9 +235,10 @@ fn emulate(
 
 /// One test body for every device: run soft RACE forward+backward on `device` and compare
 /// with the CPU kernels (for "cpu" this is the kernel against itself on a second run:
-/// determinism; "emu" is race.cu under the CPU emulation, at smaller sizes).
+/// determinism; "emu" is race.cu under the CPU emulation, at smaller sizes, launched as on a
+/// device; "emu-warp" the same with the tiled kernels switched off).
 fn check_device(device: &str) {
-    let cases: &[(usize, usize, f32, usize, usize, usize, usize)] = if device == "emu" {
+    let cases: &[(usize, usize, f32, usize, usize, usize, usize)] = if device.starts_with("emu") {
         &[
             (2, 2, 4.0, 16, 8, 150, 2),
             (4, 4, 8.0, 40, 33, 70, 1),
@@ -268,7 +289,8 @@ fn check_device(device: &str) {
             );
             let s = GpuShape { heads, n, d, dv };
             let (o, gr) = match device {
-                "emu" => {
+                "emu" | "emu-warp" => {
+                    let tiled = device == "emu";
                     let (o, gr) = emulate(
                         &planes,
                         beta,
@@ -278,6 +300,7 @@ fn check_device(device: &str) {
                         &g,
                         s,
                         causal,
+                        tiled,
                     );
                     let (qb, kb, vb) = (to_bf16(&q), to_bf16(&k), to_bf16(&v));
                     let (ob, _) = emulate(
@@ -289,6 +312,7 @@ fn check_device(device: &str) {
                         &g,
                         s,
                         causal,
+                        tiled,
                     );
                     let (qw, kw, vw) = (from_bf16(&qb), from_bf16(&kb), from_bf16(&vb));
                     let cb = forward(
@@ -429,6 +453,13 @@ fn soft_race_on_cpu_device() {
 #[test]
 fn soft_race_on_emulated_cuda() {
     check_device("emu");
+}
+
+/// The same with the tiled kernels off: the warp-per-chunk kernels for every pass (what
+/// shapes beyond the tiles' register blocks use).
+#[test]
+fn soft_race_on_emulated_cuda_warp_path() {
+    check_device("emu-warp");
 }
 
 #[test]

@@ -1,6 +1,8 @@
 //! The cudarc driver side: device discovery without panics, NVRTC compilation, launches.
 
-use super::{check_problem, geometry, DeviceCeilings, GpuForward, GpuInput, GpuShape, RACE_CU};
+use super::{
+    check_problem, geometry, DeviceCeilings, Geometry, GpuForward, GpuInput, GpuShape, RACE_CU,
+};
 use crate::cpu::{Heads, PlanesF32, SoftGrads};
 use crate::error::{RaceError, Result};
 use cudarc::driver::{
@@ -15,6 +17,10 @@ struct Kernels {
     fwd: CudaFunction,
     bwd_q: CudaFunction,
     bwd_k: CudaFunction,
+    partial_tile: CudaFunction,
+    fwd_tile: CudaFunction,
+    bwd_q_tile: CudaFunction,
+    bwd_k_tile: CudaFunction,
     fma_peak: CudaFunction,
 }
 
@@ -63,6 +69,10 @@ fn compile(ctx: &Arc<CudaContext>, bf16: bool) -> Result<Kernels> {
         fwd: f("race_fwd")?,
         bwd_q: f("race_bwd_q")?,
         bwd_k: f("race_bwd_k")?,
+        partial_tile: f("race_partial_tile")?,
+        fwd_tile: f("race_fwd_tile")?,
+        bwd_q_tile: f("race_bwd_q_tile")?,
+        bwd_k_tile: f("race_bwd_k_tile")?,
         fma_peak: f("race_fma_peak")?,
     })
 }
@@ -119,24 +129,24 @@ struct Dims {
     heads: u32,
     nchunks: u32,
     mw: usize,
-    warps: u32,
-    blocks_x: u32,
-    /// Shared bytes with a private state per warp / one state per block.
-    shared_private: u32,
-    shared_block: u32,
+    geo: Geometry,
 }
 
 impl Dims {
-    /// The trailing `n, d, dv, L, P, beta, chunk, <last>` arguments every chunk kernel takes.
-    fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>, last: &'a i32) {
+    /// The trailing `n, d, dv, L, P, beta, chunk` arguments every chunk kernel takes.
+    fn push_shape<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>) {
         b.arg(&self.n)
             .arg(&self.d)
             .arg(&self.dv)
             .arg(&self.l)
             .arg(&self.p)
             .arg(&self.beta)
-            .arg(&self.chunk)
-            .arg(last);
+            .arg(&self.chunk);
+    }
+    /// The shape, then the mode argument the warp-per-chunk kernels end with.
+    fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>, last: &'a i32) {
+        self.push_shape(b);
+        b.arg(last);
     }
 }
 
@@ -153,31 +163,55 @@ fn dims(planes: &PlanesF32, beta: f32, s: GpuShape) -> Result<Dims> {
         heads: s.heads as u32,
         nchunks: geo.nchunks as u32,
         mw: (planes.l << planes.p) * (s.dv + 1),
-        warps: geo.warps as u32,
-        blocks_x: geo.blocks_x as u32,
-        shared_private: geo.shared_private as u32,
-        shared_block: geo.shared_block as u32,
+        geo,
     })
 }
 
-/// One warp per chunk; `private_state` kernels (race_partial, the causal passes) carve one
+/// Warp-per-chunk kernels: `private_state` ones (race_partial, the causal passes) carve one
 /// state per warp, the others one per block.
 fn cfg(dm: &Dims, private_state: bool) -> LaunchConfig {
+    let g = &dm.geo;
     LaunchConfig {
-        grid_dim: (dm.blocks_x, dm.heads, 1),
-        block_dim: (32 * dm.warps, 1, 1),
+        grid_dim: (g.blocks_x as u32, dm.heads, 1),
+        block_dim: (32 * g.warps as u32, 1, 1),
         shared_mem_bytes: if private_state {
-            dm.shared_private
+            g.shared_private
         } else {
-            dm.shared_block
-        },
+            g.shared_block
+        } as u32,
     }
 }
 
-fn allow_shared(k: &Kernels, bytes: u32) -> Result<()> {
-    if bytes > 48 * 1024 {
-        use cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as A;
-        for f in [&k.partial, &k.fwd, &k.bwd_q, &k.bwd_k] {
+/// Tiled kernels: one block of 8 warps per chunk, with or without the block's state.
+fn tile_cfg(dm: &Dims, with_state: bool) -> LaunchConfig {
+    let g = &dm.geo;
+    LaunchConfig {
+        grid_dim: (g.nchunks as u32, dm.heads, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: if with_state {
+            g.shared_tile_state
+        } else {
+            g.shared_tile
+        } as u32,
+    }
+}
+
+/// Raise each kernel's dynamic shared-memory limit to what this problem's launches use.
+fn allow_shared(k: &Kernels, geo: &Geometry) -> Result<()> {
+    use cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as A;
+    let warp_bytes = geo.shared_private;
+    let tile_bytes = if geo.tiled { geo.shared_tile_state } else { 0 };
+    for (f, bytes) in [
+        (&k.partial, warp_bytes),
+        (&k.fwd, warp_bytes),
+        (&k.bwd_q, warp_bytes),
+        (&k.bwd_k, warp_bytes),
+        (&k.partial_tile, tile_bytes),
+        (&k.fwd_tile, tile_bytes),
+        (&k.bwd_q_tile, tile_bytes),
+        (&k.bwd_k_tile, tile_bytes),
+    ] {
+        if bytes > 48 * 1024 {
             f.set_attribute(A, bytes as i32)
                 .map_err(|e| cuda_err("raising the shared-memory limit", e))?;
         }
@@ -214,7 +248,8 @@ fn upload<T: DeviceRepr + Copy>(
     })
 }
 
-/// `race_partial`: per-chunk totals, mode 0 `Σ φ(x)[v, 1]`, mode 1 `Σ φ(q) ĝ / L`.
+/// `race_partial` (or `race_partial_tile`): per-chunk totals, mode 0 `Σ φ(x)[v, 1]`, mode 1
+/// `Σ φ(q) ĝ / L`.
 #[allow(clippy::too_many_arguments)]
 fn chunk_totals<T: DeviceRepr>(
     g: &Gpu,
@@ -234,7 +269,11 @@ fn chunk_totals<T: DeviceRepr>(
         dm.heads as usize * dm.nchunks as usize * dm.mw,
         "alloc partials",
     )?;
-    let mut b = st.launch_builder(&kn.partial);
+    let mut b = st.launch_builder(if dm.geo.tiled {
+        &kn.partial_tile
+    } else {
+        &kn.partial
+    });
     b.arg(x)
         .arg(v)
         .arg(gr)
@@ -243,11 +282,17 @@ fn chunk_totals<T: DeviceRepr>(
         .arg(w)
         .arg(&mut partials);
     dm.push(&mut b, &mode);
-    // SAFETY: argument order and types match `race_partial` in race.cu; every buffer holds
-    // the [heads, n, ·] extents the kernel indexes (checked by `check_problem`; g/o/den are
-    // read only in mode 1), and the dynamic shared memory is sized by `shared_floats` for
-    // the layout `carve` makes (a private state per warp).
-    unsafe { b.launch(cfg(dm, true)) }.map_err(|e| cuda_err("race_partial", e))?;
+    let c = if dm.geo.tiled {
+        tile_cfg(dm, false)
+    } else {
+        cfg(dm, true)
+    };
+    // SAFETY: argument order and types match `race_partial` and `race_partial_tile` in
+    // race.cu; every buffer holds the [heads, n, ·] extents the kernel indexes (checked by
+    // `check_problem`; g/o/den are read only in mode 1), and the dynamic shared memory is
+    // sized by `shared_floats` / `shared_floats_tiled` for the layouts `carve` and
+    // `TILE_CHUNK` make.
+    unsafe { b.launch(c) }.map_err(|e| cuda_err("race_partial", e))?;
     Ok(partials)
 }
 
@@ -305,7 +350,18 @@ fn fwd_dev<T: DeviceRepr>(
     let mut o = out_buf(st, total * dm.dv as usize, "alloc o")?;
     let mut den = out_buf(st, total, "alloc den")?;
     let causal_i = causal as i32;
-    {
+    if dm.geo.tiled && !causal {
+        let mut b = st.launch_builder(&kn.fwd_tile);
+        b.arg(&dev.q)
+            .arg(&dev.w)
+            .arg(&bases)
+            .arg(&mut o)
+            .arg(&mut den);
+        dm.push_shape(&mut b);
+        // SAFETY: matches `race_fwd_tile`; o has heads·n·dv floats, den heads·n, bases
+        // heads·m·w (the scan's totals).
+        unsafe { b.launch(tile_cfg(dm, true)) }.map_err(e("race_fwd_tile"))?;
+    } else {
         let mut b = st.launch_builder(&kn.fwd);
         b.arg(&dev.q)
             .arg(&dev.k)
@@ -348,7 +404,21 @@ fn bwd_dev<T: DeviceRepr>(
     let causal_i = causal as i32;
     let mut dq = out_buf(st, total * dm.d as usize, "alloc dq")?;
     let mut dbq = out_buf(st, total, "alloc dbq")?;
-    {
+    let tiled = dm.geo.tiled && !causal;
+    if tiled {
+        let mut b = st.launch_builder(&kn.bwd_q_tile);
+        b.arg(&dev.q)
+            .arg(&dev.w)
+            .arg(bases)
+            .arg(o)
+            .arg(gr)
+            .arg(den)
+            .arg(&mut dq)
+            .arg(&mut dbq);
+        dm.push_shape(&mut b);
+        // SAFETY: matches `race_bwd_q_tile`; dq heads·n·d, dbq heads·n.
+        unsafe { b.launch(tile_cfg(dm, true)) }.map_err(e("race_bwd_q_tile"))?;
+    } else {
         let mut b = st.launch_builder(&kn.bwd_q);
         b.arg(&dev.q)
             .arg(&dev.k)
@@ -370,7 +440,19 @@ fn bwd_dev<T: DeviceRepr>(
     let mut dk = out_buf(st, total * dm.d as usize, "alloc dk")?;
     let mut dvv = out_buf(st, total * dm.dv as usize, "alloc dv")?;
     let mut dbk = out_buf(st, total, "alloc dbk")?;
-    {
+    if tiled {
+        let mut b = st.launch_builder(&kn.bwd_k_tile);
+        b.arg(&dev.k)
+            .arg(&dev.v)
+            .arg(&dev.w)
+            .arg(&dbases)
+            .arg(&mut dk)
+            .arg(&mut dvv)
+            .arg(&mut dbk);
+        dm.push_shape(&mut b);
+        // SAFETY: matches `race_bwd_k_tile`; dk heads·n·d, dv heads·n·dv, dbk heads·n.
+        unsafe { b.launch(tile_cfg(dm, true)) }.map_err(e("race_bwd_k_tile"))?;
+    } else {
         let mut b = st.launch_builder(&kn.bwd_k);
         b.arg(&dev.q)
             .arg(&dev.k)
@@ -437,7 +519,7 @@ pub fn soft_forward(
     let g = gpu()?;
     let dm = dims(planes, beta, s)?;
     with_input!(g, planes, q, k, v, |dev, kn| {
-        allow_shared(kn, dm.shared_private)?;
+        allow_shared(kn, &dm.geo)?;
         let (o, den, _) = fwd_dev(g, kn, &dev, &dm, causal)?;
         Ok(finish_forward(host(&g.stream, &o)?, host(&g.stream, &den)?))
     })
@@ -465,7 +547,7 @@ pub fn soft_backward(
     let g = gpu()?;
     let dm = dims(planes, beta, s)?;
     with_input!(g, planes, q, k, v, |dev, kn| {
-        allow_shared(kn, dm.shared_private)?;
+        allow_shared(kn, &dm.geo)?;
         let (o, den, bases) = fwd_dev(g, kn, &dev, &dm, causal)?;
         let gd = g
             .stream
@@ -519,7 +601,7 @@ pub fn time_soft(
     let g = gpu()?;
     let dm = dims(planes, beta, s)?;
     let kn = &g.f32k;
-    allow_shared(kn, dm.shared_private)?;
+    allow_shared(kn, &dm.geo)?;
     let dev = upload(&g.stream, planes, q.data, k.data, v.data)?;
     let gd = match gr {
         Some(x) => Some(

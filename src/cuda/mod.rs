@@ -39,12 +39,16 @@ pub fn chunk_len(heads: usize, n: usize) -> usize {
 }
 
 /// Kernel names the Rust side launches (checked against the source in tests).
-pub const KERNELS: [&str; 6] = [
+pub const KERNELS: [&str; 10] = [
     "race_partial",
     "race_scan",
     "race_fwd",
     "race_bwd_q",
     "race_bwd_k",
+    "race_partial_tile",
+    "race_fwd_tile",
+    "race_bwd_q_tile",
+    "race_bwd_k_tile",
     "race_fma_peak",
 ];
 
@@ -127,8 +131,29 @@ pub fn shared_floats(p: usize, l: usize, d: usize, dv: usize, warps: usize, priv
 /// Shared memory one block may use on current NVIDIA GPUs (Hopper: 227 KiB).
 pub const MAX_SHARED_BYTES: usize = 227 * 1024;
 
-/// How a problem is launched: warps per block (8 when the shared memory allows, else fewer),
-/// the chunk length, and the shared bytes of the private-state layout (the larger one).
+/// Tokens per tile of the tiled kernels, and their register blocks: features
+/// `m ≤ 8·TILE_TM`, bank columns `dv + 1 ≤ 32·TILE_TC` (TILE, TM, TC in race.cu).
+pub const TILE: usize = 32;
+pub const TILE_TM: usize = 8;
+pub const TILE_TC: usize = 5;
+
+/// Floats of dynamic shared memory of a tiled kernel's block (the layout `TILE_CHUNK` makes
+/// in race.cu): 8 warps' scratch, then the tile's `phi [TILE·m] | u [TILE·L·P] |
+/// y [TILE·(dv+1)] | res [TILE·max(m, dv+1)]`, then one `m × (dv+1)` state if `with_state`.
+pub fn shared_floats_tiled(p: usize, l: usize, d: usize, dv: usize, with_state: bool) -> usize {
+    let (lp, m, w) = (l * p, l << p, dv + 1);
+    let scratch = d + 5 * lp + 2 * m + 2 * w;
+    8 * scratch + TILE * (m + lp + w + m.max(w)) + if with_state { m * w } else { 0 }
+}
+
+/// How a problem is launched.
+///
+/// - Warp-per-chunk kernels (the causal passes, and everything when the tiled ones do not
+///   apply): `warps` per block (8 when the shared memory allows, else fewer), `blocks_x`
+///   blocks per head, `shared_private` / `shared_block` bytes with a state per warp / per
+///   block.
+/// - Tiled kernels (`tiled`: the chunk totals and the non-causal passes): one block of 8 warps
+///   per chunk, `shared_tile` / `shared_tile_state` bytes without / with the block's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Geometry {
     pub warps: usize,
@@ -137,11 +162,21 @@ pub struct Geometry {
     pub blocks_x: usize,
     pub shared_private: usize,
     pub shared_block: usize,
+    pub tiled: bool,
+    pub shared_tile: usize,
+    pub shared_tile_state: usize,
 }
 
-/// The launch geometry of a problem, or an error naming `p` when even one warp's private
-/// state does not fit in shared memory.
+/// The launch geometry of a problem (tiled kernels where they apply, unless the environment
+/// sets `RACELAB_CUDA_PATH=warp`, a switch for comparing the two), or an error naming `p`
+/// when even one warp's private state does not fit in shared memory.
 pub fn geometry(p: usize, l: usize, s: GpuShape) -> Result<Geometry> {
+    let warp_only = std::env::var("RACELAB_CUDA_PATH").is_ok_and(|v| v == "warp");
+    geometry_with(p, l, s, !warp_only)
+}
+
+/// [`geometry`] with the tiled kernels allowed or not.
+pub fn geometry_with(p: usize, l: usize, s: GpuShape, allow_tiled: bool) -> Result<Geometry> {
     let bytes = |warps, private| 4 * shared_floats(p, l, s.d, s.dv, warps, private);
     let warps = [8usize, 4, 2, 1]
         .into_iter()
@@ -160,6 +195,11 @@ pub fn geometry(p: usize, l: usize, s: GpuShape) -> Result<Geometry> {
         })?;
     let chunk = chunk_len(s.heads, s.n);
     let nchunks = s.n.div_ceil(chunk);
+    let tile_bytes = |with_state| 4 * shared_floats_tiled(p, l, s.d, s.dv, with_state);
+    let tiled = allow_tiled
+        && (l << p) <= 8 * TILE_TM
+        && s.dv < 32 * TILE_TC
+        && tile_bytes(true) <= MAX_SHARED_BYTES;
     Ok(Geometry {
         warps,
         chunk,
@@ -167,6 +207,9 @@ pub fn geometry(p: usize, l: usize, s: GpuShape) -> Result<Geometry> {
         blocks_x: nchunks.div_ceil(warps),
         shared_private: bytes(warps, true),
         shared_block: bytes(warps, false),
+        tiled,
+        shared_tile: tile_bytes(false),
+        shared_tile_state: tile_bytes(true),
     })
 }
 

@@ -126,11 +126,11 @@ __device__ void warp_features(const in_t* x, const float* __restrict__ W, int d,
     __syncwarp();
 }
 
-// y = [v, 1] into s.y; ends with __syncwarp.
-__device__ void warp_y(const in_t* v, int dv, const Scratch& s) {
+// y = [v, 1] into dst; ends with __syncwarp.
+__device__ void warp_y(const in_t* v, int dv, float* dst) {
     const int lane = threadIdx.x & 31;
-    for (int c = lane; c < dv; c += 32) s.y[c] = ld(v, c);
-    if (lane == 0) s.y[dv] = 1.f;
+    for (int c = lane; c < dv; c += 32) dst[c] = ld(v, c);
+    if (lane == 0) dst[dv] = 1.f;
     __syncwarp();
 }
 
@@ -187,15 +187,17 @@ __device__ void warp_gphi(const float* st, const float* vec, float sc, int m, in
     __syncwarp();
 }
 
-// Through one row's softmaxes: from gphi and the bit states, dz = ∂ℓ/∂z into s.dz; returns
-// Σ_p u_p c_p (this row's ∂ℓ/∂beta) on every lane. Ends with __syncwarp.
-__device__ float warp_table_backward(int L, int P, float beta, const Scratch& s) {
+// Through one row's softmaxes: from its features phi [m], their gradient gphi [m] and the
+// tanh states u [LP], dz = ∂ℓ/∂z into s.dz; returns Σ_p u_p c_p (this row's ∂ℓ/∂beta) on
+// every lane. Ends with __syncwarp.
+__device__ float warp_table_backward(int L, int P, float beta, const float* u_row, const float* phi,
+                                     const float* gphi, const Scratch& s) {
     const int lane = threadIdx.x & 31, R = 1 << P, LP = L * P;
     float db = 0.f;
     for (int lp = lane; lp < LP; lp += 32) {
         const int l = lp / P, p = lp % P;
-        const float* ph = s.phi + l * R;
-        const float* gp = s.gphi + l * R;
+        const float* ph = phi + l * R;
+        const float* gp = gphi + l * R;
         float gbar = 0.f;
         for (int r = 0; r < R; ++r) gbar = fmaf(ph[r], gp[r], gbar);
         float cc = 0.f;
@@ -203,7 +205,7 @@ __device__ float warp_table_backward(int L, int P, float beta, const Scratch& s)
             float t = ph[r] * (gp[r] - gbar);
             cc += ((r >> (P - 1 - p)) & 1) ? t : -t;
         }
-        const float u = s.u[lp];
+        const float u = u_row[lp];
         s.dz[lp] = beta * cc * (1.f - u * u);
         s.db[lp] = u * cc;
     }
@@ -267,7 +269,7 @@ extern "C" __global__ void race_partial(const in_t* X, const in_t* V, const floa
             else prefetch_token(X, nullptr, G, O, row + AHEAD, d, dv);
         }
         if (mode == 0) {
-            warp_y(V + row * dv, dv, s);
+            warp_y(V + row * dv, dv, s.y);
         } else {
             warp_gext(G + row * dv, O + row * dv, DEN[row], dv, s.y);
         }
@@ -320,7 +322,7 @@ extern "C" __global__ void race_fwd(const in_t* Q, const in_t* K, const in_t* V,
             if (causal) prefetch_token(K, V, nullptr, nullptr, row + AHEAD, d, dv);
         }
         if (causal) {
-            warp_y(V + row * dv, dv, s);
+            warp_y(V + row * dv, dv, s.y);
             warp_features(K + row * d, W, d, L, P, beta, s);
             warp_accumulate(s.st, s.phi, s.y, 1.f, m, w);
         }
@@ -348,14 +350,14 @@ extern "C" __global__ void race_bwd_q(const in_t* Q, const in_t* K, const in_t* 
             if (causal) prefetch_token(K, V, nullptr, nullptr, row + AHEAD, d, dv);
         }
         if (causal) {
-            warp_y(V + row * dv, dv, s);
+            warp_y(V + row * dv, dv, s.y);
             warp_features(K + row * d, W, d, L, P, beta, s);
             warp_accumulate(s.st, s.phi, s.y, 1.f, m, w);
         }
         warp_gext(G + row * dv, O + row * dv, DEN[row], dv, s.out);
         warp_features(Q + row * d, W, d, L, P, beta, s);
         warp_gphi(s.st, s.out, invL, m, w, s.gphi);
-        const float db = warp_table_backward(L, P, beta, s);
+        const float db = warp_table_backward(L, P, beta, s.u, s.phi, s.gphi, s);
         warp_dx(W, s.dz, LP, d, DQ + row * d);
         if (lane == 0) DBQ[row] = db;
         __syncwarp();
@@ -382,15 +384,243 @@ extern "C" __global__ void race_bwd_k(const in_t* Q, const in_t* K, const in_t* 
             warp_features(Q + row * d, W, d, L, P, beta, s);
             warp_accumulate(s.st, s.phi, s.out, invL, m, w);
         }
-        warp_y(V + row * dv, dv, s);
+        warp_y(V + row * dv, dv, s.y);
         warp_features(K + row * d, W, d, L, P, beta, s);
         warp_gphi(s.st, s.y, 1.f, m, w, s.gphi);
         warp_read(s.st, s.phi, m, w, dv, s.out);
         for (int cc = lane; cc < dv; cc += 32) DV[row * dv + cc] = s.out[cc];
-        const float db = warp_table_backward(L, P, beta, s);
+        const float db = warp_table_backward(L, P, beta, s.u, s.phi, s.gphi, s);
         warp_dx(W, s.dz, LP, d, DK + row * d);
         if (lane == 0) DBK[row] = db;
         __syncwarp();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Tiled kernels (non-causal passes and all chunk totals): one block of 8 warps owns one
+// chunk and walks it in tiles of TILE tokens. Per tile, each warp featurises TILE/8 tokens
+// (warp_features) into block-wide tile buffers; the bank-sized products of the whole tile
+// are then one small matrix product (tile_mma) with each thread holding a register block of
+// results; per-token finishing steps (normalising, the softmax backward, dx) go back to one
+// warp per token. Limits: m ≤ 8·TM features and w ≤ 32·TC bank columns (else the host uses
+// the warp-per-chunk kernels above).
+#define TILE 32
+#define TM 8
+#define TC 5
+
+// acc[i][j] (+)= Σ_k A(r, k) B(k, c) for rows r = warp + 8i < nr and columns
+// c = lane + 32j < nc, where A(r, k) = A[r*ars + k*aks] and B(k, c) = B[k*bks + c*bcs].
+// Rows are uniform across a warp (A reads broadcast); columns run along lanes.
+__device__ __forceinline__ void tile_mma(float (&acc)[TM][TC], const float* A, int ars, int aks, const float* B,
+                                         int bks, int bcs, int nr, int nc, int nk) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int na = (nr - warp + 7) / 8, nb = (nc - lane + 31) / 32;
+    for (int k = 0; k < nk; ++k) {
+        float b[TC];
+#pragma unroll
+        for (int j = 0; j < TC; ++j) b[j] = j < nb ? B[k * bks + (lane + 32 * j) * bcs] : 0.f;
+#pragma unroll
+        for (int i = 0; i < TM; ++i) {
+            if (i < na) {
+                const float a = A[(warp + 8 * i) * ars + k * aks];
+#pragma unroll
+                for (int j = 0; j < TC; ++j) acc[i][j] = fmaf(a, b[j], acc[i][j]);
+            }
+        }
+    }
+}
+
+__device__ __forceinline__ void tile_zero(float (&acc)[TM][TC]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < TC; ++j) acc[i][j] = 0.f;
+}
+
+// Store acc rows r = warp + 8i < nr, columns c = lane + 32j < nc, times sc, to dst[r*rs + c].
+__device__ __forceinline__ void tile_store(const float (&acc)[TM][TC], float sc, float* dst, long long rs, int nr,
+                                           int nc) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int i = 0; i < TM; ++i) {
+        const int r = warp + 8 * i;
+        if (r < nr)
+#pragma unroll
+            for (int j = 0; j < TC; ++j) {
+                const int c = lane + 32 * j;
+                if (c < nc) dst[r * rs + c] = acc[i][j] * sc;
+            }
+    }
+}
+
+// Block tile buffers after the 8 warps' scratch: phi [TILE*m] | u [TILE*LP] | y [TILE*w] |
+// res [TILE*max(m, w)] | state [m*w] (non-causal passes only). `shared_floats_tiled` in
+// src/cuda/mod.rs mirrors this.
+struct Tile {
+    float *phi, *u, *y, *res, *st;
+};
+
+#define TILE_CHUNK(with_state)                                                                 \
+    extern __shared__ float sh[];                                                              \
+    const int R = 1 << P, m = L * R, w = dv + 1, LP = L * P;                                   \
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;                                \
+    const int h = blockIdx.y, c = blockIdx.x, nch = gridDim.x;                                 \
+    const int t0 = c * chunk, t1 = min(n, t0 + chunk);                                         \
+    const Scratch s = carve(sh, d, LP, m, w, 0);                                               \
+    Tile tl;                                                                                   \
+    tl.phi = sh + 8 * scratch_floats(d, LP, m, w);                                             \
+    tl.u = tl.phi + TILE * m;                                                                  \
+    tl.y = tl.u + TILE * LP;                                                                   \
+    tl.res = tl.y + TILE * w;                                                                  \
+    tl.st = tl.res + TILE * (m > w ? m : w);                                                   \
+    (void)R; (void)lane; (void)nch; (void)with_state;
+
+// Featurise token row `row` (tile slot tt) into the tile: phi, u; ends with __syncwarp.
+__device__ void tile_features(const in_t* x, const float* __restrict__ W, int d, int L, int P, float beta,
+                              const Scratch& s, const Tile& tl, int tt) {
+    const int lane = threadIdx.x & 31, LP = L * P, m = L << P;
+    warp_features(x, W, d, L, P, beta, s);
+    for (int f = lane; f < m; f += 32) tl.phi[tt * m + f] = s.phi[f];
+    for (int lp = lane; lp < LP; lp += 32) tl.u[tt * LP + lp] = s.u[lp];
+    __syncwarp();
+}
+
+// Chunk totals, tiled. mode 0: Σ φ(k_t)[v_t, 1]; mode 1: Σ φ(q_t) ĝ_t / L. Same output as
+// race_partial: out [heads, nch, m*w].
+extern "C" __global__ void race_partial_tile(const in_t* X, const in_t* V, const float* G, const float* O,
+                                             const float* DEN, const float* W, float* out, int n, int d, int dv,
+                                             int L, int P, float beta, int chunk, int mode) {
+    TILE_CHUNK(0)
+    float acc[TM][TC];
+    tile_zero(acc);
+    for (int b0 = t0; b0 < t1; b0 += TILE) {
+        const int nt = min(TILE, t1 - b0);
+        for (int tt = warp * (TILE / 8); tt < (warp + 1) * (TILE / 8); ++tt) {
+            if (tt >= nt) break;
+            const long long row = (long long)h * n + b0 + tt;
+            if (b0 + TILE + tt < t1) {
+                if (mode == 0) prefetch_token(X, V, nullptr, nullptr, row + TILE, d, dv);
+                else prefetch_token(X, nullptr, G, O, row + TILE, d, dv);
+            }
+            if (mode == 0) warp_y(V + row * dv, dv, tl.y + tt * w);
+            else warp_gext(G + row * dv, O + row * dv, DEN[row], dv, tl.y + tt * w);
+            tile_features(X + row * d, W, d, L, P, beta, s, tl, tt);
+        }
+        __syncthreads();
+        // acc[f][c] += Σ_t phi[t][f] y[t][c]
+        tile_mma(acc, tl.phi, 1, m, tl.y, w, 1, m, w, nt);
+        __syncthreads();
+    }
+    tile_store(acc, mode == 0 ? 1.f : 1.f / (float)L, out + ((long long)h * nch + c) * m * w, w, m, w);
+}
+
+__device__ void load_block_state(const float* bases, int h, int mw, float* st) {
+    const float* b = bases + (long long)h * mw;
+    for (int e = threadIdx.x; e < mw; e += blockDim.x) st[e] = b[e];
+    __syncthreads();
+}
+
+// Non-causal forward, tiled: o_t = Σ_f φ_f(q_t) S_f / den with S the head's total.
+extern "C" __global__ void race_fwd_tile(const in_t* Q, const float* W, const float* bases, float* O, float* DEN,
+                                         int n, int d, int dv, int L, int P, float beta, int chunk) {
+    TILE_CHUNK(1)
+    load_block_state(bases, h, m * w, tl.st);
+    for (int b0 = t0; b0 < t1; b0 += TILE) {
+        const int nt = min(TILE, t1 - b0);
+        for (int tt = warp * (TILE / 8); tt < (warp + 1) * (TILE / 8) && tt < nt; ++tt) {
+            const long long row = (long long)h * n + b0 + tt;
+            if (b0 + TILE + tt < t1) prefetch_token(Q, nullptr, nullptr, nullptr, row + TILE, d, dv);
+            tile_features(Q + row * d, W, d, L, P, beta, s, tl, tt);
+        }
+        __syncthreads();
+        float acc[TM][TC];
+        tile_zero(acc);
+        // res[t][c] = Σ_f phi[t][f] S[f][c]
+        tile_mma(acc, tl.phi, m, 1, tl.st, w, 1, nt, w, m);
+        tile_store(acc, 1.f, tl.res, w, nt, w);
+        __syncthreads();
+        for (int tt = warp * (TILE / 8); tt < (warp + 1) * (TILE / 8) && tt < nt; ++tt) {
+            const long long row = (long long)h * n + b0 + tt;
+            const float* r = tl.res + tt * w;
+            const float den = r[dv];
+            for (int cc = lane; cc < dv; cc += 32) O[row * dv + cc] = den == 0.f ? 0.f : r[cc] / den;
+            if (lane == 0) DEN[row] = den / (float)L;
+        }
+        __syncthreads();
+    }
+}
+
+// Non-causal query gradients, tiled: ∂ℓ/∂φ(q_t) = S ĝ_t / L.
+extern "C" __global__ void race_bwd_q_tile(const in_t* Q, const float* W, const float* bases, const float* O,
+                                           const float* G, const float* DEN, float* DQ, float* DBQ, int n, int d,
+                                           int dv, int L, int P, float beta, int chunk) {
+    TILE_CHUNK(1)
+    load_block_state(bases, h, m * w, tl.st);
+    for (int b0 = t0; b0 < t1; b0 += TILE) {
+        const int nt = min(TILE, t1 - b0);
+        for (int tt = warp * (TILE / 8); tt < (warp + 1) * (TILE / 8) && tt < nt; ++tt) {
+            const long long row = (long long)h * n + b0 + tt;
+            if (b0 + TILE + tt < t1) prefetch_token(Q, nullptr, G, O, row + TILE, d, dv);
+            warp_gext(G + row * dv, O + row * dv, DEN[row], dv, tl.y + tt * w);
+            tile_features(Q + row * d, W, d, L, P, beta, s, tl, tt);
+        }
+        __syncthreads();
+        float acc[TM][TC];
+        tile_zero(acc);
+        // res[t][f] = Σ_c ĝ[t][c] S[f][c] / L
+        tile_mma(acc, tl.y, w, 1, tl.st, 1, w, nt, m, w);
+        tile_store(acc, 1.f / (float)L, tl.res, m, nt, m);
+        __syncthreads();
+        for (int tt = warp * (TILE / 8); tt < (warp + 1) * (TILE / 8) && tt < nt; ++tt) {
+            const long long row = (long long)h * n + b0 + tt;
+            const float db = warp_table_backward(L, P, beta, tl.u + tt * LP, tl.phi + tt * m, tl.res + tt * m, s);
+            warp_dx(W, s.dz, LP, d, DQ + row * d);
+            if (lane == 0) DBQ[row] = db;
+            __syncwarp();
+        }
+        __syncthreads();
+    }
+}
+
+// Non-causal key gradients, tiled: with D the head's Σ_t φ(q_t) ĝ_t / L,
+// ∂ℓ/∂φ(k_t) = D [v_t, 1] and ∂ℓ/∂v_t = Σ_f φ_f(k_t) D_f[:dv].
+extern "C" __global__ void race_bwd_k_tile(const in_t* K, const in_t* V, const float* W, const float* dbases,
+                                           float* DK, float* DV, float* DBK, int n, int d, int dv, int L, int P,
+                                           float beta, int chunk) {
+    TILE_CHUNK(1)
+    load_block_state(dbases, h, m * w, tl.st);
+    for (int b0 = t0; b0 < t1; b0 += TILE) {
+        const int nt = min(TILE, t1 - b0);
+        for (int tt = warp * (TILE / 8); tt < (warp + 1) * (TILE / 8) && tt < nt; ++tt) {
+            const long long row = (long long)h * n + b0 + tt;
+            if (b0 + TILE + tt < t1) prefetch_token(K, V, nullptr, nullptr, row + TILE, d, dv);
+            warp_y(V + row * dv, dv, tl.y + tt * w);
+            tile_features(K + row * d, W, d, L, P, beta, s, tl, tt);
+        }
+        __syncthreads();
+        {
+            float acc[TM][TC];
+            tile_zero(acc);
+            // dv[t][c] = Σ_f phi[t][f] D[f][c], c < dv: straight to global memory
+            tile_mma(acc, tl.phi, m, 1, tl.st, w, 1, nt, dv, m);
+            tile_store(acc, 1.f, DV + ((long long)h * n + b0) * dv, dv, nt, dv);
+        }
+        {
+            float acc[TM][TC];
+            tile_zero(acc);
+            // res[t][f] = Σ_c y[t][c] D[f][c]
+            tile_mma(acc, tl.y, w, 1, tl.st, 1, w, nt, m, w);
+            tile_store(acc, 1.f, tl.res, m, nt, m);
+        }
+        __syncthreads();
+        for (int tt = warp * (TILE / 8); tt < (warp + 1) * (TILE / 8) && tt < nt; ++tt) {
+            const long long row = (long long)h * n + b0 + tt;
+            const float db = warp_table_backward(L, P, beta, tl.u + tt * LP, tl.phi + tt * m, tl.res + tt * m, s);
+            warp_dx(W, s.dz, LP, d, DK + row * d);
+            if (lane == 0) DBK[row] = db;
+            __syncwarp();
+        }
+        __syncthreads();
     }
 }
 

@@ -9,11 +9,12 @@ int main(int argc, char** argv) {
     if (argc != 3) return 2;
     FILE* f = std::fopen(argv[1], "rb");
     if (!f) return 2;
-    int32_t hd[12];
+    int32_t hd[15];
     float beta;
-    if (std::fread(hd, 4, 12, f) != 12 || std::fread(&beta, 4, 1, f) != 1) return 2;
+    if (std::fread(hd, 4, 15, f) != 15 || std::fread(&beta, 4, 1, f) != 1) return 2;
     const int heads = hd[0], n = hd[1], d = hd[2], dv = hd[3], L = hd[4], P = hd[5], causal = hd[6];
     const int warps = hd[7], chunk = hd[8], bf16 = hd[9], sh_private = hd[10], sh_block = hd[11];
+    const int tiled = hd[12], sh_tile = hd[13], sh_tile_state = hd[14];
 #ifdef RACE_BF16
     if (!bf16) return 4;
 #else
@@ -29,41 +30,64 @@ int main(int argc, char** argv) {
     std::fclose(f);
     if (!ok) return 2;
 
+    // Warp-per-chunk launches, and the tiled ones (chunk totals always; the other passes when
+    // not causal), exactly as device.rs chooses them.
     const unsigned bx = (unsigned)((nch + warps - 1) / warps), threads = 32u * warps;
     const size_t shp = sh_private, shb = causal ? sh_private : sh_block;
+    const bool tile_pass = tiled && !causal;
     const unsigned scan_bx = (unsigned)((mw + 255) / 256);
     std::vector<float> dummy(1, 0.f);
     // Forward.
     auto partials = nans((size_t)heads * nch * mw);
-    launch(bx, heads, threads, shp, [&] {
-        race_partial(K.data(), V.data(), dummy.data(), dummy.data(), dummy.data(), W.data(), partials.data(), n, d, dv, L, P,
-                     beta, chunk, 0);
-    });
+    auto totals = [&](const in_t* X, const in_t* Vv, const float* Gg, const float* Oo, const float* Dd, float* out,
+                      int mode) {
+        if (tiled)
+            launch(nch, heads, 256, sh_tile,
+                   [&] { race_partial_tile(X, Vv, Gg, Oo, Dd, W.data(), out, n, d, dv, L, P, beta, chunk, mode); });
+        else
+            launch(bx, heads, threads, shp,
+                   [&] { race_partial(X, Vv, Gg, Oo, Dd, W.data(), out, n, d, dv, L, P, beta, chunk, mode); });
+    };
+    totals(K.data(), V.data(), dummy.data(), dummy.data(), dummy.data(), partials.data(), 0);
     auto bases = nans(causal ? (size_t)heads * nch * mw : (size_t)heads * mw);
     launch(scan_bx, heads, 256, 0, [&] { race_scan(partials.data(), bases.data(), nch, mw, causal ? 0 : 2); });
     auto O = nans(nv), DEN = nans(nt);
-    launch(bx, heads, threads, shb, [&] {
-        race_fwd(Q.data(), K.data(), V.data(), W.data(), bases.data(), O.data(), DEN.data(), n, d, dv, L, P, beta, chunk,
-                 causal);
-    });
+    if (tile_pass)
+        launch(nch, heads, 256, sh_tile_state, [&] {
+            race_fwd_tile(Q.data(), W.data(), bases.data(), O.data(), DEN.data(), n, d, dv, L, P, beta, chunk);
+        });
+    else
+        launch(bx, heads, threads, shb, [&] {
+            race_fwd(Q.data(), K.data(), V.data(), W.data(), bases.data(), O.data(), DEN.data(), n, d, dv, L, P, beta,
+                     chunk, causal);
+        });
     // Backward.
     auto DQ = nans(nd), DBQ = nans(nt);
-    launch(bx, heads, threads, shb, [&] {
-        race_bwd_q(Q.data(), K.data(), V.data(), W.data(), bases.data(), O.data(), G.data(), DEN.data(), DQ.data(),
-                   DBQ.data(), n, d, dv, L, P, beta, chunk, causal);
-    });
+    if (tile_pass)
+        launch(nch, heads, 256, sh_tile_state, [&] {
+            race_bwd_q_tile(Q.data(), W.data(), bases.data(), O.data(), G.data(), DEN.data(), DQ.data(), DBQ.data(), n,
+                            d, dv, L, P, beta, chunk);
+        });
+    else
+        launch(bx, heads, threads, shb, [&] {
+            race_bwd_q(Q.data(), K.data(), V.data(), W.data(), bases.data(), O.data(), G.data(), DEN.data(), DQ.data(),
+                       DBQ.data(), n, d, dv, L, P, beta, chunk, causal);
+        });
     auto partials1 = nans((size_t)heads * nch * mw);
-    launch(bx, heads, threads, shp, [&] {
-        race_partial(Q.data(), Q.data(), G.data(), O.data(), DEN.data(), W.data(), partials1.data(), n, d, dv, L, P, beta,
-                     chunk, 1);
-    });
+    totals(Q.data(), Q.data(), G.data(), O.data(), DEN.data(), partials1.data(), 1);
     auto dbases = nans(causal ? (size_t)heads * nch * mw : (size_t)heads * mw);
     launch(scan_bx, heads, 256, 0, [&] { race_scan(partials1.data(), dbases.data(), nch, mw, causal ? 1 : 2); });
     auto DK = nans(nd), DV = nans(nv), DBK = nans(nt);
-    launch(bx, heads, threads, shb, [&] {
-        race_bwd_k(Q.data(), K.data(), V.data(), W.data(), dbases.data(), O.data(), G.data(), DEN.data(), DK.data(),
-                   DV.data(), DBK.data(), n, d, dv, L, P, beta, chunk, causal);
-    });
+    if (tile_pass)
+        launch(nch, heads, 256, sh_tile_state, [&] {
+            race_bwd_k_tile(K.data(), V.data(), W.data(), dbases.data(), DK.data(), DV.data(), DBK.data(), n, d, dv, L,
+                            P, beta, chunk);
+        });
+    else
+        launch(bx, heads, threads, shb, [&] {
+            race_bwd_k(Q.data(), K.data(), V.data(), W.data(), dbases.data(), O.data(), G.data(), DEN.data(), DK.data(),
+                       DV.data(), DBK.data(), n, d, dv, L, P, beta, chunk, causal);
+        });
     double dbeta = 0.0;
     for (float x : DBQ) dbeta += x;
     for (float x : DBK) dbeta += x;
