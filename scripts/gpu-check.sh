@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# One command for a GPU machine: run the CUDA tests against the CPU kernels, then a short
-# benchmark at the paper shape (batch 1, 4 heads, d = 128, f32): forward+backward at
-# N = 2^20 and 2^22 per head (4·2^20 and 16·2^20 tokens) for (P,L) = (2,2) and (4,4),
-# non-causal and causal, and forward only at 2^22 for (2,2). Designed to finish inside
-# 8 minutes on an H200. Everything goes under $OUT (or ./gpu-check): summary.txt and one
+# One command for a GPU machine: run the CUDA tests against the CPU kernels (tiled and
+# warp-per-chunk paths), then a short benchmark at the paper shape (batch 1, 4 heads,
+# d = 128, f32): forward+backward at N = 2^20 and 2^22 per head (4·2^20 and 16·2^20 tokens)
+# for (P,L) = (2,2) and (4,4), non-causal and causal; forward only at 2^20; and two
+# comparison rows (warp-per-chunk kernels only; no software prefetch). Designed to finish
+# inside 5 minutes on an H200. Everything goes under $OUT (or ./gpu-check): summary.txt and one
 # gpu-check.tgz with the logs and each bench's csv/json/png.
 #
 # Two ways to run it:
@@ -77,21 +78,33 @@ fi
 log "CUDA tests"
 timeout 150 "${cudatest[@]}" --nocapture --test-threads=1 >"$W/cuda-tests.log" 2>&1
 rc=$?
-grep -E "^test |test result|skipped" "$W/cuda-tests.log" | tee -a "$W/summary.txt"
+grep -E "^test |test result|skipped|^cuda P" "$W/cuda-tests.log" | tee -a "$W/summary.txt"
 [ $rc -eq 0 ] || { log "CUDA TESTS FAILED (rc=$rc)"; grep -B2 -A15 "panicked" "$W/cuda-tests.log" | head -60 | tee -a "$W/summary.txt"; }
+log "CUDA test, warp-per-chunk kernels only (RACELAB_CUDA_PATH=warp)"
+RACELAB_CUDA_PATH=warp timeout 100 "${cudatest[@]}" soft_race_on_cuda_device --nocapture --test-threads=1 >"$W/cuda-tests-warp.log" 2>&1
+rc=$?
+grep -E "^test |test result|^cuda P" "$W/cuda-tests-warp.log" | tee -a "$W/summary.txt"
+[ $rc -eq 0 ] || { log "CUDA WARP-PATH TEST FAILED (rc=$rc)"; grep -B2 -A15 "panicked" "$W/cuda-tests-warp.log" | head -40 | tee -a "$W/summary.txt"; }
 
 bench() {  # name, timeout, args...
   local name=$1 to=$2; shift 2
   log "bench $name: $*"
   timeout "$to" "$racelab" bench --device cuda "$@" --out "$W/$name" >"$W/$name.txt" 2>&1
   local r=$?
-  grep -E "^GPU|^race|^measured|skipped|rror" "$W/$name.txt" | tee -a "$W/summary.txt"
+  grep -E "^GPU|^race|skipped|rror" "$W/$name.txt" | tee -a "$W/summary.txt"
   [ $r -eq 0 ] || log "bench $name exited with $r"
 }
-bench nc-22 100 --backward --n 1048576,4194304 --p 2 --l 2
-bench nc-44 100 --backward --n 1048576,4194304 --p 4 --l 4
-bench causal-22 80 --backward --causal --n 4194304 --p 2 --l 2
-bench causal-44 80 --backward --causal --n 4194304 --p 4 --l 4
-bench fwd-22 60 --n 4194304 --p 2 --l 2
-bench fwd-causal-22 60 --causal --n 4194304 --p 2 --l 2
+# The paper shape, forward+backward, N = 2^20 and 2^22 per head (4 and 16 Mi tokens).
+bench nc 150 --backward --n 1048576,4194304 --p 2,4 --l 2,4
+bench causal 100 --backward --causal --n 4194304 --p 2,4 --l 2,4
+# Forward only.
+bench fwd 60 --n 1048576 --p 2,4 --l 2,4
+bench fwd-causal 60 --causal --n 1048576 --p 2,4 --l 2,4
+# The same non-causal rows on the warp-per-chunk kernels, and without software prefetch.
+export RACELAB_CUDA_PATH=warp
+bench nc-warp-path 60 --backward --n 1048576 --p 2,4 --l 2,4
+unset RACELAB_CUDA_PATH
+export RACELAB_CUDA_DEFINES=-DAHEAD=0
+bench nc-no-prefetch 60 --backward --n 1048576 --p 2 --l 2
+unset RACELAB_CUDA_DEFINES
 log "done"
