@@ -76,7 +76,7 @@ else
 fi
 
 log "CUDA tests"
-timeout 150 "${cudatest[@]}" --nocapture --test-threads=1 >"$W/cuda-tests.log" 2>&1
+timeout 150 "${cudatest[@]}" --skip emulated --nocapture --test-threads=1 >"$W/cuda-tests.log" 2>&1
 rc=$?
 grep -E "^test |test result|skipped|^cuda P" "$W/cuda-tests.log" | tee -a "$W/summary.txt"
 [ $rc -eq 0 ] || { log "CUDA TESTS FAILED (rc=$rc)"; grep -B2 -A15 "panicked" "$W/cuda-tests.log" | head -60 | tee -a "$W/summary.txt"; }
