@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# One command for a GPU machine: run the CUDA tests against the CPU kernels (tiled and
-# warp-per-chunk paths), then a short benchmark at the paper shape (batch 1, 4 heads,
-# d = 128, f32): forward+backward at N = 2^20 and 2^22 per head (4·2^20 and 16·2^20 tokens)
-# for (P,L) = (2,2) and (4,4), non-causal and causal; forward only at 2^20; and two
-# comparison rows (warp-per-chunk kernels only; no software prefetch). Designed to finish
-# inside 5 minutes on an H200. Everything goes under $OUT (or ./gpu-check): summary.txt and one
+# One command for a GPU machine: run the CUDA tests against the CPU kernels (the default
+# kernel choice, then the tiled and the warp-per-chunk kernels forced), then a short
+# benchmark at the paper shape (batch 1, 4 heads, d = 128, f32) for (P,L) = (2,2) and (4,4):
+# forward+backward non-causal at N = 2^20 and 2^22 per head (4·2^20 and 16·2^20 tokens),
+# causal at 2^20, the non-causal rows again on each kernel family, and forward only.
+# Designed to finish inside 4 minutes on an H200. Everything goes under $OUT (or ./gpu-check): summary.txt and one
 # gpu-check.tgz with the logs and each bench's csv/json/png.
 #
 # Two ways to run it:
@@ -29,6 +29,8 @@ for l in sys.stdin:
   cargo build --release --bin racelab || exit 1
   cp "$t" "$dir/cuda-test" && cp "$CARGO_TARGET_DIR/release/racelab" "$dir/racelab"
   strip "$dir/cuda-test" "$dir/racelab" 2>/dev/null
+  # The revision the binaries were built from (the lent machine's copy of .git may not say).
+  echo "$(git rev-parse --short=12 HEAD)$(git diff --quiet HEAD || echo +dirty)" >"$dir/REV"
   # Compressed, because a lent machine's upload limit (64 MiB with the tracked files) is tight.
   xz -9e -f "$dir/cuda-test" "$dir/racelab"
   ls -la "$dir"
@@ -65,6 +67,7 @@ if [ -n "${RACELAB_PREBUILT:-}" ]; then
     python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' \
       "$RACELAB_PREBUILT/$f.xz" "$bin/$f" && chmod +x "$bin/$f"
   done
+  log "prebuilt binaries from revision $(cat "$RACELAB_PREBUILT/REV" 2>/dev/null || echo unknown)"
   RACELAB_PREBUILT=$bin
   racelab="$RACELAB_PREBUILT/racelab"
   cudatest=("$RACELAB_PREBUILT/cuda-test")
@@ -80,11 +83,13 @@ timeout 150 "${cudatest[@]}" --skip emulated --nocapture --test-threads=1 >"$W/c
 rc=$?
 grep -E "^test |test result|skipped|^cuda P" "$W/cuda-tests.log" | tee -a "$W/summary.txt"
 [ $rc -eq 0 ] || { log "CUDA TESTS FAILED (rc=$rc)"; grep -B2 -A15 "panicked" "$W/cuda-tests.log" | head -60 | tee -a "$W/summary.txt"; }
-log "CUDA test, warp-per-chunk kernels only (RACELAB_CUDA_PATH=warp)"
-RACELAB_CUDA_PATH=warp timeout 100 "${cudatest[@]}" soft_race_on_cuda_device --nocapture --test-threads=1 >"$W/cuda-tests-warp.log" 2>&1
-rc=$?
-grep -E "^test |test result|^cuda P" "$W/cuda-tests-warp.log" | tee -a "$W/summary.txt"
-[ $rc -eq 0 ] || { log "CUDA WARP-PATH TEST FAILED (rc=$rc)"; grep -B2 -A15 "panicked" "$W/cuda-tests-warp.log" | head -40 | tee -a "$W/summary.txt"; }
+for path in tiled warp; do
+  log "CUDA test, RACELAB_CUDA_PATH=$path"
+  RACELAB_CUDA_PATH=$path timeout 100 "${cudatest[@]}" soft_race_on_cuda_device --nocapture --test-threads=1 >"$W/cuda-tests-$path.log" 2>&1
+  rc=$?
+  grep -E "test result|^cuda P" "$W/cuda-tests-$path.log" | tee -a "$W/summary.txt"
+  [ $rc -eq 0 ] || { log "CUDA TEST ON THE $path PATH FAILED (rc=$rc)"; grep -B2 -A15 "panicked" "$W/cuda-tests-$path.log" | head -40 | tee -a "$W/summary.txt"; }
+done
 
 bench() {  # name, timeout, args...
   local name=$1 to=$2; shift 2
@@ -95,16 +100,14 @@ bench() {  # name, timeout, args...
   [ $r -eq 0 ] || log "bench $name exited with $r"
 }
 # The paper shape, forward+backward, N = 2^20 and 2^22 per head (4 and 16 Mi tokens).
-bench nc 150 --backward --n 1048576,4194304 --p 2,4 --l 2,4
-bench causal 100 --backward --causal --n 4194304 --p 2,4 --l 2,4
-# Forward only.
-bench fwd 60 --n 1048576 --p 2,4 --l 2,4
-bench fwd-causal 60 --causal --n 1048576 --p 2,4 --l 2,4
-# The same non-causal rows on the warp-per-chunk kernels, and without software prefetch.
-export RACELAB_CUDA_PATH=warp
-bench nc-warp-path 60 --backward --n 1048576 --p 2,4 --l 2,4
+bench nc 120 --backward --n 1048576,4194304 --p 2,4 --l 2,4
+bench causal 60 --backward --causal --n 1048576 --p 2,4 --l 2,4
+# The non-causal rows on each kernel family (the default picks by the number of features).
+for path in tiled warp; do
+  export RACELAB_CUDA_PATH=$path
+  bench nc-$path 50 --backward --n 1048576 --p 2,4 --l 2,4
+done
 unset RACELAB_CUDA_PATH
-export RACELAB_CUDA_DEFINES=-DAHEAD=0
-bench nc-no-prefetch 60 --backward --n 1048576 --p 2 --l 2
-unset RACELAB_CUDA_DEFINES
+# Forward only.
+bench fwd 40 --n 1048576 --p 2,4 --l 2,4
 log "done"

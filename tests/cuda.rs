@@ -163,7 +163,12 @@ fn emulate(
     causal: bool,
     tiled: bool,
 ) -> (Vec<f32>, racelab::cpu::SoftGrads) {
-    let geo = cuda::geometry_with(planes.p, planes.l, s, tiled).unwrap();
+    let path = if tiled {
+        cuda::KernelPath::Tiled
+    } else {
+        cuda::KernelPath::Warp
+    };
+    let geo = cuda::geometry_with(planes.p, planes.l, s, path).unwrap();
     let bf16 = matches!(q, GpuInput::Bf16(_));
     let mut buf: Vec<u8> = Vec::new();
     for x in [
@@ -235,8 +240,8 @@ fn emulate(
 
 /// One test body for every device: run soft RACE forward+backward on `device` and compare
 /// with the CPU kernels (for "cpu" this is the kernel against itself on a second run:
-/// determinism; "emu" is race.cu under the CPU emulation, at smaller sizes, launched as on a
-/// device; "emu-warp" the same with the tiled kernels switched off).
+/// determinism; "emu" is race.cu under the CPU emulation, at smaller sizes, with the tiled
+/// kernels wherever their tiles fit; "emu-warp" the same on the warp-per-chunk kernels).
 fn check_device(device: &str) {
     let cases: &[(usize, usize, f32, usize, usize, usize, usize)] = if device.starts_with("emu") {
         &[
@@ -247,6 +252,8 @@ fn check_device(device: &str) {
             // fill the warp.
             (2, 3, 2.0, 20, 5, 90, 1),
             (3, 3, 16.0, 12, 6, 40, 1),
+            // dv + 1 > 160: bank columns beyond one register block per lane.
+            (2, 2, 2.0, 8, 170, 40, 1),
         ]
     } else {
         &[
@@ -255,6 +262,7 @@ fn check_device(device: &str) {
             (3, 2, 1.0, 8, 1, 1, 1),
             (2, 3, 2.0, 20, 5, 900, 1),
             (3, 3, 16.0, 12, 6, 400, 3),
+            (2, 2, 2.0, 8, 170, 400, 1),
             (2, 2, 8.0, 128, 128, 5000, 2),
         ]
     };
@@ -455,8 +463,8 @@ fn soft_race_on_emulated_cuda() {
     check_device("emu");
 }
 
-/// The same with the tiled kernels off: the warp-per-chunk kernels for every pass (what
-/// shapes beyond the tiles' register blocks use).
+/// The same on the warp-per-chunk kernels for every pass (what causal passes, few features
+/// and shapes beyond the tiles' register blocks use).
 #[test]
 fn soft_race_on_emulated_cuda_warp_path() {
     check_device("emu-warp");

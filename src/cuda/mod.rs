@@ -136,6 +136,10 @@ pub const MAX_SHARED_BYTES: usize = 227 * 1024;
 pub const TILE: usize = 32;
 pub const TILE_TM: usize = 8;
 pub const TILE_TC: usize = 5;
+/// The tiled kernels are used from this many features `m = L·2^P` up. Measured on an H200
+/// (`figures/bench/gpu/`): at m = 8 the warp-per-chunk kernels were faster, at m = 64 the
+/// tiled ones (whose register-blocked products pay off once the bank is large).
+pub const TILED_MIN_FEATURES: usize = 32;
 
 /// Floats of dynamic shared memory of a tiled kernel's block (the layout `TILE_CHUNK` makes
 /// in race.cu): 8 warps' scratch, then the tile's `phi [TILE·m] | u [TILE·L·P] |
@@ -167,16 +171,39 @@ pub struct Geometry {
     pub shared_tile_state: usize,
 }
 
-/// The launch geometry of a problem (tiled kernels where they apply, unless the environment
-/// sets `RACELAB_CUDA_PATH=warp`, a switch for comparing the two), or an error naming `p`
-/// when even one warp's private state does not fit in shared memory.
-pub fn geometry(p: usize, l: usize, s: GpuShape) -> Result<Geometry> {
-    let warp_only = std::env::var("RACELAB_CUDA_PATH").is_ok_and(|v| v == "warp");
-    geometry_with(p, l, s, !warp_only)
+/// Which kernels a problem runs on (see [`Geometry`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelPath {
+    /// Tiled for the chunk totals and non-causal passes when `m ≥ TILED_MIN_FEATURES` and
+    /// the tiles fit; warp-per-chunk otherwise.
+    Auto,
+    /// Tiled wherever the tiles fit (`m ≤ 8·TILE_TM`, `dv + 1 ≤ 32·TILE_TC`, shared memory).
+    Tiled,
+    /// Warp-per-chunk kernels for every pass.
+    Warp,
 }
 
-/// [`geometry`] with the tiled kernels allowed or not.
-pub fn geometry_with(p: usize, l: usize, s: GpuShape, allow_tiled: bool) -> Result<Geometry> {
+/// The launch geometry of a problem, or an error naming `p` when even one warp's private
+/// state does not fit in shared memory. The environment variable `RACELAB_CUDA_PATH`
+/// (`auto`, `tiled` or `warp`; default `auto`) picks the [`KernelPath`], a switch for
+/// comparing and testing the two kernel families.
+pub fn geometry(p: usize, l: usize, s: GpuShape) -> Result<Geometry> {
+    let path = match std::env::var("RACELAB_CUDA_PATH").as_deref() {
+        Ok("warp") => KernelPath::Warp,
+        Ok("tiled") => KernelPath::Tiled,
+        Ok("auto") | Err(_) => KernelPath::Auto,
+        Ok(other) => {
+            return Err(RaceError::param(
+                "RACELAB_CUDA_PATH",
+                format!("`{other}` is not a kernel path; use auto, tiled or warp"),
+            ))
+        }
+    };
+    geometry_with(p, l, s, path)
+}
+
+/// [`geometry`] on a given [`KernelPath`].
+pub fn geometry_with(p: usize, l: usize, s: GpuShape, path: KernelPath) -> Result<Geometry> {
     let bytes = |warps, private| 4 * shared_floats(p, l, s.d, s.dv, warps, private);
     let warps = [8usize, 4, 2, 1]
         .into_iter()
@@ -196,8 +223,14 @@ pub fn geometry_with(p: usize, l: usize, s: GpuShape, allow_tiled: bool) -> Resu
     let chunk = chunk_len(s.heads, s.n);
     let nchunks = s.n.div_ceil(chunk);
     let tile_bytes = |with_state| 4 * shared_floats_tiled(p, l, s.d, s.dv, with_state);
-    let tiled = allow_tiled
-        && (l << p) <= 8 * TILE_TM
+    let m = l << p;
+    let wanted = match path {
+        KernelPath::Auto => m >= TILED_MIN_FEATURES,
+        KernelPath::Tiled => true,
+        KernelPath::Warp => false,
+    };
+    let tiled = wanted
+        && m <= 8 * TILE_TM
         && s.dv < 32 * TILE_TC
         && tile_bytes(true) <= MAX_SHARED_BYTES;
     Ok(Geometry {

@@ -102,11 +102,22 @@ __device__ void warp_features(const in_t* x, const float* __restrict__ W, int d,
     const int lane = threadIdx.x & 31, LP = L * P, R = 1 << P, m = L * R;
     for (int i = lane; i < d; i += 32) s.x[i] = ld(x, i);
     __syncwarp();
-    for (int lp = 0; lp < LP; ++lp) {
-        float acc = 0.f;
-        for (int i = lane; i < d; i += 32) acc = fmaf(W[(long long)lp * d + i], s.x[i], acc);
-        acc = warp_sum(acc);
-        if (lane == (lp & 31)) s.u[lp] = acc;
+    // Four projections at a time: independent chains and shuffles overlap.
+    for (int lp0 = 0; lp0 < LP; lp0 += 4) {
+        float a[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int i = lane; i < d; i += 32) {
+            const float xi = s.x[i];
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                if (lp0 + j < LP) a[j] = fmaf(W[(long long)(lp0 + j) * d + i], xi, a[j]);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) a[j] += __shfl_xor_sync(FULL, a[j], o);
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            if (lp0 + j < LP && lane == ((lp0 + j) & 31)) s.u[lp0 + j] = a[j];
     }
     __syncwarp();
     for (int lp = lane; lp < LP; lp += 32) {
@@ -145,42 +156,85 @@ __device__ void warp_gext(const float* g, const float* o, float den, int dv, flo
     __syncwarp();
 }
 
-// st[f][c] += sc · phi[f] · vec[c]; ends with __syncwarp.
-__device__ void warp_accumulate(float* st, const float* phi, const float* vec, float sc, int m, int w) {
+// Column blocks per lane in the warp-level bank products: a lane keeps WC columns
+// (c = c0 + lane + 32j) in registers, so WC independent chains overlap.
+#define WC 5
+
+// st[f][c] += phi[f] · (sc · vec[c]); ends with __syncwarp.
+__device__ void warp_accumulate(float* __restrict__ st, const float* __restrict__ phi, const float* vec, float sc,
+                                int m, int w) {
     const int lane = threadIdx.x & 31;
-    for (int f = 0; f < m; ++f) {
-        const float pf = phi[f] * sc;
-        float* row = st + f * w;
-        for (int c = lane; c < w; c += 32) row[c] = fmaf(pf, vec[c], row[c]);
+    for (int c0 = 0; c0 < w; c0 += 32 * WC) {
+        float y[WC];
+#pragma unroll
+        for (int j = 0; j < WC; ++j) {
+            const int c = c0 + lane + 32 * j;
+            y[j] = c < w ? vec[c] * sc : 0.f;
+        }
+        for (int f = 0; f < m; ++f) {
+            const float pf = phi[f];
+            float* row = st + f * w;
+#pragma unroll
+            for (int j = 0; j < WC; ++j) {
+                const int c = c0 + lane + 32 * j;
+                if (c < w) row[c] = fmaf(pf, y[j], row[c]);
+            }
+        }
     }
     __syncwarp();
 }
 
 // out[c] = Σ_f phi[f] st[f][c] for c < cols; ends with __syncwarp.
-__device__ void warp_read(const float* st, const float* phi, int m, int w, int cols, float* out) {
+__device__ void warp_read(const float* __restrict__ st, const float* __restrict__ phi, int m, int w, int cols,
+                          float* __restrict__ out) {
     const int lane = threadIdx.x & 31;
-    for (int c = lane; c < cols; c += 32) {
-        float acc = 0.f;
-        for (int f = 0; f < m; ++f) acc = fmaf(phi[f], st[f * w + c], acc);
-        out[c] = acc;
+    for (int c0 = 0; c0 < cols; c0 += 32 * WC) {
+        float acc[WC];
+#pragma unroll
+        for (int j = 0; j < WC; ++j) acc[j] = 0.f;
+        for (int f = 0; f < m; ++f) {
+            const float pf = phi[f];
+#pragma unroll
+            for (int j = 0; j < WC; ++j) {
+                const int c = c0 + lane + 32 * j;
+                if (c < cols) acc[j] = fmaf(pf, st[f * w + c], acc[j]);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < WC; ++j) {
+            const int c = c0 + lane + 32 * j;
+            if (c < cols) out[c] = acc[j];
+        }
     }
     __syncwarp();
 }
 
 // gphi[f] = sc · Σ_c st[f][c] vec[c]. Lanes split as (feature, column group): with m < 32
-// features, G = the largest power of two ≤ 32/m groups each sum every G-th column, and the
-// groups are added by shuffles (a fixed order). Rows are w = dv+1 floats apart, odd when dv
-// is even, so lanes on different features hit distinct banks. Ends with __syncwarp.
-__device__ void warp_gphi(const float* st, const float* vec, float sc, int m, int w, float* gphi) {
+// features, G = the largest power of two ≤ 32/m groups each sum every G-th column (in four
+// interleaved partial sums), and the groups are added by shuffles (a fixed order). Rows are
+// w = dv+1 floats apart, odd when dv is even, so lanes on different features hit distinct
+// banks. Ends with __syncwarp.
+__device__ void warp_gphi(const float* __restrict__ st, const float* __restrict__ vec, float sc, int m, int w,
+                          float* __restrict__ gphi) {
     const int lane = threadIdx.x & 31;
     int G = 1;
     while (2 * G * m <= 32) G *= 2;
     const int grp = lane / m, f0 = lane % m;
     for (int fb = 0; fb < m; fb += 32) {  // m < 32 runs this once; m ≥ 32 has G = 1
         const int f = G > 1 ? f0 : fb + lane;
-        float acc = 0.f;
-        if (grp < G && f < m)
-            for (int c = grp; c < w; c += G) acc = fmaf(st[f * w + c], vec[c], acc);
+        float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+        if (grp < G && f < m) {
+            const float* row = st + f * w;
+            int c = grp;
+            for (; c + 3 * G < w; c += 4 * G) {
+                a0 = fmaf(row[c], vec[c], a0);
+                a1 = fmaf(row[c + G], vec[c + G], a1);
+                a2 = fmaf(row[c + 2 * G], vec[c + 2 * G], a2);
+                a3 = fmaf(row[c + 3 * G], vec[c + 3 * G], a3);
+            }
+            for (; c < w; c += G) a0 = fmaf(row[c], vec[c], a0);
+        }
+        float acc = (a0 + a1) + (a2 + a3);
         for (int o = G / 2; o > 0; o /= 2) acc += __shfl_down_sync(FULL, acc, o * m);
         if (grp == 0 && f < m) gphi[f] = acc * sc;
     }
