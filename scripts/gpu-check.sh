@@ -84,8 +84,8 @@ rc=$?
 grep -E "^test |test result|skipped|^cuda P" "$W/cuda-tests.log" | tee -a "$W/summary.txt"
 [ $rc -eq 0 ] || { log "CUDA TESTS FAILED (rc=$rc)"; grep -B2 -A15 "panicked" "$W/cuda-tests.log" | head -60 | tee -a "$W/summary.txt"; }
 for path in tiled warp; do
-  log "CUDA test, RACELAB_CUDA_PATH=$path"
-  RACELAB_CUDA_PATH=$path timeout 100 "${cudatest[@]}" soft_race_on_cuda_device --nocapture --test-threads=1 >"$W/cuda-tests-$path.log" 2>&1
+  log "CUDA test, RACELAB_CUDA_PATH=$path, chunks of 64 tokens (several tiles per chunk)"
+  RACELAB_CUDA_CHUNK=64 RACELAB_CUDA_PATH=$path timeout 100 "${cudatest[@]}" soft_race_on_cuda_device --nocapture --test-threads=1 >"$W/cuda-tests-$path.log" 2>&1
   rc=$?
   grep -E "test result|^cuda P" "$W/cuda-tests-$path.log" | tee -a "$W/summary.txt"
   [ $rc -eq 0 ] || { log "CUDA TEST ON THE $path PATH FAILED (rc=$rc)"; grep -B2 -A15 "panicked" "$W/cuda-tests-$path.log" | head -40 | tee -a "$W/summary.txt"; }

@@ -168,7 +168,10 @@ fn emulate(
     } else {
         cuda::KernelPath::Warp
     };
-    let geo = cuda::geometry_with(planes.p, planes.l, s, path).unwrap();
+    // Chunks of 64 tokens: several chunks, and several tiles within a chunk, at these sizes.
+    let geo = cuda::geometry_with(planes.p, planes.l, s, path)
+        .unwrap()
+        .with_chunk(s.n, 64);
     let bf16 = matches!(q, GpuInput::Bf16(_));
     let mut buf: Vec<u8> = Vec::new();
     for x in [
@@ -187,6 +190,8 @@ fn emulate(
         geo.tiled as usize,
         geo.shared_tile,
         geo.shared_tile_state,
+        geo.tiled_causal as usize,
+        geo.shared_tile_causal,
     ] {
         buf.extend((x as i32).to_le_bytes());
     }

@@ -21,6 +21,9 @@ struct Kernels {
     fwd_tile: CudaFunction,
     bwd_q_tile: CudaFunction,
     bwd_k_tile: CudaFunction,
+    fwd_tile_causal: CudaFunction,
+    bwd_q_tile_causal: CudaFunction,
+    bwd_k_tile_causal: CudaFunction,
     fma_peak: CudaFunction,
 }
 
@@ -73,6 +76,9 @@ fn compile(ctx: &Arc<CudaContext>, bf16: bool) -> Result<Kernels> {
         fwd_tile: f("race_fwd_tile")?,
         bwd_q_tile: f("race_bwd_q_tile")?,
         bwd_k_tile: f("race_bwd_k_tile")?,
+        fwd_tile_causal: f("race_fwd_tile_causal")?,
+        bwd_q_tile_causal: f("race_bwd_q_tile_causal")?,
+        bwd_k_tile_causal: f("race_bwd_k_tile_causal")?,
         fma_peak: f("race_fma_peak")?,
     })
 }
@@ -185,18 +191,31 @@ fn cfg(dm: &Dims, private_state: bool) -> LaunchConfig {
     }
 }
 
-/// Tiled kernels: one block of 8 warps per chunk, with or without the block's state.
+/// Tiled kernels: one block of 8 warps per chunk, with `shared` bytes.
+fn tile_cfg_bytes(dm: &Dims, shared: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (dm.geo.nchunks as u32, dm.heads, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: shared as u32,
+    }
+}
+
+/// Tiled non-causal kernels, with or without the block's state.
 fn tile_cfg(dm: &Dims, with_state: bool) -> LaunchConfig {
     let g = &dm.geo;
-    LaunchConfig {
-        grid_dim: (g.nchunks as u32, dm.heads, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: if with_state {
+    tile_cfg_bytes(
+        dm,
+        if with_state {
             g.shared_tile_state
         } else {
             g.shared_tile
-        } as u32,
-    }
+        },
+    )
+}
+
+/// Tiled causal kernels.
+fn causal_cfg(dm: &Dims) -> LaunchConfig {
+    tile_cfg_bytes(dm, dm.geo.shared_tile_causal)
 }
 
 /// Raise each kernel's dynamic shared-memory limit to what this problem's launches use.
@@ -204,6 +223,11 @@ fn allow_shared(k: &Kernels, geo: &Geometry) -> Result<()> {
     use cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as A;
     let warp_bytes = geo.shared_private;
     let tile_bytes = if geo.tiled { geo.shared_tile_state } else { 0 };
+    let causal_bytes = if geo.tiled_causal {
+        geo.shared_tile_causal
+    } else {
+        0
+    };
     for (f, bytes) in [
         (&k.partial, warp_bytes),
         (&k.fwd, warp_bytes),
@@ -213,6 +237,9 @@ fn allow_shared(k: &Kernels, geo: &Geometry) -> Result<()> {
         (&k.fwd_tile, tile_bytes),
         (&k.bwd_q_tile, tile_bytes),
         (&k.bwd_k_tile, tile_bytes),
+        (&k.fwd_tile_causal, causal_bytes),
+        (&k.bwd_q_tile_causal, causal_bytes),
+        (&k.bwd_k_tile_causal, causal_bytes),
     ] {
         if bytes > 48 * 1024 {
             f.set_attribute(A, bytes as i32)
@@ -377,7 +404,20 @@ fn fwd_dev<T: DeviceRepr>(
     chunk_totals(g, kn, &dev.k, &dev.v, d, d, d, &dev.w, &mut bf.partials, dm, 0)?;
     scan_chunks(g, kn, &bf.partials, &mut bf.bases, dm, if causal { 0 } else { 2 })?;
     let causal_i = causal as i32;
-    if dm.geo.tiled && !causal {
+    if causal && dm.geo.tiled_causal {
+        let mut b = st.launch_builder(&kn.fwd_tile_causal);
+        b.arg(&dev.q)
+            .arg(&dev.k)
+            .arg(&dev.v)
+            .arg(&dev.w)
+            .arg(&bf.bases)
+            .arg(&mut bf.o)
+            .arg(&mut bf.den);
+        dm.push_shape(&mut b);
+        // SAFETY: matches `race_fwd_tile_causal`; bases heads·nchunks·m·w (the exclusive
+        // prefix), o heads·n·dv, den heads·n.
+        unsafe { b.launch(causal_cfg(dm)) }.map_err(e("race_fwd_tile_causal"))?;
+    } else if dm.geo.tiled && !causal {
         let mut b = st.launch_builder(&kn.fwd_tile);
         b.arg(&dev.q)
             .arg(&dev.w)
@@ -418,7 +458,23 @@ fn bwd_dev<T: DeviceRepr>(
     let st = &g.stream;
     let causal_i = causal as i32;
     let tiled = dm.geo.tiled && !causal;
-    if tiled {
+    let tiled_causal = dm.geo.tiled_causal && causal;
+    if tiled_causal {
+        let mut b = st.launch_builder(&kn.bwd_q_tile_causal);
+        b.arg(&dev.q)
+            .arg(&dev.k)
+            .arg(&dev.v)
+            .arg(&dev.w)
+            .arg(&bf.bases)
+            .arg(&bf.o)
+            .arg(gr)
+            .arg(&bf.den)
+            .arg(&mut bf.dq)
+            .arg(&mut bf.dbq);
+        dm.push_shape(&mut b);
+        // SAFETY: matches `race_bwd_q_tile_causal`; dq heads·n·d, dbq heads·n.
+        unsafe { b.launch(causal_cfg(dm)) }.map_err(e("race_bwd_q_tile_causal"))?;
+    } else if tiled {
         let mut b = st.launch_builder(&kn.bwd_q_tile);
         b.arg(&dev.q)
             .arg(&dev.w)
@@ -462,7 +518,24 @@ fn bwd_dev<T: DeviceRepr>(
         1,
     )?;
     scan_chunks(g, kn, &bf.dpartials, &mut bf.dbases, dm, if causal { 1 } else { 2 })?;
-    if tiled {
+    if tiled_causal {
+        let mut b = st.launch_builder(&kn.bwd_k_tile_causal);
+        b.arg(&dev.q)
+            .arg(&dev.k)
+            .arg(&dev.v)
+            .arg(&dev.w)
+            .arg(&bf.dbases)
+            .arg(&bf.o)
+            .arg(gr)
+            .arg(&bf.den)
+            .arg(&mut bf.dk)
+            .arg(&mut bf.dv)
+            .arg(&mut bf.dbk);
+        dm.push_shape(&mut b);
+        // SAFETY: matches `race_bwd_k_tile_causal`; dbases heads·nchunks·m·w (the exclusive
+        // suffix), dk heads·n·d, dv heads·n·dv, dbk heads·n.
+        unsafe { b.launch(causal_cfg(dm)) }.map_err(e("race_bwd_k_tile_causal"))?;
+    } else if tiled {
         let mut b = st.launch_builder(&kn.bwd_k_tile);
         b.arg(&dev.k)
             .arg(&dev.v)

@@ -39,7 +39,7 @@ pub fn chunk_len(heads: usize, n: usize) -> usize {
 }
 
 /// Kernel names the Rust side launches (checked against the source in tests).
-pub const KERNELS: [&str; 10] = [
+pub const KERNELS: [&str; 13] = [
     "race_partial",
     "race_scan",
     "race_fwd",
@@ -49,6 +49,9 @@ pub const KERNELS: [&str; 10] = [
     "race_fwd_tile",
     "race_bwd_q_tile",
     "race_bwd_k_tile",
+    "race_fwd_tile_causal",
+    "race_bwd_q_tile_causal",
+    "race_bwd_k_tile_causal",
     "race_fma_peak",
 ];
 
@@ -137,8 +140,9 @@ pub const TILE: usize = 32;
 pub const TILE_TM: usize = 8;
 pub const TILE_TC: usize = 5;
 /// The tiled kernels are used from this many features `m = L·2^P` up. Measured on an H200
-/// (`figures/bench/gpu/`): at m = 8 the warp-per-chunk kernels were faster, at m = 64 the
-/// tiled ones (whose register-blocked products pay off once the bank is large).
+/// (`figures/bench/gpu/`, non-causal): at m = 8 the warp-per-chunk kernels were faster, at
+/// m = 64 the tiled ones (whose register-blocked products pay off once the bank is large).
+/// The causal tiled kernels follow the same rule; they have not been timed on a GPU yet.
 pub const TILED_MIN_FEATURES: usize = 32;
 
 /// Floats of dynamic shared memory of a tiled kernel's block (the layout `TILE_CHUNK` makes
@@ -150,6 +154,15 @@ pub fn shared_floats_tiled(p: usize, l: usize, d: usize, dv: usize, with_state: 
     8 * scratch + TILE * (m + lp + w + m.max(w)) + if with_state { m * w } else { 0 }
 }
 
+/// Floats of dynamic shared memory of a tiled causal kernel's block (the layout `TILE_CAUSAL`
+/// makes in race.cu): 8 warps' scratch, then `phq, phk [TILE·(m+1)] | uq, uk [TILE·L·P] |
+/// y, g [TILE·(dv+1)] | a, a2 [TILE·(TILE+1)] | res [TILE·max(m, dv+1)] | state [m·(dv+1)]`.
+pub fn shared_floats_tiled_causal(p: usize, l: usize, d: usize, dv: usize) -> usize {
+    let (lp, m, w) = (l * p, l << p, dv + 1);
+    let scratch = d + 5 * lp + 2 * m + 2 * w;
+    8 * scratch + TILE * (2 * (m + 1) + 2 * lp + 2 * w + 2 * (TILE + 1) + m.max(w)) + m * w
+}
+
 /// How a problem is launched.
 ///
 /// - Warp-per-chunk kernels (the causal passes, and everything when the tiled ones do not
@@ -158,6 +171,8 @@ pub fn shared_floats_tiled(p: usize, l: usize, d: usize, dv: usize, with_state: 
 ///   block.
 /// - Tiled kernels (`tiled`: the chunk totals and the non-causal passes): one block of 8 warps
 ///   per chunk, `shared_tile` / `shared_tile_state` bytes without / with the block's state.
+/// - Tiled causal kernels (`tiled_causal`: the causal passes), one block of 8 warps per chunk
+///   with `shared_tile_causal` bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Geometry {
     pub warps: usize,
@@ -169,6 +184,20 @@ pub struct Geometry {
     pub tiled: bool,
     pub shared_tile: usize,
     pub shared_tile_state: usize,
+    pub tiled_causal: bool,
+    pub shared_tile_causal: usize,
+}
+
+impl Geometry {
+    /// The same launch with chunks of `chunk` tokens (a power of two, at least [`TILE`]),
+    /// e.g. so that small test problems have several tiles per chunk.
+    pub fn with_chunk(mut self, n: usize, chunk: usize) -> Geometry {
+        assert!(chunk.is_power_of_two() && chunk >= TILE, "chunk {chunk}");
+        self.chunk = chunk;
+        self.nchunks = n.div_ceil(chunk);
+        self.blocks_x = self.nchunks.div_ceil(self.warps);
+        self
+    }
 }
 
 /// Which kernels a problem runs on (see [`Geometry`]).
@@ -199,7 +228,20 @@ pub fn geometry(p: usize, l: usize, s: GpuShape) -> Result<Geometry> {
             ))
         }
     };
-    geometry_with(p, l, s, path)
+    let geo = geometry_with(p, l, s, path)?;
+    // Testing knob: RACELAB_CUDA_CHUNK=64 (say) gives small problems several tiles per chunk.
+    match std::env::var("RACELAB_CUDA_CHUNK") {
+        Err(_) => Ok(geo),
+        Ok(v) => match v.parse::<usize>() {
+            Ok(c) if c.is_power_of_two() && (TILE..=1 << 20).contains(&c) => {
+                Ok(geo.with_chunk(s.n, c))
+            }
+            _ => Err(RaceError::param(
+                "RACELAB_CUDA_CHUNK",
+                format!("`{v}` is not a chunk length; use a power of two from {TILE} to 2^20"),
+            )),
+        },
+    }
 }
 
 /// [`geometry`] on a given [`KernelPath`].
@@ -229,10 +271,10 @@ pub fn geometry_with(p: usize, l: usize, s: GpuShape, path: KernelPath) -> Resul
         KernelPath::Tiled => true,
         KernelPath::Warp => false,
     };
-    let tiled = wanted
-        && m <= 8 * TILE_TM
-        && s.dv < 32 * TILE_TC
-        && tile_bytes(true) <= MAX_SHARED_BYTES;
+    let tiles_fit = wanted && m <= 8 * TILE_TM && s.dv < 32 * TILE_TC;
+    let tiled = tiles_fit && tile_bytes(true) <= MAX_SHARED_BYTES;
+    let causal_bytes = 4 * shared_floats_tiled_causal(p, l, s.d, s.dv);
+    let tiled_causal = tiles_fit && causal_bytes <= MAX_SHARED_BYTES;
     Ok(Geometry {
         warps,
         chunk,
@@ -243,6 +285,8 @@ pub fn geometry_with(p: usize, l: usize, s: GpuShape, path: KernelPath) -> Resul
         tiled,
         shared_tile: tile_bytes(false),
         shared_tile_state: tile_bytes(true),
+        tiled_causal,
+        shared_tile_causal: causal_bytes,
     })
 }
 

@@ -530,13 +530,20 @@ struct Tile {
     (void)R; (void)lane; (void)nch; (void)with_state;
 
 // Featurise token row `row` (tile slot tt) into the tile: phi, u; ends with __syncwarp.
-__device__ void tile_features(const in_t* x, const float* __restrict__ W, int d, int L, int P, float beta,
-                              const Scratch& s, const Tile& tl, int tt) {
+__device__ void feat_to(const in_t* x, const float* __restrict__ W, int d, int L, int P, float beta, const Scratch& s,
+                        float* phi_row, float* u_row) {
     const int lane = threadIdx.x & 31, LP = L * P, m = L << P;
     warp_features(x, W, d, L, P, beta, s);
-    for (int f = lane; f < m; f += 32) tl.phi[tt * m + f] = s.phi[f];
-    for (int lp = lane; lp < LP; lp += 32) tl.u[tt * LP + lp] = s.u[lp];
+    for (int f = lane; f < m; f += 32) phi_row[f] = s.phi[f];
+    if (u_row)
+        for (int lp = lane; lp < LP; lp += 32) u_row[lp] = s.u[lp];
     __syncwarp();
+}
+
+__device__ void tile_features(const in_t* x, const float* __restrict__ W, int d, int L, int P, float beta,
+                              const Scratch& s, const Tile& tl, int tt) {
+    const int LP = L * P, m = L << P;
+    feat_to(x, W, d, L, P, beta, s, tl.phi + tt * m, tl.u + tt * LP);
 }
 
 // Chunk totals, tiled. mode 0: Σ φ(k_t)[v_t, 1]; mode 1: Σ φ(q_t) ĝ_t / L. Same output as
@@ -670,6 +677,244 @@ extern "C" __global__ void race_bwd_k_tile(const in_t* K, const in_t* V, const f
         for (int tt = warp * (TILE / 8); tt < (warp + 1) * (TILE / 8) && tt < nt; ++tt) {
             const long long row = (long long)h * n + b0 + tt;
             const float db = warp_table_backward(L, P, beta, tl.u + tt * LP, tl.phi + tt * m, tl.res + tt * m, s);
+            warp_dx(W, s.dz, LP, d, DK + row * d);
+            if (lane == 0) DBK[row] = db;
+            __syncwarp();
+        }
+        __syncthreads();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Tiled causal passes: one block of 8 warps per chunk with the chunk's running state in
+// shared memory; per tile of TILE tokens the within-tile causal part is the masked
+// TILE × TILE product of the chunked linear-attention form, so no step walks tokens one by
+// one. The state starts at the chunk's base (race_scan's exclusive prefix, or suffix for the
+// keys' pass, which walks its tiles last to first) and takes each tile's totals after use.
+
+// Block buffers after the 8 warps' scratch (`shared_floats_tiled_causal` in src/cuda/mod.rs
+// mirrors this): phq, phk [TILE*(m+1)] (rows padded against bank conflicts) | uq, uk
+// [TILE*LP] | y, g [TILE*w] | a, a2 [TILE*(TILE+1)] | res [TILE*max(m, w)] | state [m*w].
+struct CTile {
+    float *phq, *phk, *uq, *uk, *y, *g, *a, *a2, *res, *st;
+};
+
+#define TILE_CAUSAL                                                                            \
+    extern __shared__ float sh[];                                                              \
+    const int R = 1 << P, m = L * R, w = dv + 1, LP = L * P, mp = m + 1, tp = TILE + 1;        \
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;                                \
+    const int h = blockIdx.y, c = blockIdx.x, nch = gridDim.x;                                 \
+    const int t0 = c * chunk, t1 = min(n, t0 + chunk);                                         \
+    const Scratch s = carve(sh, d, LP, m, w, 0);                                               \
+    CTile ct;                                                                                  \
+    ct.phq = sh + 8 * scratch_floats(d, LP, m, w);                                             \
+    ct.phk = ct.phq + TILE * mp;                                                               \
+    ct.uq = ct.phk + TILE * mp;                                                                \
+    ct.uk = ct.uq + TILE * LP;                                                                 \
+    ct.y = ct.uk + TILE * LP;                                                                  \
+    ct.g = ct.y + TILE * w;                                                                    \
+    ct.a = ct.g + TILE * w;                                                                    \
+    ct.a2 = ct.a + TILE * tp;                                                                  \
+    ct.res = ct.a2 + TILE * tp;                                                                \
+    ct.st = ct.res + TILE * (m > w ? m : w);                                                   \
+    (void)R; (void)lane;                                                                       \
+    {                                                                                          \
+        const float* b = bases + ((long long)h * nch + c) * m * w;                             \
+        for (int e = threadIdx.x; e < m * w; e += blockDim.x) ct.st[e] = b[e];                 \
+        __syncthreads();                                                                       \
+    }
+
+// acc = src rows r = warp + 8i < nr, columns c = lane + 32j < nc (0 elsewhere).
+__device__ __forceinline__ void tile_load(float (&acc)[TM][TC], const float* src, int rs, int nr, int nc) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < TC; ++j) {
+            const int r = warp + 8 * i, cc = lane + 32 * j;
+            acc[i][j] = r < nr && cc < nc ? src[r * rs + cc] : 0.f;
+        }
+}
+
+// Store acc · sc to dst[r*rs + c] for r < nr, c < nc, with entries off the causal triangle
+// set to 0: `upper` keeps c ≥ r (later queries of a key), else c ≤ r (earlier keys of a query).
+__device__ __forceinline__ void tile_store_masked(const float (&acc)[TM][TC], float sc, float* dst, int rs, int nr,
+                                                  int nc, bool upper) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int i = 0; i < TM; ++i) {
+        const int r = warp + 8 * i;
+        if (r < nr)
+#pragma unroll
+            for (int j = 0; j < TC; ++j) {
+                const int cc = lane + 32 * j;
+                if (cc < nc) dst[r * rs + cc] = (upper ? cc >= r : cc <= r) ? acc[i][j] * sc : 0.f;
+            }
+    }
+}
+
+// st[f][c] += Σ_s A(s, f) B(s, c) over the tile's nt tokens (A(s, f) = A[s*ars + f]).
+__device__ __forceinline__ void state_update(float* st, const float* A, int ars, const float* B, int bks, int m,
+                                             int w, int nt) {
+    float acc[TM][TC];
+    tile_load(acc, st, w, m, w);
+    tile_mma(acc, A, 1, ars, B, bks, 1, m, w, nt);
+    tile_store(acc, 1.f, st, w, m, w);
+}
+
+// Causal forward, tiled: o_t = (φq_t S_base + Σ_{s ≤ t in tile} (φq_t·φk_s) [v_s, 1]) / den.
+extern "C" __global__ void race_fwd_tile_causal(const in_t* Q, const in_t* K, const in_t* V, const float* W,
+                                                const float* bases, float* O, float* DEN, int n, int d, int dv, int L,
+                                                int P, float beta, int chunk) {
+    TILE_CAUSAL
+    for (int b0 = t0; b0 < t1; b0 += TILE) {
+        const int nt = min(TILE, t1 - b0);
+        for (int tt = warp * (TILE / 8); tt < (warp + 1) * (TILE / 8) && tt < nt; ++tt) {
+            const long long row = (long long)h * n + b0 + tt;
+            if (b0 + TILE + tt < t1) {
+                prefetch_token(Q, nullptr, nullptr, nullptr, row + TILE, d, dv);
+                prefetch_token(K, V, nullptr, nullptr, row + TILE, d, dv);
+            }
+            warp_y(V + row * dv, dv, ct.y + tt * w);
+            feat_to(K + row * d, W, d, L, P, beta, s, ct.phk + tt * mp, nullptr);
+            feat_to(Q + row * d, W, d, L, P, beta, s, ct.phq + tt * mp, nullptr);
+        }
+        __syncthreads();
+        {  // a[t][s] = φq_t·φk_s for s ≤ t
+            float acc[TM][TC];
+            tile_zero(acc);
+            tile_mma(acc, ct.phq, mp, 1, ct.phk, 1, mp, nt, nt, m);
+            tile_store_masked(acc, 1.f, ct.a, tp, nt, nt, false);
+        }
+        __syncthreads();
+        {  // res[t][c] = Σ_f φq[t][f] S[f][c] + Σ_s a[t][s] y[s][c]
+            float acc[TM][TC];
+            tile_zero(acc);
+            tile_mma(acc, ct.phq, mp, 1, ct.st, w, 1, nt, w, m);
+            tile_mma(acc, ct.a, tp, 1, ct.y, w, 1, nt, w, nt);
+            tile_store(acc, 1.f, ct.res, w, nt, w);
+        }
+        __syncthreads();
+        state_update(ct.st, ct.phk, mp, ct.y, w, m, w, nt);
+        for (int tt = warp * (TILE / 8); tt < (warp + 1) * (TILE / 8) && tt < nt; ++tt) {
+            const long long row = (long long)h * n + b0 + tt;
+            const float* r = ct.res + tt * w;
+            const float den = r[dv];
+            for (int cc = lane; cc < dv; cc += 32) O[row * dv + cc] = den == 0.f ? 0.f : r[cc] / den;
+            if (lane == 0) DEN[row] = den / (float)L;
+        }
+        __syncthreads();
+    }
+}
+
+// ĝ_t / L into dst (the causal tiled backward folds the 1/L of ∂ℓ/∂φ into ĝ).
+__device__ void warp_gext_scaled(const float* g, const float* o, float den, int dv, float invL, float* dst) {
+    warp_gext(g, o, den, dv, dst);
+    for (int c = threadIdx.x & 31; c <= dv; c += 32) dst[c] *= invL;
+    __syncwarp();
+}
+
+// Causal query gradients, tiled: ∂ℓ/∂φ(q_t) = (S_base ĝ_t + Σ_{s ≤ t in tile} φk_s (y_s·ĝ_t)) / L.
+extern "C" __global__ void race_bwd_q_tile_causal(const in_t* Q, const in_t* K, const in_t* V, const float* W,
+                                                  const float* bases, const float* O, const float* G,
+                                                  const float* DEN, float* DQ, float* DBQ, int n, int d, int dv,
+                                                  int L, int P, float beta, int chunk) {
+    TILE_CAUSAL
+    const float invL = 1.f / (float)L;
+    for (int b0 = t0; b0 < t1; b0 += TILE) {
+        const int nt = min(TILE, t1 - b0);
+        for (int tt = warp * (TILE / 8); tt < (warp + 1) * (TILE / 8) && tt < nt; ++tt) {
+            const long long row = (long long)h * n + b0 + tt;
+            if (b0 + TILE + tt < t1) {
+                prefetch_token(Q, nullptr, G, O, row + TILE, d, dv);
+                prefetch_token(K, V, nullptr, nullptr, row + TILE, d, dv);
+            }
+            warp_y(V + row * dv, dv, ct.y + tt * w);
+            warp_gext_scaled(G + row * dv, O + row * dv, DEN[row], dv, invL, ct.g + tt * w);
+            feat_to(K + row * d, W, d, L, P, beta, s, ct.phk + tt * mp, nullptr);
+            feat_to(Q + row * d, W, d, L, P, beta, s, ct.phq + tt * mp, ct.uq + tt * LP);
+        }
+        __syncthreads();
+        {  // a[t][s] = ĝ_t·y_s for s ≤ t
+            float acc[TM][TC];
+            tile_zero(acc);
+            tile_mma(acc, ct.g, w, 1, ct.y, 1, w, nt, nt, w);
+            tile_store_masked(acc, 1.f, ct.a, tp, nt, nt, false);
+        }
+        __syncthreads();
+        {  // res[t][f] = Σ_c ĝ[t][c] S[f][c] + Σ_s a[t][s] φk[s][f]
+            float acc[TM][TC];
+            tile_zero(acc);
+            tile_mma(acc, ct.g, w, 1, ct.st, 1, w, nt, m, w);
+            tile_mma(acc, ct.a, tp, 1, ct.phk, mp, 1, nt, m, nt);
+            tile_store(acc, 1.f, ct.res, m, nt, m);
+        }
+        __syncthreads();
+        state_update(ct.st, ct.phk, mp, ct.y, w, m, w, nt);
+        for (int tt = warp * (TILE / 8); tt < (warp + 1) * (TILE / 8) && tt < nt; ++tt) {
+            const long long row = (long long)h * n + b0 + tt;
+            const float db = warp_table_backward(L, P, beta, ct.uq + tt * LP, ct.phq + tt * mp, ct.res + tt * m, s);
+            warp_dx(W, s.dz, LP, d, DQ + row * d);
+            if (lane == 0) DBQ[row] = db;
+            __syncwarp();
+        }
+        __syncthreads();
+    }
+}
+
+// Causal key gradients, tiled, tiles last to first; D = the suffix state Σ_{t later} φq_t ĝ_tᵀ/L:
+// ∂ℓ/∂φ(k_s) = D_base [v_s, 1] + Σ_{t ≥ s in tile} φq_t (ĝ_t·[v_s, 1]) / L,
+// ∂ℓ/∂v_s = D_base[:, :dv]ᵀ φk_s + Σ_{t ≥ s in tile} (φk_s·φq_t) ĝ_t[:dv] / L.
+extern "C" __global__ void race_bwd_k_tile_causal(const in_t* Q, const in_t* K, const in_t* V, const float* W,
+                                                  const float* bases, const float* O, const float* G,
+                                                  const float* DEN, float* DK, float* DV, float* DBK, int n, int d,
+                                                  int dv, int L, int P, float beta, int chunk) {
+    TILE_CAUSAL
+    const float invL = 1.f / (float)L;
+    const int ntiles = (t1 - t0 + TILE - 1) / TILE;
+    for (int ti = ntiles - 1; ti >= 0; --ti) {
+        const int b0 = t0 + ti * TILE, nt = min(TILE, t1 - b0);
+        for (int tt = warp * (TILE / 8); tt < (warp + 1) * (TILE / 8) && tt < nt; ++tt) {
+            const long long row = (long long)h * n + b0 + tt;
+            if (ti > 0) {
+                prefetch_token(Q, nullptr, G, O, row - TILE, d, dv);
+                prefetch_token(K, V, nullptr, nullptr, row - TILE, d, dv);
+            }
+            warp_y(V + row * dv, dv, ct.y + tt * w);
+            warp_gext_scaled(G + row * dv, O + row * dv, DEN[row], dv, invL, ct.g + tt * w);
+            feat_to(K + row * d, W, d, L, P, beta, s, ct.phk + tt * mp, ct.uk + tt * LP);
+            feat_to(Q + row * d, W, d, L, P, beta, s, ct.phq + tt * mp, nullptr);
+        }
+        __syncthreads();
+        {  // a[s][t] = y_s·ĝ_t, a2[s][t] = φk_s·φq_t, for t ≥ s
+            float acc[TM][TC];
+            tile_zero(acc);
+            tile_mma(acc, ct.y, w, 1, ct.g, 1, w, nt, nt, w);
+            tile_store_masked(acc, 1.f, ct.a, tp, nt, nt, true);
+            tile_zero(acc);
+            tile_mma(acc, ct.phk, mp, 1, ct.phq, 1, mp, nt, nt, m);
+            tile_store_masked(acc, 1.f, ct.a2, tp, nt, nt, true);
+        }
+        __syncthreads();
+        {  // res[s][f] = Σ_c y[s][c] D[f][c] + Σ_t a[s][t] φq[t][f]
+            float acc[TM][TC];
+            tile_zero(acc);
+            tile_mma(acc, ct.y, w, 1, ct.st, 1, w, nt, m, w);
+            tile_mma(acc, ct.a, tp, 1, ct.phq, mp, 1, nt, m, nt);
+            tile_store(acc, 1.f, ct.res, m, nt, m);
+        }
+        {  // dv[s][c] = Σ_f φk[s][f] D[f][c] + Σ_t a2[s][t] ĝ[t][c], c < dv: to global memory
+            float acc[TM][TC];
+            tile_zero(acc);
+            tile_mma(acc, ct.phk, mp, 1, ct.st, w, 1, nt, dv, m);
+            tile_mma(acc, ct.a2, tp, 1, ct.g, w, 1, nt, dv, nt);
+            tile_store(acc, 1.f, DV + ((long long)h * n + b0) * dv, dv, nt, dv);
+        }
+        __syncthreads();
+        state_update(ct.st, ct.phq, mp, ct.g, w, m, w, nt);
+        for (int tt = warp * (TILE / 8); tt < (warp + 1) * (TILE / 8) && tt < nt; ++tt) {
+            const long long row = (long long)h * n + b0 + tt;
+            const float db = warp_table_backward(L, P, beta, ct.uk + tt * LP, ct.phk + tt * mp, ct.res + tt * m, s);
             warp_dx(W, s.dz, LP, d, DK + row * d);
             if (lane == 0) DBK[row] = db;
             __syncwarp();

@@ -9,12 +9,13 @@ int main(int argc, char** argv) {
     if (argc != 3) return 2;
     FILE* f = std::fopen(argv[1], "rb");
     if (!f) return 2;
-    int32_t hd[15];
+    int32_t hd[17];
     float beta;
-    if (std::fread(hd, 4, 15, f) != 15 || std::fread(&beta, 4, 1, f) != 1) return 2;
+    if (std::fread(hd, 4, 17, f) != 17 || std::fread(&beta, 4, 1, f) != 1) return 2;
     const int heads = hd[0], n = hd[1], d = hd[2], dv = hd[3], L = hd[4], P = hd[5], causal = hd[6];
     const int warps = hd[7], chunk = hd[8], bf16 = hd[9], sh_private = hd[10], sh_block = hd[11];
     const int tiled = hd[12], sh_tile = hd[13], sh_tile_state = hd[14];
+    const int tiled_causal = hd[15] && causal, sh_causal = hd[16];
 #ifdef RACE_BF16
     if (!bf16) return 4;
 #else
@@ -30,8 +31,8 @@ int main(int argc, char** argv) {
     std::fclose(f);
     if (!ok) return 2;
 
-    // Warp-per-chunk launches, and the tiled ones (chunk totals always; the other passes when
-    // not causal), exactly as device.rs chooses them.
+    // Warp-per-chunk launches, the tiled ones (chunk totals; the non-causal passes) and the
+    // tiled causal ones, exactly as device.rs chooses them.
     const unsigned bx = (unsigned)((nch + warps - 1) / warps), threads = 32u * warps;
     const size_t shp = sh_private, shb = causal ? sh_private : sh_block;
     const bool tile_pass = tiled && !causal;
@@ -52,7 +53,12 @@ int main(int argc, char** argv) {
     auto bases = nans(causal ? (size_t)heads * nch * mw : (size_t)heads * mw);
     launch(scan_bx, heads, 256, 0, [&] { race_scan(partials.data(), bases.data(), nch, mw, causal ? 0 : 2); });
     auto O = nans(nv), DEN = nans(nt);
-    if (tile_pass)
+    if (tiled_causal)
+        launch(nch, heads, 256, sh_causal, [&] {
+            race_fwd_tile_causal(Q.data(), K.data(), V.data(), W.data(), bases.data(), O.data(), DEN.data(), n, d, dv,
+                                 L, P, beta, chunk);
+        });
+    else if (tile_pass)
         launch(nch, heads, 256, sh_tile_state, [&] {
             race_fwd_tile(Q.data(), W.data(), bases.data(), O.data(), DEN.data(), n, d, dv, L, P, beta, chunk);
         });
@@ -63,7 +69,12 @@ int main(int argc, char** argv) {
         });
     // Backward.
     auto DQ = nans(nd), DBQ = nans(nt);
-    if (tile_pass)
+    if (tiled_causal)
+        launch(nch, heads, 256, sh_causal, [&] {
+            race_bwd_q_tile_causal(Q.data(), K.data(), V.data(), W.data(), bases.data(), O.data(), G.data(), DEN.data(),
+                                   DQ.data(), DBQ.data(), n, d, dv, L, P, beta, chunk);
+        });
+    else if (tile_pass)
         launch(nch, heads, 256, sh_tile_state, [&] {
             race_bwd_q_tile(Q.data(), W.data(), bases.data(), O.data(), G.data(), DEN.data(), DQ.data(), DBQ.data(), n,
                             d, dv, L, P, beta, chunk);
@@ -78,7 +89,12 @@ int main(int argc, char** argv) {
     auto dbases = nans(causal ? (size_t)heads * nch * mw : (size_t)heads * mw);
     launch(scan_bx, heads, 256, 0, [&] { race_scan(partials1.data(), dbases.data(), nch, mw, causal ? 1 : 2); });
     auto DK = nans(nd), DV = nans(nv), DBK = nans(nt);
-    if (tile_pass)
+    if (tiled_causal)
+        launch(nch, heads, 256, sh_causal, [&] {
+            race_bwd_k_tile_causal(Q.data(), K.data(), V.data(), W.data(), dbases.data(), O.data(), G.data(),
+                                   DEN.data(), DK.data(), DV.data(), DBK.data(), n, d, dv, L, P, beta, chunk);
+        });
+    else if (tile_pass)
         launch(nch, heads, 256, sh_tile_state, [&] {
             race_bwd_k_tile(K.data(), V.data(), W.data(), dbases.data(), DK.data(), DV.data(), DBK.data(), n, d, dv, L,
                             P, beta, chunk);
