@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # One command for a GPU machine: run the CUDA tests against the CPU kernels (the default
-# kernel choice, then the tiled and the warp-per-chunk kernels forced), then a short
-# benchmark at the paper shape (batch 1, 4 heads, d = 128, f32) for (P,L) = (2,2) and (4,4):
-# forward+backward non-causal at N = 2^20 and 2^22 per head (4·2^20 and 16·2^20 tokens),
-# causal at 2^20, the non-causal rows again on each kernel family, and forward only.
-# Designed to finish inside 4 minutes on an H200. Everything goes under $OUT (or ./gpu-check): summary.txt and one
+# kernels, then the tiled and the warp-per-chunk kernels forced, with several tiles per
+# chunk), then a short benchmark at the paper shape (batch 1, 4 heads, d = 128, f32) for
+# (P,L) = (2,2) and (4,4): forward+backward, non-causal and causal, at N = 2^20 and 2^22 per
+# head (4·2^20 and 16·2^20 tokens); forward only at 2^20; and the forward+backward rows at
+# 2^20 again on the warp-per-chunk kernels. Designed to finish inside 5 minutes on an H200. Everything goes under $OUT (or ./gpu-check): summary.txt and one
 # gpu-check.tgz with the logs and each bench's csv/json/png.
 #
 # Two ways to run it:
@@ -99,15 +99,16 @@ bench() {  # name, timeout, args...
   grep -E "^GPU|^race|skipped|rror" "$W/$name.txt" | tee -a "$W/summary.txt"
   [ $r -eq 0 ] || log "bench $name exited with $r"
 }
-# The paper shape, forward+backward, N = 2^20 and 2^22 per head (4 and 16 Mi tokens).
+# The paper shape, forward+backward, N = 2^20 and 2^22 per head (4 and 16 Mi tokens), on the
+# default (tiled) kernels.
 bench nc 120 --backward --n 1048576,4194304 --p 2,4 --l 2,4
-bench causal 60 --backward --causal --n 1048576 --p 2,4 --l 2,4
-# The non-causal rows on each kernel family (the default picks by the number of features).
-for path in tiled warp; do
-  export RACELAB_CUDA_PATH=$path
-  bench nc-$path 50 --backward --n 1048576 --p 2,4 --l 2,4
-done
-unset RACELAB_CUDA_PATH
+bench causal 100 --backward --causal --n 1048576,4194304 --p 2,4 --l 2,4
 # Forward only.
 bench fwd 40 --n 1048576 --p 2,4 --l 2,4
+bench fwd-causal 40 --causal --n 1048576 --p 2,4 --l 2,4
+# The same forward+backward rows on the warp-per-chunk kernels.
+export RACELAB_CUDA_PATH=warp
+bench nc-warp 60 --backward --n 1048576 --p 2,4 --l 2,4
+bench causal-warp 60 --backward --causal --n 1048576 --p 2,4 --l 2,4
+unset RACELAB_CUDA_PATH
 log "done"

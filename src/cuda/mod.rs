@@ -5,9 +5,15 @@
 //! within chunks of at most [`MAX_CHUNK`] tokens ([`chunk_len`]) and f64 across chunks
 //! (`race_scan`). No float atomics, so results are identical run to run.
 //!
-//! Launch geometry ([`Geometry`]): one warp walks one chunk of one head, token by token, with
-//! warp-level steps only; a block holds up to 8 such warps, as many as the shared memory
-//! allows when each keeps a private `L·2^P × (dv+1)` state.
+//! Two kernel families ([`KernelPath`], [`Geometry`]):
+//! - **tiled** (the default wherever the tiles fit): one block of 8 warps per chunk, in tiles
+//!   of [`TILE`] tokens, every step block-parallel (coalesced row loads, split projections,
+//!   one thread per element for the nonlinear steps, register-blocked tile products for the
+//!   bank, the within-tile causal products and `dz W`);
+//! - **warp-per-chunk**: one warp walks one chunk of one head token by token with warp-level
+//!   steps only; a block holds up to 8 such warps, as many as the shared memory allows when
+//!   each keeps a private `L·2^P × (dv+1)` state. It takes any shape the shared memory
+//!   allows.
 //!
 //! With the `cuda` feature (default) the driver is loaded dynamically: the crate builds and
 //! its tests run on machines without CUDA, and every entry point first checks that the driver
@@ -139,28 +145,23 @@ pub const MAX_SHARED_BYTES: usize = 227 * 1024;
 pub const TILE: usize = 32;
 pub const TILE_TM: usize = 8;
 pub const TILE_TC: usize = 5;
-/// The tiled kernels are used from this many features `m = L·2^P` up. Measured on an H200
-/// (`figures/bench/gpu/`, non-causal): at m = 8 the warp-per-chunk kernels were faster, at
-/// m = 64 the tiled ones (whose register-blocked products pay off once the bank is large).
-/// The causal tiled kernels follow the same rule; they have not been timed on a GPU yet.
-pub const TILED_MIN_FEATURES: usize = 32;
 
-/// Floats of dynamic shared memory of a tiled kernel's block (the layout `TILE_CHUNK` makes
-/// in race.cu): 8 warps' scratch, then the tile's `phi [TILE·m] | u [TILE·L·P] |
-/// y [TILE·(dv+1)] | res [TILE·max(m, dv+1)]`, then one `m × (dv+1)` state if `with_state`.
-pub fn shared_floats_tiled(p: usize, l: usize, d: usize, dv: usize, with_state: bool) -> usize {
+/// Floats of dynamic shared memory of a tiled kernel's block (the layout `blk_carve` makes
+/// in race.cu): `W [L·P·d] | xr [TILE·max(d+1, m, dv+1)] | red [8·TILE·L·P] |` five (six if
+/// `causal`) `[TILE·L·P]` | one (two) `φ [TILE·(m+1)]` | one (two) `[TILE·(dv+1)]` | (causal:
+/// two `[TILE·(TILE+1)]`) `| [TILE]`, then `m × (dv+1)` if the kernel keeps a state.
+pub fn shared_floats_tiled(p: usize, l: usize, d: usize, dv: usize, causal: bool, with_state: bool) -> usize {
     let (lp, m, w) = (l * p, l << p, dv + 1);
-    let scratch = d + 5 * lp + 2 * m + 2 * w;
-    8 * scratch + TILE * (m + lp + w + m.max(w)) + if with_state { m * w } else { 0 }
-}
-
-/// Floats of dynamic shared memory of a tiled causal kernel's block (the layout `TILE_CAUSAL`
-/// makes in race.cu): 8 warps' scratch, then `phq, phk [TILE·(m+1)] | uq, uk [TILE·L·P] |
-/// y, g [TILE·(dv+1)] | a, a2 [TILE·(TILE+1)] | res [TILE·max(m, dv+1)] | state [m·(dv+1)]`.
-pub fn shared_floats_tiled_causal(p: usize, l: usize, d: usize, dv: usize) -> usize {
-    let (lp, m, w) = (l * p, l << p, dv + 1);
-    let scratch = d + 5 * lp + 2 * m + 2 * w;
-    8 * scratch + TILE * (2 * (m + 1) + 2 * lp + 2 * w + 2 * (TILE + 1) + m.max(w)) + m * w
+    let k = causal as usize;
+    lp * d
+        + TILE * (d + 1).max(m).max(w)
+        + 8 * TILE * lp
+        + (5 + k) * TILE * lp
+        + (1 + k) * TILE * (m + 1)
+        + (1 + k) * TILE * w
+        + 2 * k * TILE * (TILE + 1)
+        + TILE
+        + if with_state { m * w } else { 0 }
 }
 
 /// How a problem is launched.
@@ -203,10 +204,8 @@ impl Geometry {
 /// Which kernels a problem runs on (see [`Geometry`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KernelPath {
-    /// Tiled for the chunk totals and non-causal passes when `m ≥ TILED_MIN_FEATURES` and
-    /// the tiles fit; warp-per-chunk otherwise.
-    Auto,
-    /// Tiled wherever the tiles fit (`m ≤ 8·TILE_TM`, `dv + 1 ≤ 32·TILE_TC`, shared memory).
+    /// Tiled wherever the tiles fit (`m ≤ 8·TILE_TM`, `dv + 1 ≤ 32·TILE_TC`, shared memory),
+    /// warp-per-chunk elsewhere: the default.
     Tiled,
     /// Warp-per-chunk kernels for every pass.
     Warp,
@@ -214,17 +213,16 @@ pub enum KernelPath {
 
 /// The launch geometry of a problem, or an error naming `p` when even one warp's private
 /// state does not fit in shared memory. The environment variable `RACELAB_CUDA_PATH`
-/// (`auto`, `tiled` or `warp`; default `auto`) picks the [`KernelPath`], a switch for
-/// comparing and testing the two kernel families.
+/// (`tiled` or `warp`; default `tiled`) picks the [`KernelPath`], a switch for comparing
+/// and testing the two kernel families.
 pub fn geometry(p: usize, l: usize, s: GpuShape) -> Result<Geometry> {
     let path = match std::env::var("RACELAB_CUDA_PATH").as_deref() {
         Ok("warp") => KernelPath::Warp,
-        Ok("tiled") => KernelPath::Tiled,
-        Ok("auto") | Err(_) => KernelPath::Auto,
+        Ok("tiled") | Err(_) => KernelPath::Tiled,
         Ok(other) => {
             return Err(RaceError::param(
                 "RACELAB_CUDA_PATH",
-                format!("`{other}` is not a kernel path; use auto, tiled or warp"),
+                format!("`{other}` is not a kernel path; use tiled or warp"),
             ))
         }
     };
@@ -264,16 +262,12 @@ pub fn geometry_with(p: usize, l: usize, s: GpuShape, path: KernelPath) -> Resul
         })?;
     let chunk = chunk_len(s.heads, s.n);
     let nchunks = s.n.div_ceil(chunk);
-    let tile_bytes = |with_state| 4 * shared_floats_tiled(p, l, s.d, s.dv, with_state);
+    let tile_bytes = |with_state| 4 * shared_floats_tiled(p, l, s.d, s.dv, false, with_state);
     let m = l << p;
-    let wanted = match path {
-        KernelPath::Auto => m >= TILED_MIN_FEATURES,
-        KernelPath::Tiled => true,
-        KernelPath::Warp => false,
-    };
+    let wanted = path == KernelPath::Tiled;
     let tiles_fit = wanted && m <= 8 * TILE_TM && s.dv < 32 * TILE_TC;
     let tiled = tiles_fit && tile_bytes(true) <= MAX_SHARED_BYTES;
-    let causal_bytes = 4 * shared_floats_tiled_causal(p, l, s.d, s.dv);
+    let causal_bytes = 4 * shared_floats_tiled(p, l, s.d, s.dv, true, true);
     let tiled_causal = tiles_fit && causal_bytes <= MAX_SHARED_BYTES;
     Ok(Geometry {
         warps,

@@ -451,12 +451,19 @@ extern "C" __global__ void race_bwd_k(const in_t* Q, const in_t* K, const in_t* 
 }
 
 // ---------------------------------------------------------------------------------------
-// Tiled kernels (non-causal passes and all chunk totals): one block of 8 warps owns one
-// chunk and walks it in tiles of TILE tokens. Per tile, each warp featurises TILE/8 tokens
-// (warp_features) into block-wide tile buffers; the bank-sized products of the whole tile
-// are then one small matrix product (tile_mma) with each thread holding a register block of
-// results; per-token finishing steps (normalising, the softmax backward, dx) go back to one
-// warp per token. Limits: m ≤ 8·TM features and w ≤ 32·TC bank columns (else the host uses
+// Tiled kernels: one block of 8 warps owns one chunk and walks it in tiles of TILE tokens.
+// Every step of a tile is block-parallel, with no per-token serial work: the tile's input
+// rows are loaded coalesced (rows over warps, columns over lanes); the projections
+// Z = X Wᵀ run split over the 8 warps (lane = token, warp = a slice of d, partial sums added
+// in a fixed order); tanh, the bit sigmoids, the corner products and the softmax backward
+// run one thread per element; the bank products, the within-tile causal products and
+// dx = dz W are register-blocked tile products (tile_mma).
+//
+// They serve the chunk totals and the non-causal passes (race_*_tile) and the causal passes
+// (race_*_tile_causal: the chunked linear-attention form, a masked TILE × TILE product
+// within the tile and the chunk's running state carried across tiles, starting from
+// race_scan's exclusive prefix, or suffix for the keys' pass, which walks its tiles last to
+// first). Limits: m ≤ 8·TM features and w = dv + 1 ≤ 32·TC bank columns (else the host uses
 // the warp-per-chunk kernels above).
 #define TILE 32
 #define TM 8
@@ -491,6 +498,18 @@ __device__ __forceinline__ void tile_zero(float (&acc)[TM][TC]) {
         for (int j = 0; j < TC; ++j) acc[i][j] = 0.f;
 }
 
+// acc = src rows r = warp + 8i < nr, columns c = lane + 32j < nc (0 elsewhere).
+__device__ __forceinline__ void tile_load(float (&acc)[TM][TC], const float* src, int rs, int nr, int nc) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < TC; ++j) {
+            const int r = warp + 8 * i, cc = lane + 32 * j;
+            acc[i][j] = r < nr && cc < nc ? src[r * rs + cc] : 0.f;
+        }
+}
+
 // Store acc rows r = warp + 8i < nr, columns c = lane + 32j < nc, times sc, to dst[r*rs + c].
 __device__ __forceinline__ void tile_store(const float (&acc)[TM][TC], float sc, float* dst, long long rs, int nr,
                                            int nc) {
@@ -507,239 +526,10 @@ __device__ __forceinline__ void tile_store(const float (&acc)[TM][TC], float sc,
     }
 }
 
-// Block tile buffers after the 8 warps' scratch: phi [TILE*m] | u [TILE*LP] | y [TILE*w] |
-// res [TILE*max(m, w)] | state [m*w] (non-causal passes only). `shared_floats_tiled` in
-// src/cuda/mod.rs mirrors this.
-struct Tile {
-    float *phi, *u, *y, *res, *st;
-};
-
-#define TILE_CHUNK(with_state)                                                                 \
-    extern __shared__ float sh[];                                                              \
-    const int R = 1 << P, m = L * R, w = dv + 1, LP = L * P;                                   \
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;                                \
-    const int h = blockIdx.y, c = blockIdx.x, nch = gridDim.x;                                 \
-    const int t0 = c * chunk, t1 = min(n, t0 + chunk);                                         \
-    const Scratch s = carve(sh, d, LP, m, w, 0);                                               \
-    Tile tl;                                                                                   \
-    tl.phi = sh + 8 * scratch_floats(d, LP, m, w);                                             \
-    tl.u = tl.phi + TILE * m;                                                                  \
-    tl.y = tl.u + TILE * LP;                                                                   \
-    tl.res = tl.y + TILE * w;                                                                  \
-    tl.st = tl.res + TILE * (m > w ? m : w);                                                   \
-    (void)R; (void)lane; (void)nch; (void)with_state;
-
-// Featurise token row `row` (tile slot tt) into the tile: phi, u; ends with __syncwarp.
-__device__ void feat_to(const in_t* x, const float* __restrict__ W, int d, int L, int P, float beta, const Scratch& s,
-                        float* phi_row, float* u_row) {
-    const int lane = threadIdx.x & 31, LP = L * P, m = L << P;
-    warp_features(x, W, d, L, P, beta, s);
-    for (int f = lane; f < m; f += 32) phi_row[f] = s.phi[f];
-    if (u_row)
-        for (int lp = lane; lp < LP; lp += 32) u_row[lp] = s.u[lp];
-    __syncwarp();
-}
-
-__device__ void tile_features(const in_t* x, const float* __restrict__ W, int d, int L, int P, float beta,
-                              const Scratch& s, const Tile& tl, int tt) {
-    const int LP = L * P, m = L << P;
-    feat_to(x, W, d, L, P, beta, s, tl.phi + tt * m, tl.u + tt * LP);
-}
-
-// Chunk totals, tiled. mode 0: Σ φ(k_t)[v_t, 1]; mode 1: Σ φ(q_t) ĝ_t / L. Same output as
-// race_partial: out [heads, nch, m*w].
-extern "C" __global__ void race_partial_tile(const in_t* X, const in_t* V, const float* G, const float* O,
-                                             const float* DEN, const float* W, float* out, int n, int d, int dv,
-                                             int L, int P, float beta, int chunk, int mode) {
-    TILE_CHUNK(0)
-    float acc[TM][TC];
-    tile_zero(acc);
-    for (int b0 = t0; b0 < t1; b0 += TILE) {
-        const int nt = min(TILE, t1 - b0);
-        for (int tt = warp * (TILE / 8); tt < (warp + 1) * (TILE / 8); ++tt) {
-            if (tt >= nt) break;
-            const long long row = (long long)h * n + b0 + tt;
-            if (b0 + TILE + tt < t1) {
-                if (mode == 0) prefetch_token(X, V, nullptr, nullptr, row + TILE, d, dv);
-                else prefetch_token(X, nullptr, G, O, row + TILE, d, dv);
-            }
-            if (mode == 0) warp_y(V + row * dv, dv, tl.y + tt * w);
-            else warp_gext(G + row * dv, O + row * dv, DEN[row], dv, tl.y + tt * w);
-            tile_features(X + row * d, W, d, L, P, beta, s, tl, tt);
-        }
-        __syncthreads();
-        // acc[f][c] += Σ_t phi[t][f] y[t][c]
-        tile_mma(acc, tl.phi, 1, m, tl.y, w, 1, m, w, nt);
-        __syncthreads();
-    }
-    tile_store(acc, mode == 0 ? 1.f : 1.f / (float)L, out + ((long long)h * nch + c) * m * w, w, m, w);
-}
-
-__device__ void load_block_state(const float* bases, int h, int mw, float* st) {
-    const float* b = bases + (long long)h * mw;
-    for (int e = threadIdx.x; e < mw; e += blockDim.x) st[e] = b[e];
-    __syncthreads();
-}
-
-// Non-causal forward, tiled: o_t = Σ_f φ_f(q_t) S_f / den with S the head's total.
-extern "C" __global__ void race_fwd_tile(const in_t* Q, const float* W, const float* bases, float* O, float* DEN,
-                                         int n, int d, int dv, int L, int P, float beta, int chunk) {
-    TILE_CHUNK(1)
-    load_block_state(bases, h, m * w, tl.st);
-    for (int b0 = t0; b0 < t1; b0 += TILE) {
-        const int nt = min(TILE, t1 - b0);
-        for (int tt = warp * (TILE / 8); tt < (warp + 1) * (TILE / 8) && tt < nt; ++tt) {
-            const long long row = (long long)h * n + b0 + tt;
-            if (b0 + TILE + tt < t1) prefetch_token(Q, nullptr, nullptr, nullptr, row + TILE, d, dv);
-            tile_features(Q + row * d, W, d, L, P, beta, s, tl, tt);
-        }
-        __syncthreads();
-        float acc[TM][TC];
-        tile_zero(acc);
-        // res[t][c] = Σ_f phi[t][f] S[f][c]
-        tile_mma(acc, tl.phi, m, 1, tl.st, w, 1, nt, w, m);
-        tile_store(acc, 1.f, tl.res, w, nt, w);
-        __syncthreads();
-        for (int tt = warp * (TILE / 8); tt < (warp + 1) * (TILE / 8) && tt < nt; ++tt) {
-            const long long row = (long long)h * n + b0 + tt;
-            const float* r = tl.res + tt * w;
-            const float den = r[dv];
-            for (int cc = lane; cc < dv; cc += 32) O[row * dv + cc] = den == 0.f ? 0.f : r[cc] / den;
-            if (lane == 0) DEN[row] = den / (float)L;
-        }
-        __syncthreads();
-    }
-}
-
-// Non-causal query gradients, tiled: ∂ℓ/∂φ(q_t) = S ĝ_t / L.
-extern "C" __global__ void race_bwd_q_tile(const in_t* Q, const float* W, const float* bases, const float* O,
-                                           const float* G, const float* DEN, float* DQ, float* DBQ, int n, int d,
-                                           int dv, int L, int P, float beta, int chunk) {
-    TILE_CHUNK(1)
-    load_block_state(bases, h, m * w, tl.st);
-    for (int b0 = t0; b0 < t1; b0 += TILE) {
-        const int nt = min(TILE, t1 - b0);
-        for (int tt = warp * (TILE / 8); tt < (warp + 1) * (TILE / 8) && tt < nt; ++tt) {
-            const long long row = (long long)h * n + b0 + tt;
-            if (b0 + TILE + tt < t1) prefetch_token(Q, nullptr, G, O, row + TILE, d, dv);
-            warp_gext(G + row * dv, O + row * dv, DEN[row], dv, tl.y + tt * w);
-            tile_features(Q + row * d, W, d, L, P, beta, s, tl, tt);
-        }
-        __syncthreads();
-        float acc[TM][TC];
-        tile_zero(acc);
-        // res[t][f] = Σ_c ĝ[t][c] S[f][c] / L
-        tile_mma(acc, tl.y, w, 1, tl.st, 1, w, nt, m, w);
-        tile_store(acc, 1.f / (float)L, tl.res, m, nt, m);
-        __syncthreads();
-        for (int tt = warp * (TILE / 8); tt < (warp + 1) * (TILE / 8) && tt < nt; ++tt) {
-            const long long row = (long long)h * n + b0 + tt;
-            const float db = warp_table_backward(L, P, beta, tl.u + tt * LP, tl.phi + tt * m, tl.res + tt * m, s);
-            warp_dx(W, s.dz, LP, d, DQ + row * d);
-            if (lane == 0) DBQ[row] = db;
-            __syncwarp();
-        }
-        __syncthreads();
-    }
-}
-
-// Non-causal key gradients, tiled: with D the head's Σ_t φ(q_t) ĝ_t / L,
-// ∂ℓ/∂φ(k_t) = D [v_t, 1] and ∂ℓ/∂v_t = Σ_f φ_f(k_t) D_f[:dv].
-extern "C" __global__ void race_bwd_k_tile(const in_t* K, const in_t* V, const float* W, const float* dbases,
-                                           float* DK, float* DV, float* DBK, int n, int d, int dv, int L, int P,
-                                           float beta, int chunk) {
-    TILE_CHUNK(1)
-    load_block_state(dbases, h, m * w, tl.st);
-    for (int b0 = t0; b0 < t1; b0 += TILE) {
-        const int nt = min(TILE, t1 - b0);
-        for (int tt = warp * (TILE / 8); tt < (warp + 1) * (TILE / 8) && tt < nt; ++tt) {
-            const long long row = (long long)h * n + b0 + tt;
-            if (b0 + TILE + tt < t1) prefetch_token(K, V, nullptr, nullptr, row + TILE, d, dv);
-            warp_y(V + row * dv, dv, tl.y + tt * w);
-            tile_features(K + row * d, W, d, L, P, beta, s, tl, tt);
-        }
-        __syncthreads();
-        {
-            float acc[TM][TC];
-            tile_zero(acc);
-            // dv[t][c] = Σ_f phi[t][f] D[f][c], c < dv: straight to global memory
-            tile_mma(acc, tl.phi, m, 1, tl.st, w, 1, nt, dv, m);
-            tile_store(acc, 1.f, DV + ((long long)h * n + b0) * dv, dv, nt, dv);
-        }
-        {
-            float acc[TM][TC];
-            tile_zero(acc);
-            // res[t][f] = Σ_c y[t][c] D[f][c]
-            tile_mma(acc, tl.y, w, 1, tl.st, 1, w, nt, m, w);
-            tile_store(acc, 1.f, tl.res, m, nt, m);
-        }
-        __syncthreads();
-        for (int tt = warp * (TILE / 8); tt < (warp + 1) * (TILE / 8) && tt < nt; ++tt) {
-            const long long row = (long long)h * n + b0 + tt;
-            const float db = warp_table_backward(L, P, beta, tl.u + tt * LP, tl.phi + tt * m, tl.res + tt * m, s);
-            warp_dx(W, s.dz, LP, d, DK + row * d);
-            if (lane == 0) DBK[row] = db;
-            __syncwarp();
-        }
-        __syncthreads();
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// Tiled causal passes: one block of 8 warps per chunk with the chunk's running state in
-// shared memory; per tile of TILE tokens the within-tile causal part is the masked
-// TILE × TILE product of the chunked linear-attention form, so no step walks tokens one by
-// one. The state starts at the chunk's base (race_scan's exclusive prefix, or suffix for the
-// keys' pass, which walks its tiles last to first) and takes each tile's totals after use.
-
-// Block buffers after the 8 warps' scratch (`shared_floats_tiled_causal` in src/cuda/mod.rs
-// mirrors this): phq, phk [TILE*(m+1)] (rows padded against bank conflicts) | uq, uk
-// [TILE*LP] | y, g [TILE*w] | a, a2 [TILE*(TILE+1)] | res [TILE*max(m, w)] | state [m*w].
-struct CTile {
-    float *phq, *phk, *uq, *uk, *y, *g, *a, *a2, *res, *st;
-};
-
-#define TILE_CAUSAL                                                                            \
-    extern __shared__ float sh[];                                                              \
-    const int R = 1 << P, m = L * R, w = dv + 1, LP = L * P, mp = m + 1, tp = TILE + 1;        \
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;                                \
-    const int h = blockIdx.y, c = blockIdx.x, nch = gridDim.x;                                 \
-    const int t0 = c * chunk, t1 = min(n, t0 + chunk);                                         \
-    const Scratch s = carve(sh, d, LP, m, w, 0);                                               \
-    CTile ct;                                                                                  \
-    ct.phq = sh + 8 * scratch_floats(d, LP, m, w);                                             \
-    ct.phk = ct.phq + TILE * mp;                                                               \
-    ct.uq = ct.phk + TILE * mp;                                                                \
-    ct.uk = ct.uq + TILE * LP;                                                                 \
-    ct.y = ct.uk + TILE * LP;                                                                  \
-    ct.g = ct.y + TILE * w;                                                                    \
-    ct.a = ct.g + TILE * w;                                                                    \
-    ct.a2 = ct.a + TILE * tp;                                                                  \
-    ct.res = ct.a2 + TILE * tp;                                                                \
-    ct.st = ct.res + TILE * (m > w ? m : w);                                                   \
-    (void)R; (void)lane;                                                                       \
-    {                                                                                          \
-        const float* b = bases + ((long long)h * nch + c) * m * w;                             \
-        for (int e = threadIdx.x; e < m * w; e += blockDim.x) ct.st[e] = b[e];                 \
-        __syncthreads();                                                                       \
-    }
-
-// acc = src rows r = warp + 8i < nr, columns c = lane + 32j < nc (0 elsewhere).
-__device__ __forceinline__ void tile_load(float (&acc)[TM][TC], const float* src, int rs, int nr, int nc) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < TC; ++j) {
-            const int r = warp + 8 * i, cc = lane + 32 * j;
-            acc[i][j] = r < nr && cc < nc ? src[r * rs + cc] : 0.f;
-        }
-}
-
-// Store acc · sc to dst[r*rs + c] for r < nr, c < nc, with entries off the causal triangle
-// set to 0: `upper` keeps c ≥ r (later queries of a key), else c ≤ r (earlier keys of a query).
-__device__ __forceinline__ void tile_store_masked(const float (&acc)[TM][TC], float sc, float* dst, int rs, int nr,
-                                                  int nc, bool upper) {
+// Store acc to dst[r*rs + c] for r < nr, c < nc, with entries off the causal triangle set
+// to 0: `upper` keeps c ≥ r (later queries of a key), else c ≤ r (earlier keys of a query).
+__device__ __forceinline__ void tile_store_masked(const float (&acc)[TM][TC], float* dst, int rs, int nr, int nc,
+                                                  bool upper) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll
     for (int i = 0; i < TM; ++i) {
@@ -748,12 +538,13 @@ __device__ __forceinline__ void tile_store_masked(const float (&acc)[TM][TC], fl
 #pragma unroll
             for (int j = 0; j < TC; ++j) {
                 const int cc = lane + 32 * j;
-                if (cc < nc) dst[r * rs + cc] = (upper ? cc >= r : cc <= r) ? acc[i][j] * sc : 0.f;
+                if (cc < nc) dst[r * rs + cc] = (upper ? cc >= r : cc <= r) ? acc[i][j] : 0.f;
             }
     }
 }
 
-// st[f][c] += Σ_s A(s, f) B(s, c) over the tile's nt tokens (A(s, f) = A[s*ars + f]).
+// st[f][c] += Σ_s A(s, f) B(s, c) over the tile's nt tokens (A(s, f) = A[s*ars + f],
+// B(s, c) = B[s*bks + c]); each thread owns its register block of the state.
 __device__ __forceinline__ void state_update(float* st, const float* A, int ars, const float* B, int bks, int m,
                                              int w, int nt) {
     float acc[TM][TC];
@@ -762,163 +553,392 @@ __device__ __forceinline__ void state_update(float* st, const float* A, int ars,
     tile_store(acc, 1.f, st, w, m, w);
 }
 
-// Causal forward, tiled: o_t = (φq_t S_base + Σ_{s ≤ t in tile} (φq_t·φk_s) [v_s, 1]) / den.
-extern "C" __global__ void race_fwd_tile_causal(const in_t* Q, const in_t* K, const in_t* V, const float* W,
-                                                const float* bases, float* O, float* DEN, int n, int d, int dv, int L,
-                                                int P, float beta, int chunk) {
-    TILE_CAUSAL
+// A block's buffers (floats; `shared_floats_tiled` in src/cuda/mod.rs mirrors this):
+// W [LP*d] | xr [TILE*max(d+1, m, w)] (input rows, then results) | red [8*TILE*LP] |
+// uq [TILE*LP] | uk (causal) | on, off, dz, db [TILE*LP each] | phq [TILE*(m+1)] |
+// phk (causal) | y [TILE*w] | g (causal; else y's buffer) | a, a2 (causal) [TILE*(TILE+1)] |
+// dot [TILE] | state [m*w] (kernels that keep one).
+struct Blk {
+    float *W, *xr, *red, *uq, *uk, *on, *off, *dz, *db, *phq, *phk, *y, *g, *a, *a2, *dot, *st;
+    int xs, mp, tp;  // row strides of xr (as input), phq/phk, a/a2
+};
+
+__device__ Blk blk_carve(float* sh, int d, int LP, int m, int w, int causal) {
+    Blk b;
+    b.xs = d + 1;
+    b.mp = m + 1;
+    b.tp = TILE + 1;
+    int xr = d + 1;
+    if (m > xr) xr = m;
+    if (w > xr) xr = w;
+    float* p = sh;
+    b.W = p; p += LP * d;
+    b.xr = p; p += TILE * xr;
+    b.red = p; p += 8 * TILE * LP;
+    b.uq = p; p += TILE * LP;
+    b.uk = b.uq;
+    if (causal) { b.uk = p; p += TILE * LP; }
+    b.on = p; p += TILE * LP;
+    b.off = p; p += TILE * LP;
+    b.dz = p; p += TILE * LP;
+    b.db = p; p += TILE * LP;
+    b.phq = p; p += TILE * b.mp;
+    b.phk = b.phq;
+    if (causal) { b.phk = p; p += TILE * b.mp; }
+    b.y = p; p += TILE * w;
+    b.g = b.y;
+    if (causal) { b.g = p; p += TILE * w; }
+    b.a = p;
+    b.a2 = p;
+    if (causal) { b.a2 = p + TILE * b.tp; p += 2 * TILE * b.tp; }
+    b.dot = p; p += TILE;
+    b.st = p;
+    return b;
+}
+
+// Rows row0..row0+nt of a [*, cols] input into dst (row stride ds): rows over warps,
+// columns over lanes, so each warp reads whole rows coalesced.
+__device__ void blk_rows_in(const in_t* src, long long row0, int nt, int cols, float* dst, int ds) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int t = warp; t < nt; t += 8)
+        for (int c = lane; c < cols; c += 32) dst[t * ds + c] = ld(src, (row0 + t) * cols + c);
+}
+
+__device__ void blk_rows_f(const float* src, long long row0, int nt, int cols, float* dst, int ds) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int t = warp; t < nt; t += 8)
+        for (int c = lane; c < cols; c += 32) dst[t * ds + c] = src[(row0 + t) * cols + c];
+}
+
+// y = [v, 1] rows into dst (stride ds); the caller synchronises.
+__device__ void blk_y(const in_t* V, long long row0, int nt, int dv, float* dst, int ds) {
+    blk_rows_in(V, row0, nt, dv, dst, ds);
+    for (int t = threadIdx.x; t < nt; t += blockDim.x) dst[t * ds + dv] = 1.f;
+}
+
+// sc · ĝ = sc · [g/den, -(g·o)/den] rows (zeros where den == 0) into dst (stride ds); uses
+// xr for the o rows. Ends synchronised.
+__device__ void blk_gext(const float* G, const float* O, const float* DEN, long long row0, int nt, int dv, float sc,
+                         const Blk& b, float* dst, int ds) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    blk_rows_f(G, row0, nt, dv, dst, ds);
+    blk_rows_f(O, row0, nt, dv, b.xr, ds);
+    __syncthreads();
+    for (int t = warp; t < nt; t += 8) {
+        float acc = 0.f;
+        for (int c = lane; c < dv; c += 32) acc = fmaf(dst[t * ds + c], b.xr[t * ds + c], acc);
+        acc = warp_sum(acc);
+        if (lane == 0) b.dot[t] = acc;
+    }
+    __syncthreads();
+    for (int t = warp; t < nt; t += 8) {
+        const float den = DEN[row0 + t];
+        for (int c = lane; c < dv; c += 32) dst[t * ds + c] = den == 0.f ? 0.f : sc * (dst[t * ds + c] / den);
+        if (lane == 0) dst[t * ds + dv] = den == 0.f ? 0.f : sc * (-b.dot[t] / den);
+    }
+    __syncthreads();
+}
+
+// Soft features of the nt rows in xr (stride xs): u into U [TILE*LP], φ into PH (stride mp).
+// Ends synchronised.
+__device__ void blk_features(const Blk& b, int d, int L, int P, float beta, int nt, float* U, float* PH) {
+    const int warp = threadIdx.x >> 5, t = threadIdx.x & 31, LP = L * P, R = 1 << P, m = L * R;
+    const int seg = (d + 7) / 8, i0 = min(d, warp * seg), i1 = min(d, i0 + seg);
+    if (t < nt) {
+        const float* x = b.xr + t * b.xs;
+        for (int lp0 = 0; lp0 < LP; lp0 += 4) {
+            const int nl = min(4, LP - lp0);
+            float a[4] = {0.f, 0.f, 0.f, 0.f};
+            for (int i = i0; i < i1; ++i) {
+                const float xi = x[i];
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    if (j < nl) a[j] = fmaf(b.W[(lp0 + j) * d + i], xi, a[j]);
+            }
+            float* r = b.red + (warp * TILE + t) * LP + lp0;
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                if (j < nl) r[j] = a[j];
+        }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < nt * LP; e += blockDim.x) {
+        const int tt = e / LP, lp = e % LP;
+        float z = 0.f;
+        for (int s = 0; s < 8; ++s) z += b.red[(s * TILE + tt) * LP + lp];
+        const float u = tanhf(z), tb = 2.f * beta * u;
+        U[e] = u;
+        b.on[e] = sigm(tb);
+        b.off[e] = sigm(-tb);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < nt * m; e += blockDim.x) {
+        const int tt = e / m, f = e % m, l = f / R, r = f % R;
+        const float* on = b.on + tt * LP + l * P;
+        const float* off = b.off + tt * LP + l * P;
+        float v = 1.f;
+        for (int p = 0; p < P; ++p) v *= ((r >> (P - 1 - p)) & 1) ? on[p] : off[p];
+        PH[tt * b.mp + f] = v;
+    }
+    __syncthreads();
+}
+
+// Load the nt input rows of X at row0 into xr and featurise them.
+__device__ void blk_featurise(const in_t* X, long long row0, int nt, const Blk& b, int d, int L, int P, float beta,
+                              float* U, float* PH) {
+    blk_rows_in(X, row0, nt, d, b.xr, b.xs);
+    __syncthreads();
+    blk_features(b, d, L, P, beta, nt, U, PH);
+}
+
+// Through each row's softmaxes: from φ (PH, stride mp), its gradient (GPH, stride gs) and
+// u (U), dz = ∂ℓ/∂z into dz, and each row's ∂ℓ/∂β into dot. Ends synchronised.
+__device__ void blk_table_backward(const Blk& b, int L, int P, float beta, int nt, const float* U, const float* PH,
+                                   const float* GPH, int gs) {
+    const int LP = L * P, R = 1 << P;
+    for (int e = threadIdx.x; e < nt * LP; e += blockDim.x) {
+        const int tt = e / LP, lp = e % LP, l = lp / P, p = lp % P;
+        const float* ph = PH + tt * b.mp + l * R;
+        const float* gp = GPH + tt * gs + l * R;
+        float gbar = 0.f;
+        for (int r = 0; r < R; ++r) gbar = fmaf(ph[r], gp[r], gbar);
+        float cc = 0.f;
+        for (int r = 0; r < R; ++r) {
+            const float t = ph[r] * (gp[r] - gbar);
+            cc += ((r >> (P - 1 - p)) & 1) ? t : -t;
+        }
+        const float u = U[e];
+        b.dz[e] = beta * cc * (1.f - u * u);
+        b.db[e] = u * cc;
+    }
+    __syncthreads();
+    for (int t = threadIdx.x; t < nt; t += blockDim.x) {
+        float s = 0.f;
+        for (int lp = 0; lp < LP; ++lp) s += b.db[t * LP + lp];
+        b.dot[t] = s;
+    }
+    __syncthreads();
+}
+
+// dx = dz W for the tile's rows, straight to global memory (dst row stride d); and each
+// row's ∂ℓ/∂β from dot into DB.
+__device__ void blk_dx(const Blk& b, int LP, int d, int nt, float* dst, float* DB) {
+    for (int c0 = 0; c0 < d; c0 += 32 * TC) {
+        const int nc = min(32 * TC, d - c0);
+        float acc[TM][TC];
+        tile_zero(acc);
+        tile_mma(acc, b.dz, LP, 1, b.W + c0, d, 1, nt, nc, LP);
+        tile_store(acc, 1.f, dst + c0, d, nt, nc);
+    }
+    for (int t = threadIdx.x; t < nt; t += blockDim.x) DB[t] = b.dot[t];
+}
+
+// Common preamble: shapes, this block's chunk [t0, t1) of head h, the buffers, the planes in
+// shared memory, and (`state` ≥ 0) the starting state: 1 the head's total (non-causal), 2
+// this chunk's base (causal).
+#define BLK_CHUNK(causal, state, bases)                                                        \
+    extern __shared__ float sh[];                                                              \
+    const int R = 1 << P, m = L * R, w = dv + 1, LP = L * P;                                   \
+    const int h = blockIdx.y, c = blockIdx.x, nch = gridDim.x;                                 \
+    const int t0 = c * chunk, t1 = min(n, t0 + chunk);                                         \
+    const Blk b = blk_carve(sh, d, LP, m, w, causal);                                          \
+    for (int e = threadIdx.x; e < LP * d; e += blockDim.x) b.W[e] = W[e];                      \
+    if (state) {                                                                               \
+        const float* src = bases + (state == 2 ? (long long)h * nch + c : (long long)h) * m * w; \
+        for (int e = threadIdx.x; e < m * w; e += blockDim.x) b.st[e] = src[e];                \
+    }                                                                                          \
+    __syncthreads();                                                                           \
+    (void)R;
+
+// Chunk totals. mode 0: Σ φ(k_t)[v_t, 1]; mode 1: Σ φ(q_t) ĝ_t / L. Same output as
+// race_partial: out [heads, nch, m*w]. The totals stay in registers.
+extern "C" __global__ void race_partial_tile(const in_t* X, const in_t* V, const float* G, const float* O,
+                                             const float* DEN, const float* W, float* out, int n, int d, int dv,
+                                             int L, int P, float beta, int chunk, int mode) {
+    const float* bases = nullptr;
+    BLK_CHUNK(0, 0, bases)
+    float acc[TM][TC];
+    tile_zero(acc);
     for (int b0 = t0; b0 < t1; b0 += TILE) {
         const int nt = min(TILE, t1 - b0);
-        for (int tt = warp * (TILE / 8); tt < (warp + 1) * (TILE / 8) && tt < nt; ++tt) {
-            const long long row = (long long)h * n + b0 + tt;
-            if (b0 + TILE + tt < t1) {
-                prefetch_token(Q, nullptr, nullptr, nullptr, row + TILE, d, dv);
-                prefetch_token(K, V, nullptr, nullptr, row + TILE, d, dv);
-            }
-            warp_y(V + row * dv, dv, ct.y + tt * w);
-            feat_to(K + row * d, W, d, L, P, beta, s, ct.phk + tt * mp, nullptr);
-            feat_to(Q + row * d, W, d, L, P, beta, s, ct.phq + tt * mp, nullptr);
-        }
+        const long long row0 = (long long)h * n + b0;
+        if (mode == 0) blk_y(V, row0, nt, dv, b.y, w);
+        else blk_gext(G, O, DEN, row0, nt, dv, 1.f / (float)L, b, b.y, w);
+        blk_featurise(X, row0, nt, b, d, L, P, beta, b.uq, b.phq);
+        tile_mma(acc, b.phq, 1, b.mp, b.y, w, 1, m, w, nt);  // acc[f][c] += Σ_t φ[t][f] y[t][c]
         __syncthreads();
-        {  // a[t][s] = φq_t·φk_s for s ≤ t
-            float acc[TM][TC];
-            tile_zero(acc);
-            tile_mma(acc, ct.phq, mp, 1, ct.phk, 1, mp, nt, nt, m);
-            tile_store_masked(acc, 1.f, ct.a, tp, nt, nt, false);
-        }
+    }
+    tile_store(acc, 1.f, out + ((long long)h * nch + c) * m * w, w, m, w);
+}
+
+// o rows = res[t][:dv] / res[t][dv] from xr (stride w); DEN = res[t][dv] / L.
+__device__ void blk_normalise(const Blk& b, long long row0, int nt, int dv, int L, float* O, float* DEN) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, w = dv + 1;
+    for (int t = warp; t < nt; t += 8) {
+        const float* r = b.xr + t * w;
+        const float den = r[dv];
+        for (int cc = lane; cc < dv; cc += 32) O[(row0 + t) * dv + cc] = den == 0.f ? 0.f : r[cc] / den;
+        if (lane == 0) DEN[row0 + t] = den / (float)L;
+    }
+}
+
+// Non-causal forward: o_t = Σ_f φ_f(q_t) S_f / den with S the head's total.
+extern "C" __global__ void race_fwd_tile(const in_t* Q, const float* W, const float* bases, float* O, float* DEN,
+                                         int n, int d, int dv, int L, int P, float beta, int chunk) {
+    BLK_CHUNK(0, 1, bases)
+    for (int b0 = t0; b0 < t1; b0 += TILE) {
+        const int nt = min(TILE, t1 - b0);
+        const long long row0 = (long long)h * n + b0;
+        blk_featurise(Q, row0, nt, b, d, L, P, beta, b.uq, b.phq);
+        float acc[TM][TC];
+        tile_zero(acc);
+        tile_mma(acc, b.phq, b.mp, 1, b.st, w, 1, nt, w, m);  // res[t][c] = Σ_f φ[t][f] S[f][c]
+        tile_store(acc, 1.f, b.xr, w, nt, w);
         __syncthreads();
-        {  // res[t][c] = Σ_f φq[t][f] S[f][c] + Σ_s a[t][s] y[s][c]
-            float acc[TM][TC];
-            tile_zero(acc);
-            tile_mma(acc, ct.phq, mp, 1, ct.st, w, 1, nt, w, m);
-            tile_mma(acc, ct.a, tp, 1, ct.y, w, 1, nt, w, nt);
-            tile_store(acc, 1.f, ct.res, w, nt, w);
-        }
-        __syncthreads();
-        state_update(ct.st, ct.phk, mp, ct.y, w, m, w, nt);
-        for (int tt = warp * (TILE / 8); tt < (warp + 1) * (TILE / 8) && tt < nt; ++tt) {
-            const long long row = (long long)h * n + b0 + tt;
-            const float* r = ct.res + tt * w;
-            const float den = r[dv];
-            for (int cc = lane; cc < dv; cc += 32) O[row * dv + cc] = den == 0.f ? 0.f : r[cc] / den;
-            if (lane == 0) DEN[row] = den / (float)L;
-        }
+        blk_normalise(b, row0, nt, dv, L, O, DEN);
         __syncthreads();
     }
 }
 
-// ĝ_t / L into dst (the causal tiled backward folds the 1/L of ∂ℓ/∂φ into ĝ).
-__device__ void warp_gext_scaled(const float* g, const float* o, float den, int dv, float invL, float* dst) {
-    warp_gext(g, o, den, dv, dst);
-    for (int c = threadIdx.x & 31; c <= dv; c += 32) dst[c] *= invL;
-    __syncwarp();
+// Non-causal query gradients: ∂ℓ/∂φ(q_t) = S ĝ_t / L.
+extern "C" __global__ void race_bwd_q_tile(const in_t* Q, const float* W, const float* bases, const float* O,
+                                           const float* G, const float* DEN, float* DQ, float* DBQ, int n, int d,
+                                           int dv, int L, int P, float beta, int chunk) {
+    BLK_CHUNK(0, 1, bases)
+    for (int b0 = t0; b0 < t1; b0 += TILE) {
+        const int nt = min(TILE, t1 - b0);
+        const long long row0 = (long long)h * n + b0;
+        blk_gext(G, O, DEN, row0, nt, dv, 1.f / (float)L, b, b.y, w);
+        blk_featurise(Q, row0, nt, b, d, L, P, beta, b.uq, b.phq);
+        float acc[TM][TC];
+        tile_zero(acc);
+        tile_mma(acc, b.y, w, 1, b.st, 1, w, nt, m, w);  // gφ[t][f] = Σ_c ĝ[t][c] S[f][c] / L
+        tile_store(acc, 1.f, b.xr, m, nt, m);
+        __syncthreads();
+        blk_table_backward(b, L, P, beta, nt, b.uq, b.phq, b.xr, m);
+        blk_dx(b, LP, d, nt, DQ + row0 * d, DBQ + row0);
+        __syncthreads();
+    }
 }
 
-// Causal query gradients, tiled: ∂ℓ/∂φ(q_t) = (S_base ĝ_t + Σ_{s ≤ t in tile} φk_s (y_s·ĝ_t)) / L.
+// Non-causal key gradients: with D the head's Σ_t φ(q_t) ĝ_t / L,
+// ∂ℓ/∂φ(k_t) = D [v_t, 1] and ∂ℓ/∂v_t = Σ_f φ_f(k_t) D_f[:dv].
+extern "C" __global__ void race_bwd_k_tile(const in_t* K, const in_t* V, const float* W, const float* dbases,
+                                           float* DK, float* DV, float* DBK, int n, int d, int dv, int L, int P,
+                                           float beta, int chunk) {
+    BLK_CHUNK(0, 1, dbases)
+    for (int b0 = t0; b0 < t1; b0 += TILE) {
+        const int nt = min(TILE, t1 - b0);
+        const long long row0 = (long long)h * n + b0;
+        blk_y(V, row0, nt, dv, b.y, w);
+        blk_featurise(K, row0, nt, b, d, L, P, beta, b.uq, b.phq);
+        float acc[TM][TC];
+        tile_zero(acc);
+        tile_mma(acc, b.phq, b.mp, 1, b.st, w, 1, nt, dv, m);  // dv[t][c] = Σ_f φ[t][f] D[f][c]
+        tile_store(acc, 1.f, DV + row0 * dv, dv, nt, dv);
+        tile_zero(acc);
+        tile_mma(acc, b.y, w, 1, b.st, 1, w, nt, m, w);  // gφ[t][f] = Σ_c y[t][c] D[f][c]
+        tile_store(acc, 1.f, b.xr, m, nt, m);
+        __syncthreads();
+        blk_table_backward(b, L, P, beta, nt, b.uq, b.phq, b.xr, m);
+        blk_dx(b, LP, d, nt, DK + row0 * d, DBK + row0);
+        __syncthreads();
+    }
+}
+
+// Causal forward: o_t = (φq_t S_base + Σ_{s ≤ t in tile} (φq_t·φk_s) [v_s, 1]) / den.
+extern "C" __global__ void race_fwd_tile_causal(const in_t* Q, const in_t* K, const in_t* V, const float* W,
+                                                const float* bases, float* O, float* DEN, int n, int d, int dv, int L,
+                                                int P, float beta, int chunk) {
+    BLK_CHUNK(1, 2, bases)
+    for (int b0 = t0; b0 < t1; b0 += TILE) {
+        const int nt = min(TILE, t1 - b0);
+        const long long row0 = (long long)h * n + b0;
+        blk_y(V, row0, nt, dv, b.y, w);
+        blk_featurise(K, row0, nt, b, d, L, P, beta, b.uk, b.phk);
+        blk_featurise(Q, row0, nt, b, d, L, P, beta, b.uq, b.phq);
+        float acc[TM][TC];
+        tile_zero(acc);
+        tile_mma(acc, b.phq, b.mp, 1, b.phk, 1, b.mp, nt, nt, m);  // a[t][s] = φq_t·φk_s, s ≤ t
+        tile_store_masked(acc, b.a, b.tp, nt, nt, false);
+        __syncthreads();
+        tile_zero(acc);
+        tile_mma(acc, b.phq, b.mp, 1, b.st, w, 1, nt, w, m);  // res = φq S + a y
+        tile_mma(acc, b.a, b.tp, 1, b.y, w, 1, nt, w, nt);
+        tile_store(acc, 1.f, b.xr, w, nt, w);
+        __syncthreads();
+        state_update(b.st, b.phk, b.mp, b.y, w, m, w, nt);
+        blk_normalise(b, row0, nt, dv, L, O, DEN);
+        __syncthreads();
+    }
+}
+
+// Causal query gradients: ∂ℓ/∂φ(q_t) = (S_base ĝ_t + Σ_{s ≤ t in tile} φk_s (y_s·ĝ_t)) / L.
 extern "C" __global__ void race_bwd_q_tile_causal(const in_t* Q, const in_t* K, const in_t* V, const float* W,
                                                   const float* bases, const float* O, const float* G,
                                                   const float* DEN, float* DQ, float* DBQ, int n, int d, int dv,
                                                   int L, int P, float beta, int chunk) {
-    TILE_CAUSAL
-    const float invL = 1.f / (float)L;
+    BLK_CHUNK(1, 2, bases)
     for (int b0 = t0; b0 < t1; b0 += TILE) {
         const int nt = min(TILE, t1 - b0);
-        for (int tt = warp * (TILE / 8); tt < (warp + 1) * (TILE / 8) && tt < nt; ++tt) {
-            const long long row = (long long)h * n + b0 + tt;
-            if (b0 + TILE + tt < t1) {
-                prefetch_token(Q, nullptr, G, O, row + TILE, d, dv);
-                prefetch_token(K, V, nullptr, nullptr, row + TILE, d, dv);
-            }
-            warp_y(V + row * dv, dv, ct.y + tt * w);
-            warp_gext_scaled(G + row * dv, O + row * dv, DEN[row], dv, invL, ct.g + tt * w);
-            feat_to(K + row * d, W, d, L, P, beta, s, ct.phk + tt * mp, nullptr);
-            feat_to(Q + row * d, W, d, L, P, beta, s, ct.phq + tt * mp, ct.uq + tt * LP);
-        }
+        const long long row0 = (long long)h * n + b0;
+        blk_y(V, row0, nt, dv, b.y, w);
+        blk_gext(G, O, DEN, row0, nt, dv, 1.f / (float)L, b, b.g, w);
+        blk_featurise(K, row0, nt, b, d, L, P, beta, b.uk, b.phk);
+        blk_featurise(Q, row0, nt, b, d, L, P, beta, b.uq, b.phq);
+        float acc[TM][TC];
+        tile_zero(acc);
+        tile_mma(acc, b.g, w, 1, b.y, 1, w, nt, nt, w);  // a[t][s] = ĝ_t·y_s / L, s ≤ t
+        tile_store_masked(acc, b.a, b.tp, nt, nt, false);
         __syncthreads();
-        {  // a[t][s] = ĝ_t·y_s for s ≤ t
-            float acc[TM][TC];
-            tile_zero(acc);
-            tile_mma(acc, ct.g, w, 1, ct.y, 1, w, nt, nt, w);
-            tile_store_masked(acc, 1.f, ct.a, tp, nt, nt, false);
-        }
+        tile_zero(acc);
+        tile_mma(acc, b.g, w, 1, b.st, 1, w, nt, m, w);  // gφ = ĝ Sᵀ + a φk
+        tile_mma(acc, b.a, b.tp, 1, b.phk, b.mp, 1, nt, m, nt);
+        tile_store(acc, 1.f, b.xr, m, nt, m);
         __syncthreads();
-        {  // res[t][f] = Σ_c ĝ[t][c] S[f][c] + Σ_s a[t][s] φk[s][f]
-            float acc[TM][TC];
-            tile_zero(acc);
-            tile_mma(acc, ct.g, w, 1, ct.st, 1, w, nt, m, w);
-            tile_mma(acc, ct.a, tp, 1, ct.phk, mp, 1, nt, m, nt);
-            tile_store(acc, 1.f, ct.res, m, nt, m);
-        }
-        __syncthreads();
-        state_update(ct.st, ct.phk, mp, ct.y, w, m, w, nt);
-        for (int tt = warp * (TILE / 8); tt < (warp + 1) * (TILE / 8) && tt < nt; ++tt) {
-            const long long row = (long long)h * n + b0 + tt;
-            const float db = warp_table_backward(L, P, beta, ct.uq + tt * LP, ct.phq + tt * mp, ct.res + tt * m, s);
-            warp_dx(W, s.dz, LP, d, DQ + row * d);
-            if (lane == 0) DBQ[row] = db;
-            __syncwarp();
-        }
+        state_update(b.st, b.phk, b.mp, b.y, w, m, w, nt);
+        blk_table_backward(b, L, P, beta, nt, b.uq, b.phq, b.xr, m);
+        blk_dx(b, LP, d, nt, DQ + row0 * d, DBQ + row0);
         __syncthreads();
     }
 }
 
-// Causal key gradients, tiled, tiles last to first; D = the suffix state Σ_{t later} φq_t ĝ_tᵀ/L:
+// Causal key gradients, tiles last to first; D = the suffix state Σ_{t later} φq_t ĝ_tᵀ/L:
 // ∂ℓ/∂φ(k_s) = D_base [v_s, 1] + Σ_{t ≥ s in tile} φq_t (ĝ_t·[v_s, 1]) / L,
 // ∂ℓ/∂v_s = D_base[:, :dv]ᵀ φk_s + Σ_{t ≥ s in tile} (φk_s·φq_t) ĝ_t[:dv] / L.
 extern "C" __global__ void race_bwd_k_tile_causal(const in_t* Q, const in_t* K, const in_t* V, const float* W,
-                                                  const float* bases, const float* O, const float* G,
+                                                  const float* dbases, const float* O, const float* G,
                                                   const float* DEN, float* DK, float* DV, float* DBK, int n, int d,
                                                   int dv, int L, int P, float beta, int chunk) {
-    TILE_CAUSAL
-    const float invL = 1.f / (float)L;
+    BLK_CHUNK(1, 2, dbases)
     const int ntiles = (t1 - t0 + TILE - 1) / TILE;
     for (int ti = ntiles - 1; ti >= 0; --ti) {
         const int b0 = t0 + ti * TILE, nt = min(TILE, t1 - b0);
-        for (int tt = warp * (TILE / 8); tt < (warp + 1) * (TILE / 8) && tt < nt; ++tt) {
-            const long long row = (long long)h * n + b0 + tt;
-            if (ti > 0) {
-                prefetch_token(Q, nullptr, G, O, row - TILE, d, dv);
-                prefetch_token(K, V, nullptr, nullptr, row - TILE, d, dv);
-            }
-            warp_y(V + row * dv, dv, ct.y + tt * w);
-            warp_gext_scaled(G + row * dv, O + row * dv, DEN[row], dv, invL, ct.g + tt * w);
-            feat_to(K + row * d, W, d, L, P, beta, s, ct.phk + tt * mp, ct.uk + tt * LP);
-            feat_to(Q + row * d, W, d, L, P, beta, s, ct.phq + tt * mp, nullptr);
-        }
+        const long long row0 = (long long)h * n + b0;
+        blk_y(V, row0, nt, dv, b.y, w);
+        blk_gext(G, O, DEN, row0, nt, dv, 1.f / (float)L, b, b.g, w);
+        blk_featurise(K, row0, nt, b, d, L, P, beta, b.uk, b.phk);
+        blk_featurise(Q, row0, nt, b, d, L, P, beta, b.uq, b.phq);
+        float acc[TM][TC];
+        tile_zero(acc);
+        tile_mma(acc, b.y, w, 1, b.g, 1, w, nt, nt, w);  // a[s][t] = y_s·ĝ_t / L, t ≥ s
+        tile_store_masked(acc, b.a, b.tp, nt, nt, true);
+        tile_zero(acc);
+        tile_mma(acc, b.phk, b.mp, 1, b.phq, 1, b.mp, nt, nt, m);  // a2[s][t] = φk_s·φq_t, t ≥ s
+        tile_store_masked(acc, b.a2, b.tp, nt, nt, true);
         __syncthreads();
-        {  // a[s][t] = y_s·ĝ_t, a2[s][t] = φk_s·φq_t, for t ≥ s
-            float acc[TM][TC];
-            tile_zero(acc);
-            tile_mma(acc, ct.y, w, 1, ct.g, 1, w, nt, nt, w);
-            tile_store_masked(acc, 1.f, ct.a, tp, nt, nt, true);
-            tile_zero(acc);
-            tile_mma(acc, ct.phk, mp, 1, ct.phq, 1, mp, nt, nt, m);
-            tile_store_masked(acc, 1.f, ct.a2, tp, nt, nt, true);
-        }
+        tile_zero(acc);
+        tile_mma(acc, b.y, w, 1, b.st, 1, w, nt, m, w);  // gφ = y Dᵀ + a φq
+        tile_mma(acc, b.a, b.tp, 1, b.phq, b.mp, 1, nt, m, nt);
+        tile_store(acc, 1.f, b.xr, m, nt, m);
+        tile_zero(acc);
+        tile_mma(acc, b.phk, b.mp, 1, b.st, w, 1, nt, dv, m);  // dv = φk D + a2 ĝ
+        tile_mma(acc, b.a2, b.tp, 1, b.g, w, 1, nt, dv, nt);
+        tile_store(acc, 1.f, DV + row0 * dv, dv, nt, dv);
         __syncthreads();
-        {  // res[s][f] = Σ_c y[s][c] D[f][c] + Σ_t a[s][t] φq[t][f]
-            float acc[TM][TC];
-            tile_zero(acc);
-            tile_mma(acc, ct.y, w, 1, ct.st, 1, w, nt, m, w);
-            tile_mma(acc, ct.a, tp, 1, ct.phq, mp, 1, nt, m, nt);
-            tile_store(acc, 1.f, ct.res, m, nt, m);
-        }
-        {  // dv[s][c] = Σ_f φk[s][f] D[f][c] + Σ_t a2[s][t] ĝ[t][c], c < dv: to global memory
-            float acc[TM][TC];
-            tile_zero(acc);
-            tile_mma(acc, ct.phk, mp, 1, ct.st, w, 1, nt, dv, m);
-            tile_mma(acc, ct.a2, tp, 1, ct.g, w, 1, nt, dv, nt);
-            tile_store(acc, 1.f, DV + ((long long)h * n + b0) * dv, dv, nt, dv);
-        }
-        __syncthreads();
-        state_update(ct.st, ct.phq, mp, ct.g, w, m, w, nt);
-        for (int tt = warp * (TILE / 8); tt < (warp + 1) * (TILE / 8) && tt < nt; ++tt) {
-            const long long row = (long long)h * n + b0 + tt;
-            const float db = warp_table_backward(L, P, beta, ct.uk + tt * LP, ct.phk + tt * mp, ct.res + tt * m, s);
-            warp_dx(W, s.dz, LP, d, DK + row * d);
-            if (lane == 0) DBK[row] = db;
-            __syncwarp();
-        }
+        state_update(b.st, b.phq, b.mp, b.g, w, m, w, nt);
+        blk_table_backward(b, L, P, beta, nt, b.uk, b.phk, b.xr, m);
+        blk_dx(b, LP, d, nt, DK + row0 * d, DBK + row0);
         __syncthreads();
     }
 }
