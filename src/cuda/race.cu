@@ -36,13 +36,17 @@ __device__ __forceinline__ float ld(const in_t* p, long long i) { return p[i]; }
 #endif
 
 // Ask L2 for a row a few tokens on (one 128-byte line per lane); never dereferenced.
-__device__ __forceinline__ void prefetch_row(const void* row, int bytes) {
+__device__ __forceinline__ void prefetch_line(const void* p) {
 #if defined(__CUDA_ARCH__) && AHEAD > 0
-    const int off = (threadIdx.x & 31) * 128;
-    if (off < bytes) asm volatile("prefetch.global.L2 [%0];" ::"l"((const char*)row + off));
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 #else
-    (void)row; (void)bytes;
+    (void)p;
 #endif
+}
+
+__device__ __forceinline__ void prefetch_row(const void* row, int bytes) {
+    const int off = (threadIdx.x & 31) * 128;
+    if (off < bytes) prefetch_line((const char*)row + off);
 }
 
 // Prefetch token `row`'s input row of x (d wide) and, where given, its v or g/o rows.
@@ -610,6 +614,25 @@ __device__ void blk_rows_f(const float* src, long long row0, int nt, int cols, f
         for (int c = lane; c < cols; c += 32) dst[t * ds + c] = src[(row0 + t) * cols + c];
 }
 
+// Ask L2 for rows row0..row0+nt of a [*, cols] input of `esize`-byte elements (one 128-byte
+// line per thread), so the next tile's loads find them on chip.
+__device__ __forceinline__ void blk_prefetch(const void* src, long long row0, int nt, int cols, int esize) {
+    const long long bytes = (long long)nt * cols * esize;
+    const char* base = (const char*)src + row0 * cols * esize;
+    for (long long off = (long long)threadIdx.x * 128; off < bytes; off += (long long)blockDim.x * 128)
+        prefetch_line(base + off);
+}
+
+// Prefetch the next tile's rows of up to four inputs (null ones skipped).
+__device__ __forceinline__ void blk_prefetch_tile(long long row0, int nt, const in_t* X, int d, const in_t* V,
+                                                  const float* G, const float* O, int dv) {
+    if (nt <= 0) return;
+    if (X) blk_prefetch(X, row0, nt, d, (int)sizeof(in_t));
+    if (V) blk_prefetch(V, row0, nt, dv, (int)sizeof(in_t));
+    if (G) blk_prefetch(G, row0, nt, dv, 4);
+    if (O) blk_prefetch(O, row0, nt, dv, 4);
+}
+
 // y = [v, 1] rows into dst (stride ds); the caller synchronises.
 __device__ void blk_y(const in_t* V, long long row0, int nt, int dv, float* dst, int ds) {
     blk_rows_in(V, row0, nt, dv, dst, ds);
@@ -762,6 +785,9 @@ extern "C" __global__ void race_partial_tile(const in_t* X, const in_t* V, const
     for (int b0 = t0; b0 < t1; b0 += TILE) {
         const int nt = min(TILE, t1 - b0);
         const long long row0 = (long long)h * n + b0;
+        const int nn = min(TILE, t1 - b0 - TILE);
+        if (mode == 0) blk_prefetch_tile(row0 + TILE, nn, X, d, V, nullptr, nullptr, dv);
+        else blk_prefetch_tile(row0 + TILE, nn, X, d, nullptr, G, O, dv);
         if (mode == 0) blk_y(V, row0, nt, dv, b.y, w);
         else blk_gext(G, O, DEN, row0, nt, dv, 1.f / (float)L, b, b.y, w);
         blk_featurise(X, row0, nt, b, d, L, P, beta, b.uq, b.phq);
@@ -789,6 +815,7 @@ extern "C" __global__ void race_fwd_tile(const in_t* Q, const float* W, const fl
     for (int b0 = t0; b0 < t1; b0 += TILE) {
         const int nt = min(TILE, t1 - b0);
         const long long row0 = (long long)h * n + b0;
+        blk_prefetch_tile(row0 + TILE, min(TILE, t1 - b0 - TILE), Q, d, nullptr, nullptr, nullptr, dv);
         blk_featurise(Q, row0, nt, b, d, L, P, beta, b.uq, b.phq);
         float acc[TM][TC];
         tile_zero(acc);
@@ -808,6 +835,7 @@ extern "C" __global__ void race_bwd_q_tile(const in_t* Q, const float* W, const 
     for (int b0 = t0; b0 < t1; b0 += TILE) {
         const int nt = min(TILE, t1 - b0);
         const long long row0 = (long long)h * n + b0;
+        blk_prefetch_tile(row0 + TILE, min(TILE, t1 - b0 - TILE), Q, d, nullptr, G, O, dv);
         blk_gext(G, O, DEN, row0, nt, dv, 1.f / (float)L, b, b.y, w);
         blk_featurise(Q, row0, nt, b, d, L, P, beta, b.uq, b.phq);
         float acc[TM][TC];
@@ -830,6 +858,7 @@ extern "C" __global__ void race_bwd_k_tile(const in_t* K, const in_t* V, const f
     for (int b0 = t0; b0 < t1; b0 += TILE) {
         const int nt = min(TILE, t1 - b0);
         const long long row0 = (long long)h * n + b0;
+        blk_prefetch_tile(row0 + TILE, min(TILE, t1 - b0 - TILE), K, d, V, nullptr, nullptr, dv);
         blk_y(V, row0, nt, dv, b.y, w);
         blk_featurise(K, row0, nt, b, d, L, P, beta, b.uq, b.phq);
         float acc[TM][TC];
@@ -854,6 +883,9 @@ extern "C" __global__ void race_fwd_tile_causal(const in_t* Q, const in_t* K, co
     for (int b0 = t0; b0 < t1; b0 += TILE) {
         const int nt = min(TILE, t1 - b0);
         const long long row0 = (long long)h * n + b0;
+        const int nn = min(TILE, t1 - b0 - TILE);
+        blk_prefetch_tile(row0 + TILE, nn, K, d, V, nullptr, nullptr, dv);
+        blk_prefetch_tile(row0 + TILE, nn, Q, d, nullptr, nullptr, nullptr, dv);
         blk_y(V, row0, nt, dv, b.y, w);
         blk_featurise(K, row0, nt, b, d, L, P, beta, b.uk, b.phk);
         blk_featurise(Q, row0, nt, b, d, L, P, beta, b.uq, b.phq);
@@ -882,6 +914,9 @@ extern "C" __global__ void race_bwd_q_tile_causal(const in_t* Q, const in_t* K, 
     for (int b0 = t0; b0 < t1; b0 += TILE) {
         const int nt = min(TILE, t1 - b0);
         const long long row0 = (long long)h * n + b0;
+        const int nn = min(TILE, t1 - b0 - TILE);
+        blk_prefetch_tile(row0 + TILE, nn, K, d, V, nullptr, nullptr, dv);
+        blk_prefetch_tile(row0 + TILE, nn, Q, d, nullptr, G, O, dv);
         blk_y(V, row0, nt, dv, b.y, w);
         blk_gext(G, O, DEN, row0, nt, dv, 1.f / (float)L, b, b.g, w);
         blk_featurise(K, row0, nt, b, d, L, P, beta, b.uk, b.phk);
@@ -915,6 +950,10 @@ extern "C" __global__ void race_bwd_k_tile_causal(const in_t* Q, const in_t* K, 
     for (int ti = ntiles - 1; ti >= 0; --ti) {
         const int b0 = t0 + ti * TILE, nt = min(TILE, t1 - b0);
         const long long row0 = (long long)h * n + b0;
+        if (ti > 0) {  // the previous tile is always full
+            blk_prefetch_tile(row0 - TILE, TILE, K, d, V, nullptr, nullptr, dv);
+            blk_prefetch_tile(row0 - TILE, TILE, Q, d, nullptr, G, O, dv);
+        }
         blk_y(V, row0, nt, dv, b.y, w);
         blk_gext(G, O, DEN, row0, nt, dv, 1.f / (float)L, b, b.g, w);
         blk_featurise(K, row0, nt, b, d, L, P, beta, b.uk, b.phk);
