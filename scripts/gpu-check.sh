@@ -68,6 +68,8 @@ if [ -n "${RACELAB_PREBUILT:-}" ]; then
       "$RACELAB_PREBUILT/$f.xz" "$bin/$f" && chmod +x "$bin/$f"
   done
   log "prebuilt binaries from revision $(cat "$RACELAB_PREBUILT/REV" 2>/dev/null || echo unknown)"
+  # Their outputs record that revision, not whatever the copied .git says.
+  export RACELAB_BUILD_REV="$(cat "$RACELAB_PREBUILT/REV" 2>/dev/null)"
   RACELAB_PREBUILT=$bin
   racelab="$RACELAB_PREBUILT/racelab"
   cudatest=("$RACELAB_PREBUILT/cuda-test")

@@ -43,20 +43,32 @@ impl Provenance {
             .and_then(|l| l.split_whitespace().nth(1))
             .and_then(|s| s.parse().ok())
             .unwrap_or(0.0);
+        // A binary carried to another machine (scripts/gpu-check.sh --prebuild) states its build
+        // revision in RACELAB_BUILD_REV ("<rev>" or "<rev>+dirty"): the checkout there, if
+        // any, need not be the one it was built from.
+        let (git_revision, git_dirty) = match std::env::var("RACELAB_BUILD_REV") {
+            Ok(r) if !r.trim().is_empty() => {
+                let r = r.trim();
+                (r.trim_end_matches("+dirty").to_string(), r.ends_with("+dirty"))
+            }
+            _ => (
+                git(&["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".into()),
+                // Outputs under figures/ are what a run writes; they do not make the code dirty.
+                git(&[
+                    "status",
+                    "--porcelain",
+                    "--untracked-files=no",
+                    "--",
+                    ".",
+                    ":!figures",
+                ])
+                .map(|s| !s.is_empty())
+                .unwrap_or(false),
+            ),
+        };
         Provenance {
-            git_revision: git(&["rev-parse", "--short=12", "HEAD"])
-                .unwrap_or_else(|| "unknown".into()),
-            // Outputs under figures/ are what a run writes; they do not make the code dirty.
-            git_dirty: git(&[
-                "status",
-                "--porcelain",
-                "--untracked-files=no",
-                "--",
-                ".",
-                ":!figures",
-            ])
-            .map(|s| !s.is_empty())
-            .unwrap_or(false),
+            git_revision,
+            git_dirty,
             cpu,
             cores: std::thread::available_parallelism()
                 .map(|n| n.get())
