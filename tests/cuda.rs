@@ -215,8 +215,17 @@ fn emulate(
     );
     let (inp, out) = (dir.join(format!("in-{tag}")), dir.join(format!("out-{tag}")));
     std::fs::write(&inp, &buf).unwrap();
-    let st = std::process::Command::new(&bin).arg(&inp).arg(&out).status().unwrap();
-    assert!(st.success(), "emulated run failed: {st}");
+    let run = std::process::Command::new(&bin)
+        .arg(&inp)
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "emulated run failed ({}): {}",
+        run.status,
+        String::from_utf8_lossy(&run.stderr)
+    );
     let raw = std::fs::read(&out).unwrap();
     let mut at = 0;
     let mut take = |len: usize| -> Vec<f32> {

@@ -3,7 +3,13 @@
 // Reads one problem from argv[1], writes o, den, dq, dk, dv (f32) and dbeta (f64) to argv[2].
 // Output buffers start as NaN, so an element no kernel wrote shows up.
 
-static std::vector<float> nans(size_t n) { return std::vector<float>(n, std::numeric_limits<float>::quiet_NaN()); }
+// A device buffer of n floats: NaN (so an element no kernel writes shows up), then a guard zone.
+static std::vector<float> nans(size_t n) {
+    std::vector<float> v(n + GUARD, std::numeric_limits<float>::quiet_NaN());
+    guard_fill(v.data() + n);
+    return v;
+}
+#define CHECK_GUARD(v, n) guard_check((v).data() + (n), #v)
 
 int main(int argc, char** argv) {
     if (argc != 3) return 2;
@@ -30,6 +36,15 @@ int main(int argc, char** argv) {
               std::fread(V.data(), sizeof(in_t), nv, f) == nv && std::fread(G.data(), 4, nv, f) == nv;
     std::fclose(f);
     if (!ok) return 2;
+    // NaN past the end of every input: a read beyond it shows up in the results.
+#ifdef RACE_BF16
+    const in_t nan_in = 0x7fc0;
+#else
+    const in_t nan_in = std::numeric_limits<float>::quiet_NaN();
+#endif
+    for (auto* x : {&Q, &K, &V}) x->resize(x->size() + GUARD, nan_in);
+    W.resize(W.size() + GUARD, std::numeric_limits<float>::quiet_NaN());
+    G.resize(G.size() + GUARD, std::numeric_limits<float>::quiet_NaN());
 
     // Warp-per-chunk launches, the tiled ones (chunk totals; the non-causal passes) and the
     // tiled causal ones, exactly as device.rs chooses them.
@@ -104,9 +119,21 @@ int main(int argc, char** argv) {
             race_bwd_k(Q.data(), K.data(), V.data(), W.data(), dbases.data(), O.data(), G.data(), DEN.data(), DK.data(),
                        DV.data(), DBK.data(), n, d, dv, L, P, beta, chunk, causal);
         });
+    const size_t nb = causal ? (size_t)heads * nch * mw : (size_t)heads * mw;
+    CHECK_GUARD(partials, (size_t)heads * nch * mw);
+    CHECK_GUARD(partials1, (size_t)heads * nch * mw);
+    CHECK_GUARD(bases, nb);
+    CHECK_GUARD(dbases, nb);
+    CHECK_GUARD(O, nv);
+    CHECK_GUARD(DEN, nt);
+    CHECK_GUARD(DQ, nd);
+    CHECK_GUARD(DK, nd);
+    CHECK_GUARD(DV, nv);
+    CHECK_GUARD(DBQ, nt);
+    CHECK_GUARD(DBK, nt);
     double dbeta = 0.0;
-    for (float x : DBQ) dbeta += x;
-    for (float x : DBK) dbeta += x;
+    for (size_t i = 0; i < nt; ++i) dbeta += DBQ[i];
+    for (size_t i = 0; i < nt; ++i) dbeta += DBK[i];
 
     FILE* o = std::fopen(argv[2], "wb");
     if (!o) return 2;

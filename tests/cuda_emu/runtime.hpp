@@ -123,16 +123,41 @@ inline float __uint_as_float(unsigned u) {
     return f;
 }
 
-// Launch `kernel(args...)` over grid (gx, gy) with `threads` threads and `shared` bytes.
+// Guard zones: GUARD floats with the bit pattern GUARD_BITS after every emulated buffer (shared
+// memory here, the driver's device buffers there). A kernel that writes past the end of a
+// buffer, or a host-side size formula that is too small, changes them and fails the run.
+constexpr size_t GUARD = 256;
+constexpr uint32_t GUARD_BITS = 0x7fa5a5a5u;  // a NaN no arithmetic produces
+
+inline void guard_fill(float* p) {
+    for (size_t i = 0; i < GUARD; ++i) std::memcpy(p + i, &GUARD_BITS, 4);
+}
+
+inline void guard_check(const float* p, const char* what) {
+    for (size_t i = 0; i < GUARD; ++i) {
+        uint32_t b;
+        std::memcpy(&b, p + i, 4);
+        if (b != GUARD_BITS) {
+            std::fprintf(stderr, "emulator: write past the end of %s (guard element %zu)\n", what, i);
+            std::exit(5);
+        }
+    }
+}
+
+// Launch `kernel(args...)` over grid (gx, gy) with `threads` threads and `shared` bytes of
+// dynamic shared memory (NaN-poisoned before every block, guarded after its end).
 template <class F>
 void launch(unsigned gx, unsigned gy, unsigned threads, size_t shared, F kernel) {
     gridDim = {gx, gy, 1};
     blockDim = {threads, 1, 1};
-    std::vector<float> sh(shared / 4 + 1);
+    const size_t nsh = (shared + 3) / 4;
+    std::vector<float> sh(nsh + GUARD);
     for (unsigned by = 0; by < gy; ++by)
         for (unsigned bx = 0; bx < gx; ++bx) {
-            std::fill(sh.begin(), sh.end(), std::numeric_limits<float>::quiet_NaN());
+            std::fill(sh.begin(), sh.begin() + nsh, std::numeric_limits<float>::quiet_NaN());
+            guard_fill(sh.data() + nsh);
             g_shared = sh.data();
             emu::run_block(bx, by, threads, [](void* k) { (*static_cast<F*>(k))(); }, &kernel);
+            guard_check(sh.data() + nsh, "dynamic shared memory (the host's size formula?)");
         }
 }
