@@ -62,6 +62,40 @@ fn no_device_is_a_clear_error_not_a_panic() {
     )
     .unwrap_err();
     assert!(e.to_string().contains("`beta`"), "{e}");
+    // Non-finite inputs, f32 and bf16, are named before the device is touched.
+    let mut bad = x.clone();
+    bad[3] = f32::NAN;
+    let e = cuda::soft_forward(
+        &planes,
+        2.0,
+        GpuInput::F32(&x),
+        GpuInput::F32(&bad),
+        GpuInput::F32(&x),
+        s,
+        false,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&e, RaceError::NonFinite { arg, index: 3, .. } if arg == "k"),
+        "{e}"
+    );
+    let mut badb = to_bf16(&x);
+    badb[5] = to_bf16(&[f32::INFINITY])[0];
+    let xb = to_bf16(&x);
+    let e = cuda::soft_forward(
+        &planes,
+        2.0,
+        GpuInput::Bf16(&xb),
+        GpuInput::Bf16(&xb),
+        GpuInput::Bf16(&badb),
+        s,
+        false,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&e, RaceError::NonFinite { arg, index: 5, .. } if arg == "v"),
+        "{e}"
+    );
 }
 
 #[test]

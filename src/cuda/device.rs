@@ -640,6 +640,7 @@ pub fn soft_backward(
             format!("{} values for [{}, {}, {}]", gr.len(), s.heads, s.n, s.dv),
         ));
     }
+    crate::tensor::check_finite("g", gr)?;
     let g = gpu()?;
     let dm = dims(planes, beta, s)?;
     with_input!(g, planes, q, k, v, |dev, kn| {

@@ -321,7 +321,25 @@ pub fn check_problem(
             ));
         }
     }
+    for (name, x) in [("q", q), ("k", k), ("v", v)] {
+        check_input_finite(name, x)?;
+    }
     geometry(planes.p, planes.l, s).map(|_| ())
+}
+
+/// NaN or ±∞ anywhere in an input is an error naming it (bf16 words: exponent all ones).
+fn check_input_finite(name: &str, x: &GpuInput) -> Result<()> {
+    match x {
+        GpuInput::F32(a) => crate::tensor::check_finite(name, a),
+        GpuInput::Bf16(a) => match a.iter().position(|&b| b & 0x7f80 == 0x7f80) {
+            None => Ok(()),
+            Some(index) => Err(RaceError::NonFinite {
+                arg: name.into(),
+                index,
+                value: from_bf16(&a[index..index + 1])[0] as f64,
+            }),
+        },
+    }
 }
 
 #[cfg(feature = "cuda")]
