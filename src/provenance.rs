@@ -49,7 +49,10 @@ impl Provenance {
         let (git_revision, git_dirty) = match std::env::var("RACELAB_BUILD_REV") {
             Ok(r) if !r.trim().is_empty() => {
                 let r = r.trim();
-                (r.trim_end_matches("+dirty").to_string(), r.ends_with("+dirty"))
+                (
+                    r.trim_end_matches("+dirty").to_string(),
+                    r.ends_with("+dirty"),
+                )
             }
             _ => (
                 git(&["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".into()),

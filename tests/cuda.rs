@@ -169,11 +169,15 @@ fn emulator(bf16: bool) -> std::path::PathBuf {
             .unwrap();
             let bin = dir.join(format!("emu{}", bf16 as u8));
             let mut cmd = std::process::Command::new("g++");
-            cmd.args(["-std=c++17", "-O1", "-w", "-o"]).arg(&bin).arg(&src);
+            cmd.args(["-std=c++17", "-O1", "-w", "-o"])
+                .arg(&bin)
+                .arg(&src);
             if bf16 {
                 cmd.arg("-DRACE_BF16");
             }
-            let o = cmd.output().expect("g++ is needed to build the CUDA emulator");
+            let o = cmd
+                .output()
+                .expect("g++ is needed to build the CUDA emulator");
             assert!(
                 o.status.success(),
                 "race.cu does not build under the CPU emulation:\n{}",
@@ -247,7 +251,10 @@ fn emulate(
         s.n,
         causal as u8 + 2 * bf16 as u8 + 4 * geo.tiled as u8
     );
-    let (inp, out) = (dir.join(format!("in-{tag}")), dir.join(format!("out-{tag}")));
+    let (inp, out) = (
+        dir.join(format!("in-{tag}")),
+        dir.join(format!("out-{tag}")),
+    );
     std::fs::write(&inp, &buf).unwrap();
     let run = std::process::Command::new(&bin)
         .arg(&inp)

@@ -318,9 +318,7 @@ impl Bufs {
             dv: grad(total * dm.dv as usize, "alloc dv")?,
             dbq: grad(total, "alloc dbq")?,
             dbk: grad(total, "alloc dbk")?,
-            dummy: st
-                .alloc_zeros::<f32>(1)
-                .map_err(|e| cuda_err("alloc", e))?,
+            dummy: st.alloc_zeros::<f32>(1).map_err(|e| cuda_err("alloc", e))?,
         })
     }
 }
@@ -401,8 +399,27 @@ fn fwd_dev<T: DeviceRepr>(
 ) -> Result<()> {
     let st = &g.stream;
     let d = &bf.dummy;
-    chunk_totals(g, kn, &dev.k, &dev.v, d, d, d, &dev.w, &mut bf.partials, dm, 0)?;
-    scan_chunks(g, kn, &bf.partials, &mut bf.bases, dm, if causal { 0 } else { 2 })?;
+    chunk_totals(
+        g,
+        kn,
+        &dev.k,
+        &dev.v,
+        d,
+        d,
+        d,
+        &dev.w,
+        &mut bf.partials,
+        dm,
+        0,
+    )?;
+    scan_chunks(
+        g,
+        kn,
+        &bf.partials,
+        &mut bf.bases,
+        dm,
+        if causal { 0 } else { 2 },
+    )?;
     let causal_i = causal as i32;
     if causal && dm.geo.tiled_causal {
         let mut b = st.launch_builder(&kn.fwd_tile_causal);
@@ -517,7 +534,14 @@ fn bwd_dev<T: DeviceRepr>(
         dm,
         1,
     )?;
-    scan_chunks(g, kn, &bf.dpartials, &mut bf.dbases, dm, if causal { 1 } else { 2 })?;
+    scan_chunks(
+        g,
+        kn,
+        &bf.dpartials,
+        &mut bf.dbases,
+        dm,
+        if causal { 1 } else { 2 },
+    )?;
     if tiled_causal {
         let mut b = st.launch_builder(&kn.bwd_k_tile_causal);
         b.arg(&dev.q)
@@ -617,7 +641,10 @@ pub fn soft_forward(
         allow_shared(kn, &dm.geo)?;
         let mut bf = Bufs::new(&g.stream, &dm, false)?;
         fwd_dev(g, kn, &dev, &dm, causal, &mut bf)?;
-        Ok(finish_forward(host(&g.stream, &bf.o)?, host(&g.stream, &bf.den)?))
+        Ok(finish_forward(
+            host(&g.stream, &bf.o)?,
+            host(&g.stream, &bf.den)?,
+        ))
     })
 }
 
@@ -782,7 +809,9 @@ pub fn ceilings() -> Result<DeviceCeilings> {
     }
     let probe = host(st, &out)?;
     if probe.iter().any(|x| !x.is_finite()) {
-        return Err(RaceError::Cuda("the FMA probe produced non-finite values".into()));
+        return Err(RaceError::Cuda(
+            "the FMA probe produced non-finite values".into(),
+        ));
     }
     Ok(DeviceCeilings {
         name,

@@ -131,7 +131,14 @@ pub struct GpuForward {
 /// Floats of dynamic shared memory a block of `warps` warps needs (the layout `carve` makes
 /// in race.cu): each warp's scratch `x [d] | 5 × [L·P] | 2 × [m] | 2 × [dv+1]`, then one
 /// `m × (dv+1)` state per warp (`private_state`) or one for the block.
-pub fn shared_floats(p: usize, l: usize, d: usize, dv: usize, warps: usize, private_state: bool) -> usize {
+pub fn shared_floats(
+    p: usize,
+    l: usize,
+    d: usize,
+    dv: usize,
+    warps: usize,
+    private_state: bool,
+) -> usize {
     let (lp, m, w) = (l * p, l << p, dv + 1);
     let scratch = d + 5 * lp + 2 * m + 2 * w;
     warps * scratch + if private_state { warps } else { 1 } * m * w
@@ -150,7 +157,14 @@ pub const TILE_TC: usize = 5;
 /// in race.cu): `W [L·P·d] | xr [TILE·max(d+1, m, dv+1)] | red [8·TILE·L·P] |` five (six if
 /// `causal`) `[TILE·L·P]` | one (two) `φ [TILE·(m+1)]` | one (two) `[TILE·(dv+1)]` | (causal:
 /// two `[TILE·(TILE+1)]`) `| [TILE]`, then `m × (dv+1)` if the kernel keeps a state.
-pub fn shared_floats_tiled(p: usize, l: usize, d: usize, dv: usize, causal: bool, with_state: bool) -> usize {
+pub fn shared_floats_tiled(
+    p: usize,
+    l: usize,
+    d: usize,
+    dv: usize,
+    causal: bool,
+    with_state: bool,
+) -> usize {
     let (lp, m, w) = (l * p, l << p, dv + 1);
     let k = causal as usize;
     lp * d
