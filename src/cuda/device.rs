@@ -218,6 +218,47 @@ fn causal_cfg(dm: &Dims) -> LaunchConfig {
     tile_cfg_bytes(dm, dm.geo.shared_tile_causal)
 }
 
+/// Which kernel family runs a forward or backward pass of this problem.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Family {
+    /// Warp-per-chunk kernels (their signatures end with the causal flag).
+    Warp,
+    /// Tiled non-causal kernels (no k, v in the query passes; no q, o, g, den in the keys').
+    Tile,
+    /// Tiled causal kernels (the warp kernels' arguments without the flag).
+    TileCausal,
+}
+
+impl Family {
+    fn of(dm: &Dims, causal: bool) -> Family {
+        match (causal, dm.geo.tiled, dm.geo.tiled_causal) {
+            (true, _, true) => Family::TileCausal,
+            (false, true, _) => Family::Tile,
+            _ => Family::Warp,
+        }
+    }
+    /// One of three (kernel, name) pairs by family.
+    fn pick<'a>(
+        self,
+        warp: (&'a CudaFunction, &'static str),
+        tile: (&'a CudaFunction, &'static str),
+        tile_causal: (&'a CudaFunction, &'static str),
+    ) -> (&'a CudaFunction, &'static str) {
+        match self {
+            Family::Warp => warp,
+            Family::Tile => tile,
+            Family::TileCausal => tile_causal,
+        }
+    }
+    fn config(self, dm: &Dims, causal: bool) -> LaunchConfig {
+        match self {
+            Family::Warp => cfg(dm, causal),
+            Family::Tile => tile_cfg(dm, true),
+            Family::TileCausal => causal_cfg(dm),
+        }
+    }
+}
+
 /// Raise each kernel's dynamic shared-memory limit to what this problem's launches use.
 fn allow_shared(k: &Kernels, geo: &Geometry) -> Result<()> {
     use cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as A;
@@ -420,44 +461,28 @@ fn fwd_dev<T: DeviceRepr>(
         dm,
         if causal { 0 } else { 2 },
     )?;
-    let causal_i = causal as i32;
-    if causal && dm.geo.tiled_causal {
-        let mut b = st.launch_builder(&kn.fwd_tile_causal);
-        b.arg(&dev.q)
-            .arg(&dev.k)
-            .arg(&dev.v)
-            .arg(&dev.w)
-            .arg(&bf.bases)
-            .arg(&mut bf.o)
-            .arg(&mut bf.den);
-        dm.push_shape(&mut b);
-        // SAFETY: matches `race_fwd_tile_causal`; bases heads·nchunks·m·w (the exclusive
-        // prefix), o heads·n·dv, den heads·n.
-        unsafe { b.launch(causal_cfg(dm)) }.map_err(e("race_fwd_tile_causal"))?;
-    } else if dm.geo.tiled && !causal {
-        let mut b = st.launch_builder(&kn.fwd_tile);
-        b.arg(&dev.q)
-            .arg(&dev.w)
-            .arg(&bf.bases)
-            .arg(&mut bf.o)
-            .arg(&mut bf.den);
-        dm.push_shape(&mut b);
-        // SAFETY: matches `race_fwd_tile`; o has heads·n·dv floats, den heads·n, bases
-        // heads·m·w (the scan's totals).
-        unsafe { b.launch(tile_cfg(dm, true)) }.map_err(e("race_fwd_tile"))?;
-    } else {
-        let mut b = st.launch_builder(&kn.fwd);
-        b.arg(&dev.q)
-            .arg(&dev.k)
-            .arg(&dev.v)
-            .arg(&dev.w)
-            .arg(&bf.bases)
-            .arg(&mut bf.o)
-            .arg(&mut bf.den);
-        dm.push(&mut b, &causal_i);
-        // SAFETY: matches `race_fwd`; o has heads·n·dv floats, den heads·n.
-        unsafe { b.launch(cfg(dm, causal)) }.map_err(e("race_fwd"))?;
+    let fam = Family::of(dm, causal);
+    let (f, name) = fam.pick(
+        (&kn.fwd, "race_fwd"),
+        (&kn.fwd_tile, "race_fwd_tile"),
+        (&kn.fwd_tile_causal, "race_fwd_tile_causal"),
+    );
+    let mut b = st.launch_builder(f);
+    b.arg(&dev.q);
+    if fam != Family::Tile {
+        b.arg(&dev.k).arg(&dev.v);
     }
+    b.arg(&dev.w).arg(&bf.bases).arg(&mut bf.o).arg(&mut bf.den);
+    dm.push_shape(&mut b);
+    let causal_i = causal as i32;
+    if fam == Family::Warp {
+        b.arg(&causal_i);
+    }
+    // SAFETY: the arguments match `race_fwd` (q, k, v, W, bases, o, den, shape, causal),
+    // `race_fwd_tile` (q, W, bases, o, den, shape) and `race_fwd_tile_causal` (as race_fwd
+    // without the flag); o has heads·n·dv floats, den heads·n, bases heads·m·w (totals) or
+    // heads·nchunks·m·w (exclusive prefix); the shared bytes are `Family::config`'s.
+    unsafe { b.launch(fam.config(dm, causal)) }.map_err(e(name))?;
     Ok(())
 }
 
@@ -474,52 +499,33 @@ fn bwd_dev<T: DeviceRepr>(
 ) -> Result<()> {
     let st = &g.stream;
     let causal_i = causal as i32;
-    let tiled = dm.geo.tiled && !causal;
-    let tiled_causal = dm.geo.tiled_causal && causal;
-    if tiled_causal {
-        let mut b = st.launch_builder(&kn.bwd_q_tile_causal);
-        b.arg(&dev.q)
-            .arg(&dev.k)
-            .arg(&dev.v)
-            .arg(&dev.w)
-            .arg(&bf.bases)
-            .arg(&bf.o)
-            .arg(gr)
-            .arg(&bf.den)
-            .arg(&mut bf.dq)
-            .arg(&mut bf.dbq);
-        dm.push_shape(&mut b);
-        // SAFETY: matches `race_bwd_q_tile_causal`; dq heads·n·d, dbq heads·n.
-        unsafe { b.launch(causal_cfg(dm)) }.map_err(e("race_bwd_q_tile_causal"))?;
-    } else if tiled {
-        let mut b = st.launch_builder(&kn.bwd_q_tile);
-        b.arg(&dev.q)
-            .arg(&dev.w)
-            .arg(&bf.bases)
-            .arg(&bf.o)
-            .arg(gr)
-            .arg(&bf.den)
-            .arg(&mut bf.dq)
-            .arg(&mut bf.dbq);
-        dm.push_shape(&mut b);
-        // SAFETY: matches `race_bwd_q_tile`; dq heads·n·d, dbq heads·n.
-        unsafe { b.launch(tile_cfg(dm, true)) }.map_err(e("race_bwd_q_tile"))?;
-    } else {
-        let mut b = st.launch_builder(&kn.bwd_q);
-        b.arg(&dev.q)
-            .arg(&dev.k)
-            .arg(&dev.v)
-            .arg(&dev.w)
-            .arg(&bf.bases)
-            .arg(&bf.o)
-            .arg(gr)
-            .arg(&bf.den)
-            .arg(&mut bf.dq)
-            .arg(&mut bf.dbq);
-        dm.push(&mut b, &causal_i);
-        // SAFETY: matches `race_bwd_q`; bases come from the forward of the same shape/mode.
-        unsafe { b.launch(cfg(dm, causal)) }.map_err(e("race_bwd_q"))?;
+    let fam = Family::of(dm, causal);
+    let (f, name) = fam.pick(
+        (&kn.bwd_q, "race_bwd_q"),
+        (&kn.bwd_q_tile, "race_bwd_q_tile"),
+        (&kn.bwd_q_tile_causal, "race_bwd_q_tile_causal"),
+    );
+    let mut b = st.launch_builder(f);
+    b.arg(&dev.q);
+    if fam != Family::Tile {
+        b.arg(&dev.k).arg(&dev.v);
     }
+    b.arg(&dev.w)
+        .arg(&bf.bases)
+        .arg(&bf.o)
+        .arg(gr)
+        .arg(&bf.den)
+        .arg(&mut bf.dq)
+        .arg(&mut bf.dbq);
+    dm.push_shape(&mut b);
+    if fam == Family::Warp {
+        b.arg(&causal_i);
+    }
+    // SAFETY: the arguments match `race_bwd_q` (q, k, v, W, bases, o, g, den, dq, dbq, shape,
+    // causal), `race_bwd_q_tile` (without k, v and the flag) and `race_bwd_q_tile_causal`
+    // (without the flag); bases come from the forward of the same shape and mode; dq holds
+    // heads·n·d floats, dbq heads·n.
+    unsafe { b.launch(fam.config(dm, causal)) }.map_err(e(name))?;
     // Mode 1 reads ĝ from (g, o, den); its V argument is unused (q stands in).
     chunk_totals(
         g,
@@ -542,52 +548,30 @@ fn bwd_dev<T: DeviceRepr>(
         dm,
         if causal { 1 } else { 2 },
     )?;
-    if tiled_causal {
-        let mut b = st.launch_builder(&kn.bwd_k_tile_causal);
-        b.arg(&dev.q)
-            .arg(&dev.k)
-            .arg(&dev.v)
-            .arg(&dev.w)
-            .arg(&bf.dbases)
-            .arg(&bf.o)
-            .arg(gr)
-            .arg(&bf.den)
-            .arg(&mut bf.dk)
-            .arg(&mut bf.dv)
-            .arg(&mut bf.dbk);
-        dm.push_shape(&mut b);
-        // SAFETY: matches `race_bwd_k_tile_causal`; dbases heads·nchunks·m·w (the exclusive
-        // suffix), dk heads·n·d, dv heads·n·dv, dbk heads·n.
-        unsafe { b.launch(causal_cfg(dm)) }.map_err(e("race_bwd_k_tile_causal"))?;
-    } else if tiled {
-        let mut b = st.launch_builder(&kn.bwd_k_tile);
-        b.arg(&dev.k)
-            .arg(&dev.v)
-            .arg(&dev.w)
-            .arg(&bf.dbases)
-            .arg(&mut bf.dk)
-            .arg(&mut bf.dv)
-            .arg(&mut bf.dbk);
-        dm.push_shape(&mut b);
-        // SAFETY: matches `race_bwd_k_tile`; dk heads·n·d, dv heads·n·dv, dbk heads·n.
-        unsafe { b.launch(tile_cfg(dm, true)) }.map_err(e("race_bwd_k_tile"))?;
-    } else {
-        let mut b = st.launch_builder(&kn.bwd_k);
-        b.arg(&dev.q)
-            .arg(&dev.k)
-            .arg(&dev.v)
-            .arg(&dev.w)
-            .arg(&bf.dbases)
-            .arg(&bf.o)
-            .arg(gr)
-            .arg(&bf.den)
-            .arg(&mut bf.dk)
-            .arg(&mut bf.dv)
-            .arg(&mut bf.dbk);
-        dm.push(&mut b, &causal_i);
-        // SAFETY: matches `race_bwd_k`; dk, dv, dbk sized heads·n·{d, dv, 1}.
-        unsafe { b.launch(cfg(dm, causal)) }.map_err(e("race_bwd_k"))?;
+    let (f, name) = fam.pick(
+        (&kn.bwd_k, "race_bwd_k"),
+        (&kn.bwd_k_tile, "race_bwd_k_tile"),
+        (&kn.bwd_k_tile_causal, "race_bwd_k_tile_causal"),
+    );
+    let mut b = st.launch_builder(f);
+    if fam != Family::Tile {
+        b.arg(&dev.q);
     }
+    b.arg(&dev.k).arg(&dev.v).arg(&dev.w).arg(&bf.dbases);
+    if fam != Family::Tile {
+        b.arg(&bf.o).arg(gr).arg(&bf.den);
+    }
+    b.arg(&mut bf.dk).arg(&mut bf.dv).arg(&mut bf.dbk);
+    dm.push_shape(&mut b);
+    if fam == Family::Warp {
+        b.arg(&causal_i);
+    }
+    // SAFETY: the arguments match `race_bwd_k` (q, k, v, W, dbases, o, g, den, dk, dv, dbk,
+    // shape, causal), `race_bwd_k_tile` (k, v, W, dbases, dk, dv, dbk, shape) and
+    // `race_bwd_k_tile_causal` (as race_bwd_k without the flag); dbases is the exclusive
+    // suffix (causal) or total of the queries' Σ φ ĝ / L; dk heads·n·d, dv heads·n·dv,
+    // dbk heads·n.
+    unsafe { b.launch(fam.config(dm, causal)) }.map_err(e(name))?;
     Ok(())
 }
 
