@@ -756,6 +756,14 @@ __device__ void blk_dx(const Blk& b, int LP, int d, int nt, float* dst, float* D
     for (int t = threadIdx.x; t < nt; t += blockDim.x) DB[t] = b.dot[t];
 }
 
+// The input gradients of the tile's rows from ∂ℓ/∂φ in xr (stride m): the softmax backward,
+// then dx = dz W into dst (row stride d) and each row's ∂ℓ/∂β into DB.
+__device__ void blk_input_grads(const Blk& b, int L, int P, float beta, int nt, const float* U, const float* PH, int d,
+                                float* dst, float* DB) {
+    blk_table_backward(b, L, P, beta, nt, U, PH, b.xr, L << P);
+    blk_dx(b, L * P, d, nt, dst, DB);
+}
+
 // Common preamble: shapes, this block's chunk [t0, t1) of head h, the buffers, the planes in
 // shared memory, and (`state` ≥ 0) the starting state: 1 the head's total (non-causal), 2
 // this chunk's base (causal).
@@ -843,8 +851,7 @@ extern "C" __global__ void race_bwd_q_tile(const in_t* Q, const float* W, const 
         tile_mma(acc, b.y, w, 1, b.st, 1, w, nt, m, w);  // gφ[t][f] = Σ_c ĝ[t][c] S[f][c] / L
         tile_store(acc, 1.f, b.xr, m, nt, m);
         __syncthreads();
-        blk_table_backward(b, L, P, beta, nt, b.uq, b.phq, b.xr, m);
-        blk_dx(b, LP, d, nt, DQ + row0 * d, DBQ + row0);
+        blk_input_grads(b, L, P, beta, nt, b.uq, b.phq, d, DQ + row0 * d, DBQ + row0);
         __syncthreads();
     }
 }
@@ -869,8 +876,7 @@ extern "C" __global__ void race_bwd_k_tile(const in_t* K, const in_t* V, const f
         tile_mma(acc, b.y, w, 1, b.st, 1, w, nt, m, w);  // gφ[t][f] = Σ_c y[t][c] D[f][c]
         tile_store(acc, 1.f, b.xr, m, nt, m);
         __syncthreads();
-        blk_table_backward(b, L, P, beta, nt, b.uq, b.phq, b.xr, m);
-        blk_dx(b, LP, d, nt, DK + row0 * d, DBK + row0);
+        blk_input_grads(b, L, P, beta, nt, b.uq, b.phq, d, DK + row0 * d, DBK + row0);
         __syncthreads();
     }
 }
@@ -932,8 +938,7 @@ extern "C" __global__ void race_bwd_q_tile_causal(const in_t* Q, const in_t* K, 
         tile_store(acc, 1.f, b.xr, m, nt, m);
         __syncthreads();
         state_update(b.st, b.phk, b.mp, b.y, w, m, w, nt);
-        blk_table_backward(b, L, P, beta, nt, b.uq, b.phq, b.xr, m);
-        blk_dx(b, LP, d, nt, DQ + row0 * d, DBQ + row0);
+        blk_input_grads(b, L, P, beta, nt, b.uq, b.phq, d, DQ + row0 * d, DBQ + row0);
         __syncthreads();
     }
 }
@@ -976,8 +981,7 @@ extern "C" __global__ void race_bwd_k_tile_causal(const in_t* Q, const in_t* K, 
         tile_store(acc, 1.f, DV + row0 * dv, dv, nt, dv);
         __syncthreads();
         state_update(b.st, b.phq, b.mp, b.g, w, m, w, nt);
-        blk_table_backward(b, L, P, beta, nt, b.uk, b.phk, b.xr, m);
-        blk_dx(b, LP, d, nt, DK + row0 * d, DBK + row0);
+        blk_input_grads(b, L, P, beta, nt, b.uk, b.phk, d, DK + row0 * d, DBK + row0);
         __syncthreads();
     }
 }
