@@ -63,38 +63,30 @@ fn no_device_is_a_clear_error_not_a_panic() {
     .unwrap_err();
     assert!(e.to_string().contains("`beta`"), "{e}");
     // Non-finite inputs, f32 and bf16, are named before the device is touched.
+    let non_finite = |q: GpuInput, k: GpuInput, v: GpuInput, arg: &str, at: usize| {
+        let e = cuda::soft_forward(&planes, 2.0, q, k, v, s, false).unwrap_err();
+        assert!(
+            matches!(&e, RaceError::NonFinite { arg: a, index, .. } if a == arg && *index == at),
+            "{e}"
+        );
+    };
     let mut bad = x.clone();
     bad[3] = f32::NAN;
-    let e = cuda::soft_forward(
-        &planes,
-        2.0,
+    non_finite(
         GpuInput::F32(&x),
         GpuInput::F32(&bad),
         GpuInput::F32(&x),
-        s,
-        false,
-    )
-    .unwrap_err();
-    assert!(
-        matches!(&e, RaceError::NonFinite { arg, index: 3, .. } if arg == "k"),
-        "{e}"
+        "k",
+        3,
     );
-    let mut badb = to_bf16(&x);
+    let (xb, mut badb) = (to_bf16(&x), to_bf16(&x));
     badb[5] = to_bf16(&[f32::INFINITY])[0];
-    let xb = to_bf16(&x);
-    let e = cuda::soft_forward(
-        &planes,
-        2.0,
+    non_finite(
         GpuInput::Bf16(&xb),
         GpuInput::Bf16(&xb),
         GpuInput::Bf16(&badb),
-        s,
-        false,
-    )
-    .unwrap_err();
-    assert!(
-        matches!(&e, RaceError::NonFinite { arg, index: 5, .. } if arg == "v"),
-        "{e}"
+        "v",
+        5,
     );
 }
 

@@ -515,8 +515,13 @@ __device__ __forceinline__ void tile_load(float (&acc)[TM][TC], const float* src
 }
 
 // Store acc rows r = warp + 8i < nr, columns c = lane + 32j < nc, times sc, to dst[r*rs + c].
+// With `tri` the entries off a causal triangle are stored as 0: TRI_LOWER keeps c ≤ r
+// (earlier keys of a query), TRI_UPPER keeps c ≥ r (later queries of a key).
+#define TRI_NONE 0
+#define TRI_LOWER 1
+#define TRI_UPPER 2
 __device__ __forceinline__ void tile_store(const float (&acc)[TM][TC], float sc, float* dst, long long rs, int nr,
-                                           int nc) {
+                                           int nc, int tri = TRI_NONE) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll
     for (int i = 0; i < TM; ++i) {
@@ -525,24 +530,8 @@ __device__ __forceinline__ void tile_store(const float (&acc)[TM][TC], float sc,
 #pragma unroll
             for (int j = 0; j < TC; ++j) {
                 const int c = lane + 32 * j;
-                if (c < nc) dst[r * rs + c] = acc[i][j] * sc;
-            }
-    }
-}
-
-// Store acc to dst[r*rs + c] for r < nr, c < nc, with entries off the causal triangle set
-// to 0: `upper` keeps c ≥ r (later queries of a key), else c ≤ r (earlier keys of a query).
-__device__ __forceinline__ void tile_store_masked(const float (&acc)[TM][TC], float* dst, int rs, int nr, int nc,
-                                                  bool upper) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-#pragma unroll
-    for (int i = 0; i < TM; ++i) {
-        const int r = warp + 8 * i;
-        if (r < nr)
-#pragma unroll
-            for (int j = 0; j < TC; ++j) {
-                const int cc = lane + 32 * j;
-                if (cc < nc) dst[r * rs + cc] = (upper ? cc >= r : cc <= r) ? acc[i][j] : 0.f;
+                const bool off = (tri == TRI_LOWER && c > r) || (tri == TRI_UPPER && c < r);
+                if (c < nc) dst[r * rs + c] = off ? 0.f : acc[i][j] * sc;
             }
     }
 }
@@ -898,7 +887,7 @@ extern "C" __global__ void race_fwd_tile_causal(const in_t* Q, const in_t* K, co
         float acc[TM][TC];
         tile_zero(acc);
         tile_mma(acc, b.phq, b.mp, 1, b.phk, 1, b.mp, nt, nt, m);  // a[t][s] = φq_t·φk_s, s ≤ t
-        tile_store_masked(acc, b.a, b.tp, nt, nt, false);
+        tile_store(acc, 1.f, b.a, b.tp, nt, nt, TRI_LOWER);
         __syncthreads();
         tile_zero(acc);
         tile_mma(acc, b.phq, b.mp, 1, b.st, w, 1, nt, w, m);  // res = φq S + a y
@@ -930,7 +919,7 @@ extern "C" __global__ void race_bwd_q_tile_causal(const in_t* Q, const in_t* K, 
         float acc[TM][TC];
         tile_zero(acc);
         tile_mma(acc, b.g, w, 1, b.y, 1, w, nt, nt, w);  // a[t][s] = ĝ_t·y_s / L, s ≤ t
-        tile_store_masked(acc, b.a, b.tp, nt, nt, false);
+        tile_store(acc, 1.f, b.a, b.tp, nt, nt, TRI_LOWER);
         __syncthreads();
         tile_zero(acc);
         tile_mma(acc, b.g, w, 1, b.st, 1, w, nt, m, w);  // gφ = ĝ Sᵀ + a φk
@@ -966,10 +955,10 @@ extern "C" __global__ void race_bwd_k_tile_causal(const in_t* Q, const in_t* K, 
         float acc[TM][TC];
         tile_zero(acc);
         tile_mma(acc, b.y, w, 1, b.g, 1, w, nt, nt, w);  // a[s][t] = y_s·ĝ_t / L, t ≥ s
-        tile_store_masked(acc, b.a, b.tp, nt, nt, true);
+        tile_store(acc, 1.f, b.a, b.tp, nt, nt, TRI_UPPER);
         tile_zero(acc);
         tile_mma(acc, b.phk, b.mp, 1, b.phq, 1, b.mp, nt, nt, m);  // a2[s][t] = φk_s·φq_t, t ≥ s
-        tile_store_masked(acc, b.a2, b.tp, nt, nt, true);
+        tile_store(acc, 1.f, b.a2, b.tp, nt, nt, TRI_UPPER);
         __syncthreads();
         tile_zero(acc);
         tile_mma(acc, b.y, w, 1, b.st, 1, w, nt, m, w);  // gφ = y Dᵀ + a φq
