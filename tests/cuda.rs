@@ -346,28 +346,15 @@ fn check_device(device: &str) {
             let (o, gr) = match device {
                 "emu" | "emu-warp" => {
                     let tiled = device == "emu";
-                    let (o, gr) = emulate(
-                        &planes,
-                        beta,
-                        GpuInput::F32(&q),
-                        GpuInput::F32(&k),
-                        GpuInput::F32(&v),
-                        &g,
-                        s,
-                        causal,
-                        tiled,
-                    );
+                    let run = |q: GpuInput, k: GpuInput, v: GpuInput| {
+                        emulate(&planes, beta, q, k, v, &g, s, causal, tiled)
+                    };
+                    let (o, gr) = run(GpuInput::F32(&q), GpuInput::F32(&k), GpuInput::F32(&v));
                     let (qb, kb, vb) = (to_bf16(&q), to_bf16(&k), to_bf16(&v));
-                    let (ob, _) = emulate(
-                        &planes,
-                        beta,
+                    let (ob, _) = run(
                         GpuInput::Bf16(&qb),
                         GpuInput::Bf16(&kb),
                         GpuInput::Bf16(&vb),
-                        &g,
-                        s,
-                        causal,
-                        tiled,
                     );
                     let (qw, kw, vw) = (from_bf16(&qb), from_bf16(&kb), from_bf16(&vb));
                     let cb = forward(

@@ -283,6 +283,14 @@ __device__ void warp_dx(const float* __restrict__ W, const float* dz, int LP, in
     }
 }
 
+// The causal passes' key step: state += φ(k) [v, 1] for one key row.
+__device__ void warp_add_key(const in_t* k, const in_t* v, const float* __restrict__ W, int d, int dv, int L, int P,
+                             float beta, const Scratch& s) {
+    warp_y(v, dv, s.y);
+    warp_features(k, W, d, L, P, beta, s);
+    warp_accumulate(s.st, s.phi, s.y, 1.f, L << P, dv + 1);
+}
+
 // Common preamble: shapes, this warp's chunk [t0, t1) of head h (empty past the end).
 #define WARP_CHUNK(private_state)                                                  \
     extern __shared__ float sh[];                                                  \
@@ -379,11 +387,7 @@ extern "C" __global__ void race_fwd(const in_t* Q, const in_t* K, const in_t* V,
             prefetch_token(Q, nullptr, nullptr, nullptr, row + AHEAD, d, dv);
             if (causal) prefetch_token(K, V, nullptr, nullptr, row + AHEAD, d, dv);
         }
-        if (causal) {
-            warp_y(V + row * dv, dv, s.y);
-            warp_features(K + row * d, W, d, L, P, beta, s);
-            warp_accumulate(s.st, s.phi, s.y, 1.f, m, w);
-        }
+        if (causal) warp_add_key(K + row * d, V + row * dv, W, d, dv, L, P, beta, s);
         warp_features(Q + row * d, W, d, L, P, beta, s);
         warp_read(s.st, s.phi, m, w, w, s.out);
         const float den = s.out[dv];
@@ -407,11 +411,7 @@ extern "C" __global__ void race_bwd_q(const in_t* Q, const in_t* K, const in_t* 
             prefetch_token(Q, nullptr, G, O, row + AHEAD, d, dv);
             if (causal) prefetch_token(K, V, nullptr, nullptr, row + AHEAD, d, dv);
         }
-        if (causal) {
-            warp_y(V + row * dv, dv, s.y);
-            warp_features(K + row * d, W, d, L, P, beta, s);
-            warp_accumulate(s.st, s.phi, s.y, 1.f, m, w);
-        }
+        if (causal) warp_add_key(K + row * d, V + row * dv, W, d, dv, L, P, beta, s);
         warp_gext(G + row * dv, O + row * dv, DEN[row], dv, s.out);
         warp_features(Q + row * d, W, d, L, P, beta, s);
         warp_gphi(s.st, s.out, invL, m, w, s.gphi);
