@@ -343,6 +343,24 @@ fn check_device(device: &str) {
                 racelab::cpu::detected_isa(),
             );
             let s = GpuShape { heads, n, d, dv };
+            // bf16 inputs: a device's forward against the CPU on the same (bf16-rounded) values.
+            let (qb, kb, vb) = (to_bf16(&q), to_bf16(&k), to_bf16(&v));
+            let check_bf16 = |ob: &[f32]| {
+                let (qw, kw, vw) = (from_bf16(&qb), from_bf16(&kb), from_bf16(&vb));
+                let cb = forward(
+                    &map,
+                    Heads::new(heads, n, d, &qw),
+                    Heads::new(heads, n, d, &kw),
+                    Heads::new(heads, n, dv, &vw),
+                    causal,
+                    racelab::cpu::detected_isa(),
+                );
+                let err = rel(ob, &cb.o);
+                assert!(
+                    err <= 1e-5,
+                    "{device} bf16 forward P={p} L={l} causal={causal}: {err:.2e}"
+                );
+            };
             let (o, gr) = match device {
                 "emu" | "emu-warp" => {
                     let tiled = device == "emu";
@@ -350,26 +368,12 @@ fn check_device(device: &str) {
                         emulate(&planes, beta, q, k, v, &g, s, causal, tiled)
                     };
                     let (o, gr) = run(GpuInput::F32(&q), GpuInput::F32(&k), GpuInput::F32(&v));
-                    let (qb, kb, vb) = (to_bf16(&q), to_bf16(&k), to_bf16(&v));
                     let (ob, _) = run(
                         GpuInput::Bf16(&qb),
                         GpuInput::Bf16(&kb),
                         GpuInput::Bf16(&vb),
                     );
-                    let (qw, kw, vw) = (from_bf16(&qb), from_bf16(&kb), from_bf16(&vb));
-                    let cb = forward(
-                        &map,
-                        Heads::new(heads, n, d, &qw),
-                        Heads::new(heads, n, d, &kw),
-                        Heads::new(heads, n, dv, &vw),
-                        causal,
-                        racelab::cpu::detected_isa(),
-                    );
-                    assert!(
-                        rel(&ob, &cb.o) <= 1e-5,
-                        "emulated bf16 forward P={p} L={l} causal={causal}: {:.2e}",
-                        rel(&ob, &cb.o)
-                    );
+                    check_bf16(&ob);
                     (o, gr)
                 }
                 "cuda" => {
@@ -397,8 +401,6 @@ fn check_device(device: &str) {
                     .expect("CUDA run");
                     assert_eq!(f.o, f2.o, "CUDA forward is not deterministic");
                     assert_eq!(gr.dq, gr2.dq, "CUDA backward is not deterministic");
-                    // bf16 inputs against the CPU on the same (bf16-rounded) values.
-                    let (qb, kb, vb) = (to_bf16(&q), to_bf16(&k), to_bf16(&v));
                     let fb = cuda::soft_forward(
                         &planes,
                         beta,
@@ -409,20 +411,7 @@ fn check_device(device: &str) {
                         causal,
                     )
                     .expect("CUDA bf16 run");
-                    let (qw, kw, vw) = (from_bf16(&qb), from_bf16(&kb), from_bf16(&vb));
-                    let cb = forward(
-                        &map,
-                        Heads::new(heads, n, d, &qw),
-                        Heads::new(heads, n, d, &kw),
-                        Heads::new(heads, n, dv, &vw),
-                        causal,
-                        racelab::cpu::detected_isa(),
-                    );
-                    assert!(
-                        rel(&fb.o, &cb.o) <= 1e-5,
-                        "bf16 forward P={p} L={l} causal={causal}: {:.2e}",
-                        rel(&fb.o, &cb.o)
-                    );
+                    check_bf16(&fb.o);
                     (f.o, gr)
                 }
                 _ => {

@@ -870,6 +870,19 @@ extern "C" __global__ void race_bwd_k_tile(const in_t* K, const in_t* V, const f
     }
 }
 
+// One causal tile's inputs: y = [v, 1], (with G) ĝ/L, the keys' and the queries' features;
+// and an L2 prefetch of the nn rows at next0 that the next tile reads.
+__device__ void blk_causal_tile(const Blk& b, const in_t* Q, const in_t* K, const in_t* V, const float* G,
+                                const float* O, const float* DEN, long long row0, int nt, long long next0, int nn,
+                                int d, int dv, int L, int P, float beta) {
+    blk_prefetch_tile(next0, nn, K, d, V, nullptr, nullptr, dv);
+    blk_prefetch_tile(next0, nn, Q, d, nullptr, G, O, dv);
+    blk_y(V, row0, nt, dv, b.y, dv + 1);
+    if (G) blk_gext(G, O, DEN, row0, nt, dv, 1.f / (float)L, b, b.g, dv + 1);
+    blk_featurise(K, row0, nt, b, d, L, P, beta, b.uk, b.phk);
+    blk_featurise(Q, row0, nt, b, d, L, P, beta, b.uq, b.phq);
+}
+
 // Causal forward: o_t = (φq_t S_base + Σ_{s ≤ t in tile} (φq_t·φk_s) [v_s, 1]) / den.
 extern "C" __global__ void race_fwd_tile_causal(const in_t* Q, const in_t* K, const in_t* V, const float* W,
                                                 const float* bases, float* O, float* DEN, int n, int d, int dv, int L,
@@ -878,12 +891,8 @@ extern "C" __global__ void race_fwd_tile_causal(const in_t* Q, const in_t* K, co
     for (int b0 = t0; b0 < t1; b0 += TILE) {
         const int nt = min(TILE, t1 - b0);
         const long long row0 = (long long)h * n + b0;
-        const int nn = min(TILE, t1 - b0 - TILE);
-        blk_prefetch_tile(row0 + TILE, nn, K, d, V, nullptr, nullptr, dv);
-        blk_prefetch_tile(row0 + TILE, nn, Q, d, nullptr, nullptr, nullptr, dv);
-        blk_y(V, row0, nt, dv, b.y, w);
-        blk_featurise(K, row0, nt, b, d, L, P, beta, b.uk, b.phk);
-        blk_featurise(Q, row0, nt, b, d, L, P, beta, b.uq, b.phq);
+        blk_causal_tile(b, Q, K, V, nullptr, nullptr, nullptr, row0, nt, row0 + TILE, min(TILE, t1 - b0 - TILE), d,
+                        dv, L, P, beta);
         float acc[TM][TC];
         tile_zero(acc);
         tile_mma(acc, b.phq, b.mp, 1, b.phk, 1, b.mp, nt, nt, m);  // a[t][s] = φq_t·φk_s, s ≤ t
@@ -909,13 +918,7 @@ extern "C" __global__ void race_bwd_q_tile_causal(const in_t* Q, const in_t* K, 
     for (int b0 = t0; b0 < t1; b0 += TILE) {
         const int nt = min(TILE, t1 - b0);
         const long long row0 = (long long)h * n + b0;
-        const int nn = min(TILE, t1 - b0 - TILE);
-        blk_prefetch_tile(row0 + TILE, nn, K, d, V, nullptr, nullptr, dv);
-        blk_prefetch_tile(row0 + TILE, nn, Q, d, nullptr, G, O, dv);
-        blk_y(V, row0, nt, dv, b.y, w);
-        blk_gext(G, O, DEN, row0, nt, dv, 1.f / (float)L, b, b.g, w);
-        blk_featurise(K, row0, nt, b, d, L, P, beta, b.uk, b.phk);
-        blk_featurise(Q, row0, nt, b, d, L, P, beta, b.uq, b.phq);
+        blk_causal_tile(b, Q, K, V, G, O, DEN, row0, nt, row0 + TILE, min(TILE, t1 - b0 - TILE), d, dv, L, P, beta);
         float acc[TM][TC];
         tile_zero(acc);
         tile_mma(acc, b.g, w, 1, b.y, 1, w, nt, nt, w);  // a[t][s] = ĝ_t·y_s / L, s ≤ t
@@ -944,14 +947,8 @@ extern "C" __global__ void race_bwd_k_tile_causal(const in_t* Q, const in_t* K, 
     for (int ti = ntiles - 1; ti >= 0; --ti) {
         const int b0 = t0 + ti * TILE, nt = min(TILE, t1 - b0);
         const long long row0 = (long long)h * n + b0;
-        if (ti > 0) {  // the previous tile is always full
-            blk_prefetch_tile(row0 - TILE, TILE, K, d, V, nullptr, nullptr, dv);
-            blk_prefetch_tile(row0 - TILE, TILE, Q, d, nullptr, G, O, dv);
-        }
-        blk_y(V, row0, nt, dv, b.y, w);
-        blk_gext(G, O, DEN, row0, nt, dv, 1.f / (float)L, b, b.g, w);
-        blk_featurise(K, row0, nt, b, d, L, P, beta, b.uk, b.phk);
-        blk_featurise(Q, row0, nt, b, d, L, P, beta, b.uq, b.phq);
+        // The next tile walked is the previous one, always full.
+        blk_causal_tile(b, Q, K, V, G, O, DEN, row0, nt, row0 - TILE, ti > 0 ? TILE : 0, d, dv, L, P, beta);
         float acc[TM][TC];
         tile_zero(acc);
         tile_mma(acc, b.y, w, 1, b.g, 1, w, nt, nt, w);  // a[s][t] = y_s·ĝ_t / L, t ≥ s
