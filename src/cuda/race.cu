@@ -472,11 +472,16 @@ extern "C" __global__ void race_bwd_k(const in_t* Q, const in_t* K, const in_t* 
 #define TILE 32
 #define TM 8
 #define TC 5
+// Register blocks are RM rows × TC column groups per thread: TM rows for products over the
+// bank's m ≤ 8·TM features (the chunk totals, the state update), TT = TILE/8 for products
+// over a tile's tokens.
+#define TT (TILE / 8)
 
-// acc[i][j] (+)= Σ_k A(r, k) B(k, c) for rows r = warp + 8i < nr and columns
+// acc[i][j] (+)= Σ_k A(r, k) B(k, c) for rows r = warp + 8i < nr (i < RM) and columns
 // c = lane + 32j < nc, where A(r, k) = A[r*ars + k*aks] and B(k, c) = B[k*bks + c*bcs].
 // Rows are uniform across a warp (A reads broadcast); columns run along lanes.
-__device__ __forceinline__ void tile_mma(float (&acc)[TM][TC], const float* A, int ars, int aks, const float* B,
+template <int RM>
+__device__ __forceinline__ void tile_mma(float (&acc)[RM][TC], const float* A, int ars, int aks, const float* B,
                                          int bks, int bcs, int nr, int nc, int nk) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int na = (nr - warp + 7) / 8, nb = (nc - lane + 31) / 32;
@@ -485,7 +490,7 @@ __device__ __forceinline__ void tile_mma(float (&acc)[TM][TC], const float* A, i
 #pragma unroll
         for (int j = 0; j < TC; ++j) b[j] = j < nb ? B[k * bks + (lane + 32 * j) * bcs] : 0.f;
 #pragma unroll
-        for (int i = 0; i < TM; ++i) {
+        for (int i = 0; i < RM; ++i) {
             if (i < na) {
                 const float a = A[(warp + 8 * i) * ars + k * aks];
 #pragma unroll
@@ -495,18 +500,20 @@ __device__ __forceinline__ void tile_mma(float (&acc)[TM][TC], const float* A, i
     }
 }
 
-__device__ __forceinline__ void tile_zero(float (&acc)[TM][TC]) {
+template <int RM>
+__device__ __forceinline__ void tile_zero(float (&acc)[RM][TC]) {
 #pragma unroll
-    for (int i = 0; i < TM; ++i)
+    for (int i = 0; i < RM; ++i)
 #pragma unroll
         for (int j = 0; j < TC; ++j) acc[i][j] = 0.f;
 }
 
 // acc = src rows r = warp + 8i < nr, columns c = lane + 32j < nc (0 elsewhere).
-__device__ __forceinline__ void tile_load(float (&acc)[TM][TC], const float* src, int rs, int nr, int nc) {
+template <int RM>
+__device__ __forceinline__ void tile_load(float (&acc)[RM][TC], const float* src, int rs, int nr, int nc) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll
-    for (int i = 0; i < TM; ++i)
+    for (int i = 0; i < RM; ++i)
 #pragma unroll
         for (int j = 0; j < TC; ++j) {
             const int r = warp + 8 * i, cc = lane + 32 * j;
@@ -520,11 +527,12 @@ __device__ __forceinline__ void tile_load(float (&acc)[TM][TC], const float* src
 #define TRI_NONE 0
 #define TRI_LOWER 1
 #define TRI_UPPER 2
-__device__ __forceinline__ void tile_store(const float (&acc)[TM][TC], float sc, float* dst, long long rs, int nr,
+template <int RM>
+__device__ __forceinline__ void tile_store(const float (&acc)[RM][TC], float sc, float* dst, long long rs, int nr,
                                            int nc, int tri = TRI_NONE) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll
-    for (int i = 0; i < TM; ++i) {
+    for (int i = 0; i < RM; ++i) {
         const int r = warp + 8 * i;
         if (r < nr)
 #pragma unroll
@@ -737,7 +745,7 @@ __device__ void blk_table_backward(const Blk& b, int L, int P, float beta, int n
 __device__ void blk_dx(const Blk& b, int LP, int d, int nt, float* dst, float* DB) {
     for (int c0 = 0; c0 < d; c0 += 32 * TC) {
         const int nc = min(32 * TC, d - c0);
-        float acc[TM][TC];
+        float acc[TT][TC];
         tile_zero(acc);
         tile_mma(acc, b.dz, LP, 1, b.W + c0, d, 1, nt, nc, LP);
         tile_store(acc, 1.f, dst + c0, d, nt, nc);
@@ -772,7 +780,7 @@ __device__ void blk_input_grads(const Blk& b, int L, int P, float beta, int nt, 
 
 // Chunk totals. mode 0: Σ φ(k_t)[v_t, 1]; mode 1: Σ φ(q_t) ĝ_t / L. Same output as
 // race_partial: out [heads, nch, m*w]. The totals stay in registers.
-extern "C" __global__ void race_partial_tile(const in_t* X, const in_t* V, const float* G, const float* O,
+extern "C" __global__ void __launch_bounds__(256, 3) race_partial_tile(const in_t* X, const in_t* V, const float* G, const float* O,
                                              const float* DEN, const float* W, float* out, int n, int d, int dv,
                                              int L, int P, float beta, int chunk, int mode) {
     const float* bases = nullptr;
@@ -806,7 +814,7 @@ __device__ void blk_normalise(const Blk& b, long long row0, int nt, int dv, int 
 }
 
 // Non-causal forward: o_t = Σ_f φ_f(q_t) S_f / den with S the head's total.
-extern "C" __global__ void race_fwd_tile(const in_t* Q, const float* W, const float* bases, float* O, float* DEN,
+extern "C" __global__ void __launch_bounds__(256, 4) race_fwd_tile(const in_t* Q, const float* W, const float* bases, float* O, float* DEN,
                                          int n, int d, int dv, int L, int P, float beta, int chunk) {
     BLK_CHUNK(0, 1, bases)
     for (int b0 = t0; b0 < t1; b0 += TILE) {
@@ -814,7 +822,7 @@ extern "C" __global__ void race_fwd_tile(const in_t* Q, const float* W, const fl
         const long long row0 = (long long)h * n + b0;
         blk_prefetch_tile(row0 + TILE, min(TILE, t1 - b0 - TILE), Q, d, nullptr, nullptr, nullptr, dv);
         blk_featurise(Q, row0, nt, b, d, L, P, beta, b.uq, b.phq);
-        float acc[TM][TC];
+        float acc[TT][TC];
         tile_zero(acc);
         tile_mma(acc, b.phq, b.mp, 1, b.st, w, 1, nt, w, m);  // res[t][c] = Σ_f φ[t][f] S[f][c]
         tile_store(acc, 1.f, b.xr, w, nt, w);
@@ -825,7 +833,7 @@ extern "C" __global__ void race_fwd_tile(const in_t* Q, const float* W, const fl
 }
 
 // Non-causal query gradients: ∂ℓ/∂φ(q_t) = S ĝ_t / L.
-extern "C" __global__ void race_bwd_q_tile(const in_t* Q, const float* W, const float* bases, const float* O,
+extern "C" __global__ void __launch_bounds__(256, 4) race_bwd_q_tile(const in_t* Q, const float* W, const float* bases, const float* O,
                                            const float* G, const float* DEN, float* DQ, float* DBQ, int n, int d,
                                            int dv, int L, int P, float beta, int chunk) {
     BLK_CHUNK(0, 1, bases)
@@ -835,7 +843,7 @@ extern "C" __global__ void race_bwd_q_tile(const in_t* Q, const float* W, const 
         blk_prefetch_tile(row0 + TILE, min(TILE, t1 - b0 - TILE), Q, d, nullptr, G, O, dv);
         blk_gext(G, O, DEN, row0, nt, dv, 1.f / (float)L, b, b.y, w);
         blk_featurise(Q, row0, nt, b, d, L, P, beta, b.uq, b.phq);
-        float acc[TM][TC];
+        float acc[TT][TC];
         tile_zero(acc);
         tile_mma(acc, b.y, w, 1, b.st, 1, w, nt, m, w);  // gφ[t][f] = Σ_c ĝ[t][c] S[f][c] / L
         tile_store(acc, 1.f, b.xr, m, nt, m);
@@ -847,7 +855,7 @@ extern "C" __global__ void race_bwd_q_tile(const in_t* Q, const float* W, const 
 
 // Non-causal key gradients: with D the head's Σ_t φ(q_t) ĝ_t / L,
 // ∂ℓ/∂φ(k_t) = D [v_t, 1] and ∂ℓ/∂v_t = Σ_f φ_f(k_t) D_f[:dv].
-extern "C" __global__ void race_bwd_k_tile(const in_t* K, const in_t* V, const float* W, const float* dbases,
+extern "C" __global__ void __launch_bounds__(256, 4) race_bwd_k_tile(const in_t* K, const in_t* V, const float* W, const float* dbases,
                                            float* DK, float* DV, float* DBK, int n, int d, int dv, int L, int P,
                                            float beta, int chunk) {
     BLK_CHUNK(0, 1, dbases)
@@ -857,7 +865,7 @@ extern "C" __global__ void race_bwd_k_tile(const in_t* K, const in_t* V, const f
         blk_prefetch_tile(row0 + TILE, min(TILE, t1 - b0 - TILE), K, d, V, nullptr, nullptr, dv);
         blk_y(V, row0, nt, dv, b.y, w);
         blk_featurise(K, row0, nt, b, d, L, P, beta, b.uq, b.phq);
-        float acc[TM][TC];
+        float acc[TT][TC];
         tile_zero(acc);
         tile_mma(acc, b.phq, b.mp, 1, b.st, w, 1, nt, dv, m);  // dv[t][c] = Σ_f φ[t][f] D[f][c]
         tile_store(acc, 1.f, DV + row0 * dv, dv, nt, dv);
@@ -884,7 +892,7 @@ __device__ void blk_causal_tile(const Blk& b, const in_t* Q, const in_t* K, cons
 }
 
 // Causal forward: o_t = (φq_t S_base + Σ_{s ≤ t in tile} (φq_t·φk_s) [v_s, 1]) / den.
-extern "C" __global__ void race_fwd_tile_causal(const in_t* Q, const in_t* K, const in_t* V, const float* W,
+extern "C" __global__ void __launch_bounds__(256, 3) race_fwd_tile_causal(const in_t* Q, const in_t* K, const in_t* V, const float* W,
                                                 const float* bases, float* O, float* DEN, int n, int d, int dv, int L,
                                                 int P, float beta, int chunk) {
     BLK_CHUNK(1, 2, bases)
@@ -893,7 +901,7 @@ extern "C" __global__ void race_fwd_tile_causal(const in_t* Q, const in_t* K, co
         const long long row0 = (long long)h * n + b0;
         blk_causal_tile(b, Q, K, V, nullptr, nullptr, nullptr, row0, nt, row0 + TILE, min(TILE, t1 - b0 - TILE), d,
                         dv, L, P, beta);
-        float acc[TM][TC];
+        float acc[TT][TC];
         tile_zero(acc);
         tile_mma(acc, b.phq, b.mp, 1, b.phk, 1, b.mp, nt, nt, m);  // a[t][s] = φq_t·φk_s, s ≤ t
         tile_store(acc, 1.f, b.a, b.tp, nt, nt, TRI_LOWER);
@@ -910,7 +918,7 @@ extern "C" __global__ void race_fwd_tile_causal(const in_t* Q, const in_t* K, co
 }
 
 // Causal query gradients: ∂ℓ/∂φ(q_t) = (S_base ĝ_t + Σ_{s ≤ t in tile} φk_s (y_s·ĝ_t)) / L.
-extern "C" __global__ void race_bwd_q_tile_causal(const in_t* Q, const in_t* K, const in_t* V, const float* W,
+extern "C" __global__ void __launch_bounds__(256, 3) race_bwd_q_tile_causal(const in_t* Q, const in_t* K, const in_t* V, const float* W,
                                                   const float* bases, const float* O, const float* G,
                                                   const float* DEN, float* DQ, float* DBQ, int n, int d, int dv,
                                                   int L, int P, float beta, int chunk) {
@@ -919,7 +927,7 @@ extern "C" __global__ void race_bwd_q_tile_causal(const in_t* Q, const in_t* K, 
         const int nt = min(TILE, t1 - b0);
         const long long row0 = (long long)h * n + b0;
         blk_causal_tile(b, Q, K, V, G, O, DEN, row0, nt, row0 + TILE, min(TILE, t1 - b0 - TILE), d, dv, L, P, beta);
-        float acc[TM][TC];
+        float acc[TT][TC];
         tile_zero(acc);
         tile_mma(acc, b.g, w, 1, b.y, 1, w, nt, nt, w);  // a[t][s] = ĝ_t·y_s / L, s ≤ t
         tile_store(acc, 1.f, b.a, b.tp, nt, nt, TRI_LOWER);
@@ -938,7 +946,7 @@ extern "C" __global__ void race_bwd_q_tile_causal(const in_t* Q, const in_t* K, 
 // Causal key gradients, tiles last to first; D = the suffix state Σ_{t later} φq_t ĝ_tᵀ/L:
 // ∂ℓ/∂φ(k_s) = D_base [v_s, 1] + Σ_{t ≥ s in tile} φq_t (ĝ_t·[v_s, 1]) / L,
 // ∂ℓ/∂v_s = D_base[:, :dv]ᵀ φk_s + Σ_{t ≥ s in tile} (φk_s·φq_t) ĝ_t[:dv] / L.
-extern "C" __global__ void race_bwd_k_tile_causal(const in_t* Q, const in_t* K, const in_t* V, const float* W,
+extern "C" __global__ void __launch_bounds__(256, 3) race_bwd_k_tile_causal(const in_t* Q, const in_t* K, const in_t* V, const float* W,
                                                   const float* dbases, const float* O, const float* G,
                                                   const float* DEN, float* DK, float* DV, float* DBK, int n, int d,
                                                   int dv, int L, int P, float beta, int chunk) {
@@ -949,7 +957,7 @@ extern "C" __global__ void race_bwd_k_tile_causal(const in_t* Q, const in_t* K, 
         const long long row0 = (long long)h * n + b0;
         // The next tile walked is the previous one, always full.
         blk_causal_tile(b, Q, K, V, G, O, DEN, row0, nt, row0 - TILE, ti > 0 ? TILE : 0, d, dv, L, P, beta);
-        float acc[TM][TC];
+        float acc[TT][TC];
         tile_zero(acc);
         tile_mma(acc, b.y, w, 1, b.g, 1, w, nt, nt, w);  // a[s][t] = y_s·ĝ_t / L, t ≥ s
         tile_store(acc, 1.f, b.a, b.tp, nt, nt, TRI_UPPER);

@@ -22,6 +22,7 @@ static float* g_shared;
 #define __device__
 #define __forceinline__ inline
 #define __restrict__
+#define __launch_bounds__(...)
 using std::min;
 
 namespace emu {
