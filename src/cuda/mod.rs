@@ -30,16 +30,17 @@ pub const RACE_CU: &str = include_str!("race.cu");
 pub const MAX_CHUNK: usize = 1024;
 /// Fewest tokens per chunk.
 pub const MIN_CHUNK: usize = 32;
-/// Warps wanted in flight: one warp per chunk, so chunks shrink until a problem has this
-/// many (about one wave of an H200 at 32 resident warps per multiprocessor).
-pub const TARGET_WARPS: usize = 4096;
+/// Chunks wanted per problem: chunks shrink (down to [`MIN_CHUNK`]) until a problem has
+/// about this many. The warp-per-chunk kernels run one warp per chunk (4096 is about one wave
+/// of an H200 at 32 resident warps per multiprocessor); the tiled ones one block per chunk.
+pub const TARGET_CHUNKS: usize = 4096;
 
 /// Chunk length for `heads × n` tokens: the power of two in [MIN_CHUNK, MAX_CHUNK] closest
-/// to giving [`TARGET_WARPS`] chunks. Longer chunks mean fewer partial states to scan (each
-/// is `L·2^P·(dv+1)` floats); shorter ones, more parallel warps.
+/// to giving [`TARGET_CHUNKS`] chunks, rounded up. Longer chunks mean fewer partial states
+/// to scan (each is `L·2^P·(dv+1)` floats); shorter ones, more parallel work.
 pub fn chunk_len(heads: usize, n: usize) -> usize {
     (heads * n)
-        .div_ceil(TARGET_WARPS)
+        .div_ceil(TARGET_CHUNKS)
         .next_power_of_two()
         .clamp(MIN_CHUNK, MAX_CHUNK)
 }
