@@ -18,6 +18,7 @@ struct Kernels {
     bwd_q: CudaFunction,
     bwd_k: CudaFunction,
     partial_tile: CudaFunction,
+    partial_tile_m16: CudaFunction,
     fwd_tile: CudaFunction,
     bwd_q_tile: CudaFunction,
     bwd_k_tile: CudaFunction,
@@ -73,6 +74,7 @@ fn compile(ctx: &Arc<CudaContext>, bf16: bool) -> Result<Kernels> {
         bwd_q: f("race_bwd_q")?,
         bwd_k: f("race_bwd_k")?,
         partial_tile: f("race_partial_tile")?,
+        partial_tile_m16: f("race_partial_tile_m16")?,
         fwd_tile: f("race_fwd_tile")?,
         bwd_q_tile: f("race_bwd_q_tile")?,
         bwd_k_tile: f("race_bwd_k_tile")?,
@@ -275,6 +277,7 @@ fn allow_shared(k: &Kernels, geo: &Geometry) -> Result<()> {
         (&k.bwd_q, warp_bytes),
         (&k.bwd_k, warp_bytes),
         (&k.partial_tile, tile_bytes),
+        (&k.partial_tile_m16, tile_bytes),
         (&k.fwd_tile, tile_bytes),
         (&k.bwd_q_tile, tile_bytes),
         (&k.bwd_k_tile, tile_bytes),
@@ -384,11 +387,13 @@ fn chunk_totals<T: DeviceRepr>(
     dm: &Dims,
     mode: i32,
 ) -> Result<()> {
-    let mut b = g.stream.launch_builder(if dm.geo.tiled {
-        &kn.partial_tile
-    } else {
-        &kn.partial
-    });
+    let mut b = g
+        .stream
+        .launch_builder(match (dm.geo.tiled, dm.mw / (dm.dv as usize + 1)) {
+            (true, m) if m <= 16 => &kn.partial_tile_m16,
+            (true, _) => &kn.partial_tile,
+            _ => &kn.partial,
+        });
     b.arg(x).arg(v).arg(gr).arg(o).arg(den).arg(w).arg(out);
     dm.push(&mut b, &mode);
     let c = if dm.geo.tiled {
@@ -396,7 +401,7 @@ fn chunk_totals<T: DeviceRepr>(
     } else {
         cfg(dm, true)
     };
-    // SAFETY: argument order and types match `race_partial` and `race_partial_tile` in
+    // SAFETY: argument order and types match `race_partial` and `race_partial_tile(_m16)` in
     // race.cu; every buffer holds the [heads, n, ·] extents the kernel indexes (checked by
     // `check_problem`; g/o/den are read only in mode 1), `out` heads·nchunks·m·w floats, and
     // the dynamic shared memory is sized by `shared_floats` / `shared_floats_tiled` for the

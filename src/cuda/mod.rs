@@ -46,13 +46,14 @@ pub fn chunk_len(heads: usize, n: usize) -> usize {
 }
 
 /// Kernel names the Rust side launches (checked against the source in tests).
-pub const KERNELS: [&str; 13] = [
+pub const KERNELS: [&str; 14] = [
     "race_partial",
     "race_scan",
     "race_fwd",
     "race_bwd_q",
     "race_bwd_k",
     "race_partial_tile",
+    "race_partial_tile_m16",
     "race_fwd_tile",
     "race_bwd_q_tile",
     "race_bwd_k_tile",

@@ -598,17 +598,56 @@ __device__ Blk blk_carve(float* sh, int d, int LP, int m, int w, int causal) {
 }
 
 // Rows row0..row0+nt of a [*, cols] input into dst (row stride ds): rows over warps,
-// columns over lanes, so each warp reads whole rows coalesced.
-__device__ void blk_rows_in(const in_t* src, long long row0, int nt, int cols, float* dst, int ds) {
+// columns over lanes, so each warp reads whole rows coalesced. When cols is a multiple of 4
+// (every row then starts 16-byte aligned for f32, 8-byte for bf16), each thread loads 4
+// consecutive elements at once, for 2 rows before it stores either (4 rows spilled registers
+// in the kernels that keep a bank-sized register block).
+__device__ __forceinline__ float4 ld4(const float* __restrict__ p, long long i) {
+    return *reinterpret_cast<const float4*>(p + i);
+}
+#ifdef RACE_BF16
+__device__ __forceinline__ float4 ld4(const in_t* __restrict__ p, long long i) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p + i);
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                       __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+}
+__device__ __forceinline__ float ld(const float* p, long long i) { return p[i]; }
+#endif
+
+template <class T>
+__device__ void blk_rows(const T* __restrict__ src, long long row0, int nt, int cols, float* __restrict__ dst,
+                         int ds) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int t = warp; t < nt; t += 8)
-        for (int c = lane; c < cols; c += 32) dst[t * ds + c] = ld(src, (row0 + t) * cols + c);
+    if (cols % 4 == 0) {
+        const int n4 = cols / 4;
+        for (int t0 = warp; t0 < nt; t0 += 16)
+            for (int c4 = lane; c4 < n4; c4 += 32) {
+                float4 v[2];
+#pragma unroll
+                for (int i = 0; i < 2; ++i)
+                    if (t0 + 8 * i < nt) v[i] = ld4(src, (row0 + t0 + 8 * i) * cols + 4 * c4);
+#pragma unroll
+                for (int i = 0; i < 2; ++i)
+                    if (t0 + 8 * i < nt) {
+                        float* o = dst + (t0 + 8 * i) * ds + 4 * c4;
+                        o[0] = v[i].x;
+                        o[1] = v[i].y;
+                        o[2] = v[i].z;
+                        o[3] = v[i].w;
+                    }
+            }
+    } else {
+        for (int t = warp; t < nt; t += 8)
+            for (int c = lane; c < cols; c += 32) dst[t * ds + c] = ld(src, (row0 + t) * cols + c);
+    }
+}
+
+__device__ void blk_rows_in(const in_t* src, long long row0, int nt, int cols, float* dst, int ds) {
+    blk_rows(src, row0, nt, cols, dst, ds);
 }
 
 __device__ void blk_rows_f(const float* src, long long row0, int nt, int cols, float* dst, int ds) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int t = warp; t < nt; t += 8)
-        for (int c = lane; c < cols; c += 32) dst[t * ds + c] = src[(row0 + t) * cols + c];
+    blk_rows(src, row0, nt, cols, dst, ds);
 }
 
 // Ask L2 for rows row0..row0+nt of a [*, cols] input of `esize`-byte elements (one 128-byte
@@ -779,13 +818,17 @@ __device__ void blk_input_grads(const Blk& b, int L, int P, float beta, int nt, 
     (void)R;
 
 // Chunk totals. mode 0: Σ φ(k_t)[v_t, 1]; mode 1: Σ φ(q_t) ĝ_t / L. Same output as
-// race_partial: out [heads, nch, m*w]. The totals stay in registers.
-extern "C" __global__ void __launch_bounds__(256, 3) race_partial_tile(const in_t* X, const in_t* V, const float* G, const float* O,
-                                             const float* DEN, const float* W, float* out, int n, int d, int dv,
-                                             int L, int P, float beta, int chunk, int mode) {
+// race_partial: out [heads, nch, m*w]. The totals stay in registers, RM rows of features per
+// thread: race_partial_tile (RM = TM, m ≤ 64) and race_partial_tile_m16 (RM = 2, m ≤ 16,
+// fewer registers and more resident blocks for the small banks).
+#define PARTIAL_TILE_ARGS                                                                                   \
+    const in_t *X, const in_t *V, const float *G, const float *O, const float *DEN, const float *W, float *out, \
+        int n, int d, int dv, int L, int P, float beta, int chunk, int mode
+template <int RM>
+__device__ void partial_tile(PARTIAL_TILE_ARGS) {
     const float* bases = nullptr;
     BLK_CHUNK(0, 0, bases)
-    float acc[TM][TC];
+    float acc[RM][TC];
     tile_zero(acc);
     for (int b0 = t0; b0 < t1; b0 += TILE) {
         const int nt = min(TILE, t1 - b0);
@@ -800,6 +843,14 @@ extern "C" __global__ void __launch_bounds__(256, 3) race_partial_tile(const in_
         __syncthreads();
     }
     tile_store(acc, 1.f, out + ((long long)h * nch + c) * m * w, w, m, w);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2) race_partial_tile(PARTIAL_TILE_ARGS) {
+    partial_tile<TM>(X, V, G, O, DEN, W, out, n, d, dv, L, P, beta, chunk, mode);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 4) race_partial_tile_m16(PARTIAL_TILE_ARGS) {
+    partial_tile<2>(X, V, G, O, DEN, W, out, n, d, dv, L, P, beta, chunk, mode);
 }
 
 // o rows = res[t][:dv] / res[t][dv] from xr (stride w); DEN = res[t][dv] / L.

@@ -59,7 +59,10 @@ int main(int argc, char** argv) {
                       int mode) {
         if (tiled)
             launch(nch, heads, 256, sh_tile,
-                   [&] { race_partial_tile(X, Vv, Gg, Oo, Dd, W.data(), out, n, d, dv, L, P, beta, chunk, mode); });
+                   [&] {
+                       if (m <= 16) race_partial_tile_m16(X, Vv, Gg, Oo, Dd, W.data(), out, n, d, dv, L, P, beta, chunk, mode);
+                       else race_partial_tile(X, Vv, Gg, Oo, Dd, W.data(), out, n, d, dv, L, P, beta, chunk, mode);
+                   });
         else
             launch(bx, heads, threads, shp,
                    [&] { race_partial(X, Vv, Gg, Oo, Dd, W.data(), out, n, d, dv, L, P, beta, chunk, mode); });

@@ -118,6 +118,13 @@ inline float __shfl_down_sync(unsigned, float v, int o) {
     __syncwarp();
     return r;
 }
+struct float4 {
+    float x, y, z, w;
+};
+struct uint2 {
+    unsigned x, y;
+};
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 inline float __uint_as_float(unsigned u) {
     float f;
     std::memcpy(&f, &u, 4);
