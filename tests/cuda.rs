@@ -637,9 +637,24 @@ fn race_cu_compiles_with_nvrtc_without_spills() {
                 "register spill {extra:?}: {line}\n{text}"
             );
         }
+        // Registers per kernel, for `--nocapture` readers (ptxas names each entry, then its
+        // properties, then "Used N registers").
+        let mut regs = Vec::new();
+        let mut current = "";
+        for line in text.lines() {
+            if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+                current = rest.split('\'').next().unwrap_or("");
+            } else if let Some(rest) = line.split("Used ").nth(1) {
+                regs.push(format!(
+                    "{current} {}",
+                    rest.split(' ').next().unwrap_or("?")
+                ));
+            }
+        }
         println!(
-            "NVRTC {} {extra:?}: {kernels} kernels for sm_90, no spills",
-            path.display()
+            "NVRTC {} {extra:?}: {kernels} kernels for sm_90, no spills; registers: {}",
+            path.display(),
+            regs.join(", ")
         );
     }
 }
