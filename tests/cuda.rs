@@ -152,7 +152,7 @@ fn emulator(bf16: bool) -> std::path::PathBuf {
             let src = dir.join(format!("emu{}.cpp", bf16 as u8));
             let root = env!("CARGO_MANIFEST_DIR");
             let read = |p: &str| std::fs::read_to_string(format!("{root}/{p}")).unwrap();
-            let kernels = RACE_CU.replace("extern __shared__ float sh[];", "float* sh = g_shared;");
+            let kernels = RACE_CU.replace("extern __shared__ float sh[];", "#define sh g_shared");
             std::fs::write(
                 &src,
                 format!(
@@ -225,6 +225,8 @@ fn emulate(
         geo.shared_tile_state,
         geo.tiled_causal as usize,
         geo.shared_tile_causal,
+        geo.shared_tile_query,
+        geo.shared_tile_causal_query,
     ] {
         buf.extend((x as i32).to_le_bytes());
     }

@@ -202,24 +202,6 @@ fn tile_cfg_bytes(dm: &Dims, shared: usize) -> LaunchConfig {
     }
 }
 
-/// Tiled non-causal kernels, with or without the block's state.
-fn tile_cfg(dm: &Dims, with_state: bool) -> LaunchConfig {
-    let g = &dm.geo;
-    tile_cfg_bytes(
-        dm,
-        if with_state {
-            g.shared_tile_state
-        } else {
-            g.shared_tile
-        },
-    )
-}
-
-/// Tiled causal kernels.
-fn causal_cfg(dm: &Dims) -> LaunchConfig {
-    tile_cfg_bytes(dm, dm.geo.shared_tile_causal)
-}
-
 /// Which kernel family runs a forward or backward pass of this problem.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Family {
@@ -252,11 +234,16 @@ impl Family {
             Family::TileCausal => tile_causal,
         }
     }
-    fn config(self, dm: &Dims, causal: bool) -> LaunchConfig {
-        match self {
-            Family::Warp => cfg(dm, causal),
-            Family::Tile => tile_cfg(dm, true),
-            Family::TileCausal => causal_cfg(dm),
+    /// The launch of a pass; `query`: the queries' backward pass, whose tiled kernels also
+    /// keep an accumulator of `Σ φ(q) ĝ / L`.
+    fn config(self, dm: &Dims, causal: bool, query: bool) -> LaunchConfig {
+        let g = &dm.geo;
+        match (self, query) {
+            (Family::Warp, _) => cfg(dm, causal),
+            (Family::Tile, false) => tile_cfg_bytes(dm, g.shared_tile_state),
+            (Family::Tile, true) => tile_cfg_bytes(dm, g.shared_tile_query),
+            (Family::TileCausal, false) => tile_cfg_bytes(dm, g.shared_tile_causal),
+            (Family::TileCausal, true) => tile_cfg_bytes(dm, g.shared_tile_causal_query),
         }
     }
 }
@@ -265,9 +252,9 @@ impl Family {
 fn allow_shared(k: &Kernels, geo: &Geometry) -> Result<()> {
     use cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as A;
     let warp_bytes = geo.shared_private;
-    let tile_bytes = if geo.tiled { geo.shared_tile_state } else { 0 };
+    let tile_bytes = if geo.tiled { geo.shared_tile_query } else { 0 };
     let causal_bytes = if geo.tiled_causal {
-        geo.shared_tile_causal
+        geo.shared_tile_causal_query
     } else {
         0
     };
@@ -397,7 +384,7 @@ fn chunk_totals<T: DeviceRepr>(
     b.arg(x).arg(v).arg(gr).arg(o).arg(den).arg(w).arg(out);
     dm.push(&mut b, &mode);
     let c = if dm.geo.tiled {
-        tile_cfg(dm, false)
+        tile_cfg_bytes(dm, dm.geo.shared_tile)
     } else {
         cfg(dm, true)
     };
@@ -487,7 +474,7 @@ fn fwd_dev<T: DeviceRepr>(
     // `race_fwd_tile` (q, W, bases, o, den, shape) and `race_fwd_tile_causal` (as race_fwd
     // without the flag); o has heads·n·dv floats, den heads·n, bases heads·m·w (totals) or
     // heads·nchunks·m·w (exclusive prefix); the shared bytes are `Family::config`'s.
-    unsafe { b.launch(fam.config(dm, causal)) }.map_err(e(name))?;
+    unsafe { b.launch(fam.config(dm, causal, false)) }.map_err(e(name))?;
     Ok(())
 }
 
@@ -522,29 +509,36 @@ fn bwd_dev<T: DeviceRepr>(
         .arg(&bf.den)
         .arg(&mut bf.dq)
         .arg(&mut bf.dbq);
+    if fam != Family::Warp {
+        b.arg(&mut bf.dpartials);
+    }
     dm.push_shape(&mut b);
     if fam == Family::Warp {
         b.arg(&causal_i);
     }
     // SAFETY: the arguments match `race_bwd_q` (q, k, v, W, bases, o, g, den, dq, dbq, shape,
     // causal), `race_bwd_q_tile` (without k, v and the flag) and `race_bwd_q_tile_causal`
-    // (without the flag); bases come from the forward of the same shape and mode; dq holds
-    // heads·n·d floats, dbq heads·n.
-    unsafe { b.launch(fam.config(dm, causal)) }.map_err(e(name))?;
-    // Mode 1 reads ĝ from (g, o, den); its V argument is unused (q stands in).
-    chunk_totals(
-        g,
-        kn,
-        &dev.q,
-        &dev.q,
-        gr,
-        &bf.o,
-        &bf.den,
-        &dev.w,
-        &mut bf.dpartials,
-        dm,
-        1,
-    )?;
+    // (without the flag), the tiled ones then taking dpartials (heads·nchunks·m·w floats);
+    // bases come from the forward of the same shape and mode; dq holds heads·n·d floats, dbq
+    // heads·n.
+    unsafe { b.launch(fam.config(dm, causal, true)) }.map_err(e(name))?;
+    // The tiled queries' passes wrote the chunk totals of Σ φ(q) ĝ / L themselves; otherwise
+    // race_partial's mode 1 reads ĝ from (g, o, den) (its V argument is unused: q stands in).
+    if fam == Family::Warp {
+        chunk_totals(
+            g,
+            kn,
+            &dev.q,
+            &dev.q,
+            gr,
+            &bf.o,
+            &bf.den,
+            &dev.w,
+            &mut bf.dpartials,
+            dm,
+            1,
+        )?;
+    }
     scan_chunks(
         g,
         kn,
@@ -576,7 +570,7 @@ fn bwd_dev<T: DeviceRepr>(
     // `race_bwd_k_tile_causal` (as race_bwd_k without the flag); dbases is the exclusive
     // suffix (causal) or total of the queries' Σ φ ĝ / L; dk heads·n·d, dv heads·n·dv,
     // dbk heads·n.
-    unsafe { b.launch(fam.config(dm, causal)) }.map_err(e(name))?;
+    unsafe { b.launch(fam.config(dm, causal, false)) }.map_err(e(name))?;
     Ok(())
 }
 

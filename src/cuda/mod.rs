@@ -158,14 +158,16 @@ pub const TILE_TC: usize = 5;
 /// Floats of dynamic shared memory of a tiled kernel's block (the layout `blk_carve` makes
 /// in race.cu): `W [L·P·d] | xr [TILE·max(d+1, m, dv+1)] | red [8·TILE·L·P] |` five (six if
 /// `causal`) `[TILE·L·P]` | one (two) `φ [TILE·(m+1)]` | one (two) `[TILE·(dv+1)]` | (causal:
-/// two `[TILE·(TILE+1)]`) `| [TILE]`, then `m × (dv+1)` if the kernel keeps a state.
+/// two `[TILE·(TILE+1)]`) `| [TILE]`, then `states` blocks of `m × (dv+1)`: 0 for the chunk
+/// totals, 1 for the forward and the keys' pass (the running state), 2 for the queries' pass
+/// (the state and its accumulator of `Σ φ(q) ĝ / L`).
 pub fn shared_floats_tiled(
     p: usize,
     l: usize,
     d: usize,
     dv: usize,
     causal: bool,
-    with_state: bool,
+    states: usize,
 ) -> usize {
     let (lp, m, w) = (l * p, l << p, dv + 1);
     let k = causal as usize;
@@ -177,7 +179,7 @@ pub fn shared_floats_tiled(
         + (1 + k) * TILE * w
         + 2 * k * TILE * (TILE + 1)
         + TILE
-        + if with_state { m * w } else { 0 }
+        + states * m * w
 }
 
 /// How a problem is launched.
@@ -187,9 +189,13 @@ pub fn shared_floats_tiled(
 ///   blocks per head, `shared_private` / `shared_block` bytes with a state per warp / per
 ///   block.
 /// - Tiled kernels (`tiled`: the chunk totals and the non-causal passes): one block of 8 warps
-///   per chunk, `shared_tile` / `shared_tile_state` bytes without / with the block's state.
+///   per chunk, `shared_tile` / `shared_tile_state` / `shared_tile_query` bytes with 0 / 1 / 2
+///   bank-sized blocks (chunk totals / forward and keys' pass / queries' pass).
 /// - Tiled causal kernels (`tiled_causal`: the causal passes), one block of 8 warps per chunk
-///   with `shared_tile_causal` bytes.
+///   with `shared_tile_causal` bytes (`shared_tile_causal_query` for the queries' pass).
+///
+/// The tiled queries' passes also total `Σ φ(q) ĝ / L` per chunk, so those problems skip
+/// the separate chunk-totals launch of the backward.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Geometry {
     pub warps: usize,
@@ -201,8 +207,10 @@ pub struct Geometry {
     pub tiled: bool,
     pub shared_tile: usize,
     pub shared_tile_state: usize,
+    pub shared_tile_query: usize,
     pub tiled_causal: bool,
     pub shared_tile_causal: usize,
+    pub shared_tile_causal_query: usize,
 }
 
 impl Geometry {
@@ -278,13 +286,12 @@ pub fn geometry_with(p: usize, l: usize, s: GpuShape, path: KernelPath) -> Resul
         })?;
     let chunk = chunk_len(s.heads, s.n);
     let nchunks = s.n.div_ceil(chunk);
-    let tile_bytes = |with_state| 4 * shared_floats_tiled(p, l, s.d, s.dv, false, with_state);
+    let tile_bytes = |causal, states| 4 * shared_floats_tiled(p, l, s.d, s.dv, causal, states);
     let m = l << p;
     let wanted = path == KernelPath::Tiled;
     let tiles_fit = wanted && m <= 8 * TILE_TM && s.dv < 32 * TILE_TC;
-    let tiled = tiles_fit && tile_bytes(true) <= MAX_SHARED_BYTES;
-    let causal_bytes = 4 * shared_floats_tiled(p, l, s.d, s.dv, true, true);
-    let tiled_causal = tiles_fit && causal_bytes <= MAX_SHARED_BYTES;
+    let tiled = tiles_fit && tile_bytes(false, 2) <= MAX_SHARED_BYTES;
+    let tiled_causal = tiles_fit && tile_bytes(true, 2) <= MAX_SHARED_BYTES;
     Ok(Geometry {
         warps,
         chunk,
@@ -293,10 +300,12 @@ pub fn geometry_with(p: usize, l: usize, s: GpuShape, path: KernelPath) -> Resul
         shared_private: bytes(warps, true),
         shared_block: bytes(warps, false),
         tiled,
-        shared_tile: tile_bytes(false),
-        shared_tile_state: tile_bytes(true),
+        shared_tile: tile_bytes(false, 0),
+        shared_tile_state: tile_bytes(false, 1),
+        shared_tile_query: tile_bytes(false, 2),
         tiled_causal,
-        shared_tile_causal: causal_bytes,
+        shared_tile_causal: tile_bytes(true, 1),
+        shared_tile_causal_query: tile_bytes(true, 2),
     })
 }
 

@@ -30,6 +30,9 @@ __device__ __forceinline__ float ld(const in_t* p, long long i) { return p[i]; }
 
 #define FULL 0xffffffffu
 
+// The dynamic shared memory of every kernel (its layout: `carve` and `blk_carve` below).
+extern __shared__ float sh[];
+
 // Rows are prefetched this many tokens ahead of the one a warp works on (0: none).
 #ifndef AHEAD
 #define AHEAD 4
@@ -293,7 +296,6 @@ __device__ void warp_add_key(const in_t* k, const in_t* v, const float* __restri
 
 // Common preamble: shapes, this warp's chunk [t0, t1) of head h (empty past the end).
 #define WARP_CHUNK(private_state)                                                  \
-    extern __shared__ float sh[];                                                  \
     const int R = 1 << P, m = L * R, w = dv + 1, LP = L * P;                       \
     const int lane = threadIdx.x & 31, nw = blockDim.x >> 5;                       \
     const int h = blockIdx.y, nch = (n + chunk - 1) / chunk;                       \
@@ -545,26 +547,32 @@ __device__ __forceinline__ void tile_store(const float (&acc)[RM][TC], float sc,
 }
 
 // st[f][c] += Σ_s A(s, f) B(s, c) over the tile's nt tokens (A(s, f) = A[s*ars + f],
-// B(s, c) = B[s*bks + c]); each thread owns its register block of the state.
+// B(s, c) = B[s*bks + c]), in passes of 16 feature rows (2 per warp), so the register block
+// is small whatever m is.
 __device__ __forceinline__ void state_update(float* st, const float* A, int ars, const float* B, int bks, int m,
                                              int w, int nt) {
-    float acc[TM][TC];
-    tile_load(acc, st, w, m, w);
-    tile_mma(acc, A, 1, ars, B, bks, 1, m, w, nt);
-    tile_store(acc, 1.f, st, w, m, w);
+    for (int f0 = 0; f0 < m; f0 += 16) {
+        const int nf = min(16, m - f0);
+        float acc[2][TC];
+        tile_load(acc, st + f0 * w, w, nf, w);
+        tile_mma(acc, A + f0, 1, ars, B, bks, 1, nf, w, nt);
+        tile_store(acc, 1.f, st + f0 * w, w, nf, w);
+    }
 }
 
 // A block's buffers (floats; `shared_floats_tiled` in src/cuda/mod.rs mirrors this):
 // W [LP*d] | xr [TILE*max(d+1, m, w)] (input rows, then results) | red [8*TILE*LP] |
 // uq [TILE*LP] | uk (causal) | on, off, dz, db [TILE*LP each] | phq [TILE*(m+1)] |
 // phk (causal) | y [TILE*w] | g (causal; else y's buffer) | a, a2 (causal) [TILE*(TILE+1)] |
-// dot [TILE] | state [m*w] (kernels that keep one).
+// dot [TILE] | state [m*w] (kernels that keep one) | dacc [m*w] (the query passes, which also
+// total Σ φ(q) ĝ / L over their chunk for the keys' pass).
 struct Blk {
-    float *W, *xr, *red, *uq, *uk, *on, *off, *dz, *db, *phq, *phk, *y, *g, *a, *a2, *dot, *st;
+    float *W, *xr, *red, *uq, *uk, *on, *off, *dz, *db, *phq, *phk, *y, *g, *a, *a2, *dot, *st, *dacc;
     int xs, mp, tp;  // row strides of xr (as input), phq/phk, a/a2
 };
 
 __device__ Blk blk_carve(float* sh, int d, int LP, int m, int w, int causal) {
+    // The state and dacc come last; kernels without them simply do not touch that memory.
     Blk b;
     b.xs = d + 1;
     b.mp = m + 1;
@@ -594,6 +602,7 @@ __device__ Blk blk_carve(float* sh, int d, int LP, int m, int w, int causal) {
     if (causal) { b.a2 = p + TILE * b.tp; p += 2 * TILE * b.tp; }
     b.dot = p; p += TILE;
     b.st = p;
+    b.dacc = p + m * w;
     return b;
 }
 
@@ -800,11 +809,15 @@ __device__ void blk_input_grads(const Blk& b, int L, int P, float beta, int nt, 
     blk_dx(b, L * P, d, nt, dst, DB);
 }
 
+// The chunk's Σ φ(q) ĝ / L from dacc to dst (after the last tile's barrier).
+__device__ void blk_store_dacc(const Blk& b, float* dst, int mw) {
+    for (int e = threadIdx.x; e < mw; e += blockDim.x) dst[e] = b.dacc[e];
+}
+
 // Common preamble: shapes, this block's chunk [t0, t1) of head h, the buffers, the planes in
-// shared memory, and (`state` ≥ 0) the starting state: 1 the head's total (non-causal), 2
-// this chunk's base (causal).
-#define BLK_CHUNK(causal, state, bases)                                                        \
-    extern __shared__ float sh[];                                                              \
+// shared memory, (`state` ≥ 0) the starting state: 1 the head's total (non-causal), 2 this
+// chunk's base (causal), and (`with_dacc`) a zeroed accumulator for the chunk's Σ φ(q) ĝ / L.
+#define BLK_CHUNK(causal, state, bases, with_dacc)                                             \
     const int R = 1 << P, m = L * R, w = dv + 1, LP = L * P;                                   \
     const int h = blockIdx.y, c = blockIdx.x, nch = gridDim.x;                                 \
     const int t0 = c * chunk, t1 = min(n, t0 + chunk);                                         \
@@ -814,6 +827,8 @@ __device__ void blk_input_grads(const Blk& b, int L, int P, float beta, int nt, 
         const float* src = bases + (state == 2 ? (long long)h * nch + c : (long long)h) * m * w; \
         for (int e = threadIdx.x; e < m * w; e += blockDim.x) b.st[e] = src[e];                \
     }                                                                                          \
+    if (with_dacc)                                                                             \
+        for (int e = threadIdx.x; e < m * w; e += blockDim.x) b.dacc[e] = 0.f;                 \
     __syncthreads();                                                                           \
     (void)R;
 
@@ -827,7 +842,7 @@ __device__ void blk_input_grads(const Blk& b, int L, int P, float beta, int nt, 
 template <int RM>
 __device__ void partial_tile(PARTIAL_TILE_ARGS) {
     const float* bases = nullptr;
-    BLK_CHUNK(0, 0, bases)
+    BLK_CHUNK(0, 0, bases, 0)
     float acc[RM][TC];
     tile_zero(acc);
     for (int b0 = t0; b0 < t1; b0 += TILE) {
@@ -867,7 +882,7 @@ __device__ void blk_normalise(const Blk& b, long long row0, int nt, int dv, int 
 // Non-causal forward: o_t = Σ_f φ_f(q_t) S_f / den with S the head's total.
 extern "C" __global__ void __launch_bounds__(256, 4) race_fwd_tile(const in_t* Q, const float* W, const float* bases, float* O, float* DEN,
                                          int n, int d, int dv, int L, int P, float beta, int chunk) {
-    BLK_CHUNK(0, 1, bases)
+    BLK_CHUNK(0, 1, bases, 0)
     for (int b0 = t0; b0 < t1; b0 += TILE) {
         const int nt = min(TILE, t1 - b0);
         const long long row0 = (long long)h * n + b0;
@@ -883,11 +898,12 @@ extern "C" __global__ void __launch_bounds__(256, 4) race_fwd_tile(const in_t* Q
     }
 }
 
-// Non-causal query gradients: ∂ℓ/∂φ(q_t) = S ĝ_t / L.
+// Non-causal query gradients: ∂ℓ/∂φ(q_t) = S ĝ_t / L; and the chunk's Σ φ(q_t) ĝ_t / L into
+// DPART [heads, nch, m*w] (what race_partial's mode 1 computes, without reading q, g, o again).
 extern "C" __global__ void __launch_bounds__(256, 4) race_bwd_q_tile(const in_t* Q, const float* W, const float* bases, const float* O,
-                                           const float* G, const float* DEN, float* DQ, float* DBQ, int n, int d,
-                                           int dv, int L, int P, float beta, int chunk) {
-    BLK_CHUNK(0, 1, bases)
+                                           const float* G, const float* DEN, float* DQ, float* DBQ, float* DPART,
+                                           int n, int d, int dv, int L, int P, float beta, int chunk) {
+    BLK_CHUNK(0, 1, bases, 1)
     for (int b0 = t0; b0 < t1; b0 += TILE) {
         const int nt = min(TILE, t1 - b0);
         const long long row0 = (long long)h * n + b0;
@@ -899,9 +915,11 @@ extern "C" __global__ void __launch_bounds__(256, 4) race_bwd_q_tile(const in_t*
         tile_mma(acc, b.y, w, 1, b.st, 1, w, nt, m, w);  // gφ[t][f] = Σ_c ĝ[t][c] S[f][c] / L
         tile_store(acc, 1.f, b.xr, m, nt, m);
         __syncthreads();
+        state_update(b.dacc, b.phq, b.mp, b.y, w, m, w, nt);
         blk_input_grads(b, L, P, beta, nt, b.uq, b.phq, d, DQ + row0 * d, DBQ + row0);
         __syncthreads();
     }
+    blk_store_dacc(b, DPART + ((long long)h * nch + c) * m * w, m * w);
 }
 
 // Non-causal key gradients: with D the head's Σ_t φ(q_t) ĝ_t / L,
@@ -909,7 +927,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) race_bwd_q_tile(const in_t*
 extern "C" __global__ void __launch_bounds__(256, 4) race_bwd_k_tile(const in_t* K, const in_t* V, const float* W, const float* dbases,
                                            float* DK, float* DV, float* DBK, int n, int d, int dv, int L, int P,
                                            float beta, int chunk) {
-    BLK_CHUNK(0, 1, dbases)
+    BLK_CHUNK(0, 1, dbases, 0)
     for (int b0 = t0; b0 < t1; b0 += TILE) {
         const int nt = min(TILE, t1 - b0);
         const long long row0 = (long long)h * n + b0;
@@ -946,7 +964,7 @@ __device__ void blk_causal_tile(const Blk& b, const in_t* Q, const in_t* K, cons
 extern "C" __global__ void __launch_bounds__(256, 3) race_fwd_tile_causal(const in_t* Q, const in_t* K, const in_t* V, const float* W,
                                                 const float* bases, float* O, float* DEN, int n, int d, int dv, int L,
                                                 int P, float beta, int chunk) {
-    BLK_CHUNK(1, 2, bases)
+    BLK_CHUNK(1, 2, bases, 0)
     for (int b0 = t0; b0 < t1; b0 += TILE) {
         const int nt = min(TILE, t1 - b0);
         const long long row0 = (long long)h * n + b0;
@@ -968,12 +986,13 @@ extern "C" __global__ void __launch_bounds__(256, 3) race_fwd_tile_causal(const 
     }
 }
 
-// Causal query gradients: ∂ℓ/∂φ(q_t) = (S_base ĝ_t + Σ_{s ≤ t in tile} φk_s (y_s·ĝ_t)) / L.
+// Causal query gradients: ∂ℓ/∂φ(q_t) = (S_base ĝ_t + Σ_{s ≤ t in tile} φk_s (y_s·ĝ_t)) / L;
+// and the chunk's Σ φ(q_t) ĝ_t / L into DPART, as race_bwd_q_tile.
 extern "C" __global__ void __launch_bounds__(256, 3) race_bwd_q_tile_causal(const in_t* Q, const in_t* K, const in_t* V, const float* W,
                                                   const float* bases, const float* O, const float* G,
-                                                  const float* DEN, float* DQ, float* DBQ, int n, int d, int dv,
-                                                  int L, int P, float beta, int chunk) {
-    BLK_CHUNK(1, 2, bases)
+                                                  const float* DEN, float* DQ, float* DBQ, float* DPART, int n, int d,
+                                                  int dv, int L, int P, float beta, int chunk) {
+    BLK_CHUNK(1, 2, bases, 1)
     for (int b0 = t0; b0 < t1; b0 += TILE) {
         const int nt = min(TILE, t1 - b0);
         const long long row0 = (long long)h * n + b0;
@@ -989,9 +1008,11 @@ extern "C" __global__ void __launch_bounds__(256, 3) race_bwd_q_tile_causal(cons
         tile_store(acc, 1.f, b.xr, m, nt, m);
         __syncthreads();
         state_update(b.st, b.phk, b.mp, b.y, w, m, w, nt);
+        state_update(b.dacc, b.phq, b.mp, b.g, w, m, w, nt);
         blk_input_grads(b, L, P, beta, nt, b.uq, b.phq, d, DQ + row0 * d, DBQ + row0);
         __syncthreads();
     }
+    blk_store_dacc(b, DPART + ((long long)h * nch + c) * m * w, m * w);
 }
 
 // Causal key gradients, tiles last to first; D = the suffix state Σ_{t later} φq_t ĝ_tᵀ/L:
@@ -1001,7 +1022,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) race_bwd_k_tile_causal(cons
                                                   const float* dbases, const float* O, const float* G,
                                                   const float* DEN, float* DK, float* DV, float* DBK, int n, int d,
                                                   int dv, int L, int P, float beta, int chunk) {
-    BLK_CHUNK(1, 2, dbases)
+    BLK_CHUNK(1, 2, dbases, 0)
     const int ntiles = (t1 - t0 + TILE - 1) / TILE;
     for (int ti = ntiles - 1; ti >= 0; --ti) {
         const int b0 = t0 + ti * TILE, nt = min(TILE, t1 - b0);

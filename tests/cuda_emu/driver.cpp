@@ -15,13 +15,14 @@ int main(int argc, char** argv) {
     if (argc != 3) return 2;
     FILE* f = std::fopen(argv[1], "rb");
     if (!f) return 2;
-    int32_t hd[17];
+    int32_t hd[19];
     float beta;
-    if (std::fread(hd, 4, 17, f) != 17 || std::fread(&beta, 4, 1, f) != 1) return 2;
+    if (std::fread(hd, 4, 19, f) != 19 || std::fread(&beta, 4, 1, f) != 1) return 2;
     const int heads = hd[0], n = hd[1], d = hd[2], dv = hd[3], L = hd[4], P = hd[5], causal = hd[6];
     const int warps = hd[7], chunk = hd[8], bf16 = hd[9], sh_private = hd[10], sh_block = hd[11];
     const int tiled = hd[12], sh_tile = hd[13], sh_tile_state = hd[14];
     const int tiled_causal = hd[15] && causal, sh_causal = hd[16];
+    const int sh_tile_query = hd[17], sh_causal_query = hd[18];
 #ifdef RACE_BF16
     if (!bf16) return 4;
 #else
@@ -87,23 +88,24 @@ int main(int argc, char** argv) {
         });
     // Backward.
     auto DQ = nans(nd), DBQ = nans(nt);
+    // The tiled queries' passes also write the chunk totals of Σ φ(q) ĝ / L (partials1).
+    auto partials1 = nans((size_t)heads * nch * mw);
     if (tiled_causal)
-        launch(nch, heads, 256, sh_causal, [&] {
+        launch(nch, heads, 256, sh_causal_query, [&] {
             race_bwd_q_tile_causal(Q.data(), K.data(), V.data(), W.data(), bases.data(), O.data(), G.data(), DEN.data(),
-                                   DQ.data(), DBQ.data(), n, d, dv, L, P, beta, chunk);
+                                   DQ.data(), DBQ.data(), partials1.data(), n, d, dv, L, P, beta, chunk);
         });
     else if (tile_pass)
-        launch(nch, heads, 256, sh_tile_state, [&] {
-            race_bwd_q_tile(Q.data(), W.data(), bases.data(), O.data(), G.data(), DEN.data(), DQ.data(), DBQ.data(), n,
-                            d, dv, L, P, beta, chunk);
+        launch(nch, heads, 256, sh_tile_query, [&] {
+            race_bwd_q_tile(Q.data(), W.data(), bases.data(), O.data(), G.data(), DEN.data(), DQ.data(), DBQ.data(),
+                            partials1.data(), n, d, dv, L, P, beta, chunk);
         });
     else
         launch(bx, heads, threads, shb, [&] {
             race_bwd_q(Q.data(), K.data(), V.data(), W.data(), bases.data(), O.data(), G.data(), DEN.data(), DQ.data(),
                        DBQ.data(), n, d, dv, L, P, beta, chunk, causal);
         });
-    auto partials1 = nans((size_t)heads * nch * mw);
-    totals(Q.data(), Q.data(), G.data(), O.data(), DEN.data(), partials1.data(), 1);
+    if (!tiled_causal && !tile_pass) totals(Q.data(), Q.data(), G.data(), O.data(), DEN.data(), partials1.data(), 1);
     auto dbases = nans(causal ? (size_t)heads * nch * mw : (size_t)heads * mw);
     launch(scan_bx, heads, 256, 0, [&] { race_scan(partials1.data(), dbases.data(), nch, mw, causal ? 1 : 2); });
     auto DK = nans(nd), DV = nans(nv), DBK = nans(nt);
