@@ -3,20 +3,25 @@
 // Layout: inputs [heads, n, d] (values [heads, n, dv]) row-major; planes W [L, P, d] f32.
 // A bank row f (feature f = l*R + r) has width w = dv + 1: value sums and, last, the mass.
 //
-// Work split: each *warp* owns one chunk of `chunk` consecutive tokens of one head and walks
-// it token by token with warp-level steps only (shuffles and __syncwarp, no block barriers in
-// the token loop); a block is `warps` such warps side by side (chunk index
-// blockIdx.x * warps + warp, head blockIdx.y). Per token a warp computes the soft features of
-// one row (L·P dot products of length d, reduced by butterfly shuffles; tanh and the bit
-// sigmoids; the m = L·2^P corner products), then one bank-sized product against its state.
+// Every pass splits each head's sequence into chunks of `chunk` tokens. Chunk totals
+// (race_partial*) are combined by race_scan in f64 (an exclusive scan for causal runs, the
+// total for non-causal ones), so f32 only ever accumulates within one chunk. No float
+// atomics: every sum has a fixed order, so results are bitwise reproducible run to run.
 //
-// Chunk totals are combined by race_scan in f64 (an exclusive scan for causal runs, the total
-// for non-causal ones), so f32 only ever accumulates within one chunk. No float atomics:
-// every sum has a fixed order, so results are bitwise reproducible run to run.
+// Two kernel families, the host picking per problem (src/cuda/mod.rs, `Geometry`):
+// - warp-per-chunk (race_partial, race_fwd, race_bwd_q, race_bwd_k): each *warp* owns one
+//   chunk and walks it token by token with warp-level steps only (shuffles and __syncwarp);
+//   a block is up to 8 such warps. Kernels that accumulate keep a private m·w state per warp
+//   in shared memory; the non-causal passes share one read-only state per block. Any shape
+//   whose state fits in shared memory.
+// - tiled (race_*_tile, race_*_tile_causal; further below): each *block* of 8 warps owns one
+//   chunk and walks it in tiles of 32 tokens, every step block-parallel. The default wherever
+//   the tiles fit (m ≤ 64, dv + 1 ≤ 160).
 //
-// State: kernels that accumulate (race_partial, and the causal passes) keep a private m·w
-// state per warp in shared memory; the non-causal passes share one read-only state per block.
-//
+// The per-token maths is the same in both: the soft features of a row (L·P projections on
+// the planes, tanh, the bit sigmoids, the m = L·2^P corner products), bank-sized products
+// against the state, and through the softmaxes back to dz and dx = dz W.
+
 // Compiled twice: as is (f32 inputs) and with -DRACE_BF16 (bf16 inputs read as raw 16-bit
 // words and widened exactly to f32). Outputs and gradients are always f32.
 
