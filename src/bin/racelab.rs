@@ -676,8 +676,15 @@ fn run_bench(a: BenchArgs) -> Result<()> {
     );
     if let Some(g) = &rep.gpu {
         println!(
-            "GPU {}: measured copy bandwidth {:.0} GB/s, FP32 FMA {:.0} GFLOP/s (the race rows' floors)",
-            g.name, g.bandwidth_gbs, g.fp32_gflops
+            "GPU {}: measured copy bandwidth {:.0} GB/s, FP32 FMA {:.0} GFLOP/s (the race rows' floors){}",
+            g.name,
+            g.bandwidth_gbs,
+            g.fp32_gflops,
+            if g.switches.is_empty() {
+                String::new()
+            } else {
+                format!("; {}", g.switches.join(" "))
+            }
         );
     }
     println!(

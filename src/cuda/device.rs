@@ -800,5 +800,6 @@ pub fn ceilings() -> Result<DeviceCeilings> {
         name,
         bandwidth_gbs: bw,
         fp32_gflops: flops,
+        switches: super::switches(),
     })
 }

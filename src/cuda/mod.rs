@@ -73,6 +73,21 @@ pub struct DeviceCeilings {
     pub bandwidth_gbs: f64,
     /// FP32 FMA rate, GFLOP/s (best of 5 launches of `race_fma_peak`).
     pub fp32_gflops: f64,
+    /// The kernel switches in force (`RACELAB_CUDA_PATH`, `RACELAB_CUDA_CHUNK`,
+    /// `RACELAB_CUDA_DEFINES`; empty when none is set), so a GPU row says which kernels made it.
+    pub switches: Vec<String>,
+}
+
+/// The CUDA environment switches that are set, as `NAME=value`.
+pub fn switches() -> Vec<String> {
+    [
+        "RACELAB_CUDA_PATH",
+        "RACELAB_CUDA_CHUNK",
+        "RACELAB_CUDA_DEFINES",
+    ]
+    .iter()
+    .filter_map(|k| std::env::var(k).ok().map(|v| format!("{k}={v}")))
+    .collect()
 }
 
 /// Input element type on the device.
