@@ -195,6 +195,7 @@ fn emulate(
     s: GpuShape,
     causal: bool,
     tiled: bool,
+    reverse: bool,
 ) -> (Vec<f32>, racelab::cpu::SoftGrads) {
     let path = if tiled {
         cuda::KernelPath::Tiled
@@ -246,18 +247,18 @@ fn emulate(
         planes.p,
         planes.l,
         s.n,
-        causal as u8 + 2 * bf16 as u8 + 4 * geo.tiled as u8
+        causal as u8 + 2 * bf16 as u8 + 4 * geo.tiled as u8 + 8 * reverse as u8
     );
     let (inp, out) = (
         dir.join(format!("in-{tag}")),
         dir.join(format!("out-{tag}")),
     );
     std::fs::write(&inp, &buf).unwrap();
-    let run = std::process::Command::new(&bin)
-        .arg(&inp)
-        .arg(&out)
-        .output()
-        .unwrap();
+    let mut cmd = std::process::Command::new(&bin);
+    if reverse {
+        cmd.env("EMU_REVERSE", "1");
+    }
+    let run = cmd.arg(&inp).arg(&out).output().unwrap();
     assert!(
         run.status.success(),
         "emulated run failed ({}): {}",
@@ -369,14 +370,23 @@ fn check_device(device: &str) {
             let (o, gr) = match device {
                 "emu" | "emu-warp" => {
                     let tiled = device == "emu";
-                    let run = |q: GpuInput, k: GpuInput, v: GpuInput| {
-                        emulate(&planes, beta, q, k, v, &g, s, causal, tiled)
+                    let run = |q: GpuInput, k: GpuInput, v: GpuInput, reverse: bool| {
+                        emulate(&planes, beta, q, k, v, &g, s, causal, tiled, reverse)
                     };
-                    let (o, gr) = run(GpuInput::F32(&q), GpuInput::F32(&k), GpuInput::F32(&v));
+                    let f32_in = (GpuInput::F32(&q), GpuInput::F32(&k), GpuInput::F32(&v));
+                    let (o, gr) = run(f32_in.0, f32_in.1, f32_in.2, false);
+                    // The same threads run in reverse order must give the same bits: any
+                    // difference is a missing barrier.
+                    let (o_rev, gr_rev) = run(f32_in.0, f32_in.1, f32_in.2, true);
+                    assert!(
+                        o_rev == o && gr_rev.dq == gr.dq && gr_rev.dk == gr.dk && gr_rev.dv == gr.dv,
+                        "emulated {device} P={p} L={l} causal={causal}: results depend on the thread order (a missing barrier)"
+                    );
                     let (ob, _) = run(
                         GpuInput::Bf16(&qb),
                         GpuInput::Bf16(&kb),
                         GpuInput::Bf16(&vb),
+                        false,
                     );
                     check_bf16(&ob);
                     (o, gr)

@@ -1,6 +1,7 @@
 // A CPU emulation of the parts of the CUDA execution model that race.cu uses, so its kernels
 // run (slowly) on machines without a GPU: every CUDA thread is a fiber (ucontext) of one OS
-// thread; __syncthreads and __syncwarp are barriers that switch to the next runnable fiber;
+// thread, run in index order or (EMU_REVERSE=1) in reverse; __syncthreads and __syncwarp are
+// barriers that switch to the next runnable fiber;
 // __shfl_xor_sync and __shfl_down_sync go through a per-warp exchange buffer between two warp barriers.
 // Shared memory is a per-block buffer poisoned with NaN, so a read of scratch nothing wrote
 // shows up in the results. Blocks run one after another, in grid order.
@@ -40,6 +41,11 @@ static int current = -1;
 static Barrier block_bar;
 static std::vector<Barrier> warp_bars;
 static float xchg[64][32];
+// Threads run one after another up to their next barrier, in index order, or in reverse
+// order with EMU_REVERSE=1. A read of shared data that some other thread writes without a
+// barrier in between sees NaN or a stale value in one of the two orders, so running both
+// finds missing barriers whichever thread writes first.
+static const bool reverse_order = std::getenv("EMU_REVERSE") != nullptr;
 static void (*body_fn)(void*);
 static void* body_arg;
 
@@ -80,7 +86,8 @@ inline void run_block(unsigned bx, unsigned by, unsigned threads, void (*body)(v
     }
     for (;;) {
         bool any = false, progressed = false;
-        for (unsigned t = 0; t < threads; ++t) {
+        for (unsigned i = 0; i < threads; ++i) {
+            const unsigned t = reverse_order ? threads - 1 - i : i;
             Fiber& f = fibers[t];
             if (f.done) continue;
             any = true;
