@@ -4,7 +4,8 @@
 # chunk), then a short benchmark at the paper shape (batch 1, 4 heads, d = 128, f32) for
 # (P,L) = (2,2) and (4,4): forward+backward, non-causal and causal, at N = 2^20 and 2^22 per
 # head (4·2^20 and 16·2^20 tokens); forward only at 2^20; and the forward+backward rows at
-# 2^20 again on the warp-per-chunk kernels. Designed to finish inside 5 minutes on an H200. Everything goes under $OUT (or ./gpu-check): summary.txt and one
+# 2^20 again on the warp-per-chunk kernels; and a lean PyTorch version of the operator on the
+# same GPU. Designed to finish inside 5 minutes on an H200. Everything goes under $OUT (or ./gpu-check): summary.txt and one
 # gpu-check.tgz with the logs and each bench's csv/json/png.
 #
 # Two ways to run it:
@@ -113,4 +114,10 @@ export RACELAB_CUDA_PATH=warp
 bench nc-warp 60 --backward --n 1048576 --p 2,4 --l 2,4
 bench causal-warp 60 --backward --causal --n 1048576 --p 2,4 --l 2,4
 unset RACELAB_CUDA_PATH
+# The comparison point: a lean PyTorch autograd version of the same operator on the same GPU.
+log "PyTorch on the GPU (experiments/tools/torch_race.py, forward+backward, non-causal)"
+for args in "--n 1048576 --p 2 --l 2" "--n 4194304 --p 2 --l 2" "--n 1048576 --p 4 --l 4"; do
+  timeout 90 python3 experiments/tools/torch_race.py --device cuda $args >"$W/torch.txt" 2>&1
+  tail -1 "$W/torch.txt" | tee -a "$W/summary.txt"
+done
 log "done"
