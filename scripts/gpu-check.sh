@@ -117,7 +117,7 @@ unset RACELAB_CUDA_PATH
 # The comparison point: a lean PyTorch autograd version of the same operator on the same GPU.
 log "PyTorch on the GPU (experiments/tools/torch_race.py, forward+backward, non-causal)"
 for args in "--n 1048576 --p 2 --l 2" "--n 4194304 --p 2 --l 2" "--n 1048576 --p 4 --l 4"; do
-  timeout 90 python3 experiments/tools/torch_race.py --device cuda $args >"$W/torch.txt" 2>&1
+  timeout 90 python3 experiments/tools/torch_race.py --device cuda $args >>"$W/torch.txt" 2>&1
   tail -1 "$W/torch.txt" | tee -a "$W/summary.txt"
 done
 log "done"
