@@ -38,7 +38,9 @@ __device__ __forceinline__ float ld(const in_t* p, long long i) { return p[i]; }
 // The dynamic shared memory of every kernel (its layout: `carve` and `blk_carve` below).
 extern __shared__ float sh[];
 
-// Rows are prefetched this many tokens ahead of the one a warp works on (0: none).
+// The warp-per-chunk kernels prefetch rows this many tokens ahead of the one a warp works on;
+// the tiled ones prefetch the next tile. -DAHEAD=0 (RACELAB_CUDA_DEFINES) turns all software
+// prefetch off, for comparison.
 #ifndef AHEAD
 #define AHEAD 4
 #endif
