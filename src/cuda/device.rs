@@ -139,6 +139,8 @@ struct Dims {
     chunk: i32,
     heads: u32,
     nchunks: u32,
+    /// Features `m = L·2^P`, and the bank's `m·(dv+1)` floats.
+    m: usize,
     mw: usize,
     geo: Geometry,
 }
@@ -173,6 +175,7 @@ fn dims(planes: &PlanesF32, beta: f32, s: GpuShape) -> Result<Dims> {
         chunk: geo.chunk as i32,
         heads: s.heads as u32,
         nchunks: geo.nchunks as u32,
+        m: planes.l << planes.p,
         mw: (planes.l << planes.p) * (s.dv + 1),
         geo,
     })
@@ -374,13 +377,11 @@ fn chunk_totals<T: DeviceRepr>(
     dm: &Dims,
     mode: i32,
 ) -> Result<()> {
-    let mut b = g
-        .stream
-        .launch_builder(match (dm.geo.tiled, dm.mw / (dm.dv as usize + 1)) {
-            (true, m) if m <= 16 => &kn.partial_tile_m16,
-            (true, _) => &kn.partial_tile,
-            _ => &kn.partial,
-        });
+    let mut b = g.stream.launch_builder(match (dm.geo.tiled, dm.m) {
+        (true, m) if m <= 16 => &kn.partial_tile_m16,
+        (true, _) => &kn.partial_tile,
+        _ => &kn.partial,
+    });
     b.arg(x).arg(v).arg(gr).arg(o).arg(den).arg(w).arg(out);
     dm.push(&mut b, &mode);
     let c = if dm.geo.tiled {
@@ -650,7 +651,7 @@ pub fn soft_backward(
             format!("{} values for [{}, {}, {}]", gr.len(), s.heads, s.n, s.dv),
         ));
     }
-    crate::tensor::check_finite("g", gr)?;
+    super::check_grad_finite(gr)?;
     let g = gpu()?;
     let dm = dims(planes, beta, s)?;
     with_input!(g, planes, q, k, v, |dev, kn| {

@@ -367,19 +367,30 @@ pub fn check_problem(
     geometry(planes.p, planes.l, s).map(|_| ())
 }
 
-/// NaN or ±∞ anywhere in an input is an error naming it (bf16 words: exponent all ones).
+/// NaN or ±∞ anywhere in an input is an error naming it and the first bad index (bf16
+/// words: exponent all ones). The scan is parallel: GPU inputs run to tens of GiB.
 fn check_input_finite(name: &str, x: &GpuInput) -> Result<()> {
-    match x {
-        GpuInput::F32(a) => crate::tensor::check_finite(name, a),
-        GpuInput::Bf16(a) => match a.iter().position(|&b| b & 0x7f80 == 0x7f80) {
-            None => Ok(()),
-            Some(index) => Err(RaceError::NonFinite {
-                arg: name.into(),
-                index,
-                value: from_bf16(&a[index..index + 1])[0] as f64,
-            }),
-        },
+    use rayon::prelude::*;
+    let bad = match x {
+        GpuInput::F32(a) => a.par_iter().position_first(|v| !v.is_finite()),
+        GpuInput::Bf16(a) => a.par_iter().position_first(|&b| b & 0x7f80 == 0x7f80),
+    };
+    match bad {
+        None => Ok(()),
+        Some(index) => Err(RaceError::NonFinite {
+            arg: name.into(),
+            index,
+            value: match x {
+                GpuInput::F32(a) => a[index] as f64,
+                GpuInput::Bf16(a) => from_bf16(&a[index..index + 1])[0] as f64,
+            },
+        }),
     }
+}
+
+/// [`check_input_finite`] for the upstream gradient `g`.
+pub(crate) fn check_grad_finite(g: &[f32]) -> Result<()> {
+    check_input_finite("g", &GpuInput::F32(g))
 }
 
 #[cfg(feature = "cuda")]

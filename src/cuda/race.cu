@@ -658,14 +658,6 @@ __device__ void blk_rows(const T* __restrict__ src, long long row0, int nt, int 
     }
 }
 
-__device__ void blk_rows_in(const in_t* src, long long row0, int nt, int cols, float* dst, int ds) {
-    blk_rows(src, row0, nt, cols, dst, ds);
-}
-
-__device__ void blk_rows_f(const float* src, long long row0, int nt, int cols, float* dst, int ds) {
-    blk_rows(src, row0, nt, cols, dst, ds);
-}
-
 // Ask L2 for rows row0..row0+nt of a [*, cols] input of `esize`-byte elements (one 128-byte
 // line per thread), so the next tile's loads find them on chip.
 __device__ __forceinline__ void blk_prefetch(const void* src, long long row0, int nt, int cols, int esize) {
@@ -687,7 +679,7 @@ __device__ __forceinline__ void blk_prefetch_tile(long long row0, int nt, const 
 
 // y = [v, 1] rows into dst (stride ds); the caller synchronises.
 __device__ void blk_y(const in_t* V, long long row0, int nt, int dv, float* dst, int ds) {
-    blk_rows_in(V, row0, nt, dv, dst, ds);
+    blk_rows(V, row0, nt, dv, dst, ds);
     for (int t = threadIdx.x; t < nt; t += blockDim.x) dst[t * ds + dv] = 1.f;
 }
 
@@ -696,8 +688,8 @@ __device__ void blk_y(const in_t* V, long long row0, int nt, int dv, float* dst,
 __device__ void blk_gext(const float* G, const float* O, const float* DEN, long long row0, int nt, int dv, float sc,
                          const Blk& b, float* dst, int ds) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    blk_rows_f(G, row0, nt, dv, dst, ds);
-    blk_rows_f(O, row0, nt, dv, b.xr, ds);
+    blk_rows(G, row0, nt, dv, dst, ds);
+    blk_rows(O, row0, nt, dv, b.xr, ds);
     __syncthreads();
     for (int t = warp; t < nt; t += 8) {
         float acc = 0.f;
@@ -761,7 +753,7 @@ __device__ void blk_features(const Blk& b, int d, int L, int P, float beta, int 
 // Load the nt input rows of X at row0 into xr and featurise them.
 __device__ void blk_featurise(const in_t* X, long long row0, int nt, const Blk& b, int d, int L, int P, float beta,
                               float* U, float* PH) {
-    blk_rows_in(X, row0, nt, d, b.xr, b.xs);
+    blk_rows(X, row0, nt, d, b.xr, b.xs);
     __syncthreads();
     blk_features(b, d, L, P, beta, nt, U, PH);
 }
