@@ -722,3 +722,84 @@ fn saved_features_are_used_only_when_they_fit() {
         }
     }
 }
+
+/// The causal backward's two forms against the f64 reference: one reverse pass from the
+/// forward's block-start states (kept when each head is one segment: forced here with a
+/// one-thread pool), two passes on the same context with the states dropped, and two passes
+/// over several segments per head (a four-thread pool, one head). N = 300: three blocks of
+/// 128, the last one short, so sub-blocks are short too.
+#[test]
+fn causal_backward_one_pass_and_two_passes_match_reference() {
+    let (n, d, dv, beta) = (300usize, 16usize, 8usize, 4.0f64);
+    let pool = |t: usize| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(t)
+            .build()
+            .unwrap()
+    };
+    for (p, l) in [(2, 2), (3, 3), (4, 4), (1, 5)] {
+        let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, 9).unwrap());
+        let p64 = planes.to_planes();
+        let map = SoftMap {
+            planes: &planes,
+            beta: beta as f32,
+        };
+        for (heads, threads, keep_states) in [(2, 1, true), (2, 1, false), (1, 4, false)] {
+            let (qf, q) = data(heads * n * d, 61, 0.5);
+            let (kf, k) = data(heads * n * d, 62, 0.5);
+            let (vf, v) = data(heads * n * dv, 63, 1.0);
+            let (gf, g) = data(heads * n * dv, 64, 1.0);
+            let want: Vec<Vec<f64>> = (0..3)
+                .map(|which| {
+                    per_head(heads, |h| {
+                        let gr = soft_race_backward(
+                            head(&q, h, n, d),
+                            head(&k, h, n, d),
+                            head(&v, h, n, dv),
+                            head(&g, h, n, dv),
+                            &p64,
+                            beta,
+                            true,
+                        );
+                        [gr.dq, gr.dk, gr.dv][which].data.clone()
+                    })
+                })
+                .collect();
+            for isa in isas() {
+                let (qh, kh, vh) = (
+                    Heads::new(heads, n, d, &qf),
+                    Heads::new(heads, n, d, &kf),
+                    Heads::new(heads, n, dv, &vf),
+                );
+                let tag = format!(
+                    "P={p} L={l} heads={heads} threads={threads} states={keep_states} {isa:?}"
+                );
+                let grads = pool(threads).install(|| {
+                    let mut fwd = soft_forward(&map, qh, kh, vh, true, isa);
+                    // States are kept exactly when each head is one segment.
+                    assert_eq!(fwd.ctx.states.is_empty(), fwd.ctx.segs.len() > 1, "{tag}");
+                    if threads > 1 {
+                        assert!(fwd.ctx.segs.len() > 1, "{tag}: one segment");
+                    }
+                    if !keep_states {
+                        fwd.ctx.states.clear();
+                    } else {
+                        assert!(!fwd.ctx.states.is_empty(), "{tag}: one-pass path not taken");
+                    }
+                    let oh = Heads::new(heads, n, dv, &fwd.o);
+                    let gh = Heads::new(heads, n, dv, &gf);
+                    soft_grads(&map, &fwd.ctx, qh, kh, vh, oh, gh, isa)
+                });
+                for (name, got, want) in [
+                    ("dq", &grads.dq, &want[0]),
+                    ("dk", &grads.dk, &want[1]),
+                    ("dv", &grads.dv, &want[2]),
+                ] {
+                    let got: Vec<f64> = got.iter().map(|&x| x as f64).collect();
+                    let err = racelab::analysis::metrics::max_abs_diff(&got, want) / maxabs(want);
+                    assert!(err <= GRAD_TOL, "{name} {tag}: rel err {err:.2e}");
+                }
+            }
+        }
+    }
+}

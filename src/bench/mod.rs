@@ -238,7 +238,13 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
         } else {
             2 * d + 2 * dv + 1
         }) as u64;
-        let need = 4 * floats * (n * h) as u64;
+        // Plus what the forward keeps for the backward, for the largest (P, L).
+        let saved = cfg
+            .pl
+            .iter()
+            .map(|&(p, l)| cpu::Ctx::floats_per_token(l, p, dv, cfg.causal))
+            .fold(0.0, f64::max);
+        let need = (4.0 * (floats as f64 + saved) * (n * h) as f64) as u64;
         if need > available_memory_bytes() * 8 / 10 {
             skipped.push(format!(
                 "N = {n}: needs {:.1} GiB, more than 80% of available memory",

@@ -793,6 +793,7 @@ pub fn forward_into(
             den,
             uq,
             uk,
+            states: Vec::new(),
         },
     )
 }

@@ -48,21 +48,34 @@ pub const TB: usize = 128;
 /// (8 and 32 are 3–12% slower).
 pub const TC: usize = 16;
 
+/// How [`mask`] scales the entries it keeps.
+#[derive(Clone, Copy)]
+enum Scale<'a> {
+    None,
+    /// Column `j` by `x[j]`.
+    Cols(&'a [f32]),
+    /// Row `i` by `x[i]`.
+    Rows(&'a [f32]),
+}
+
 /// Zero the entries above (`lower = true`: keep `j ≤ i`) or below (keep `j ≥ i`) the diagonal
-/// of a `rows × rows` matrix with row stride [`TC`]; with `scale`, also multiply the kept
-/// entries of column `j` by `scale[j]`.
-fn mask(isa: Isa, a: &mut [f32], rows: usize, lower: bool, scale: Option<&[f32]>) {
+/// of a `rows × rows` matrix with row stride [`TC`], and scale the kept entries.
+fn mask(isa: Isa, a: &mut [f32], rows: usize, lower: bool, scale: Scale) {
     let ones = [1.0f32; TC];
-    let c = &scale.unwrap_or(&ones)[..rows];
+    let (c, r) = match scale {
+        Scale::None => (&ones[..rows], &ones[..rows]),
+        Scale::Cols(x) => (&x[..rows], &ones[..rows]),
+        Scale::Rows(x) => (&ones[..rows], &x[..rows]),
+    };
     in_frame(
         isa,
         #[inline(always)]
         || {
-            for i in 0..rows {
+            for (i, &ri) in r.iter().enumerate() {
                 let row = &mut a[i * TC..i * TC + rows];
                 for (j, (x, &cj)) in row.iter_mut().zip(c).enumerate() {
                     let off = if lower { j > i } else { j < i };
-                    *x = if off { 0.0 } else { *x * cj };
+                    *x = if off { 0.0 } else { *x * cj * ri };
                 }
             }
         },
@@ -133,6 +146,10 @@ impl TwoLevel {
         out.clear();
         out.extend((0..self.bank.m).map(|f| b[f * w + dv] + b2[f * w + dv]));
     }
+    /// Restart at a block-start state saved by the forward ([`Ctx::states`]).
+    fn restart(&mut self, base32: &[f32]) {
+        self.bank.restart(base32);
+    }
     /// Count `rows` tokens; fold the f32 part into f64 every [`TB`] tokens.
     fn tick(&mut self, rows: usize) {
         let bank = &mut self.bank;
@@ -150,6 +167,8 @@ struct Scratch {
     qb: Block,
     att: ABuf,      // TC × TC
     qk: ABuf,       // TC × TC: Φ_Q Φ_Kᵀ (backward, for s)
+    attb: ABuf,     // TB × TC: the block's scaled `tril(Ĝ X̂ᵀ)`, one TC × TC per sub-block
+    qkb: ABuf,      // TB × TC: the block's `c ⊙ tril(Φ_Q Φ_Kᵀ)`, likewise
     acc: ABuf,      // TC × w
     gphi: ABuf,     // TB × mp
     sphi: Vec<f32>, // TC × m
@@ -166,6 +185,8 @@ impl Scratch {
             qb: Block::with_rows(map, isa, TB),
             att: ABuf::zeroed(TC * TC),
             qk: ABuf::zeroed(TC * TC),
+            attb: ABuf::zeroed(TB * TC),
+            qkb: ABuf::zeroed(TB * TC),
             acc: ABuf::zeroed(TC * w),
             gphi: ABuf::zeroed(TB * mp),
             sphi: vec![0.0; TC * m],
@@ -308,8 +329,9 @@ fn feature_gram(
     );
 }
 
-/// `D += α A B` for a masked `rows × rows` block `A` (row stride [`TC`]), lower- or
-/// upper-triangular (the [`Gemm`] tiles skip the zero triangle).
+/// `D += α A B` for a masked `rows × rows` block `A` (a sub-block matrix with row stride
+/// [`TC`], or its transpose), lower- or upper-triangular (the [`Gemm`] tiles skip the zero
+/// triangle).
 #[allow(clippy::too_many_arguments)]
 fn tri_gemm(
     isa: Isa,
@@ -317,7 +339,7 @@ fn tri_gemm(
     ldd: usize,
     rows: usize,
     cols: usize,
-    att: &[f32],
+    att: Strided,
     b: &[f32],
     ldb: usize,
     alpha: f32,
@@ -329,7 +351,7 @@ fn tri_gemm(
         rows,
         cols,
         k: rows,
-        a: Strided::rows(att, TC),
+        a: att,
         b,
         b2: None,
         ldb,
@@ -338,6 +360,16 @@ fn tri_gemm(
         tri: if lower { Tri::Lower } else { Tri::Upper },
     }
     .run(isa)
+}
+
+/// A sub-block matrix (row stride [`TC`]) as a product operand.
+fn sub(att: &[f32]) -> Strided<'_> {
+    Strided::rows(att, TC)
+}
+
+/// The transpose of a sub-block matrix (row stride [`TC`]) as a product operand.
+fn sub_t(att: &[f32]) -> Strided<'_> {
+    Strided::transposed(att, TC)
 }
 
 /// The segments of a causal pass and the bank entering each `(head, segment)`: f64
@@ -410,6 +442,11 @@ pub(crate) fn suffix_totals(
         .collect()
 }
 
+/// Floats of [`Ctx::states`] per head: one `m × w` state per block of [`TB`] tokens.
+fn state_len(n: usize, m: usize, w: usize) -> usize {
+    n.div_ceil(TB) * m * w
+}
+
 /// Causal forward; same contract as [`super::soft_forward_into`] with `causal = true`.
 pub fn forward_into(
     map: &SoftMap,
@@ -418,13 +455,23 @@ pub fn forward_into(
     k: Heads,
     v: Heads,
     o: &mut [f32],
-    reuse: Ctx,
+    mut reuse: Ctx,
 ) -> (usize, Ctx) {
     let (heads, n, dv, m, w) = (q.heads, q.n, v.cols, map.width(), bank_width(v.cols));
     let lp = map.planes.l * map.planes.p;
+    let mut states = std::mem::take(&mut reuse.states);
     let (mut den, mut uq, mut uk) = reuse.recycle(map, &q, &k);
     let (segs, bases) = forward_bases(map, isa, k, v);
     let ns = segs.len();
+    // One segment per head: the state entering each block, for the one-pass backward.
+    let per_head = state_len(n, m, w);
+    let snaps: Vec<Option<&mut [f32]>> = if ns == 1 {
+        states.resize(heads * per_head, 0.0);
+        states.chunks_mut(per_head.max(1)).map(Some).collect()
+    } else {
+        states.clear();
+        (0..heads * ns).map(|_| None).collect()
+    };
     let den_scale = map.den_scale();
     let out = Out::for_len(isa, o.len());
     let empty: usize = split_out(o, n, dv, &segs)
@@ -432,55 +479,64 @@ pub fn forward_into(
         .zip(split_out(&mut den, n, 1, &segs).into_par_iter())
         .zip(saved_pieces(&mut uq, n, lp, &segs, heads).into_par_iter())
         .zip(saved_pieces(&mut uk, n, lp, &segs, heads).into_par_iter())
-        .map(|((((h, s, op), (_, _, dp)), mut suq), mut suk)| {
-            let mut st = TwoLevel::new(isa, m, w, &bases[h * ns + s]);
-            let mut sc = Scratch::new(map, isa, w);
-            let (mp, tc) = (sc.kb.mp, TC);
-            let (start, end) = segs[s];
-            let (mut empty, mut ob) = (0usize, ABuf::zeroed(TC * dv));
-            // Features per block of TB tokens; the state is read and updated per sub-block.
-            for (a, b) in blocks(start, end, false) {
-                let (rows, next) = (b - a, (b + TB).min(end));
-                let parts = [&q, &k, &v].map(|x| rows_of(x, h, b, next));
-                let mut ahead = Ahead::new(&parts);
-                ahead.step();
-                sc.kb.features(map, rows_of(&k, h, a, b), rows);
-                sc.qb.features(map, rows_of(&q, h, a, b), rows);
-                if m <= GRAM_T_MAX_M {
-                    sc.kb.features_t(m, rows);
-                }
-                let t0 = a - start;
-                for (blk, save) in [(&sc.qb, &mut suq), (&sc.kb, &mut suk)] {
-                    if let Some(u) = save.as_deref_mut() {
-                        u[t0 * lp..(t0 + rows) * lp].copy_from_slice(blk.u(rows));
-                    }
-                }
-                for (a2, b2) in sub_blocks(a, b, tc, false) {
-                    let (r2, off) = (b2 - a2, a2 - a);
-                    let vb = rows_of(&v, h, a2, b2);
-                    let (pq, pk) = (&sc.qb.phi[off * mp..], &sc.kb.phi[off * mp..]);
-                    st.product(&mut sc.acc, r2, w, pq, mp, w);
-                    let pkt = (&sc.kb.phit()[off..], sc.kb.tp());
-                    feature_gram(isa, &mut sc.att, (pq, pk, mp), pkt, m, r2, true);
-                    mask(isa, &mut sc.att, r2, true, None);
-                    tri_gemm(isa, &mut sc.acc, w, r2, dv, &sc.att, vb, dv, 1.0, true);
-                    for i in 0..r2 {
-                        sc.acc[i * w + dv] += sc.att[i * TC..i * TC + i + 1].iter().sum::<f32>();
-                    }
-                    let t2 = a2 - start;
-                    let (ot, dt) = (&mut op[t2 * dv..(t2 + r2) * dv], &mut dp[t2..t2 + r2]);
-                    out.produce(ot, &mut ob, |x| {
-                        empty += normalise(isa, &sc.acc, w, r2, dv, den_scale, x, dt);
-                    });
-                    let pkt = Strided::transposed(pk, mp);
-                    gemm_ext(isa, &mut st.bank.local, w, m, r2, pkt, vb, dv, 1.0, true);
-                    st.tick(r2);
+        .zip(snaps.into_par_iter())
+        .map(
+            |(((((h, s, op), (_, _, dp)), mut suq), mut suk), mut snap)| {
+                let mut st = TwoLevel::new(isa, m, w, &bases[h * ns + s]);
+                let mut sc = Scratch::new(map, isa, w);
+                let (mp, tc) = (sc.kb.mp, TC);
+                let (start, end) = segs[s];
+                let (mut empty, mut ob) = (0usize, ABuf::zeroed(TC * dv));
+                // Features per block of TB tokens; the state is read and updated per sub-block.
+                for (a, b) in blocks(start, end, false) {
+                    let (rows, next) = (b - a, (b + TB).min(end));
+                    let parts = [&q, &k, &v].map(|x| rows_of(x, h, b, next));
+                    let mut ahead = Ahead::new(&parts);
                     ahead.step();
+                    sc.kb.features(map, rows_of(&k, h, a, b), rows);
+                    sc.qb.features(map, rows_of(&q, h, a, b), rows);
+                    if m <= GRAM_T_MAX_M {
+                        sc.kb.features_t(m, rows);
+                    }
+                    let t0 = a - start;
+                    if let Some(sn) = snap.as_deref_mut() {
+                        // Blocks start at multiples of TB, where the f32 part has just folded.
+                        let mw = m * w;
+                        sn[t0 / TB * mw..(t0 / TB + 1) * mw].copy_from_slice(st.parts().0);
+                    }
+                    for (blk, save) in [(&sc.qb, &mut suq), (&sc.kb, &mut suk)] {
+                        if let Some(u) = save.as_deref_mut() {
+                            u[t0 * lp..(t0 + rows) * lp].copy_from_slice(blk.u(rows));
+                        }
+                    }
+                    for (a2, b2) in sub_blocks(a, b, tc, false) {
+                        let (r2, off) = (b2 - a2, a2 - a);
+                        let vb = rows_of(&v, h, a2, b2);
+                        let (pq, pk) = (&sc.qb.phi[off * mp..], &sc.kb.phi[off * mp..]);
+                        st.product(&mut sc.acc, r2, w, pq, mp, w);
+                        let pkt = (&sc.kb.phit()[off..], sc.kb.tp());
+                        feature_gram(isa, &mut sc.att, (pq, pk, mp), pkt, m, r2, true);
+                        mask(isa, &mut sc.att, r2, true, Scale::None);
+                        tri_gemm(isa, &mut sc.acc, w, r2, dv, sub(&sc.att), vb, dv, 1.0, true);
+                        for i in 0..r2 {
+                            sc.acc[i * w + dv] +=
+                                sc.att[i * TC..i * TC + i + 1].iter().sum::<f32>();
+                        }
+                        let t2 = a2 - start;
+                        let (ot, dt) = (&mut op[t2 * dv..(t2 + r2) * dv], &mut dp[t2..t2 + r2]);
+                        out.produce(ot, &mut ob, |x| {
+                            empty += normalise(isa, &sc.acc, w, r2, dv, den_scale, x, dt);
+                        });
+                        let pkt = Strided::transposed(pk, mp);
+                        gemm_ext(isa, &mut st.bank.local, w, m, r2, pkt, vb, dv, 1.0, true);
+                        st.tick(r2);
+                        ahead.step();
+                    }
                 }
-            }
-            out.fence();
-            empty
-        })
+                out.fence();
+                empty
+            },
+        )
         .sum();
     (
         empty,
@@ -491,6 +547,7 @@ pub fn forward_into(
             den,
             uq,
             uk,
+            states,
         },
     )
 }
@@ -592,6 +649,10 @@ pub fn backward_into(
         uq,
         uk,
     };
+    if ns == 1 && ctx.states.len() == heads * state_len(n, m, w) {
+        let outs = (dq, dk, dvv);
+        return one_pass(&io, isa, &ctx.states, outs);
+    }
     // Queries, in order, with the prefix state rebuilt from the segment bases; each row's
     // `s_i = g_i·ô_i` into `s_all` for the suffix totals and the key pass.
     let mut s_all = vec![0.0f32; heads * n];
@@ -643,7 +704,7 @@ pub fn backward_into(
                     st.masses(dv, &mut sc.mass);
                     f.scale_phi_grads(isa, gphi, mp, r2, &sc.mass);
                     scale_gv(isa, &mut sc.att, r2, f.c, f.s, true);
-                    tri_gemm(isa, gphi, mp, r2, mp, &sc.att, pk, mp, 1.0, true);
+                    tri_gemm(isa, gphi, mp, r2, mp, sub(&sc.att), pk, mp, 1.0, true);
                     let pkt = Strided::transposed(pk, mp);
                     gemm_ext(isa, &mut st.bank.local, w, m, r2, pkt, vb, dv, 1.0, true);
                     st.tick(r2);
@@ -689,17 +750,17 @@ pub fn backward_into(
                     add_rows(isa, gphi, mp, r2, &sc.mass);
                     gram(isa, &mut sc.att, vb, dv, gb, dv, r2, dv, false);
                     scale_gv(isa, &mut sc.att, r2, f.c, f.s, false);
-                    tri_gemm(isa, gphi, mp, r2, mp, &sc.att, pq, mp, 1.0, false);
+                    tri_gemm(isa, gphi, mp, r2, mp, sub(&sc.att), pq, mp, 1.0, false);
                     // ∂ℓ/∂v = Φ_K dS_B + triu(Φ_K Φ_Qᵀ) (c ⊙ G).
                     let pqt = (&sc.qb.phit()[off..], sc.qb.tp());
                     feature_gram(isa, &mut sc.att, (pk, pq, mp), pqt, m, r2, false);
-                    mask(isa, &mut sc.att, r2, false, Some(c));
+                    mask(isa, &mut sc.att, r2, false, Scale::Cols(c));
                     let t0 = a2 - start;
                     let (att, st_r) = (&sc.att, &st);
                     let dv_out = &mut dvp[t0 * dv..(t0 + r2) * dv];
                     out_v.produce(dv_out, &mut scratch, |x| {
                         st_r.product(x, r2, dv, pk, mp, dv);
-                        tri_gemm(isa, x, dv, r2, dv, att, gb, dv, 1.0, false);
+                        tri_gemm(isa, x, dv, r2, dv, sub(att), gb, dv, 1.0, false);
                     });
                     let dsb = &mut st.bank.local;
                     f.dbank(isa, pq, mp, m, r2, &mut sc.sphi, dsb, w, true);
@@ -717,4 +778,139 @@ pub fn backward_into(
         })
         .sum();
     dbeta_q + dbeta_k
+}
+
+/// The causal backward in one reverse pass over each head's blocks, when the forward saved
+/// the state entering every block ([`Ctx::states`], one segment per head). Per block, the
+/// features are formed once; then
+///
+/// - queries, sub-blocks in order, the prefix state rebuilt from the block's saved start:
+///   `∂ℓ/∂Φ_Q = Ĝ Sᵀ + tril(Ĝ X̂ᵀ) Φ_K` and `s_i` exactly as in the two-pass form; each
+///   sub-block keeps its scaled `tril(Ĝ X̂ᵀ)` and `c ⊙ tril(Φ_Q Φ_Kᵀ)`;
+/// - keys, sub-blocks in reverse, `dS` the suffix from the end of the head:
+///   `∂ℓ/∂Φ_K = X̂ dSᵀ + tril(Ĝ X̂ᵀ)ᵀ Φ_Q`, `∂ℓ/∂V = Φ_K dS_B + (c ⊙ tril(Φ_Q Φ_Kᵀ))ᵀ G`:
+///   the two intra-sub-block matrices are the queries' own, transposed, not formed again.
+///
+/// Against the two passes this saves forming the features of every block a second time,
+/// reading V and G from memory a second time (the key half reads them from cache), two
+/// `TC × TC` grams per sub-block, the `s` round trip through memory, and the state update
+/// after each block's last sub-block.
+fn one_pass(io: &Io, isa: Isa, states: &[f32], outs: (&mut [f32], &mut [f32], &mut [f32])) -> f64 {
+    let (map, q, v, g) = (io.map, io.q, io.v, io.g);
+    let (n, d, dv, m, w) = (q.n, q.cols, v.cols, map.width(), bank_width(v.cols));
+    let (dq, dk, dvv) = outs;
+    let segs = [(0, n)];
+    let (out_q, out_k, out_v) = (
+        Out::for_len(isa, dq.len()),
+        Out::for_len(isa, dk.len()),
+        Out::for_len(isa, dvv.len()),
+    );
+    let (mw, per_head) = (m * w, state_len(n, m, w));
+    let zero = vec![0.0f64; mw];
+    let dbeta: f64 = split_out(dq, n, d, &segs)
+        .into_par_iter()
+        .zip(split_out(dk, n, d, &segs).into_par_iter())
+        .zip(split_out(dvv, n, dv, &segs).into_par_iter())
+        .map(|(((h, _, dqp), (_, _, dkp)), (_, _, dvp))| {
+            let snaps = &states[h * per_head..(h + 1) * per_head];
+            // The queries' prefix state (restarted per block) and the keys' suffix `dS`.
+            let (mut sq, mut sk) = (
+                TwoLevel::new(isa, m, w, &zero),
+                TwoLevel::new(isa, m, w, &zero),
+            );
+            let mut sc = Scratch::new(map, isa, w);
+            let mut scratch = ABuf::zeroed(TB * d.max(dv));
+            let mp = sc.kb.mp;
+            let mut dbeta = 0.0f64;
+            for (a, b) in blocks(0, n, false).into_iter().rev() {
+                let next = (a.saturating_sub(TB), a);
+                let mut ahead = sc.load(io, h, (a, b), next, None);
+                let subs = sub_blocks(a, b, TC, false);
+                sq.restart(&snaps[a / TB * mw..(a / TB + 1) * mw]);
+                for (j, &(a2, b2)) in subs.iter().enumerate() {
+                    let (r2, off) = (b2 - a2, a2 - a);
+                    let (vb, gb) = (rows_of(&v, h, a2, b2), rows_of(&g, h, a2, b2));
+                    let (pq, pk) = (&sc.qb.phi[off * mp..], &sc.kb.phi[off * mp..]);
+                    let gphi = &mut sc.gphi[off * mp..];
+                    let att = &mut sc.attb[j * TC * TC..(j + 1) * TC * TC];
+                    let qk = &mut sc.qkb[j * TC * TC..(j + 1) * TC * TC];
+                    sq.dots(gphi, mp, r2, gb, dv);
+                    gram(isa, att, gb, dv, vb, dv, r2, dv, true);
+                    let pkt = (&sc.kb.phit()[off..], sc.kb.tp());
+                    feature_gram(isa, qk, (pq, pk, mp), pkt, m, r2, true);
+                    let (c, s) = (&sc.c[off..off + r2], &mut sc.s[off..off + r2]);
+                    dispatch(
+                        isa,
+                        CausalS {
+                            pq,
+                            gphi,
+                            mp,
+                            m,
+                            qk,
+                            att,
+                            c,
+                            s,
+                        },
+                    );
+                    let f = GFactors::of(c, s, gb, dv);
+                    sq.masses(dv, &mut sc.mass);
+                    f.scale_phi_grads(isa, gphi, mp, r2, &sc.mass);
+                    scale_gv(isa, att, r2, f.c, f.s, true);
+                    mask(isa, qk, r2, true, Scale::Rows(c));
+                    tri_gemm(isa, gphi, mp, r2, mp, sub(att), pk, mp, 1.0, true);
+                    if j + 1 < subs.len() {
+                        let pkt = Strided::transposed(pk, mp);
+                        gemm_ext(isa, &mut sq.bank.local, w, m, r2, pkt, vb, dv, 1.0, true);
+                    }
+                    ahead.step();
+                }
+                let rows = b - a;
+                dbeta += sc.qb.backward(map, &sc.gphi, rows);
+                let (qb, dqb) = (&sc.qb, &mut dqp[a * d..b * d]);
+                out_q.produce(dqb, &mut scratch, |x| qb.input_grads(map, rows, x));
+                for (j, &(a2, b2)) in subs.iter().enumerate().rev() {
+                    let (r2, off) = (b2 - a2, a2 - a);
+                    let (vb, gb) = (rows_of(&v, h, a2, b2), rows_of(&g, h, a2, b2));
+                    let (pq, pk) = (&sc.qb.phi[off * mp..], &sc.kb.phi[off * mp..]);
+                    let (c, s) = (&sc.c[off..off + r2], &sc.s[off..off + r2]);
+                    let f = GFactors::of(c, s, gb, dv);
+                    let att = &sc.attb[j * TC * TC..(j + 1) * TC * TC];
+                    let qk = &sc.qkb[j * TC * TC..(j + 1) * TC * TC];
+                    // ∂ℓ/∂φ_k = X̂ dSᵀ + tril(Ĝ X̂ᵀ)ᵀ Φ_Q.
+                    let gphi = &mut sc.gphi[off * mp..];
+                    sk.dots(gphi, mp, r2, vb, dv);
+                    sk.masses(dv, &mut sc.mass);
+                    add_rows(isa, gphi, mp, r2, &sc.mass);
+                    tri_gemm(isa, gphi, mp, r2, mp, sub_t(att), pq, mp, 1.0, false);
+                    // ∂ℓ/∂v = Φ_K dS_B + (c ⊙ tril(Φ_Q Φ_Kᵀ))ᵀ G.
+                    let sk_r = &sk;
+                    out_v.produce(&mut dvp[a2 * dv..b2 * dv], &mut scratch, |x| {
+                        sk_r.product(x, r2, dv, pk, mp, dv);
+                        tri_gemm(isa, x, dv, r2, dv, sub_t(qk), gb, dv, 1.0, false);
+                    });
+                    f.dbank(
+                        isa,
+                        pq,
+                        mp,
+                        m,
+                        r2,
+                        &mut sc.sphi,
+                        &mut sk.bank.local,
+                        w,
+                        true,
+                    );
+                    sk.tick(r2);
+                    ahead.step();
+                }
+                dbeta += sc.kb.backward(map, &sc.gphi, rows);
+                let (kb, dkb) = (&sc.kb, &mut dkp[a * d..b * d]);
+                out_k.produce(dkb, &mut scratch, |x| kb.input_grads(map, rows, x));
+            }
+            out_q.fence();
+            out_k.fence();
+            out_v.fence();
+            dbeta
+        })
+        .sum();
+    dbeta
 }

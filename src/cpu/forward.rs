@@ -32,6 +32,12 @@ pub struct Ctx {
     /// (the per-token engine's forward); the backward then recomputes them from Q and K.
     pub uq: Vec<f32>,
     pub uk: Vec<f32>,
+    /// Saved by the blocked causal forward when each head is one segment: the f32 state
+    /// `S = [B | A]` entering every block of [`super::blocked_causal::TB`] tokens
+    /// (`[heads, ⌈n/TB⌉, m·w]`: chunk-boundary states, `m·w/TB` floats per token), so the
+    /// backward rebuilds prefix states from the nearest block start in a single reverse pass.
+    /// Empty otherwise (the backward then takes two passes).
+    pub states: Vec<f32>,
 }
 
 impl Ctx {
@@ -49,6 +55,20 @@ impl Ctx {
         uq.resize(q.heads * q.n * lp, 0.0);
         uk.resize(k.heads * k.n * lp, 0.0);
         (den, uq, uk)
+    }
+
+    /// Floats per token and head the production forwards keep: the denominator, the saved
+    /// `u` of queries and keys (`L·P` each) and, causal, the block-start states
+    /// ([`Ctx::states`], `m·w` per block of [`super::blocked_causal::TB`] tokens; at most,
+    /// since they are kept only with one segment per head).
+    pub fn floats_per_token(l: usize, p: usize, dv: usize, causal: bool) -> f64 {
+        let (m, w) = ((l << p) as f64, (dv + 1) as f64);
+        let states = if causal {
+            m * w / super::blocked_causal::TB as f64
+        } else {
+            0.0
+        };
+        1.0 + 2.0 * (l * p) as f64 + states
     }
 
     /// The saved `u` of the queries and of the keys when they match `[heads, n, lp]` for
@@ -294,6 +314,7 @@ pub fn forward_into<F: FeatureMap>(
                 den,
                 uq: Vec::new(),
                 uk: Vec::new(),
+                states: Vec::new(),
             },
         );
     }
@@ -333,6 +354,7 @@ pub fn forward_into<F: FeatureMap>(
         Ctx {
             uq: Vec::new(),
             uk: Vec::new(),
+            states: Vec::new(),
             causal,
             segs,
             banks: bases,
