@@ -85,21 +85,31 @@ fn mask(isa: Isa, a: &mut [f32], rows: usize, lower: bool, scale: Scale) {
 /// The two-level [`Bank`] (f64 base, f32 block-local part). Products read the state as
 /// `base32 + local` inside their tiles ([`Gemm::b2`], [`gemm_nt2`]): a refreshed copy of the sum
 /// per sub-block cost about 170 cycles per token and head at `(4, 4)` in each pass, measured.
-struct TwoLevel {
+/// After [`TwoLevel::restart`] the f32 base is a saved block-start state, read in place.
+struct TwoLevel<'a> {
     isa: Isa,
     bank: Bank,
+    saved: Option<&'a [f32]>,
 }
 
-impl TwoLevel {
+impl<'a> TwoLevel<'a> {
     fn new(isa: Isa, m: usize, w: usize, base: &[f64]) -> Self {
         TwoLevel {
             isa,
             bank: Bank::new(m, w, Some(base)),
+            saved: None,
         }
+    }
+    /// Restart at a block-start state saved by the forward ([`Ctx::states`]), read in place
+    /// as the f32 base, with an empty block-local part. Tokens are then added but never
+    /// folded (no [`TwoLevel::tick`]): the state is only needed within the block.
+    fn restart(&mut self, saved: &'a [f32]) {
+        self.saved = Some(saved);
+        self.bank.local.fill(0.0);
     }
     /// The two parts `(f32(base), local)` whose sum is the state.
     fn parts(&self) -> (&[f32], &[f32]) {
-        (&self.bank.base32, &self.bank.local)
+        (self.saved.unwrap_or(&self.bank.base32), &self.bank.local)
     }
     /// `D = X S` for `rows` rows of `x` (`rows × m`, row stride `ldx`) and the state `S`
     /// (`m × w`), into `d` (row stride `w`, first `cols` columns).
@@ -146,12 +156,9 @@ impl TwoLevel {
         out.clear();
         out.extend((0..self.bank.m).map(|f| b[f * w + dv] + b2[f * w + dv]));
     }
-    /// Restart at a block-start state saved by the forward ([`Ctx::states`]).
-    fn restart(&mut self, base32: &[f32]) {
-        self.bank.restart(base32);
-    }
     /// Count `rows` tokens; fold the f32 part into f64 every [`TB`] tokens.
     fn tick(&mut self, rows: usize) {
+        debug_assert!(self.saved.is_none(), "a restarted state is never folded");
         let bank = &mut self.bank;
         in_frame(
             self.isa,
@@ -220,6 +227,7 @@ impl Scratch {
         (a, b): (usize, usize),
         next: (usize, usize),
         s_all: Option<&[f32]>,
+        extra: &'a [f32],
     ) -> Ahead<'a> {
         let (n, lp) = (io.q.n, io.map.planes.l * io.map.planes.p);
         let (uq, uk) = (
@@ -227,7 +235,7 @@ impl Scratch {
             saved_rows(io.uk, n, lp, h, a, b),
         );
         let ahead_of = |x: &Heads<'a>| rows_of(x, h, next.0, next.1);
-        let mut parts: [&[f32]; 4] = [ahead_of(&io.v), ahead_of(&io.g), &[], &[]];
+        let mut parts: [&[f32]; 5] = [ahead_of(&io.v), ahead_of(&io.g), &[], &[], extra];
         if uq.is_none() {
             parts[2] = ahead_of(&io.q);
         }
@@ -673,7 +681,7 @@ pub fn backward_into(
             let mut dbeta = 0.0f64;
             for (a, b) in blocks(start, end, false) {
                 let next = (b, (b + TB).min(end));
-                let mut ahead = sc.load(&io, h, (a, b), next, None);
+                let mut ahead = sc.load(&io, h, (a, b), next, None, &[]);
                 for (a2, b2) in sub_blocks(a, b, tc, false) {
                     let (r2, off) = (b2 - a2, a2 - a);
                     let (vb, gb) = (rows_of(&v, h, a2, b2), rows_of(&g, h, a2, b2));
@@ -736,7 +744,7 @@ pub fn backward_into(
             let mut dbeta = 0.0f64;
             for (a, b) in blocks(start, end, true) {
                 let next = (a.saturating_sub(TB).max(start), a);
-                let mut ahead = sc.load(&io, h, (a, b), next, Some(&s_all));
+                let mut ahead = sc.load(&io, h, (a, b), next, Some(&s_all), &[]);
                 for (a2, b2) in sub_blocks(a, b, tc, true) {
                     let (r2, off) = (b2 - a2, a2 - a);
                     let (vb, gb) = (rows_of(&v, h, a2, b2), rows_of(&g, h, a2, b2));
@@ -823,10 +831,12 @@ fn one_pass(io: &Io, isa: Isa, states: &[f32], outs: (&mut [f32], &mut [f32], &m
             let mp = sc.kb.mp;
             let mut dbeta = 0.0f64;
             for (a, b) in blocks(0, n, false).into_iter().rev() {
-                let next = (a.saturating_sub(TB), a);
-                let mut ahead = sc.load(io, h, (a, b), next, None);
+                let (next, bi) = ((a.saturating_sub(TB), a), a / TB);
+                // Prefetched with the next rows: the state entering the next block.
+                let next_snap = &snaps[bi.saturating_sub(1) * mw..bi * mw];
+                let mut ahead = sc.load(io, h, (a, b), next, None, next_snap);
                 let subs = sub_blocks(a, b, TC, false);
-                sq.restart(&snaps[a / TB * mw..(a / TB + 1) * mw]);
+                sq.restart(&snaps[bi * mw..(bi + 1) * mw]);
                 for (j, &(a2, b2)) in subs.iter().enumerate() {
                     let (r2, off) = (b2 - a2, a2 - a);
                     let (vb, gb) = (rows_of(&v, h, a2, b2), rows_of(&g, h, a2, b2));

@@ -95,17 +95,6 @@ impl Bank {
         }
     }
 
-    /// Restart at a saved f32 state (`base32`, `m·w` long) with an empty `local` block.
-    pub fn restart(&mut self, base32: &[f32]) {
-        self.base32.copy_from_slice(base32);
-        self.base64
-            .iter_mut()
-            .zip(base32)
-            .for_each(|(b, &x)| *b = x as f64);
-        self.local.fill(0.0);
-        self.pending = 0;
-    }
-
     /// Move the f32 block into the f64 base.
     #[inline(always)]
     pub fn flush(&mut self) {
