@@ -103,6 +103,9 @@ struct TwoLevel<'a> {
     isa: Isa,
     bank: Bank,
     saved: Option<&'a [f32]>,
+    /// The block-local part is all zero and not read (just restarted): the first products
+    /// read the saved state alone and the first update writes `local` instead of adding.
+    fresh: bool,
 }
 
 impl<'a> TwoLevel<'a> {
@@ -111,6 +114,7 @@ impl<'a> TwoLevel<'a> {
             isa,
             bank: Bank::new(m, w, Some(base)),
             saved: None,
+            fresh: false,
         }
     }
     /// Restart at a block-start state saved by the forward ([`Ctx::states`]), read in place
@@ -118,11 +122,32 @@ impl<'a> TwoLevel<'a> {
     /// folded (no [`TwoLevel::tick`]): the state is only needed within the block.
     fn restart(&mut self, saved: &'a [f32]) {
         self.saved = Some(saved);
-        self.bank.local.fill(0.0);
+        self.fresh = true;
     }
-    /// The two parts `(f32(base), local)` whose sum is the state.
+    /// The two parts `(f32(base), local)` whose sum is the state (`local` empty while
+    /// `fresh`).
     fn parts(&self) -> (&[f32], &[f32]) {
-        (self.saved.unwrap_or(&self.bank.base32), &self.bank.local)
+        let local: &[f32] = if self.fresh { &[] } else { &self.bank.local };
+        (self.saved.unwrap_or(&self.bank.base32), local)
+    }
+    /// `local (+)= Φᵀ X̂` for a sub-block's feature rows `phi` (row stride `mp`) and value rows
+    /// `x` (stride `dv`), the ones column included ([`gemm_ext`]).
+    fn add_tokens(&mut self, phi: &[f32], mp: usize, rows: usize, x: &[f32], dv: usize) {
+        let (m, w) = (self.bank.m, self.bank.w);
+        let pt = Strided::transposed(phi, mp);
+        let add = !std::mem::replace(&mut self.fresh, false);
+        gemm_ext(
+            self.isa,
+            &mut self.bank.local,
+            w,
+            m,
+            rows,
+            pt,
+            x,
+            dv,
+            1.0,
+            add,
+        );
     }
     /// `D = X S` for `rows` rows of `x` (`rows × m`, row stride `ldx`) and the state `S`
     /// (`m × w`), into `d` (row stride `w`, first `cols` columns).
@@ -137,7 +162,7 @@ impl<'a> TwoLevel<'a> {
             k: self.bank.m,
             a: Strided::rows(x, ldx),
             b,
-            b2: Some(b2),
+            b2: Some(b2).filter(|x| !x.is_empty()),
             ldb: self.bank.w,
             alpha: 1.0,
             accumulate: false,
@@ -166,8 +191,9 @@ impl<'a> TwoLevel<'a> {
     fn masses(&self, dv: usize, out: &mut Vec<f32>) {
         let (b, b2) = self.parts();
         let w = self.bank.w;
+        let local = |f: usize| b2.get(f * w + dv).copied().unwrap_or(0.0);
         out.clear();
-        out.extend((0..self.bank.m).map(|f| b[f * w + dv] + b2[f * w + dv]));
+        out.extend((0..self.bank.m).map(|f| b[f * w + dv] + local(f)));
     }
     /// Count `rows` tokens; fold the f32 part into f64 every [`TB`] tokens.
     fn tick(&mut self, rows: usize) {
@@ -726,8 +752,7 @@ pub fn backward_into(
                     f.scale_phi_grads(isa, gphi, mp, r2, &sc.mass);
                     scale_gv(isa, &mut sc.att, r2, f.c, f.s, true);
                     tri_gemm(isa, gphi, mp, r2, mp, sub(&sc.att), pk, mp, 1.0, true);
-                    let pkt = Strided::transposed(pk, mp);
-                    gemm_ext(isa, &mut st.bank.local, w, m, r2, pkt, vb, dv, 1.0, true);
+                    st.add_tokens(pk, mp, r2, vb, dv);
                     st.tick(r2);
                     ahead.step();
                 }
@@ -882,8 +907,7 @@ fn one_pass(io: &Io, isa: Isa, states: &[f32], outs: (&mut [f32], &mut [f32], &m
                     mask(isa, qk, r2, true, Scale::Rows(c));
                     tri_gemm(isa, gphi, mp, r2, mp, sub(att), pk, mp, 1.0, true);
                     if j + 1 < subs.len() {
-                        let pkt = Strided::transposed(pk, mp);
-                        gemm_ext(isa, &mut sq.bank.local, w, m, r2, pkt, vb, dv, 1.0, true);
+                        sq.add_tokens(pk, mp, r2, vb, dv);
                     }
                     ahead.step();
                 }
