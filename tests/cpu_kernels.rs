@@ -784,7 +784,11 @@ fn causal_backward_one_pass_and_two_passes_match_reference() {
                     if !keep_states {
                         fwd.ctx.states.clear();
                     } else {
-                        assert!(!fwd.ctx.states.is_empty(), "{tag}: one-pass path not taken");
+                        // One `m × w` state per block of TB tokens and head.
+                        let tb = racelab::cpu::blocked_causal::TB;
+                        let w = racelab::cpu::state::bank_width(dv);
+                        let want = heads * n.div_ceil(tb) * (l << p) * w;
+                        assert_eq!(fwd.ctx.states.len(), want, "{tag}: saved states");
                     }
                     let oh = Heads::new(heads, n, dv, &fwd.o);
                     let gh = Heads::new(heads, n, dv, &gf);

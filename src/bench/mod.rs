@@ -245,9 +245,9 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
             .map(|&(p, l)| cpu::Ctx::floats_per_token(l, p, dv, cfg.causal))
             .fold(0.0, f64::max);
         let need = (4.0 * (floats as f64 + saved) * (n * h) as f64) as u64;
-        // 90%: the estimate is the measured peak within 1% (the paper shape at N = 2^20,
-        // causal (4,4): 17.5 GiB estimated, 17.65 GiB peak RSS, of 23.5 GiB here), and at 80%
-        // that row was skipped whenever the machine had let its page cache grow.
+        // 90%: the estimate is the measured peak (the paper shape at N = 2^20, causal (4,4):
+        // 17.65 GiB estimated and 17.65 GiB peak RSS, of 23.5 GiB here), and at 80% that row
+        // was skipped whenever the machine had let its page cache grow.
         if need > available_memory_bytes() * 9 / 10 {
             skipped.push(format!(
                 "N = {n}: needs {:.1} GiB, more than 90% of available memory",

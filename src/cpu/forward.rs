@@ -62,7 +62,7 @@ impl Ctx {
     /// ([`Ctx::states`], `m·w` per block of [`super::blocked_causal::TB`] tokens; at most,
     /// since they are kept only with one segment per head).
     pub fn floats_per_token(l: usize, p: usize, dv: usize, causal: bool) -> f64 {
-        let (m, w) = ((l << p) as f64, (dv + 1) as f64);
+        let (m, w) = ((l << p) as f64, super::state::bank_width(dv) as f64);
         let states = if causal {
             m * w / super::blocked_causal::TB as f64
         } else {
