@@ -30,8 +30,8 @@
 //! queries' `tril(Ĝ X̂ᵀ)` and `c ⊙ tril(Φ_Q Φ_Kᵀ)` transposed instead of forming
 //! `triu(X̂ Ĝᵀ)` and `triu(Φ_K Φ_Qᵀ)` again; the prefix state it rebuilds is bit for bit
 //! the two-pass form's. Measured (one core, `examples/timing.rs`, N = 2^16): causal backward
-//! `(2, 2)` 1107 → 914, `(3, 3)` 1814 → 1520, `(4, 4)` 3289 → 3000 cycles per token and head;
-//! the forward pays about 2% for the saved states at `(4, 4)`. With several segments per
+//! `(2, 2)` 1107 → 840–880, `(3, 3)` 1814 → 1405–1475, `(4, 4)` 3289 → 2780–2930 cycles per
+//! token and head; the forward pays 1–3% for the saved states at `(4, 4)`. With several segments per
 //! head the keys' `dS` entering a segment needs the later segments' queries first, so the
 //! two passes remain.
 
