@@ -23,7 +23,10 @@ const BK: usize = 512;
 #[inline(always)]
 pub fn acos_f32(x: f32) -> f32 {
     let a = x.abs().min(1.0);
-    let p = 1.570_796_3
+    // The leading coefficient is A–S's 1.5707963050, not π/2 (1.5707963268): as f32 it rounds
+    // to 1.57079625, one step below `FRAC_PI_2`.
+    #[allow(clippy::approx_constant)]
+    let p = 1.570_796_305_f32
         + a * (-0.214_598_8
             + a * (0.088_978_99
                 + a * (-0.050_174_3
