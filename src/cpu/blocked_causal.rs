@@ -28,12 +28,14 @@
 //! queries' half (in order, from the saved block-start state) and then the keys' half (in
 //! reverse, with the suffix `dS` carried from the end of the head). The keys' half reads the
 //! queries' `tril(Ĝ X̂ᵀ)` and `c ⊙ tril(Φ_Q Φ_Kᵀ)` transposed instead of forming
-//! `triu(X̂ Ĝᵀ)` and `triu(Φ_K Φ_Qᵀ)` again; the prefix state it rebuilds is bit for bit
-//! the two-pass form's. Measured (one core, `examples/timing.rs`, N = 2^16): causal backward
-//! `(2, 2)` 1107 → 840–880, `(3, 3)` 1814 → 1405–1475, `(4, 4)` 3289 → 2780–2930 cycles per
-//! token and head; the forward pays 1–3% for the saved states at `(4, 4)`. With several segments per
-//! head the keys' `dS` entering a segment needs the later segments' queries first, so the
-//! two passes remain.
+//! `triu(X̂ Ĝᵀ)` and `triu(Φ_K Φ_Qᵀ)` again. Within a block the queries' prefix state is one
+//! f32 matrix (the saved start plus the block's tokens so far), which differs from the
+//! two-pass form's two-level sum only by the roundings of at most `TB/TC − 1` additions and
+//! is read with half the bytes. Measured (one core, `examples/timing.rs`, N = 2^16), the
+//! causal backward in cycles per token and head: `(2, 2)` 1107 → 825–870, `(3, 3)` 1814 →
+//! 1390–1420, `(4, 4)` 3289 → 2730–2780; the forward pays 1–3% for the saved states at
+//! `(4, 4)`. With several segments per head the keys' `dS` entering a segment needs the
+//! later segments' queries first, so the two passes remain.
 
 use super::blocked::{
     add_rows, gemm_ext, inv_den, key_bank, normalise, pad16, rows_of, saved_pieces, saved_rows,
@@ -98,44 +100,47 @@ fn mask(isa: Isa, a: &mut [f32], rows: usize, lower: bool, scale: Scale) {
 /// The two-level [`Bank`] (f64 base, f32 block-local part). Products read the state as
 /// `base32 + local` inside their tiles ([`Gemm::b2`], [`gemm_nt2`]): a refreshed copy of the sum
 /// per sub-block cost about 170 cycles per token and head at `(4, 4)` in each pass, measured.
-/// After [`TwoLevel::restart`] the f32 base is a saved block-start state, read in place.
-struct TwoLevel<'a> {
+///
+/// After [`TwoLevel::restart`] at a saved block-start state it is one f32 matrix (`local`,
+/// the saved state plus the block's tokens so far): it is only needed within the block, so at
+/// most `TB/TC − 1` f32 additions at the state's scale round it before the next restart, and
+/// the products read half the bytes.
+struct TwoLevel {
     isa: Isa,
     bank: Bank,
-    saved: Option<&'a [f32]>,
-    /// The block-local part is all zero and not read (just restarted): the first products
-    /// read the saved state alone and the first update writes `local` instead of adding.
-    fresh: bool,
+    /// Restarted: `local` is the whole state, and there is no f64 part.
+    single: bool,
 }
 
-impl<'a> TwoLevel<'a> {
+impl TwoLevel {
     fn new(isa: Isa, m: usize, w: usize, base: &[f64]) -> Self {
         TwoLevel {
             isa,
             bank: Bank::new(m, w, Some(base)),
-            saved: None,
-            fresh: false,
+            single: false,
         }
     }
-    /// Restart at a block-start state saved by the forward ([`Ctx::states`]), read in place
-    /// as the f32 base, with an empty block-local part. Tokens are then added but never
-    /// folded (no [`TwoLevel::tick`]): the state is only needed within the block.
-    fn restart(&mut self, saved: &'a [f32]) {
-        self.saved = Some(saved);
-        self.fresh = true;
+    /// Restart at a block-start state saved by the forward ([`Ctx::states`]), copied into
+    /// `local` as the whole state. Tokens are then added but never folded (no
+    /// [`TwoLevel::tick`]).
+    fn restart(&mut self, saved: &[f32]) {
+        self.bank.local.copy_from_slice(saved);
+        self.single = true;
     }
-    /// The two parts `(f32(base), local)` whose sum is the state (`local` empty while
-    /// `fresh`).
+    /// The two parts `(f32(base), local)` whose sum is the state (after a restart: `local`
+    /// alone, as the first part, and an empty second part).
     fn parts(&self) -> (&[f32], &[f32]) {
-        let local: &[f32] = if self.fresh { &[] } else { &self.bank.local };
-        (self.saved.unwrap_or(&self.bank.base32), local)
+        if self.single {
+            (&self.bank.local, &[])
+        } else {
+            (&self.bank.base32, &self.bank.local)
+        }
     }
     /// `local (+)= Φᵀ X̂` for a sub-block's feature rows `phi` (row stride `mp`) and value rows
     /// `x` (stride `dv`), the ones column included ([`gemm_ext`]).
     fn add_tokens(&mut self, phi: &[f32], mp: usize, rows: usize, x: &[f32], dv: usize) {
         let (m, w) = (self.bank.m, self.bank.w);
         let pt = Strided::transposed(phi, mp);
-        let add = !std::mem::replace(&mut self.fresh, false);
         gemm_ext(
             self.isa,
             &mut self.bank.local,
@@ -146,7 +151,7 @@ impl<'a> TwoLevel<'a> {
             x,
             dv,
             1.0,
-            add,
+            true,
         );
     }
     /// `D = X S` for `rows` rows of `x` (`rows × m`, row stride `ldx`) and the state `S`
@@ -197,7 +202,7 @@ impl<'a> TwoLevel<'a> {
     }
     /// Count `rows` tokens; fold the f32 part into f64 every [`TB`] tokens.
     fn tick(&mut self, rows: usize) {
-        debug_assert!(self.saved.is_none(), "a restarted state is never folded");
+        debug_assert!(!self.single, "a restarted state is never folded");
         let bank = &mut self.bank;
         in_frame(
             self.isa,
@@ -574,8 +579,7 @@ pub fn forward_into(
                         out.produce(ot, &mut ob, |x| {
                             empty += normalise(isa, &sc.acc, w, r2, dv, den_scale, x, dt);
                         });
-                        let pkt = Strided::transposed(pk, mp);
-                        gemm_ext(isa, &mut st.bank.local, w, m, r2, pkt, vb, dv, 1.0, true);
+                        st.add_tokens(pk, mp, r2, vb, dv);
                         st.tick(r2);
                         ahead.step();
                     }
