@@ -304,6 +304,57 @@ impl Scratch {
         }
         ahead
     }
+
+    /// The queries' half of the loaded block's sub-block `off..off + r2` (value and gradient
+    /// rows `vb`, `gb`, `dv` wide) against the prefix state `st`: `∂ℓ/∂φ_q = Ĝ Sᵀ + tril(Ĝ X̂ᵀ) Φ_K`
+    /// into `gphi` and `s_i` into `s`. From `g_i·S_f`, `g_i·v_j` and `φ(q_i)·φ(k_j)`,
+    /// `ô_i = (Φ_Q S + tril(Φ_Q Φ_Kᵀ) X̂)_i / Den_i` gives
+    /// `s_i = c_i (Σ_f φ_if (g_i·S_f) + Σ_{j≤i} (φ_i·φ_j)(g_i·v_j))`. The scaled `tril(Ĝ X̂ᵀ)`
+    /// and `Φ_Q Φ_Kᵀ` (lower triangle) are left in `att` and `qk`, or with `keep = Some(j)`
+    /// in slot `j` of `attb` and `qkb`.
+    fn query_sub_block(
+        &mut self,
+        isa: Isa,
+        st: &TwoLevel,
+        (off, r2): (usize, usize),
+        (vb, gb, dv): (&[f32], &[f32], usize),
+        keep: Option<usize>,
+    ) {
+        let (mp, m) = (self.kb.mp, st.bank.m);
+        let (att, qk) = match keep {
+            Some(j) => (
+                &mut self.attb[j * TC * TC..(j + 1) * TC * TC],
+                &mut self.qkb[j * TC * TC..(j + 1) * TC * TC],
+            ),
+            None => (&mut self.att[..], &mut self.qk[..]),
+        };
+        let (pq, pk) = (&self.qb.phi[off * mp..], &self.kb.phi[off * mp..]);
+        let gphi = &mut self.gphi[off * mp..];
+        st.dots(gphi, mp, r2, gb, dv);
+        gram(isa, att, gb, dv, vb, dv, r2, dv, true);
+        let pkt = (&self.kb.phit()[off..], self.kb.tp());
+        feature_gram(isa, qk, (pq, pk, mp), pkt, m, r2, true);
+        let (c, s) = (&self.c[off..off + r2], &mut self.s[off..off + r2]);
+        let (qk, gphi_r, att_r) = (&*qk, &*gphi, &*att);
+        dispatch(
+            isa,
+            CausalS {
+                pq,
+                gphi: gphi_r,
+                mp,
+                m,
+                qk,
+                att: att_r,
+                c,
+                s,
+            },
+        );
+        let f = GFactors::of(c, s, gb, dv);
+        st.masses(dv, &mut self.mass);
+        f.scale_phi_grads(isa, gphi, mp, r2, &self.mass);
+        scale_gv(isa, att, r2, f.c, f.s, true);
+        tri_gemm(isa, gphi, mp, r2, mp, sub(att), pk, mp, 1.0, true);
+    }
 }
 
 /// The sub-blocks of `a..b` of at most `tc` tokens, in order or (`rev`) from the end.
@@ -728,35 +779,8 @@ pub fn backward_into(
                 for (a2, b2) in sub_blocks(a, b, tc, false) {
                     let (r2, off) = (b2 - a2, a2 - a);
                     let (vb, gb) = (rows_of(&v, h, a2, b2), rows_of(&g, h, a2, b2));
-                    let (pq, pk) = (&sc.qb.phi[off * mp..], &sc.kb.phi[off * mp..]);
-                    let gphi = &mut sc.gphi[off * mp..];
-                    // g_i·S_f, g_i·v_j and φ(q_i)·φ(k_j); then `ô_i = (Φ_Q S + tril(Φ_Q Φ_Kᵀ) X̂)_i /
-                    // Den_i` gives s_i = c_i (Σ_f φ_if (g_i·S_f) + Σ_{j≤i} (φ_i·φ_j)(g_i·v_j)).
-                    st.dots(gphi, mp, r2, gb, dv);
-                    gram(isa, &mut sc.att, gb, dv, vb, dv, r2, dv, true);
-                    let pkt = (&sc.kb.phit()[off..], sc.kb.tp());
-                    feature_gram(isa, &mut sc.qk, (pq, pk, mp), pkt, m, r2, true);
-                    let (c, s) = (&sc.c[off..off + r2], &mut sc.s[off..off + r2]);
-                    let (qk, att) = (&sc.qk, &sc.att);
-                    dispatch(
-                        isa,
-                        CausalS {
-                            pq,
-                            gphi,
-                            mp,
-                            m,
-                            qk,
-                            att,
-                            c,
-                            s,
-                        },
-                    );
-                    let f = GFactors::of(c, s, gb, dv);
-                    st.masses(dv, &mut sc.mass);
-                    f.scale_phi_grads(isa, gphi, mp, r2, &sc.mass);
-                    scale_gv(isa, &mut sc.att, r2, f.c, f.s, true);
-                    tri_gemm(isa, gphi, mp, r2, mp, sub(&sc.att), pk, mp, 1.0, true);
-                    st.add_tokens(pk, mp, r2, vb, dv);
+                    sc.query_sub_block(isa, &st, (off, r2), (vb, gb, dv), None);
+                    st.add_tokens(&sc.kb.phi[off * mp..], mp, r2, vb, dv);
                     st.tick(r2);
                     ahead.step();
                 }
@@ -882,36 +906,12 @@ fn one_pass(io: &Io, isa: Isa, states: &[f32], outs: (&mut [f32], &mut [f32], &m
                 for (j, &(a2, b2)) in subs.iter().enumerate() {
                     let (r2, off) = (b2 - a2, a2 - a);
                     let (vb, gb) = (rows_of(&v, h, a2, b2), rows_of(&g, h, a2, b2));
-                    let (pq, pk) = (&sc.qb.phi[off * mp..], &sc.kb.phi[off * mp..]);
-                    let gphi = &mut sc.gphi[off * mp..];
-                    let att = &mut sc.attb[j * TC * TC..(j + 1) * TC * TC];
+                    sc.query_sub_block(isa, &sq, (off, r2), (vb, gb, dv), Some(j));
+                    // Kept for the keys' half: c ⊙ tril(Φ_Q Φ_Kᵀ).
                     let qk = &mut sc.qkb[j * TC * TC..(j + 1) * TC * TC];
-                    sq.dots(gphi, mp, r2, gb, dv);
-                    gram(isa, att, gb, dv, vb, dv, r2, dv, true);
-                    let pkt = (&sc.kb.phit()[off..], sc.kb.tp());
-                    feature_gram(isa, qk, (pq, pk, mp), pkt, m, r2, true);
-                    let (c, s) = (&sc.c[off..off + r2], &mut sc.s[off..off + r2]);
-                    dispatch(
-                        isa,
-                        CausalS {
-                            pq,
-                            gphi,
-                            mp,
-                            m,
-                            qk,
-                            att,
-                            c,
-                            s,
-                        },
-                    );
-                    let f = GFactors::of(c, s, gb, dv);
-                    sq.masses(dv, &mut sc.mass);
-                    f.scale_phi_grads(isa, gphi, mp, r2, &sc.mass);
-                    scale_gv(isa, att, r2, f.c, f.s, true);
-                    mask(isa, qk, r2, true, Scale::Rows(c));
-                    tri_gemm(isa, gphi, mp, r2, mp, sub(att), pk, mp, 1.0, true);
+                    mask(isa, qk, r2, true, Scale::Rows(&sc.c[off..off + r2]));
                     if j + 1 < subs.len() {
-                        sq.add_tokens(pk, mp, r2, vb, dv);
+                        sq.add_tokens(&sc.kb.phi[off * mp..], mp, r2, vb, dv);
                     }
                     ahead.step();
                 }
