@@ -701,42 +701,41 @@ pub fn read_into(
         .zip(saved_pieces(uq, n, lp, &segs, heads).into_par_iter())
         .map(|(((h, s, op), (_, _, dp)), mut save)| {
             let mut blk = Block::new(map, isa);
-            let mut acc = ABuf::zeroed(T * w);
+            let (mut acc, mut ob) = (ABuf::zeroed(T * w), ABuf::zeroed(T * dv));
             let (mut a, end, mut empty) = (segs[s].0, segs[s].1, 0usize);
-            out.behind(op, T * dv, |ob| {
-                while a < end {
-                    let b = (a + T).min(end);
-                    let rows = b - a;
-                    let next = (b + T).min(end);
-                    let mut ahead = Ahead::new(&[rows_of(&q, h, b, next)]);
-                    ahead.step();
-                    blk.features(map, rows_of(&q, h, a, b), rows);
-                    let t0 = a - segs[s].0;
-                    if let Some(u) = save.as_deref_mut() {
-                        u[t0 * lp..(t0 + rows) * lp].copy_from_slice(blk.u(rows));
-                    }
-                    ahead.step();
-                    gemm(
-                        isa,
-                        &mut acc,
-                        w,
-                        rows,
-                        w,
-                        m,
-                        Strided::rows(&blk.phi, blk.mp),
-                        &banks32[h],
-                        w,
-                        1.0,
-                        false,
-                    );
-                    ahead.step();
-                    let dt = &mut dp[t0..t0 + rows];
-                    ob.produce(t0 * dv, rows * dv, |x| {
-                        empty += normalise(isa, &acc, w, rows, dv, inv_l, x, dt);
-                    });
-                    a = b;
+            while a < end {
+                let b = (a + T).min(end);
+                let rows = b - a;
+                let next = (b + T).min(end);
+                let mut ahead = Ahead::new(&[rows_of(&q, h, b, next)]);
+                ahead.step();
+                blk.features(map, rows_of(&q, h, a, b), rows);
+                let t0 = a - segs[s].0;
+                if let Some(u) = save.as_deref_mut() {
+                    u[t0 * lp..(t0 + rows) * lp].copy_from_slice(blk.u(rows));
                 }
-            });
+                ahead.step();
+                gemm(
+                    isa,
+                    &mut acc,
+                    w,
+                    rows,
+                    w,
+                    m,
+                    Strided::rows(&blk.phi, blk.mp),
+                    &banks32[h],
+                    w,
+                    1.0,
+                    false,
+                );
+                ahead.step();
+                let (ot, dt) = (&mut op[t0 * dv..(t0 + rows) * dv], &mut dp[t0..t0 + rows]);
+                out.produce(ot, &mut ob, |x| {
+                    empty += normalise(isa, &acc, w, rows, dv, inv_l, x, dt);
+                });
+                a = b;
+            }
+            out.fence();
             empty
         })
         .sum();
@@ -987,41 +986,42 @@ pub fn query_grads(
             let (mut gphi, mut sphi) = (ABuf::zeroed(T * mp), ABuf::zeroed(T * m));
             let (mut c, mut sv) = (vec![0.0f32; T], vec![0.0f32; T]);
             let (mut d32, mut d64) = (ABuf::zeroed(m * w), vec![0.0f64; m * w]);
+            let mut scratch = ABuf::zeroed(if out.stream { T * d } else { 0 });
             let bank = &banks32[h];
             let (mut a, end, mut dbeta) = (segs[s].0, segs[s].1, 0.0f64);
-            out.behind(dqp, T * d, |bq| {
-                while a < end {
-                    let b = (a + T).min(end);
-                    let rows = b - a;
-                    let gb = rows_of(&g, h, a, b);
-                    let next = (b + T).min(end);
-                    let uqb = saved_rows(uq, n, lp, h, a, b);
-                    let mut ahead = blk.start(map, (&q, uqb), &g, h, (a, b), next);
-                    inv_den(&den[h * n + a..h * n + b], inv_l, &mut c);
-                    bank_dots(isa, &mut gphi, mp, rows, m, gb, dv, bank, w, &bt[h]);
-                    let s_rows = RowDots {
-                        a: &blk.phi,
-                        b: &gphi,
-                        ld: mp,
-                        len: m,
-                        c: Some(&c),
-                        out: &mut sv[..rows],
-                    };
-                    dispatch(isa, s_rows);
-                    let f = GFactors::of(&c, &sv, gb, dv);
-                    ahead.step();
-                    f.scale_phi_grads(isa, &mut gphi, mp, rows, &am[h]);
-                    ahead.step();
-                    f.dbank(isa, &blk.phi, mp, m, rows, &mut sphi, &mut d32, w, false);
-                    add_into_f64(isa, &mut d64, &d32);
-                    ahead.step();
-                    dbeta += blk.backward(map, &gphi, rows);
-                    ahead.step();
-                    let t0 = a - segs[s].0;
-                    bq.produce(t0 * d, rows * d, |x| blk.input_grads(map, rows, x));
-                    a = b;
-                }
-            });
+            while a < end {
+                let b = (a + T).min(end);
+                let rows = b - a;
+                let gb = rows_of(&g, h, a, b);
+                let next = (b + T).min(end);
+                let uqb = saved_rows(uq, n, lp, h, a, b);
+                let mut ahead = blk.start(map, (&q, uqb), &g, h, (a, b), next);
+                inv_den(&den[h * n + a..h * n + b], inv_l, &mut c);
+                bank_dots(isa, &mut gphi, mp, rows, m, gb, dv, bank, w, &bt[h]);
+                let s_rows = RowDots {
+                    a: &blk.phi,
+                    b: &gphi,
+                    ld: mp,
+                    len: m,
+                    c: Some(&c),
+                    out: &mut sv[..rows],
+                };
+                dispatch(isa, s_rows);
+                let f = GFactors::of(&c, &sv, gb, dv);
+                ahead.step();
+                f.scale_phi_grads(isa, &mut gphi, mp, rows, &am[h]);
+                ahead.step();
+                f.dbank(isa, &blk.phi, mp, m, rows, &mut sphi, &mut d32, w, false);
+                add_into_f64(isa, &mut d64, &d32);
+                ahead.step();
+                dbeta += blk.backward(map, &gphi, rows);
+                ahead.step();
+                let t0 = a - segs[s].0;
+                let dqb = &mut dqp[t0 * d..(t0 + rows) * d];
+                out.produce(dqb, &mut scratch, |x| blk.input_grads(map, rows, x));
+                a = b;
+            }
+            out.fence();
             (h, d64, dbeta)
         })
         .collect();
@@ -1057,33 +1057,34 @@ pub fn key_grads(
         .map(|((h, s, dkp), (_, _, dvp))| {
             let mut blk = Block::new(map, isa);
             let mut gphi = ABuf::zeroed(T * mp);
+            let streams = out_k.stream || out_v.stream;
+            let mut scratch = ABuf::zeroed(if streams { T * d.max(dv) } else { 0 });
             let db = &dbanks32[h];
             let (mut a, end, mut dbeta) = (segs[s].0, segs[s].1, 0.0f64);
-            out_k.behind(dkp, T * d, |bk| {
-                out_v.behind(dvp, T * dv, |bv| {
-                    while a < end {
-                        let b = (a + T).min(end);
-                        let rows = b - a;
-                        let vb = rows_of(&v, h, a, b);
-                        let next = (b + T).min(end);
-                        let ukb = saved_rows(uk, k.n, lp, h, a, b);
-                        let mut ahead = blk.start(map, (&k, ukb), &v, h, (a, b), next);
-                        bank_dots(isa, &mut gphi, mp, rows, m, vb, dv, db, w, &dbt[h]);
-                        add_rows(isa, &mut gphi, mp, rows, &dam[h]);
-                        ahead.step();
-                        let t0 = a - segs[s].0;
-                        let phi = Strided::rows(&blk.phi, mp);
-                        bv.produce(t0 * dv, rows * dv, |x| {
-                            gemm(isa, x, dv, rows, dv, m, phi, db, w, 1.0, false)
-                        });
-                        ahead.step();
-                        dbeta += blk.backward(map, &gphi, rows);
-                        ahead.step();
-                        bk.produce(t0 * d, rows * d, |x| blk.input_grads(map, rows, x));
-                        a = b;
-                    }
-                })
-            });
+            while a < end {
+                let b = (a + T).min(end);
+                let rows = b - a;
+                let vb = rows_of(&v, h, a, b);
+                let next = (b + T).min(end);
+                let ukb = saved_rows(uk, k.n, lp, h, a, b);
+                let mut ahead = blk.start(map, (&k, ukb), &v, h, (a, b), next);
+                bank_dots(isa, &mut gphi, mp, rows, m, vb, dv, db, w, &dbt[h]);
+                add_rows(isa, &mut gphi, mp, rows, &dam[h]);
+                ahead.step();
+                let t0 = a - segs[s].0;
+                let phi = Strided::rows(&blk.phi, mp);
+                out_v.produce(&mut dvp[t0 * dv..(t0 + rows) * dv], &mut scratch, |x| {
+                    gemm(isa, x, dv, rows, dv, m, phi, db, w, 1.0, false)
+                });
+                ahead.step();
+                dbeta += blk.backward(map, &gphi, rows);
+                ahead.step();
+                let dkb = &mut dkp[t0 * d..(t0 + rows) * d];
+                out_k.produce(dkb, &mut scratch, |x| blk.input_grads(map, rows, x));
+                a = b;
+            }
+            out_k.fence();
+            out_v.fence();
             dbeta
         })
         .sum()
