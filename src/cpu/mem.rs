@@ -465,13 +465,9 @@ mod tests {
             }
             if inside {
                 if let Some(kb) = line.strip_prefix("AnonHugePages:") {
-                    return kb
-                        .trim()
-                        .trim_end_matches("kB")
-                        .trim()
-                        .parse::<usize>()
-                        .ok()
-                        .map(|k| k * 1024);
+                    // "AnonHugePages:  2048 kB", as `provenance::peak_rss_bytes` reads VmHWM.
+                    let kb = kb.split_whitespace().next()?.parse::<usize>().ok()?;
+                    return Some(kb * 1024);
                 }
             }
         }
