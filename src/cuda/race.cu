@@ -553,6 +553,70 @@ __device__ __forceinline__ void tile_store(const float (&acc)[RM][TC], float sc,
     }
 }
 
+// The narrow products, whose outputs are a tile's rows × m features or × TILE tokens and whose
+// sums run over w = dv + 1 terms (gφ = ĝ Sᵀ, the causal ĝ·y products): in tile_mma's layout
+// (columns over lanes) only m of 32 lanes would be busy, and each of the w steps would pay
+// for 20 FMAs to do m. Here every thread owns an RI × CJ block of outputs, rows rb + nrb·i and
+// columns cb + ncb·j, and walks k alone: RI + CJ loads per RI·CJ FMAs, every lane busy.
+//   dst[r*ds + c] = (add ? dst[r*ds + c] : 0) + Σ_{k<nk} A[r*ars + k*aks] B[c*bcs + k*bks]
+// for r < nr, c < nc, stored as 0 off the `tri` triangle (as tile_store). No barrier inside:
+// each output is read and written by one thread, the same one in every call with the same
+// nr and nc, so a second call with add = 1 can follow the first directly.
+template <int RI, int CJ>
+__device__ __forceinline__ void blk_prod_rc(const float* __restrict__ A, int ars, int aks, const float* __restrict__ B,
+                                            int bcs, int bks, int nr, int nc, int nk, float* dst, int ds, int add,
+                                            int tri) {
+    const int nrb = (nr + RI - 1) / RI, ncb = (nc + CJ - 1) / CJ;
+    for (int e = threadIdx.x; e < nrb * ncb; e += blockDim.x) {
+        const int rb = e / ncb, cb = e - rb * ncb;
+        const float* ap[RI];
+        const float* bp[CJ];
+#pragma unroll
+        for (int i = 0; i < RI; ++i) ap[i] = A + min(rb + nrb * i, nr - 1) * ars;
+#pragma unroll
+        for (int j = 0; j < CJ; ++j) bp[j] = B + min(cb + ncb * j, nc - 1) * bcs;
+        float acc[RI][CJ];
+#pragma unroll
+        for (int i = 0; i < RI; ++i)
+#pragma unroll
+            for (int j = 0; j < CJ; ++j) acc[i][j] = 0.f;
+#pragma unroll 4
+        for (int k = 0; k < nk; ++k) {
+            float a[RI], bv[CJ];
+#pragma unroll
+            for (int i = 0; i < RI; ++i) a[i] = ap[i][k * aks];
+#pragma unroll
+            for (int j = 0; j < CJ; ++j) bv[j] = bp[j][k * bks];
+#pragma unroll
+            for (int i = 0; i < RI; ++i)
+#pragma unroll
+                for (int j = 0; j < CJ; ++j) acc[i][j] = fmaf(a[i], bv[j], acc[i][j]);
+        }
+#pragma unroll
+        for (int i = 0; i < RI; ++i)
+#pragma unroll
+            for (int j = 0; j < CJ; ++j) {
+                const int r = rb + nrb * i, c = cb + ncb * j;
+                if (r < nr && c < nc) {
+                    const bool off = (tri == TRI_LOWER && c > r) || (tri == TRI_UPPER && c < r);
+                    float* o = dst + r * ds + c;
+                    *o = off ? 0.f : (add ? *o : 0.f) + acc[i][j];
+                }
+            }
+    }
+}
+
+// blk_prod_rc with the block size picked from nr·nc, so that 256 threads cover the outputs
+// (up to TILE × 64) in one round.
+__device__ __forceinline__ void blk_prod(const float* A, int ars, int aks, const float* B, int bcs, int bks, int nr,
+                                         int nc, int nk, float* dst, int ds, int add, int tri = TRI_NONE) {
+    const int outs = nr * nc;
+    if (outs <= 256) blk_prod_rc<1, 1>(A, ars, aks, B, bcs, bks, nr, nc, nk, dst, ds, add, tri);
+    else if (outs <= 512) blk_prod_rc<1, 2>(A, ars, aks, B, bcs, bks, nr, nc, nk, dst, ds, add, tri);
+    else if (outs <= 1024) blk_prod_rc<2, 2>(A, ars, aks, B, bcs, bks, nr, nc, nk, dst, ds, add, tri);
+    else blk_prod_rc<2, 4>(A, ars, aks, B, bcs, bks, nr, nc, nk, dst, ds, add, tri);
+}
+
 // st[f][c] += Σ_s A(s, f) B(s, c) over the tile's nt tokens (A(s, f) = A[s*ars + f],
 // B(s, c) = B[s*bks + c]), in passes of 16 feature rows (2 per warp), so the register block
 // is small whatever m is.
@@ -909,10 +973,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) race_bwd_q_tile(const in_t*
         blk_prefetch_tile(row0 + TILE, min(TILE, t1 - b0 - TILE), Q, d, nullptr, G, O, dv);
         blk_gext(G, O, DEN, row0, nt, dv, 1.f / (float)L, b, b.y, w);
         blk_featurise(Q, row0, nt, b, d, L, P, beta, b.uq, b.phq);
-        float acc[TT][TC];
-        tile_zero(acc);
-        tile_mma(acc, b.y, w, 1, b.st, 1, w, nt, m, w);  // gφ[t][f] = Σ_c ĝ[t][c] S[f][c] / L
-        tile_store(acc, 1.f, b.xr, m, nt, m);
+        blk_prod(b.y, w, 1, b.st, w, 1, nt, m, w, b.xr, m, 0);  // gφ[t][f] = Σ_c ĝ[t][c] S[f][c] / L
         __syncthreads();
         state_update(b.dacc, b.phq, b.mp, b.y, w, m, w, nt);
         blk_input_grads(b, L, P, beta, nt, b.uq, b.phq, d, DQ + row0 * d, DBQ + row0);
@@ -937,9 +998,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) race_bwd_k_tile(const in_t*
         tile_zero(acc);
         tile_mma(acc, b.phq, b.mp, 1, b.st, w, 1, nt, dv, m);  // dv[t][c] = Σ_f φ[t][f] D[f][c]
         tile_store(acc, 1.f, DV + row0 * dv, dv, nt, dv);
-        tile_zero(acc);
-        tile_mma(acc, b.y, w, 1, b.st, 1, w, nt, m, w);  // gφ[t][f] = Σ_c y[t][c] D[f][c]
-        tile_store(acc, 1.f, b.xr, m, nt, m);
+        blk_prod(b.y, w, 1, b.st, w, 1, nt, m, w, b.xr, m, 0);  // gφ[t][f] = Σ_c y[t][c] D[f][c]
         __syncthreads();
         blk_input_grads(b, L, P, beta, nt, b.uq, b.phq, d, DK + row0 * d, DBK + row0);
         __syncthreads();
@@ -996,15 +1055,10 @@ extern "C" __global__ void __launch_bounds__(256, 3) race_bwd_q_tile_causal(cons
         const int nt = min(TILE, t1 - b0);
         const long long row0 = (long long)h * n + b0;
         blk_causal_tile(b, Q, K, V, G, O, DEN, row0, nt, row0 + TILE, min(TILE, t1 - b0 - TILE), d, dv, L, P, beta);
-        float acc[TT][TC];
-        tile_zero(acc);
-        tile_mma(acc, b.g, w, 1, b.y, 1, w, nt, nt, w);  // a[t][s] = ĝ_t·y_s / L, s ≤ t
-        tile_store(acc, 1.f, b.a, b.tp, nt, nt, TRI_LOWER);
+        blk_prod(b.g, w, 1, b.y, w, 1, nt, nt, w, b.a, b.tp, 0, TRI_LOWER);  // a[t][s] = ĝ_t·y_s / L, s ≤ t
         __syncthreads();
-        tile_zero(acc);
-        tile_mma(acc, b.g, w, 1, b.st, 1, w, nt, m, w);  // gφ = ĝ Sᵀ + a φk
-        tile_mma(acc, b.a, b.tp, 1, b.phk, b.mp, 1, nt, m, nt);
-        tile_store(acc, 1.f, b.xr, m, nt, m);
+        blk_prod(b.g, w, 1, b.st, w, 1, nt, m, w, b.xr, m, 0);  // gφ = ĝ Sᵀ + a φk
+        blk_prod(b.a, b.tp, 1, b.phk, 1, b.mp, nt, m, nt, b.xr, m, 1);
         __syncthreads();
         state_update(b.st, b.phk, b.mp, b.y, w, m, w, nt);
         state_update(b.dacc, b.phq, b.mp, b.g, w, m, w, nt);
@@ -1028,18 +1082,14 @@ extern "C" __global__ void __launch_bounds__(256, 3) race_bwd_k_tile_causal(cons
         const long long row0 = (long long)h * n + b0;
         // The next tile walked is the previous one, always full.
         blk_causal_tile(b, Q, K, V, G, O, DEN, row0, nt, row0 - TILE, ti > 0 ? TILE : 0, d, dv, L, P, beta);
+        blk_prod(b.y, w, 1, b.g, w, 1, nt, nt, w, b.a, b.tp, 0, TRI_UPPER);  // a[s][t] = y_s·ĝ_t / L, t ≥ s
         float acc[TT][TC];
-        tile_zero(acc);
-        tile_mma(acc, b.y, w, 1, b.g, 1, w, nt, nt, w);  // a[s][t] = y_s·ĝ_t / L, t ≥ s
-        tile_store(acc, 1.f, b.a, b.tp, nt, nt, TRI_UPPER);
         tile_zero(acc);
         tile_mma(acc, b.phk, b.mp, 1, b.phq, 1, b.mp, nt, nt, m);  // a2[s][t] = φk_s·φq_t, t ≥ s
         tile_store(acc, 1.f, b.a2, b.tp, nt, nt, TRI_UPPER);
         __syncthreads();
-        tile_zero(acc);
-        tile_mma(acc, b.y, w, 1, b.st, 1, w, nt, m, w);  // gφ = y Dᵀ + a φq
-        tile_mma(acc, b.a, b.tp, 1, b.phq, b.mp, 1, nt, m, nt);
-        tile_store(acc, 1.f, b.xr, m, nt, m);
+        blk_prod(b.y, w, 1, b.st, w, 1, nt, m, w, b.xr, m, 0);  // gφ = y Dᵀ + a φq
+        blk_prod(b.a, b.tp, 1, b.phq, 1, b.mp, nt, m, nt, b.xr, m, 1);
         tile_zero(acc);
         tile_mma(acc, b.phk, b.mp, 1, b.st, w, 1, nt, dv, m);  // dv = φk D + a2 ĝ
         tile_mma(acc, b.a2, b.tp, 1, b.g, w, 1, nt, dv, nt);
