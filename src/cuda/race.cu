@@ -486,27 +486,72 @@ extern "C" __global__ void race_bwd_k(const in_t* Q, const in_t* K, const in_t* 
 // over a tile's tokens.
 #define TT (TILE / 8)
 
+// The k loop of tile_mma for NA row blocks and NB column blocks, both known at compile time,
+// so the loop body is straight loads and FMAs: no per-step branches, and offsets into sh
+// rather than generic pointers, so no address-space conversions inside the loop (run 3's
+// profile: a step of the old loop issued about 140 instructions for 20 FMAs).
+template <int RM, int NA, int NB>
+__device__ __forceinline__ void tile_mma_k(float (&acc)[RM][TC], int ao, int ars, int aks, int b0, int bcs, int nc,
+                                           int bks, int nk) {
+    const int lane = threadIdx.x & 31;
+    int bo[NB];
+#pragma unroll
+    for (int j = 0; j < NB; ++j) bo[j] = b0 + min(lane + 32 * j, nc - 1) * bcs;
+    int ar[NA];
+#pragma unroll
+    for (int i = 0; i < NA; ++i) ar[i] = ao + 8 * i * ars;
+#pragma unroll 1
+    for (int k = 0; k < nk; ++k) {
+        float b[NB];
+#pragma unroll
+        for (int j = 0; j < NB; ++j) b[j] = sh[bo[j] + k * bks];
+#pragma unroll
+        for (int i = 0; i < NA; ++i) {
+            const float a = sh[ar[i] + k * aks];
+#pragma unroll
+            for (int j = 0; j < NB; ++j) acc[i][j] = fmaf(a, b[j], acc[i][j]);
+        }
+    }
+}
+
+// tile_mma_k with NA picked from the warp's row count na (1 ≤ na ≤ RM).
+template <int RM, int NB>
+__device__ __forceinline__ void tile_mma_na(float (&acc)[RM][TC], int na, int ao, int ars, int aks, int b0, int bcs,
+                                            int nc, int bks, int nk) {
+#define TILE_NA_CASE(K)                                                                        \
+    case K:                                                                                    \
+        if (K <= RM) tile_mma_k<RM, (K <= RM ? K : RM), NB>(acc, ao, ars, aks, b0, bcs, nc, bks, nk); \
+        break;
+    switch (na) {
+        TILE_NA_CASE(1)
+        TILE_NA_CASE(2)
+        TILE_NA_CASE(3)
+        TILE_NA_CASE(4)
+        TILE_NA_CASE(5)
+        TILE_NA_CASE(6)
+        TILE_NA_CASE(7)
+        TILE_NA_CASE(8)
+    }
+#undef TILE_NA_CASE
+}
+
 // acc[i][j] (+)= Σ_k A(r, k) B(k, c) for rows r = warp + 8i < nr (i < RM) and columns
-// c = lane + 32j < nc, where A(r, k) = A[r*ars + k*aks] and B(k, c) = B[k*bks + c*bcs].
-// Rows are uniform across a warp (A reads broadcast); columns run along lanes.
+// c = lane + 32j < nc, where A(r, k) = A[r*ars + k*aks] and B(k, c) = B[k*bks + c*bcs]; A and
+// B lie in shared memory. Rows are uniform across a warp (A reads broadcast); columns run
+// along lanes. Lanes past nc work on a copy of the last column, so entries of acc outside
+// nr × nc hold no meaning: tile_store skips them. Column blocks run 1, 4 or 5 wide (nc ≤ 32,
+// ≤ 128, ≤ 160), so the TILE-wide and the dv-wide products skip the blocks no lane needs.
 template <int RM>
 __device__ __forceinline__ void tile_mma(float (&acc)[RM][TC], const float* A, int ars, int aks, const float* B,
                                          int bks, int bcs, int nr, int nc, int nk) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int na = (nr - warp + 7) / 8, nb = (nc - lane + 31) / 32;
-    for (int k = 0; k < nk; ++k) {
-        float b[TC];
-#pragma unroll
-        for (int j = 0; j < TC; ++j) b[j] = j < nb ? B[k * bks + (lane + 32 * j) * bcs] : 0.f;
-#pragma unroll
-        for (int i = 0; i < RM; ++i) {
-            if (i < na) {
-                const float a = A[(warp + 8 * i) * ars + k * aks];
-#pragma unroll
-                for (int j = 0; j < TC; ++j) acc[i][j] = fmaf(a, b[j], acc[i][j]);
-            }
-        }
-    }
+    const int warp = threadIdx.x >> 5;
+    const int na = min(RM, (nr - warp + 7) / 8);
+    if (na <= 0) return;
+    const int ao = (int)(A - sh) + warp * ars, b0 = (int)(B - sh);
+    const int nb = (nc + 31) / 32;
+    if (nb <= 1) tile_mma_na<RM, 1>(acc, na, ao, ars, aks, b0, bcs, nc, bks, nk);
+    else if (nb <= 4) tile_mma_na<RM, 4>(acc, na, ao, ars, aks, b0, bcs, nc, bks, nk);
+    else tile_mma_na<RM, 5>(acc, na, ao, ars, aks, b0, bcs, nc, bks, nk);
 }
 
 template <int RM>
@@ -569,24 +614,23 @@ __device__ __forceinline__ void blk_prod_rc(const float* __restrict__ A, int ars
     const int nrb = (nr + RI - 1) / RI, ncb = (nc + CJ - 1) / CJ;
     for (int e = threadIdx.x; e < nrb * ncb; e += blockDim.x) {
         const int rb = e / ncb, cb = e - rb * ncb;
-        const float* ap[RI];
-        const float* bp[CJ];
+        int ap[RI], bp[CJ];  // offsets into sh, where A and B lie
 #pragma unroll
-        for (int i = 0; i < RI; ++i) ap[i] = A + min(rb + nrb * i, nr - 1) * ars;
+        for (int i = 0; i < RI; ++i) ap[i] = (int)(A - sh) + min(rb + nrb * i, nr - 1) * ars;
 #pragma unroll
-        for (int j = 0; j < CJ; ++j) bp[j] = B + min(cb + ncb * j, nc - 1) * bcs;
+        for (int j = 0; j < CJ; ++j) bp[j] = (int)(B - sh) + min(cb + ncb * j, nc - 1) * bcs;
         float acc[RI][CJ];
 #pragma unroll
         for (int i = 0; i < RI; ++i)
 #pragma unroll
             for (int j = 0; j < CJ; ++j) acc[i][j] = 0.f;
-#pragma unroll 4
+#pragma unroll 2
         for (int k = 0; k < nk; ++k) {
             float a[RI], bv[CJ];
 #pragma unroll
-            for (int i = 0; i < RI; ++i) a[i] = ap[i][k * aks];
+            for (int i = 0; i < RI; ++i) a[i] = sh[ap[i] + k * aks];
 #pragma unroll
-            for (int j = 0; j < CJ; ++j) bv[j] = bp[j][k * bks];
+            for (int j = 0; j < CJ; ++j) bv[j] = sh[bp[j] + k * bks];
 #pragma unroll
             for (int i = 0; i < RI; ++i)
 #pragma unroll
@@ -618,17 +662,10 @@ __device__ __forceinline__ void blk_prod(const float* A, int ars, int aks, const
 }
 
 // st[f][c] += Σ_s A(s, f) B(s, c) over the tile's nt tokens (A(s, f) = A[s*ars + f],
-// B(s, c) = B[s*bks + c]), in passes of 16 feature rows (2 per warp), so the register block
-// is small whatever m is.
+// B(s, c) = B[s*bks + c]): blk_prod over the m × w state, each thread owning its entries.
 __device__ __forceinline__ void state_update(float* st, const float* A, int ars, const float* B, int bks, int m,
                                              int w, int nt) {
-    for (int f0 = 0; f0 < m; f0 += 16) {
-        const int nf = min(16, m - f0);
-        float acc[2][TC];
-        tile_load(acc, st + f0 * w, w, nf, w);
-        tile_mma(acc, A + f0, 1, ars, B, bks, 1, nf, w, nt);
-        tile_store(acc, 1.f, st + f0 * w, w, nf, w);
-    }
+    blk_prod(A, 1, ars, B, 1, bks, m, w, nt, st, w, 1);
 }
 
 // A block's buffers (floats; `shared_floats_tiled` in src/cuda/mod.rs mirrors this):
