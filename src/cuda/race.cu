@@ -800,9 +800,9 @@ __device__ void blk_gext(const float* G, const float* O, const float* DEN, long 
     }
     __syncthreads();
     for (int t = warp; t < nt; t += 8) {
-        const float den = DEN[row0 + t];
-        for (int c = lane; c < dv; c += 32) dst[t * ds + c] = den == 0.f ? 0.f : sc * (dst[t * ds + c] / den);
-        if (lane == 0) dst[t * ds + dv] = den == 0.f ? 0.f : sc * (-b.dot[t] / den);
+        const float den = DEN[row0 + t], s = den == 0.f ? 0.f : sc / den;  // one division per row
+        for (int c = lane; c < dv; c += 32) dst[t * ds + c] *= s;
+        if (lane == 0) dst[t * ds + dv] = -b.dot[t] * s;
     }
     __syncthreads();
 }
@@ -835,13 +835,15 @@ __device__ void blk_features(const Blk& b, int d, int L, int P, float beta, int 
         float z = 0.f;
         for (int s = 0; s < 8; ++s) z += b.red[(s * TILE + tt) * LP + lp];
         const float u = tanhf(z), tb = 2.f * beta * u;
+        // σ(±tb) from one exponential: σ(|tb|) = 1/(1+e), σ(-|tb|) = e/(1+e), e = exp(-|tb|).
+        const float ex = expf(-fabsf(tb)), hi = 1.f / (1.f + ex), lo = ex * hi;
         U[e] = u;
-        b.on[e] = sigm(tb);
-        b.off[e] = sigm(-tb);
+        b.on[e] = tb >= 0.f ? hi : lo;
+        b.off[e] = tb >= 0.f ? lo : hi;
     }
     __syncthreads();
     for (int e = threadIdx.x; e < nt * m; e += blockDim.x) {
-        const int tt = e / m, f = e % m, l = f / R, r = f % R;
+        const int tt = e / m, f = e % m, l = f >> P, r = f & (R - 1);
         const float* on = b.on + tt * LP + l * P;
         const float* off = b.off + tt * LP + l * P;
         float v = 1.f;
@@ -973,8 +975,8 @@ __device__ void blk_normalise(const Blk& b, long long row0, int nt, int dv, int 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, w = dv + 1;
     for (int t = warp; t < nt; t += 8) {
         const float* r = b.xr + t * w;
-        const float den = r[dv];
-        for (int cc = lane; cc < dv; cc += 32) O[(row0 + t) * dv + cc] = den == 0.f ? 0.f : r[cc] / den;
+        const float den = r[dv], inv = den == 0.f ? 0.f : 1.f / den;  // one division per row
+        for (int cc = lane; cc < dv; cc += 32) O[(row0 + t) * dv + cc] = r[cc] * inv;
         if (lane == 0) DEN[row0 + t] = den / (float)L;
     }
 }
