@@ -170,6 +170,11 @@ fn emulator(bf16: bool) -> std::path::PathBuf {
             if bf16 {
                 cmd.arg("-DRACE_BF16");
             }
+            // The tuning macros of race.cu (e.g. RACELAB_EMU_DEFINES="-DPROD_SPREAD=64"), so a
+            // variant meant for a GPU run is checked here first.
+            if let Ok(extra) = std::env::var("RACELAB_EMU_DEFINES") {
+                cmd.args(extra.split_whitespace());
+            }
             let o = cmd
                 .output()
                 .expect("g++ is needed to build the CUDA emulator");

@@ -650,14 +650,20 @@ __device__ __forceinline__ void blk_prod_rc(const float* __restrict__ A, int ars
     }
 }
 
-// blk_prod_rc with the block size picked from nr·nc, so that 256 threads cover the outputs
-// (up to TILE × 64) in one round.
+// blk_prod_rc with the block size picked from nr·nc, so that about PROD_SPREAD threads cover
+// the outputs: 1 × 1 blocks up to PROD_SPREAD outputs, then 1 × 2, 2 × 2 and 2 × 4. Fewer
+// threads with bigger blocks issue fewer instructions in all (RI + CJ loads per RI·CJ FMAs)
+// but leave more of the block waiting at the next barrier; the other resident blocks fill
+// in. -DPROD_SPREAD=64 (RACELAB_CUDA_DEFINES) is the experiment.
+#ifndef PROD_SPREAD
+#define PROD_SPREAD 256
+#endif
 __device__ __forceinline__ void blk_prod(const float* A, int ars, int aks, const float* B, int bcs, int bks, int nr,
                                          int nc, int nk, float* dst, int ds, int add, int tri = TRI_NONE) {
     const int outs = nr * nc;
-    if (outs <= 256) blk_prod_rc<1, 1>(A, ars, aks, B, bcs, bks, nr, nc, nk, dst, ds, add, tri);
-    else if (outs <= 512) blk_prod_rc<1, 2>(A, ars, aks, B, bcs, bks, nr, nc, nk, dst, ds, add, tri);
-    else if (outs <= 1024) blk_prod_rc<2, 2>(A, ars, aks, B, bcs, bks, nr, nc, nk, dst, ds, add, tri);
+    if (outs <= PROD_SPREAD) blk_prod_rc<1, 1>(A, ars, aks, B, bcs, bks, nr, nc, nk, dst, ds, add, tri);
+    else if (outs <= 2 * PROD_SPREAD) blk_prod_rc<1, 2>(A, ars, aks, B, bcs, bks, nr, nc, nk, dst, ds, add, tri);
+    else if (outs <= 4 * PROD_SPREAD) blk_prod_rc<2, 2>(A, ars, aks, B, bcs, bks, nr, nc, nk, dst, ds, add, tri);
     else blk_prod_rc<2, 4>(A, ars, aks, B, bcs, bks, nr, nc, nk, dst, ds, add, tri);
 }
 
