@@ -8,6 +8,13 @@
 # same GPU. Designed to finish inside 5 minutes on an H200. Everything goes under $OUT (or ./gpu-check): summary.txt and one
 # gpu-check.tgz with the logs and each bench's csv/json/png.
 #
+# Knobs for a short rerun (run 4 used all three):
+# - GPU_CHECK_SKIP="warp torch": skip the warp-per-chunk benches and/or the PyTorch comparison;
+# - GPU_CHECK_VARIANTS="-DPROD_SPREAD=64 ...": also bench forward+backward at 2^20, non-causal and
+#   causal, with each variant's defines (RACELAB_CUDA_DEFINES), one variant per word;
+# - GPU_CHECK_NCU=1: an Nsight Compute profile of one forward+backward at (2,2), 2^20, on the
+#   default kernels (ncu-22.txt: duration, throughput, issue and occupancy per kernel).
+#
 # Two ways to run it:
 # - with cargo on the GPU machine: `scripts/gpu-check.sh` builds and tests there;
 # - without (the lent machines have no Rust): build here with
@@ -109,15 +116,38 @@ bench causal 100 --backward --causal --n 1048576,4194304 --p 2,4 --l 2,4
 # Forward only.
 bench fwd 40 --n 1048576 --p 2,4 --l 2,4
 bench fwd-causal 40 --causal --n 1048576 --p 2,4 --l 2,4
-# The same forward+backward rows on the warp-per-chunk kernels.
-export RACELAB_CUDA_PATH=warp
-bench nc-warp 60 --backward --n 1048576 --p 2,4 --l 2,4
-bench causal-warp 60 --backward --causal --n 1048576 --p 2,4 --l 2,4
-unset RACELAB_CUDA_PATH
-# The comparison point: a lean PyTorch autograd version of the same operator on the same GPU.
-log "PyTorch on the GPU (experiments/tools/torch_race.py, forward+backward, non-causal)"
-for args in "--n 1048576 --p 2 --l 2" "--n 4194304 --p 2 --l 2" "--n 1048576 --p 4 --l 4"; do
-  timeout 90 python3 experiments/tools/torch_race.py --device cuda $args >>"$W/torch.txt" 2>&1
-  tail -1 "$W/torch.txt" | tee -a "$W/summary.txt"
+skip() { case " ${GPU_CHECK_SKIP:-} " in *" $1 "*) return 0 ;; esac; return 1; }
+# Variants of the kernels' tuning macros, forward+backward at 2^20.
+i=0
+for v in ${GPU_CHECK_VARIANTS:-}; do
+  i=$((i + 1))
+  export RACELAB_CUDA_DEFINES="$v"
+  bench "nc-v$i" 40 --backward --n 1048576 --p 2,4 --l 2,4
+  bench "causal-v$i" 40 --backward --causal --n 1048576 --p 2,4 --l 2,4
+  unset RACELAB_CUDA_DEFINES
 done
+if [ -n "${GPU_CHECK_NCU:-}" ] && command -v ncu >/dev/null; then
+  log "ncu: one forward+backward, (2,2), N = 2^20, default kernels"
+  timeout 90 ncu --clock-control none -k regex:'race_(partial|fwd|bwd|scan)' --launch-count 8 \
+    --section SpeedOfLight --section ComputeWorkloadAnalysis --section LaunchStats --section Occupancy \
+    --section WarpStateStats "$racelab" bench --device cuda --backward --n 1048576 --p 2 --l 2 \
+    --out "$W/ncu-bench" >"$W/ncu-22.txt" 2>&1
+  cp "$W/ncu-22.txt" "$OUT/" 2>/dev/null
+  grep -E "^  race_|Duration|Compute \(SM\) Throughput|DRAM Throughput|Issue Slots Busy" "$W/ncu-22.txt" | tee -a "$W/summary.txt"
+fi
+if ! skip warp; then
+  # The same forward+backward rows on the warp-per-chunk kernels.
+  export RACELAB_CUDA_PATH=warp
+  bench nc-warp 60 --backward --n 1048576 --p 2,4 --l 2,4
+  bench causal-warp 60 --backward --causal --n 1048576 --p 2,4 --l 2,4
+  unset RACELAB_CUDA_PATH
+fi
+if ! skip torch; then
+  # The comparison point: a lean PyTorch autograd version of the same operator on the same GPU.
+  log "PyTorch on the GPU (experiments/tools/torch_race.py, forward+backward, non-causal)"
+  for args in "--n 1048576 --p 2 --l 2" "--n 4194304 --p 2 --l 2" "--n 1048576 --p 4 --l 4"; do
+    timeout 90 python3 experiments/tools/torch_race.py --device cuda $args >>"$W/torch.txt" 2>&1
+    tail -1 "$W/torch.txt" | tee -a "$W/summary.txt"
+  done
+fi
 log "done"

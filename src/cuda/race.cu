@@ -469,8 +469,10 @@ extern "C" __global__ void race_bwd_k(const in_t* Q, const in_t* K, const in_t* 
 // rows are loaded coalesced (rows over warps, columns over lanes); the projections
 // Z = X Wᵀ run split over the 8 warps (lane = token, warp = a slice of d, partial sums added
 // in a fixed order); tanh, the bit sigmoids, the corner products and the softmax backward
-// run one thread per element; the bank products, the within-tile causal products and
-// dx = dz W are register-blocked tile products (tile_mma).
+// run one thread per element; the wide products (a tile's rows × w bank columns, dx = dz W,
+// the chunk totals) are register-blocked tile products with columns over lanes (tile_mma);
+// the narrow ones (rows × m features or × TILE tokens, summed over w terms: gφ, the causal
+// ĝ·y products, the state updates) give each thread its own block of outputs (blk_prod).
 //
 // They serve the chunk totals and the non-causal passes (race_*_tile) and the causal passes
 // (race_*_tile_causal: the chunked linear-attention form, a masked TILE × TILE product
@@ -560,19 +562,6 @@ __device__ __forceinline__ void tile_zero(float (&acc)[RM][TC]) {
     for (int i = 0; i < RM; ++i)
 #pragma unroll
         for (int j = 0; j < TC; ++j) acc[i][j] = 0.f;
-}
-
-// acc = src rows r = warp + 8i < nr, columns c = lane + 32j < nc (0 elsewhere).
-template <int RM>
-__device__ __forceinline__ void tile_load(float (&acc)[RM][TC], const float* src, int rs, int nr, int nc) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-#pragma unroll
-    for (int i = 0; i < RM; ++i)
-#pragma unroll
-        for (int j = 0; j < TC; ++j) {
-            const int r = warp + 8 * i, cc = lane + 32 * j;
-            acc[i][j] = r < nr && cc < nc ? src[r * rs + cc] : 0.f;
-        }
 }
 
 // Store acc rows r = warp + 8i < nr, columns c = lane + 32j < nc, times sc, to dst[r*rs + c].
