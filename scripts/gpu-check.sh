@@ -122,8 +122,8 @@ i=0
 for v in ${GPU_CHECK_VARIANTS:-}; do
   i=$((i + 1))
   export RACELAB_CUDA_DEFINES="$v"
-  bench "nc-v$i" 40 --backward --n 1048576 --p 2,4 --l 2,4
-  bench "causal-v$i" 40 --backward --causal --n 1048576 --p 2,4 --l 2,4
+  bench "nc-v$i" 90 --backward --n 1048576 --p 2,4 --l 2,4
+  bench "causal-v$i" 90 --backward --causal --n 1048576 --p 2,4 --l 2,4
   unset RACELAB_CUDA_DEFINES
 done
 if [ -n "${GPU_CHECK_NCU:-}" ] && command -v ncu >/dev/null; then
