@@ -539,7 +539,7 @@ __device__ __forceinline__ void tile_mma_na(float (&acc)[RM][TC], int na, int ao
 
 // acc[i][j] (+)= Σ_k A(r, k) B(k, c) for rows r = warp + 8i < nr (i < RM) and columns
 // c = lane + 32j < nc, where A(r, k) = A[r*ars + k*aks] and B(k, c) = B[k*bks + c*bcs]; A and
-// B lie in shared memory. Rows are uniform across a warp (A reads broadcast); columns run
+// B must lie in shared memory (read as offsets into sh). Rows are uniform across a warp (A reads broadcast); columns run
 // along lanes. Lanes past nc work on a copy of the last column, so entries of acc outside
 // nr × nc hold no meaning: tile_store skips them. Column blocks run 1, 4 or 5 wide (nc ≤ 32,
 // ≤ 128, ≤ 160), so the TILE-wide and the dv-wide products skip the blocks no lane needs.
@@ -593,7 +593,8 @@ __device__ __forceinline__ void tile_store(const float (&acc)[RM][TC], float sc,
 // for 20 FMAs to do m. Here every thread owns an RI × CJ block of outputs, rows rb + nrb·i and
 // columns cb + ncb·j, and walks k alone: RI + CJ loads per RI·CJ FMAs, every lane busy.
 //   dst[r*ds + c] = (add ? dst[r*ds + c] : 0) + Σ_{k<nk} A[r*ars + k*aks] B[c*bcs + k*bks]
-// for r < nr, c < nc, stored as 0 off the `tri` triangle (as tile_store). No barrier inside:
+// for r < nr, c < nc, stored as 0 off the `tri` triangle (as tile_store). A and B must lie in
+// shared memory (they are read as offsets into sh); dst may be anywhere. No barrier inside:
 // each output is read and written by one thread, the same one in every call with the same
 // nr and nc, so a second call with add = 1 can follow the first directly.
 template <int RI, int CJ>
