@@ -539,10 +539,11 @@ __device__ __forceinline__ void tile_mma_na(float (&acc)[RM][TC], int na, int ao
 
 // acc[i][j] (+)= Σ_k A(r, k) B(k, c) for rows r = warp + 8i < nr (i < RM) and columns
 // c = lane + 32j < nc, where A(r, k) = A[r*ars + k*aks] and B(k, c) = B[k*bks + c*bcs]; A and
-// B must lie in shared memory (read as offsets into sh). Rows are uniform across a warp (A reads broadcast); columns run
-// along lanes. Lanes past nc work on a copy of the last column, so entries of acc outside
-// nr × nc hold no meaning: tile_store skips them. Column blocks run 1, 4 or 5 wide (nc ≤ 32,
-// ≤ 128, ≤ 160), so the TILE-wide and the dv-wide products skip the blocks no lane needs.
+// B must lie in shared memory (read as offsets into sh). Rows are uniform across a warp (A
+// reads broadcast); columns run along lanes. Lanes past nc work on a copy of the last
+// column, so entries of acc outside nr × nc hold no meaning: tile_store skips them. Column
+// blocks run 1, 4 or 5 wide (nc ≤ 32, ≤ 128, ≤ 160), so the TILE-wide and the dv-wide
+// products skip the blocks no lane needs.
 template <int RM>
 __device__ __forceinline__ void tile_mma(float (&acc)[RM][TC], const float* A, int ars, int aks, const float* B,
                                          int bks, int bcs, int nr, int nc, int nk) {
@@ -602,13 +603,14 @@ __device__ __forceinline__ void blk_prod_rc(const float* __restrict__ A, int ars
                                             int bcs, int bks, int nr, int nc, int nk, float* dst, int ds, int add,
                                             int tri) {
     const int nrb = (nr + RI - 1) / RI, ncb = (nc + CJ - 1) / CJ;
+    const int a0 = (int)(A - sh), b0 = (int)(B - sh);  // A and B as offsets into sh
     for (int e = threadIdx.x; e < nrb * ncb; e += blockDim.x) {
         const int rb = e / ncb, cb = e - rb * ncb;
-        int ap[RI], bp[CJ];  // offsets into sh, where A and B lie
+        int ap[RI], bp[CJ];
 #pragma unroll
-        for (int i = 0; i < RI; ++i) ap[i] = (int)(A - sh) + min(rb + nrb * i, nr - 1) * ars;
+        for (int i = 0; i < RI; ++i) ap[i] = a0 + min(rb + nrb * i, nr - 1) * ars;
 #pragma unroll
-        for (int j = 0; j < CJ; ++j) bp[j] = (int)(B - sh) + min(cb + ncb * j, nc - 1) * bcs;
+        for (int j = 0; j < CJ; ++j) bp[j] = b0 + min(cb + ncb * j, nc - 1) * bcs;
         float acc[RI][CJ];
 #pragma unroll
         for (int i = 0; i < RI; ++i)
