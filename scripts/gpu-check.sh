@@ -127,7 +127,9 @@ for v in ${GPU_CHECK_VARIANTS:-}; do
   bench "causal-v$i" 90 --backward --causal --n 1048576 --p 2,4 --l 2,4
   unset RACELAB_CUDA_DEFINES
 done
-if [ -n "${GPU_CHECK_NCU:-}" ] && command -v ncu >/dev/null; then
+if [ -n "${GPU_CHECK_NCU:-}" ] && ! command -v ncu >/dev/null; then
+  log "ncu profile skipped: no ncu on this machine"
+elif [ -n "${GPU_CHECK_NCU:-}" ]; then
   log "ncu: one forward+backward, (2,2), N = 2^20, default kernels"
   timeout 90 ncu --clock-control none -k regex:'race_(partial|fwd|bwd|scan)' --launch-count 8 \
     --section SpeedOfLight --section ComputeWorkloadAnalysis --section LaunchStats --section Occupancy \
