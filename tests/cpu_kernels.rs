@@ -349,6 +349,53 @@ fn reference_gradients_match_finite_differences() {
     }
 }
 
+/// The blocked read folds `1/Den` into the features; banks scaled by `s` must give the same
+/// output (`Num/Den` is scale-free) and `den` scaled by `s`, down to banks so small that
+/// `1/Den` overflows f32 (`s = 1e-41`, subnormal masses): those rows take the rescaled path
+/// and must stay finite and agree (to the ~1e-4 precision subnormal masses keep).
+#[test]
+fn tiny_denominators_keep_the_output_scale_free() {
+    use racelab::cpu::blocked::read_into;
+    let (p, l, d, dv, n) = (2, 2, 8, 4, 70);
+    let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, 4).unwrap());
+    let map = SoftMap {
+        planes: &planes,
+        beta: 2.0,
+    };
+    let (m, w) = (l << p, racelab::cpu::state::bank_width(dv));
+    let (q, _) = data(n * d, 8, 1.0);
+    let (vals, _) = data(m * dv, 9, 1.0);
+    let bank = |s: f64| -> Vec<f64> {
+        let mut b = vec![0.0f64; m * w];
+        for f in 0..m {
+            let a = s * (1.0 + f as f64);
+            b[f * w + dv] = a;
+            (0..dv).for_each(|j| b[f * w + j] = a * vals[f * dv + j] as f64);
+        }
+        b
+    };
+    for isa in [Isa::Scalar, racelab::cpu::detected_isa()] {
+        let read = |s: f64| {
+            let (mut o, mut den) = (vec![0.0f32; n * dv], vec![0.0f32; n]);
+            let q = Heads::new(1, n, d, &q);
+            let (empty, _) = read_into(&map, isa, q, &[bank(s)], dv, &mut o, &mut den, &mut []);
+            assert_eq!(empty, 0, "s={s:e}: no row is empty");
+            let o64: Vec<f64> = o.iter().map(|&x| x as f64).collect();
+            let d64: Vec<f64> = den.iter().map(|&x| x as f64 / s).collect();
+            (o64, d64)
+        };
+        let (o1, d1) = read(1.0);
+        for (s, tol) in [(1e-20, 1e-6), (1e-36, 1e-6), (1e-41, 1e-3)] {
+            let (o, den) = read(s);
+            assert!(o.iter().all(|x| x.is_finite()), "s={s:e}: output not finite");
+            assert_close(&format!("{isa:?} o, banks × {s:e}"), &o, &o1, tol);
+            if s > 1e-38 {
+                assert_close(&format!("{isa:?} den / {s:e}"), &den, &d1, tol);
+            }
+        }
+    }
+}
+
 /// beta = 1e4 on inputs whose projections are away from 0 (|z| ≥ 0.05): the features are
 /// saturated, the kernel must stay finite and agree with the reference. (Nearer z = 0 the
 /// problem itself has condition number ~2·beta, so f32 inputs cannot meet 1e-5 there.)

@@ -4,7 +4,7 @@
 //! (`m × w`):
 //!
 //! - keys: `𝔅 += Φ_Kᵀ X̂` (f32 within a block, added into f64 after every block);
-//! - queries: `[Num | Den] = Φ_Q 𝔅`;
+//! - queries: `Den = Φ_Q A`, then `O = (Φ_Q / Den) B` straight into the output rows;
 //! - backward, queries: `∂ℓ/∂Φ_Q = Ĝ 𝔅ᵀ / L`, `d𝔅 += Φ_Qᵀ Ĝ / L`;
 //! - backward, keys: `∂ℓ/∂Φ_K = X̂ d𝔅ᵀ`, `∂ℓ/∂V = Φ_K dB`;
 //! - projections `Z = X Wᵀ` and `∂ℓ/∂X = dZ W`.
@@ -678,6 +678,10 @@ pub fn key_banks(map: &SoftMap, isa: Isa, k: Heads, v: Heads, uk: &mut [f32]) ->
 /// Non-causal pass 2, blocked: `o = Num/Den` from the per-head banks into `o` and `den`
 /// (`[heads, n]`, the Algorithm-1 denominator), and the queries' `u = tanh(Wq)` into `uq`
 /// (`[heads, n, L·P]`) unless it is empty; returns (empty rows, segments used).
+///
+/// The division is folded into the features: `Den_i = φ_i·A` first ([`scaled_features`]),
+/// then `o = (c ⊙ Φ) B` with `c_i = 1/Den_i` straight into the output rows, so no
+/// `T × (dv + 1)` accumulator is stored and read back.
 #[allow(clippy::too_many_arguments)]
 pub fn read_into(
     map: &SoftMap,
@@ -691,6 +695,14 @@ pub fn read_into(
 ) -> (usize, Vec<(usize, usize)>) {
     let (heads, n, m, w) = (q.heads, q.n, map.width(), bank_width(dv));
     let banks32 = to_f32(banks);
+    let am: Vec<Vec<f32>> = banks32
+        .iter()
+        .map(|b| {
+            let mut a = Vec::new();
+            masses(b, m, w, dv, &mut a);
+            a
+        })
+        .collect();
     let segs = plan_segments(n, heads);
     let inv_l = map.den_scale();
     let lp = map.planes.l * map.planes.p;
@@ -701,7 +713,8 @@ pub fn read_into(
         .zip(saved_pieces(uq, n, lp, &segs, heads).into_par_iter())
         .map(|(((h, s, op), (_, _, dp)), mut save)| {
             let mut blk = Block::new(map, isa);
-            let (mut acc, mut ob) = (ABuf::zeroed(T * w), ABuf::zeroed(T * dv));
+            let (mut sphi, mut ob) = (ABuf::zeroed(T * blk.mp), ABuf::zeroed(T * dv));
+            let mut tiny = Vec::new();
             let (mut a, end, mut empty) = (segs[s].0, segs[s].1, 0usize);
             while a < end {
                 let b = (a + T).min(end);
@@ -715,23 +728,17 @@ pub fn read_into(
                     u[t0 * lp..(t0 + rows) * lp].copy_from_slice(blk.u(rows));
                 }
                 ahead.step();
-                gemm(
-                    isa,
-                    &mut acc,
-                    w,
-                    rows,
-                    w,
-                    m,
-                    Strided::rows(&blk.phi, blk.mp),
-                    &banks32[h],
-                    w,
-                    1.0,
-                    false,
+                let (ot, dt) = (&mut op[t0 * dv..(t0 + rows) * dv], &mut dp[t0..t0 + rows]);
+                let mp = blk.mp;
+                tiny.clear();
+                empty += scaled_features(
+                    isa, &blk.phi, mp, m, rows, &am[h], inv_l, &mut sphi, dt, &mut tiny,
                 );
                 ahead.step();
-                let (ot, dt) = (&mut op[t0 * dv..(t0 + rows) * dv], &mut dp[t0..t0 + rows]);
+                let sp = Strided::rows(&sphi, mp);
                 out.produce(ot, &mut ob, |x| {
-                    empty += normalise(isa, &acc, w, rows, dv, inv_l, x, dt);
+                    gemm(isa, x, dv, rows, dv, m, sp, &banks32[h], w, 1.0, false);
+                    tiny_den_rows(&tiny, &blk.phi, mp, m, &banks32[h], dv, x);
                 });
                 a = b;
             }
@@ -740,6 +747,142 @@ pub fn read_into(
         })
         .sum();
     (empty, segs)
+}
+
+/// Below this `Den` a row's `1/Den` could overflow (or lose digits to subnormals), so the
+/// row is finished by [`tiny_den_rows`] as `(2^64 Num)/(2^64 Den)` instead.
+const TINY_DEN: f32 = 1.0 / (1u64 << 62) as f32;
+
+/// `Den_i = φ_i·A` for the rows of `phi` (`rows × m`, stride `mp`) and the bank's mass
+/// column `a`; `den_i = Den_i·scale`, and `sphi_i = φ_i / Den_i` (stride `mp`). An empty row
+/// (`Den = 0` or not finite) gets `den_i = 0` and `sphi_i = 0`, so its output is 0; a row
+/// with `0 < Den <` [`TINY_DEN`] also gets `sphi_i = 0` and is pushed to `tiny`. Returns the
+/// number of empty rows.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn scaled_features(
+    isa: Isa,
+    phi: &[f32],
+    mp: usize,
+    m: usize,
+    rows: usize,
+    a: &[f32],
+    scale: f32,
+    sphi: &mut [f32],
+    den: &mut [f32],
+    tiny: &mut Vec<usize>,
+) -> usize {
+    // Three passes, each a plain loop that vectorises: the row sums, the reciprocals, the
+    // scaled copies (interleaved per row they compile to scalar code).
+    let mut dbuf = [0.0f32; T];
+    let mut cbuf = [0.0f32; T];
+    let (d, c) = (&mut dbuf[..rows], &mut cbuf[..rows]);
+    if mp == 16 {
+        let mut a16 = [0.0f32; 16];
+        a16[..m].copy_from_slice(&a[..m]);
+        row_dots16(isa, &phi[..rows * 16], &a16, d);
+    } else {
+        in_frame(
+            isa,
+            #[inline(always)]
+            || {
+                for (i, di) in d.iter_mut().enumerate() {
+                    let row = &phi[i * mp..i * mp + m];
+                    *di = row.iter().zip(a).fold(0.0f32, |s, (&x, &y)| s + x * y);
+                }
+            },
+        );
+    }
+    in_frame(
+        isa,
+        #[inline(always)]
+        || {
+            for ((ci, &di), de) in c.iter_mut().zip(d.iter()).zip(den.iter_mut()) {
+                *ci = 1.0 / di;
+                *de = di * scale;
+            }
+        },
+    );
+    let mut empty = 0;
+    for i in 0..rows {
+        let di = d[i];
+        if di == 0.0 || !di.is_finite() {
+            empty += 1;
+            den[i] = 0.0;
+            c[i] = 0.0;
+        } else if di < TINY_DEN {
+            tiny.push(i);
+            c[i] = 0.0;
+        }
+    }
+    in_frame(
+        isa,
+        #[inline(always)]
+        || {
+            for (i, &ci) in c.iter().enumerate() {
+                let (row, out) = (&phi[i * mp..i * mp + mp], &mut sphi[i * mp..i * mp + mp]);
+                out.iter_mut().zip(row).for_each(|(y, &x)| *y = x * ci);
+            }
+        },
+    );
+    empty
+}
+
+/// `d_i = x_i · a` for rows of 16 floats: one vector product and a horizontal sum per row.
+fn row_dots16(isa: Isa, x: &[f32], a: &[f32; 16], d: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F; every row read
+        // is inside `x` (`d.len()` rows of 16).
+        assert!(x.len() >= d.len() * 16);
+        unsafe { row_dots16_avx512(x, a, d) };
+        return;
+    }
+    in_frame(
+        isa,
+        #[inline(always)]
+        || {
+            for (i, di) in d.iter_mut().enumerate() {
+                let row = &x[i * 16..i * 16 + 16];
+                *di = row.iter().zip(a).fold(0.0f32, |s, (&x, &y)| s + x * y);
+            }
+        },
+    );
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn row_dots16_avx512(x: &[f32], a: &[f32; 16], d: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let av = _mm512_loadu_ps(a.as_ptr());
+    for (i, di) in d.iter_mut().enumerate() {
+        let row = _mm512_loadu_ps(x.as_ptr().add(i * 16));
+        *di = _mm512_reduce_add_ps(_mm512_mul_ps(row, av));
+    }
+}
+
+/// The rows `tiny` of [`scaled_features`] (`0 < Den <` [`TINY_DEN`]): `o_i = Ñum_i / D̃en_i`
+/// with both computed from `2^64 φ_i` (exact scaling), so neither `1/Den` nor a subnormal
+/// `Num` is formed. `bank` is `m × w` (`[B | A]`), `o` the block's output rows (stride `dv`).
+pub(crate) fn tiny_den_rows(
+    tiny: &[usize],
+    phi: &[f32],
+    mp: usize,
+    m: usize,
+    bank: &[f32],
+    dv: usize,
+    o: &mut [f32],
+) {
+    let w = bank_width(dv);
+    let s = (1u64 << 63) as f32 * 2.0;
+    for &i in tiny {
+        let ph: Vec<f32> = phi[i * mp..i * mp + m].iter().map(|&x| x * s).collect();
+        let d: f32 = ph.iter().enumerate().map(|(f, &x)| x * bank[f * w + dv]).sum();
+        let out = &mut o[i * dv..(i + 1) * dv];
+        out.iter_mut().enumerate().for_each(|(j, y)| {
+            let num: f32 = ph.iter().enumerate().map(|(f, &x)| x * bank[f * w + j]).sum();
+            *y = num / d;
+        });
+    }
 }
 
 /// `o_i = Num_i / Den_i` from `[Num | Den]` rows (stride `w`) and `den_i = Den_i·scale`; an
