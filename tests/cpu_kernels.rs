@@ -387,7 +387,10 @@ fn tiny_denominators_keep_the_output_scale_free() {
         let (o1, d1) = read(1.0);
         for (s, tol) in [(1e-20, 1e-6), (1e-36, 1e-6), (1e-41, 1e-3)] {
             let (o, den) = read(s);
-            assert!(o.iter().all(|x| x.is_finite()), "s={s:e}: output not finite");
+            assert!(
+                o.iter().all(|x| x.is_finite()),
+                "s={s:e}: output not finite"
+            );
             assert_close(&format!("{isa:?} o, banks × {s:e}"), &o, &o1, tol);
             if s > 1e-38 {
                 assert_close(&format!("{isa:?} den / {s:e}"), &den, &d1, tol);

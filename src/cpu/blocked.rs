@@ -771,93 +771,83 @@ pub(crate) fn scaled_features(
     den: &mut [f32],
     tiny: &mut Vec<usize>,
 ) -> usize {
-    // Three passes, each a plain loop that vectorises: the row sums, the reciprocals, the
-    // scaled copies (interleaved per row they compile to scalar code).
-    let mut dbuf = [0.0f32; T];
-    let mut cbuf = [0.0f32; T];
-    let (d, c) = (&mut dbuf[..rows], &mut cbuf[..rows]);
-    if mp == 16 {
+    #[cfg(target_arch = "x86_64")]
+    if mp == 16 && isa == Isa::Avx512 {
         let mut a16 = [0.0f32; 16];
         a16[..m].copy_from_slice(&a[..m]);
-        row_dots16(isa, &phi[..rows * 16], &a16, d);
-    } else {
-        in_frame(
-            isa,
-            #[inline(always)]
-            || {
-                for (i, di) in d.iter_mut().enumerate() {
-                    let row = &phi[i * mp..i * mp + m];
-                    *di = row.iter().zip(a).fold(0.0f32, |s, (&x, &y)| s + x * y);
-                }
-            },
-        );
+        assert!(phi.len() >= rows * 16 && sphi.len() >= rows * 16 && den.len() >= rows);
+        // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F; the rows read and
+        // written are in bounds (asserted).
+        return unsafe { scaled_rows16_avx512(phi, rows, &a16, scale, sphi, den, tiny) };
     }
-    in_frame(
-        isa,
-        #[inline(always)]
-        || {
-            for ((ci, &di), de) in c.iter_mut().zip(d.iter()).zip(den.iter_mut()) {
-                *ci = 1.0 / di;
-                *de = di * scale;
-            }
-        },
-    );
     let mut empty = 0;
-    for i in 0..rows {
-        let di = d[i];
-        if di == 0.0 || !di.is_finite() {
-            empty += 1;
-            den[i] = 0.0;
-            c[i] = 0.0;
-        } else if di < TINY_DEN {
-            tiny.push(i);
-            c[i] = 0.0;
-        }
-    }
     in_frame(
         isa,
         #[inline(always)]
         || {
-            for (i, &ci) in c.iter().enumerate() {
-                let (row, out) = (&phi[i * mp..i * mp + mp], &mut sphi[i * mp..i * mp + mp]);
-                out.iter_mut().zip(row).for_each(|(y, &x)| *y = x * ci);
+            for i in 0..rows {
+                let row = &phi[i * mp..i * mp + m];
+                let d = row.iter().zip(a).fold(0.0f32, |s, (&x, &y)| s + x * y);
+                let c = den_factor(i, d, scale, &mut den[i], &mut empty, tiny);
+                let out = &mut sphi[i * mp..i * mp + m];
+                out.iter_mut().zip(row).for_each(|(y, &x)| *y = x * c);
             }
         },
     );
     empty
 }
 
-/// `d_i = x_i · a` for rows of 16 floats: one vector product and a horizontal sum per row.
-fn row_dots16(isa: Isa, x: &[f32], a: &[f32; 16], d: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 {
-        // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F; every row read
-        // is inside `x` (`d.len()` rows of 16).
-        assert!(x.len() >= d.len() * 16);
-        unsafe { row_dots16_avx512(x, a, d) };
-        return;
+/// `1/d` for row `i` of [`scaled_features`] with `den = d·scale`; or 0 for an empty row
+/// (`den = 0`, counted in `empty`) or a tiny one (pushed to `tiny`).
+#[inline(always)]
+fn den_factor(
+    i: usize,
+    d: f32,
+    scale: f32,
+    den: &mut f32,
+    empty: &mut usize,
+    tiny: &mut Vec<usize>,
+) -> f32 {
+    if d == 0.0 || !d.is_finite() {
+        *empty += 1;
+        *den = 0.0;
+        return 0.0;
     }
-    in_frame(
-        isa,
-        #[inline(always)]
-        || {
-            for (i, di) in d.iter_mut().enumerate() {
-                let row = &x[i * 16..i * 16 + 16];
-                *di = row.iter().zip(a).fold(0.0f32, |s, (&x, &y)| s + x * y);
-            }
-        },
-    );
+    *den = d * scale;
+    if d < TINY_DEN {
+        tiny.push(i);
+        return 0.0;
+    }
+    1.0 / d
 }
 
+/// [`scaled_features`] for rows of 16 floats with AVX-512: per row one vector product, a
+/// horizontal sum, one division and one scaled store (as a plain loop the compiler made it
+/// scalar code, 4× slower).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn row_dots16_avx512(x: &[f32], a: &[f32; 16], d: &mut [f32]) {
+unsafe fn scaled_rows16_avx512(
+    phi: &[f32],
+    rows: usize,
+    a: &[f32; 16],
+    scale: f32,
+    sphi: &mut [f32],
+    den: &mut [f32],
+    tiny: &mut Vec<usize>,
+) -> usize {
     use std::arch::x86_64::*;
     let av = _mm512_loadu_ps(a.as_ptr());
-    for (i, di) in d.iter_mut().enumerate() {
-        let row = _mm512_loadu_ps(x.as_ptr().add(i * 16));
-        *di = _mm512_reduce_add_ps(_mm512_mul_ps(row, av));
+    let mut empty = 0;
+    for i in 0..rows {
+        let row = _mm512_loadu_ps(phi.as_ptr().add(i * 16));
+        let d = _mm512_reduce_add_ps(_mm512_mul_ps(row, av));
+        let c = den_factor(i, d, scale, &mut den[i], &mut empty, tiny);
+        _mm512_storeu_ps(
+            sphi.as_mut_ptr().add(i * 16),
+            _mm512_mul_ps(row, _mm512_set1_ps(c)),
+        );
     }
+    empty
 }
 
 /// The rows `tiny` of [`scaled_features`] (`0 < Den <` [`TINY_DEN`]): `o_i = Ñum_i / D̃en_i`
@@ -876,10 +866,18 @@ pub(crate) fn tiny_den_rows(
     let s = (1u64 << 63) as f32 * 2.0;
     for &i in tiny {
         let ph: Vec<f32> = phi[i * mp..i * mp + m].iter().map(|&x| x * s).collect();
-        let d: f32 = ph.iter().enumerate().map(|(f, &x)| x * bank[f * w + dv]).sum();
+        let d: f32 = ph
+            .iter()
+            .enumerate()
+            .map(|(f, &x)| x * bank[f * w + dv])
+            .sum();
         let out = &mut o[i * dv..(i + 1) * dv];
         out.iter_mut().enumerate().for_each(|(j, y)| {
-            let num: f32 = ph.iter().enumerate().map(|(f, &x)| x * bank[f * w + j]).sum();
+            let num: f32 = ph
+                .iter()
+                .enumerate()
+                .map(|(f, &x)| x * bank[f * w + j])
+                .sum();
             *y = num / d;
         });
     }
