@@ -221,10 +221,13 @@ pub(crate) struct Block {
     /// Features, row stride `mp = pad16(m)` (padding columns stay 0).
     pub(crate) phi: ABuf, // tp × mp
     pub(crate) mp: usize,
-    ut: ABuf,     // LP × tp: u, tokens in lanes (backward)
-    phit: ABuf,   // m × tp: features (backward)
-    gt: ABuf,     // m × tp: ∂ℓ/∂φ (backward)
-    dzt: ABuf,    // LP × tp: ∂ℓ/∂z
+    ut: ABuf,   // LP × tp: u, tokens in lanes (backward)
+    phit: ABuf, // m × tp: features (backward)
+    gt: ABuf,   // m × tp: ∂ℓ/∂φ (backward)
+    dzt: ABuf,  // LP × tp: ∂ℓ/∂z
+    dz: ABuf,   // tp × LP: ∂ℓ/∂z, tokens in rows (the 16-feature backward)
+    /// Whether the last [`Block::backward`] left `∂ℓ/∂z` in `dz` (else in `dzt`).
+    dz_rows: bool,
     rowbuf: ABuf, // 3 × tp: scratch rows of the backward
     /// The planes `W` (`LP × d`), copied to an aligned buffer (full-vector loads).
     w: ABuf,
@@ -252,6 +255,8 @@ impl Block {
             phit: ABuf::zeroed(m * tp),
             gt: ABuf::zeroed(m * tp),
             dzt: ABuf::zeroed(lp * tp),
+            dz: ABuf::zeroed(tp * lp),
+            dz_rows: false,
             rowbuf: ABuf::zeroed(3 * tp),
             w: ABuf::from_slice(&pl.w),
         }
@@ -336,7 +341,8 @@ impl Block {
     }
 
     /// The transposed features (`m × tp`, row stride [`Block::tp`]: feature `f` of token `i`
-    /// at `f·tp + i`), as [`Block::features_t`] or [`Block::backward`] last left them.
+    /// at `f·tp + i`), as [`Block::features_t`] or (tokens-in-lanes path only)
+    /// [`Block::backward`] last left them.
     pub(crate) fn phit(&self) -> &[f32] {
         &self.phit
     }
@@ -414,11 +420,35 @@ impl Block {
     /// From `∂ℓ/∂φ` (`rows × m`, the features' row stride `mp`) to `∂ℓ/∂z` (kept for
     /// [`Block::input_grads`]); returns Σ ∂ℓ/∂beta. Per table: `ḡ = Σ_r φ_r g_r`,
     /// `c_b = Σ_r ±φ_r (g_r − ḡ)` (sign by bit b of r), `∂ℓ/∂z_b = beta c_b (1 − u_b²)`,
-    /// `∂ℓ/∂beta += u_b c_b` ([`tree_backward`], tokens in lanes).
+    /// `∂ℓ/∂beta += u_b c_b`. Banks of at most 16 features with AVX-512: one token per vector,
+    /// the sums over a table's lanes by permutes ([`tree_backward_rows16`]); otherwise tokens
+    /// in lanes ([`tree_backward`], after transposing `u`, `Φ` into [`Block::phit`] and `∂ℓ/∂φ`).
     pub(crate) fn backward(&mut self, map: &SoftMap, gphi: &[f32], rows: usize) -> f64 {
         let pl = map.planes;
         let (p, l, m) = (pl.p, pl.l, pl.l * pl.r());
         let (tp, isa, beta) = (self.tp, self.isa, map.beta);
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Avx512 && self.mp == 16 {
+            let (lp, n) = (self.lp, rows * self.lp);
+            assert!(self.phi.len() >= rows * 16 && gphi.len() >= rows * 16);
+            assert!(self.z.len() >= n && self.dz.len() >= n);
+            self.dz_rows = true;
+            // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F; every row
+            // read or written is in bounds (asserted above; masked lanes past `lp` are not
+            // accessed).
+            return unsafe {
+                tree_backward_rows16(
+                    &self.phi,
+                    gphi,
+                    &self.z,
+                    &mut self.dz,
+                    rows,
+                    (l, p, lp),
+                    beta,
+                )
+            };
+        }
+        self.dz_rows = false;
         transpose_into(isa, &self.z, rows, self.lp, self.lp, &mut self.ut, tp);
         transpose_into(isa, &self.phi, rows, m, self.mp, &mut self.phit, tp);
         transpose_into(isa, gphi, rows, m, self.mp, &mut self.gt, tp);
@@ -435,15 +465,99 @@ impl Block {
     /// `∂ℓ/∂X = dZ W` for the block's `rows` into `out` (`rows × d`).
     pub(crate) fn input_grads(&self, map: &SoftMap, rows: usize, out: &mut [f32]) {
         let d = map.planes.d;
-        let dz = Strided {
-            data: &self.dzt,
-            rs: 1,
-            cs: self.tp,
+        let dz = if self.dz_rows {
+            Strided::rows(&self.dz, self.lp)
+        } else {
+            Strided {
+                data: &self.dzt,
+                rs: 1,
+                cs: self.tp,
+            }
         };
         gemm(
             self.isa, out, d, rows, d, self.lp, dz, &self.w, d, 1.0, false,
         );
     }
+}
+
+/// [`Block::backward`] with one token per 512-bit vector, for banks of at most 16 features
+/// (`L·2^P ≤ 16`; row stride 16, padding lanes 0). A table is `R = 2^P` adjacent lanes, so its
+/// sums are `P` butterfly steps `x += x[j ^ 2^s]` (each lane ends with its table's sum):
+/// `ḡ` from `φ ⊙ g`, then `c_b` from `±(φ ⊙ (g − ḡ))` with bit `b`'s signs, moved by a masked
+/// permute to lane `t·P + b` of `∂ℓ/∂z`'s row. `u` (`rows × lp`) in, `∂ℓ/∂z` (`rows × lp`)
+/// out; returns Σ `u_b c_b` (f32 per lane over the block, then f64).
+///
+/// # Safety
+/// The CPU must support AVX-512F; `phi` and `gphi` hold `rows` rows of 16, `u` and `dz` at
+/// least `rows·lp` floats, `lp = L·P ≤ 16`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn tree_backward_rows16(
+    phi: &[f32],
+    gphi: &[f32],
+    u: &[f32],
+    dz: &mut [f32],
+    rows: usize,
+    (l, p, lp): (usize, usize, usize),
+    beta: f32,
+) -> f64 {
+    use std::arch::x86_64::*;
+    let r = 1usize << p;
+    debug_assert!(l * r <= 16 && lp == l * p && p <= 4);
+    let ints = |f: &dyn Fn(usize) -> i32| {
+        let x: [i32; 16] = std::array::from_fn(f);
+        // SAFETY: 16 i32 are one unaligned 512-bit load.
+        unsafe { _mm512_loadu_si512(x.as_ptr() as *const _) }
+    };
+    let xor: [__m512i; 4] = std::array::from_fn(|s| ints(&|j| (j ^ (1 << s)) as i32));
+    let sign: [__m512; 4] = std::array::from_fn(|b| {
+        let x: [f32; 16] = std::array::from_fn(|j| {
+            if b < p && ((j % r) >> (p - 1 - b)) & 1 == 1 {
+                1.0
+            } else {
+                -1.0
+            }
+        });
+        _mm512_loadu_ps(x.as_ptr())
+    });
+    let to: [__m512i; 4] = std::array::from_fn(|b| {
+        ints(&|j| {
+            if j < lp && j % p == b {
+                ((j / p) * r) as i32
+            } else {
+                0
+            }
+        })
+    });
+    let to_mask: [__mmask16; 4] =
+        std::array::from_fn(|b| (0..l).fold(0u16, |k, t| k | (1 << (t * p + b))));
+    let umask: __mmask16 = ((1u32 << lp) - 1) as u16;
+    let (bv, one) = (_mm512_set1_ps(beta), _mm512_set1_ps(1.0));
+    let mut db = _mm512_setzero_ps();
+    for i in 0..rows {
+        let ph = _mm512_loadu_ps(phi.as_ptr().add(i * 16));
+        let g = _mm512_loadu_ps(gphi.as_ptr().add(i * 16));
+        let mut gbar = _mm512_mul_ps(ph, g);
+        for x in &xor[..p] {
+            gbar = _mm512_add_ps(gbar, _mm512_permutexvar_ps(*x, gbar));
+        }
+        let y = _mm512_mul_ps(ph, _mm512_sub_ps(g, gbar));
+        let mut cv = _mm512_setzero_ps();
+        for b in 0..p {
+            let mut cb = _mm512_mul_ps(y, sign[b]);
+            for x in &xor[..p] {
+                cb = _mm512_add_ps(cb, _mm512_permutexvar_ps(*x, cb));
+            }
+            cv = _mm512_mask_permutexvar_ps(cv, to_mask[b], to[b], cb);
+        }
+        let uv = _mm512_maskz_loadu_ps(umask, u.as_ptr().add(i * lp));
+        let dzv = _mm512_mul_ps(_mm512_mul_ps(bv, cv), _mm512_fnmadd_ps(uv, uv, one));
+        _mm512_mask_storeu_ps(dz.as_mut_ptr().add(i * lp), umask, dzv);
+        db = _mm512_fmadd_ps(uv, cv, db);
+    }
+    let mut lanes = [0.0f32; 16];
+    _mm512_storeu_ps(lanes.as_mut_ptr(), db);
+    lanes.iter().map(|&x| x as f64).sum()
 }
 
 /// `D[:, :dv] (=|+=) α A V` and `D[:, dv] (=|+=) α A 1` (the extension `X̂ = [V, 1]` without
