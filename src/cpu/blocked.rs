@@ -1201,6 +1201,45 @@ impl<'a> GFactors<'a> {
     }
 }
 
+/// The queries' per-row factors in one pass, for rows of 16 floats with AVX-512 (banks of
+/// at most 16 features): with `gphi_i = (g_i·B_f)_f` in, `s_i = c_i Σ_f φ_if gphi_if` into
+/// `s`, `∂ℓ/∂φ_if = c_i (gphi_if − s_i A_f)` over `gphi`, `sphi_i = c_i φ_i` (stride 16, for
+/// `dB = sphiᵀ G`); returns the masses `dA_f = −Σ_i sphi_if s_i`. The same sums as
+/// [`RowDots`], [`GFactors::scale_phi_grads`] and [`GFactors::dbank`]'s scaling and masses,
+/// which take four passes over the rows.
+///
+/// # Safety
+/// The CPU must support AVX-512F; `phi`, `gphi`, `sphi` hold `rows` rows of 16, `c` and `s`
+/// at least `rows` entries.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn query_rows16_avx512(
+    (phi, gphi, sphi): (&[f32], &mut [f32], &mut [f32]),
+    rows: usize,
+    (c, s): (&[f32], &mut [f32]),
+    a: &[f32; 16],
+) -> [f32; 16] {
+    use std::arch::x86_64::*;
+    let av = _mm512_loadu_ps(a.as_ptr());
+    let mut mass = _mm512_setzero_ps();
+    for i in 0..rows {
+        let ph = _mm512_loadu_ps(phi.as_ptr().add(i * 16));
+        let g = _mm512_loadu_ps(gphi.as_ptr().add(i * 16));
+        let ci = c[i];
+        let si = ci * _mm512_reduce_add_ps(_mm512_mul_ps(ph, g));
+        s[i] = si;
+        let (cv, sv) = (_mm512_set1_ps(ci), _mm512_set1_ps(si));
+        let gout = _mm512_mul_ps(cv, _mm512_fnmadd_ps(sv, av, g));
+        _mm512_storeu_ps(gphi.as_mut_ptr().add(i * 16), gout);
+        let sp = _mm512_mul_ps(ph, cv);
+        _mm512_storeu_ps(sphi.as_mut_ptr().add(i * 16), sp);
+        mass = _mm512_fnmadd_ps(sp, sv, mass);
+    }
+    let mut out = [0.0f32; 16];
+    _mm512_storeu_ps(out.as_mut_ptr(), mass);
+    out
+}
+
 /// Backward, queries' side (blocked): `∂ℓ/∂q` into `dq` and the per-head `d𝔅 = Σ_i φ(q_i) ĝ_iᵀ/L`
 /// (f64); returns `(d𝔅 per head, the queries' share of ∂ℓ/∂beta)`.
 ///
@@ -1233,12 +1272,16 @@ pub fn query_grads(
     let mp = pad16(m);
     let inv_l = 1.0 / map.planes.l as f32;
     let (banks32, bt, am) = bank_views(isa, banks, m, dv, w);
+    let a16: Vec<[f32; 16]> = am
+        .iter()
+        .map(|a| std::array::from_fn(|f| if f < m { a[f] } else { 0.0 }))
+        .collect();
     let out = Out::for_len(isa, dq.len());
     let qres: Vec<(usize, Vec<f64>, f64)> = split_out(dq, n, d, segs)
         .into_par_iter()
         .map(|(h, s, dqp)| {
             let mut blk = Block::new(map, isa);
-            let (mut gphi, mut sphi) = (ABuf::zeroed(T * mp), ABuf::zeroed(T * m));
+            let (mut gphi, mut sphi) = (ABuf::zeroed(T * mp), ABuf::zeroed(T * mp));
             let (mut c, mut sv) = (vec![0.0f32; T], vec![0.0f32; T]);
             let (mut d32, mut d64) = (ABuf::zeroed(m * w), vec![0.0f64; m * w]);
             let mut scratch = ABuf::zeroed(if out.stream { T * d } else { 0 });
@@ -1253,20 +1296,46 @@ pub fn query_grads(
                 let mut ahead = blk.start(map, (&q, uqb), &g, h, (a, b), next);
                 inv_den(&den[h * n + a..h * n + b], inv_l, &mut c);
                 bank_dots(isa, &mut gphi, mp, rows, m, gb, dv, bank, w, &bt[h]);
-                let s_rows = RowDots {
-                    a: &blk.phi,
-                    b: &gphi,
-                    ld: mp,
-                    len: m,
-                    c: Some(&c),
-                    out: &mut sv[..rows],
-                };
-                dispatch(isa, s_rows);
-                let f = GFactors::of(&c, &sv, gb, dv);
+                #[cfg(target_arch = "x86_64")]
+                let fused = isa == Isa::Avx512 && mp == 16;
+                #[cfg(not(target_arch = "x86_64"))]
+                let fused = false;
+                if fused {
+                    #[cfg(target_arch = "x86_64")]
+                    {
+                        assert!(blk.phi.len() >= rows * 16 && gphi.len() >= rows * 16);
+                        assert!(sphi.len() >= rows * 16 && c.len() >= rows && sv.len() >= rows);
+                        // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F;
+                        // the rows are in bounds (asserted).
+                        let mass = unsafe {
+                            query_rows16_avx512(
+                                (&blk.phi, &mut gphi, &mut sphi),
+                                rows,
+                                (&c, &mut sv),
+                                &a16[h],
+                            )
+                        };
+                        ahead.step();
+                        let sp = Strided::transposed(&sphi, 16);
+                        gemm(isa, &mut d32, w, m, dv, rows, sp, gb, dv, 1.0, false);
+                        (0..m).for_each(|f| d32[f * w + dv] = mass[f]);
+                    }
+                } else {
+                    let s_rows = RowDots {
+                        a: &blk.phi,
+                        b: &gphi,
+                        ld: mp,
+                        len: m,
+                        c: Some(&c),
+                        out: &mut sv[..rows],
+                    };
+                    dispatch(isa, s_rows);
+                    let f = GFactors::of(&c, &sv, gb, dv);
+                    ahead.step();
+                    f.scale_phi_grads(isa, &mut gphi, mp, rows, &am[h]);
+                    f.dbank(isa, &blk.phi, mp, m, rows, &mut sphi, &mut d32, w, false);
+                }
                 ahead.step();
-                f.scale_phi_grads(isa, &mut gphi, mp, rows, &am[h]);
-                ahead.step();
-                f.dbank(isa, &blk.phi, mp, m, rows, &mut sphi, &mut d32, w, false);
                 add_into_f64(isa, &mut d64, &d32);
                 ahead.step();
                 dbeta += blk.backward(map, &gphi, rows);
