@@ -820,43 +820,44 @@ pub fn read_into(
     let segs = plan_segments(n, heads);
     let inv_l = map.den_scale();
     let lp = map.planes.l * map.planes.p;
-    let out = Out::for_len(isa, o.len());
+    let out = Out::for_len(isa, o.len()).queued(m <= 16);
     let empty: usize = split_out(o, n, dv, &segs)
         .into_par_iter()
         .zip(split_out(den, n, 1, &segs).into_par_iter())
         .zip(saved_pieces(uq, n, lp, &segs, heads).into_par_iter())
         .map(|(((h, s, op), (_, _, dp)), mut save)| {
             let mut blk = Block::new(map, isa);
-            let (mut sphi, mut ob) = (ABuf::zeroed(T * blk.mp), ABuf::zeroed(T * dv));
+            let mut sphi = ABuf::zeroed(T * blk.mp);
             let mut tiny = Vec::new();
             let (mut a, end, mut empty) = (segs[s].0, segs[s].1, 0usize);
-            while a < end {
-                let b = (a + T).min(end);
-                let rows = b - a;
-                let next = (b + T).min(end);
-                let mut ahead = Ahead::new(&[rows_of(&q, h, b, next)]);
-                ahead.step();
-                blk.features(map, rows_of(&q, h, a, b), rows);
-                let t0 = a - segs[s].0;
-                if let Some(u) = save.as_deref_mut() {
-                    u[t0 * lp..(t0 + rows) * lp].copy_from_slice(blk.u(rows));
+            out.behind(op, T * dv, |ob| {
+                while a < end {
+                    let b = (a + T).min(end);
+                    let rows = b - a;
+                    let next = (b + T).min(end);
+                    let mut ahead = Ahead::new(&[rows_of(&q, h, b, next)]);
+                    ahead.step();
+                    blk.features(map, rows_of(&q, h, a, b), rows);
+                    let t0 = a - segs[s].0;
+                    if let Some(u) = save.as_deref_mut() {
+                        u[t0 * lp..(t0 + rows) * lp].copy_from_slice(blk.u(rows));
+                    }
+                    ahead.step();
+                    let dt = &mut dp[t0..t0 + rows];
+                    let mp = blk.mp;
+                    tiny.clear();
+                    empty += scaled_features(
+                        isa, &blk.phi, mp, m, rows, &am[h], inv_l, &mut sphi, dt, &mut tiny,
+                    );
+                    ahead.step();
+                    let sp = Strided::rows(&sphi, mp);
+                    ob.produce(t0 * dv, rows * dv, |x| {
+                        gemm(isa, x, dv, rows, dv, m, sp, &banks32[h], w, 1.0, false);
+                        tiny_den_rows(&tiny, &blk.phi, mp, m, &banks32[h], dv, x);
+                    });
+                    a = b;
                 }
-                ahead.step();
-                let (ot, dt) = (&mut op[t0 * dv..(t0 + rows) * dv], &mut dp[t0..t0 + rows]);
-                let mp = blk.mp;
-                tiny.clear();
-                empty += scaled_features(
-                    isa, &blk.phi, mp, m, rows, &am[h], inv_l, &mut sphi, dt, &mut tiny,
-                );
-                ahead.step();
-                let sp = Strided::rows(&sphi, mp);
-                out.produce(ot, &mut ob, |x| {
-                    gemm(isa, x, dv, rows, dv, m, sp, &banks32[h], w, 1.0, false);
-                    tiny_den_rows(&tiny, &blk.phi, mp, m, &banks32[h], dv, x);
-                });
-                a = b;
-            }
-            out.fence();
+            });
             empty
         })
         .sum();
@@ -1276,7 +1277,7 @@ pub fn query_grads(
         .iter()
         .map(|a| std::array::from_fn(|f| if f < m { a[f] } else { 0.0 }))
         .collect();
-    let out = Out::for_len(isa, dq.len());
+    let out = Out::for_len(isa, dq.len()).queued(m <= 16);
     let qres: Vec<(usize, Vec<f64>, f64)> = split_out(dq, n, d, segs)
         .into_par_iter()
         .map(|(h, s, dqp)| {
@@ -1284,68 +1285,67 @@ pub fn query_grads(
             let (mut gphi, mut sphi) = (ABuf::zeroed(T * mp), ABuf::zeroed(T * mp));
             let (mut c, mut sv) = (vec![0.0f32; T], vec![0.0f32; T]);
             let (mut d32, mut d64) = (ABuf::zeroed(m * w), vec![0.0f64; m * w]);
-            let mut scratch = ABuf::zeroed(if out.stream { T * d } else { 0 });
             let bank = &banks32[h];
             let (mut a, end, mut dbeta) = (segs[s].0, segs[s].1, 0.0f64);
-            while a < end {
-                let b = (a + T).min(end);
-                let rows = b - a;
-                let gb = rows_of(&g, h, a, b);
-                let next = (b + T).min(end);
-                let uqb = saved_rows(uq, n, lp, h, a, b);
-                let mut ahead = blk.start(map, (&q, uqb), &g, h, (a, b), next);
-                inv_den(&den[h * n + a..h * n + b], inv_l, &mut c);
-                bank_dots(isa, &mut gphi, mp, rows, m, gb, dv, bank, w, &bt[h]);
-                #[cfg(target_arch = "x86_64")]
-                let fused = isa == Isa::Avx512 && mp == 16;
-                #[cfg(not(target_arch = "x86_64"))]
-                let fused = false;
-                if fused {
+            out.behind(dqp, T * d, |bq| {
+                while a < end {
+                    let b = (a + T).min(end);
+                    let rows = b - a;
+                    let gb = rows_of(&g, h, a, b);
+                    let next = (b + T).min(end);
+                    let uqb = saved_rows(uq, n, lp, h, a, b);
+                    let mut ahead = blk.start(map, (&q, uqb), &g, h, (a, b), next);
+                    inv_den(&den[h * n + a..h * n + b], inv_l, &mut c);
+                    bank_dots(isa, &mut gphi, mp, rows, m, gb, dv, bank, w, &bt[h]);
                     #[cfg(target_arch = "x86_64")]
-                    {
-                        assert!(blk.phi.len() >= rows * 16 && gphi.len() >= rows * 16);
-                        assert!(sphi.len() >= rows * 16 && c.len() >= rows && sv.len() >= rows);
-                        // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F;
-                        // the rows are in bounds (asserted).
-                        let mass = unsafe {
-                            query_rows16_avx512(
-                                (&blk.phi, &mut gphi, &mut sphi),
-                                rows,
-                                (&c, &mut sv),
-                                &a16[h],
-                            )
+                    let fused = isa == Isa::Avx512 && mp == 16;
+                    #[cfg(not(target_arch = "x86_64"))]
+                    let fused = false;
+                    if fused {
+                        #[cfg(target_arch = "x86_64")]
+                        {
+                            assert!(blk.phi.len() >= rows * 16 && gphi.len() >= rows * 16);
+                            assert!(sphi.len() >= rows * 16 && c.len() >= rows && sv.len() >= rows);
+                            // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F;
+                            // the rows are in bounds (asserted).
+                            let mass = unsafe {
+                                query_rows16_avx512(
+                                    (&blk.phi, &mut gphi, &mut sphi),
+                                    rows,
+                                    (&c, &mut sv),
+                                    &a16[h],
+                                )
+                            };
+                            ahead.step();
+                            let sp = Strided::transposed(&sphi, 16);
+                            gemm(isa, &mut d32, w, m, dv, rows, sp, gb, dv, 1.0, false);
+                            (0..m).for_each(|f| d32[f * w + dv] = mass[f]);
+                        }
+                    } else {
+                        let s_rows = RowDots {
+                            a: &blk.phi,
+                            b: &gphi,
+                            ld: mp,
+                            len: m,
+                            c: Some(&c),
+                            out: &mut sv[..rows],
                         };
+                        dispatch(isa, s_rows);
+                        let f = GFactors::of(&c, &sv, gb, dv);
                         ahead.step();
-                        let sp = Strided::transposed(&sphi, 16);
-                        gemm(isa, &mut d32, w, m, dv, rows, sp, gb, dv, 1.0, false);
-                        (0..m).for_each(|f| d32[f * w + dv] = mass[f]);
+                        f.scale_phi_grads(isa, &mut gphi, mp, rows, &am[h]);
+                        f.dbank(isa, &blk.phi, mp, m, rows, &mut sphi, &mut d32, w, false);
                     }
-                } else {
-                    let s_rows = RowDots {
-                        a: &blk.phi,
-                        b: &gphi,
-                        ld: mp,
-                        len: m,
-                        c: Some(&c),
-                        out: &mut sv[..rows],
-                    };
-                    dispatch(isa, s_rows);
-                    let f = GFactors::of(&c, &sv, gb, dv);
                     ahead.step();
-                    f.scale_phi_grads(isa, &mut gphi, mp, rows, &am[h]);
-                    f.dbank(isa, &blk.phi, mp, m, rows, &mut sphi, &mut d32, w, false);
+                    add_into_f64(isa, &mut d64, &d32);
+                    ahead.step();
+                    dbeta += blk.backward(map, &gphi, rows);
+                    ahead.step();
+                    let t0 = a - segs[s].0;
+                    bq.produce(t0 * d, rows * d, |x| blk.input_grads(map, rows, x));
+                    a = b;
                 }
-                ahead.step();
-                add_into_f64(isa, &mut d64, &d32);
-                ahead.step();
-                dbeta += blk.backward(map, &gphi, rows);
-                ahead.step();
-                let t0 = a - segs[s].0;
-                let dqb = &mut dqp[t0 * d..(t0 + rows) * d];
-                out.produce(dqb, &mut scratch, |x| blk.input_grads(map, rows, x));
-                a = b;
-            }
-            out.fence();
+            });
             (h, d64, dbeta)
         })
         .collect();
@@ -1374,41 +1374,42 @@ pub fn key_grads(
     let lp = map.planes.l * map.planes.p;
     let mp = pad16(m);
     let (dbanks32, dbt, dam) = bank_views(isa, dbanks, m, dv, w);
-    let (out_k, out_v) = (Out::for_len(isa, dk.len()), Out::for_len(isa, dvv.len()));
+    let queue = m <= 16;
+    let out_k = Out::for_len(isa, dk.len()).queued(queue);
+    let out_v = Out::for_len(isa, dvv.len()).queued(queue);
     split_out(dk, k.n, d, segs)
         .into_par_iter()
         .zip(split_out(dvv, k.n, dv, segs).into_par_iter())
         .map(|((h, s, dkp), (_, _, dvp))| {
             let mut blk = Block::new(map, isa);
             let mut gphi = ABuf::zeroed(T * mp);
-            let streams = out_k.stream || out_v.stream;
-            let mut scratch = ABuf::zeroed(if streams { T * d.max(dv) } else { 0 });
             let db = &dbanks32[h];
             let (mut a, end, mut dbeta) = (segs[s].0, segs[s].1, 0.0f64);
-            while a < end {
-                let b = (a + T).min(end);
-                let rows = b - a;
-                let vb = rows_of(&v, h, a, b);
-                let next = (b + T).min(end);
-                let ukb = saved_rows(uk, k.n, lp, h, a, b);
-                let mut ahead = blk.start(map, (&k, ukb), &v, h, (a, b), next);
-                bank_dots(isa, &mut gphi, mp, rows, m, vb, dv, db, w, &dbt[h]);
-                add_rows(isa, &mut gphi, mp, rows, &dam[h]);
-                ahead.step();
-                let t0 = a - segs[s].0;
-                let phi = Strided::rows(&blk.phi, mp);
-                out_v.produce(&mut dvp[t0 * dv..(t0 + rows) * dv], &mut scratch, |x| {
-                    gemm(isa, x, dv, rows, dv, m, phi, db, w, 1.0, false)
-                });
-                ahead.step();
-                dbeta += blk.backward(map, &gphi, rows);
-                ahead.step();
-                let dkb = &mut dkp[t0 * d..(t0 + rows) * d];
-                out_k.produce(dkb, &mut scratch, |x| blk.input_grads(map, rows, x));
-                a = b;
-            }
-            out_k.fence();
-            out_v.fence();
+            out_k.behind(dkp, T * d, |bk| {
+                out_v.behind(dvp, T * dv, |bv| {
+                    while a < end {
+                        let b = (a + T).min(end);
+                        let rows = b - a;
+                        let vb = rows_of(&v, h, a, b);
+                        let next = (b + T).min(end);
+                        let ukb = saved_rows(uk, k.n, lp, h, a, b);
+                        let mut ahead = blk.start(map, (&k, ukb), &v, h, (a, b), next);
+                        bank_dots(isa, &mut gphi, mp, rows, m, vb, dv, db, w, &dbt[h]);
+                        add_rows(isa, &mut gphi, mp, rows, &dam[h]);
+                        ahead.step();
+                        let t0 = a - segs[s].0;
+                        let phi = Strided::rows(&blk.phi, mp);
+                        bv.produce(t0 * dv, rows * dv, |x| {
+                            gemm(isa, x, dv, rows, dv, m, phi, db, w, 1.0, false)
+                        });
+                        ahead.step();
+                        dbeta += blk.backward(map, &gphi, rows);
+                        ahead.step();
+                        bk.produce(t0 * d, rows * d, |x| blk.input_grads(map, rows, x));
+                        a = b;
+                    }
+                })
+            });
             dbeta
         })
         .sum()

@@ -31,7 +31,10 @@ use super::simd::{best_supported, Isa};
 /// alternated runs), for a queue of raw output addresses kept in thread-local state. Tried
 /// again in the eighth session with huge pages (commit `fbfde3ef40db`, reverted): 7–12%
 /// faster at `(2, 2)` in `examples/timing.rs` (two heads), but in `racelab bench` (four
-/// heads, N = 2^20) 1% at `(2, 2)` and 13% slower at `(4, 4)` non-causal.
+/// heads, N = 2^20) 1% at `(2, 2)` and 13% slower at `(4, 4)` non-causal. Restored in the
+/// tenth session for the non-causal passes of banks of at most 16 features only
+/// ([`Out::queued`], [`Behind`]): after that session's cuts in their arithmetic the same
+/// queue made `(2, 2)` 7% faster in `examples/timing.rs` (N = 2^20, two threads).
 pub struct Ahead<'a> {
     _parts: std::marker::PhantomData<&'a [f32]>,
 }
@@ -50,9 +53,21 @@ mod drip_state {
         pub(super) static PER: Cell<usize> = const { Cell::new(1) };
         /// Drips since the last [`super::Ahead::new`].
         pub(super) static CALLS: Cell<usize> = const { Cell::new(0) };
+        /// Drips the last whole block made (the write-behind's pacing).
+        pub(super) static BLOCK_CALLS: Cell<usize> = const { Cell::new(64) };
+        /// The oldest pending write-behind ([`super::Behind`]) and the ones queued after it.
+        pub(super) static WCUR: Cell<super::Pend> = const { Cell::new(super::Pend::NONE) };
+        pub(super) static WMORE: Cell<[super::Pend; super::WQ]> =
+            const { Cell::new([super::Pend::NONE; super::WQ]) };
+        pub(super) static WN: Cell<usize> = const { Cell::new(0) };
+        /// The last write's sequence number, and lines written per drip.
+        pub(super) static WSEQ: Cell<u64> = const { Cell::new(0) };
+        pub(super) static WPER: Cell<usize> = const { Cell::new(1) };
+        /// Whether any write is pending.
+        pub(super) static WON: Cell<bool> = const { Cell::new(false) };
     }
 }
-use drip_state::{CALLS, CUR, LEFT, MORE, PER};
+use drip_state::{BLOCK_CALLS, CALLS, CUR, LEFT, MORE, PER, WCUR, WMORE, WN, WON, WPER, WSEQ};
 
 /// One drip: prefetch the next few lines armed by the current [`Ahead`] (nothing when none
 /// is armed). The kernels' inner loops call it: each `gemm` tile and every 16 steps of its
@@ -64,6 +79,18 @@ pub fn drip() {
     let (p, end) = CUR.with(|c| c.get());
     if p < end {
         drip_lines(p, end);
+    }
+    if WON.with(|c| c.get()) {
+        write_some();
+    }
+}
+
+/// [`drip`]'s write-behind share, out of line (the kernels' inner loops stay small).
+#[inline(never)]
+fn write_some() {
+    let w = WCUR.with(|c| c.get());
+    if w.src < w.end {
+        write_lines(w, WPER.with(|c| c.get()));
     }
 }
 
@@ -103,6 +130,7 @@ impl<'a> Ahead<'a> {
     /// Arm this thread's drip with `parts` (at most 6) for the current block.
     pub fn new(parts: &[&'a [f32]]) -> Self {
         let calls = CALLS.with(|c| c.replace(0)).max(1);
+        BLOCK_CALLS.with(|c| c.set(calls));
         // The non-empty parts as line-aligned byte ranges (no allocation: once per block).
         let mut ranges = [(0usize, 0usize); 6];
         let mut n = 0;
@@ -139,6 +167,183 @@ impl Drop for Ahead<'_> {
     }
 }
 
+/// A pending streamed write: the bytes `[src, end)` go to `dst..` (64-byte lines; `dst`
+/// line-aligned), queued by [`Behind::produce`] as write number `seq`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Pend {
+    dst: usize,
+    src: usize,
+    end: usize,
+    seq: u64,
+}
+
+impl Pend {
+    const NONE: Pend = Pend {
+        dst: 0,
+        src: 0,
+        end: 0,
+        seq: 0,
+    };
+    fn lines(&self) -> usize {
+        (self.end - self.src) / 64
+    }
+}
+
+/// Pending writes queued behind the oldest one (beyond that, the oldest is finished at once).
+const WQ: usize = 6;
+
+/// Stream up to `n` lines of the oldest pending write (moving to the next when it is done).
+#[inline(always)]
+fn write_lines(mut w: Pend, n: usize) {
+    for _ in 0..n {
+        // SAFETY: a queued write's `[src, end)` lies in a live scratch buffer and its
+        // destination in a segment exclusively borrowed by a live `Behind` scope (both stay
+        // alive until `Out::behind` has finished every write it queued); `dst` is 64-byte
+        // aligned and whole lines are written. SSE is part of the x86-64 baseline.
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            use std::arch::x86_64::{_mm_loadu_ps, _mm_stream_ps};
+            let (d, s) = (w.dst as *mut f32, w.src as *const f32);
+            for j in 0..4 {
+                _mm_stream_ps(d.add(4 * j), _mm_loadu_ps(s.add(4 * j)));
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        // SAFETY: as above (plain copies where there are no streaming stores).
+        unsafe {
+            std::ptr::copy_nonoverlapping(w.src as *const u8, w.dst as *mut u8, 64)
+        };
+        w.dst += 64;
+        w.src += 64;
+        if w.src >= w.end {
+            next_write();
+            return;
+        }
+    }
+    WCUR.with(|c| c.set(w));
+}
+
+/// The oldest pending write is done: the next queued one becomes the oldest.
+#[cold]
+fn next_write() {
+    let n = WN.with(|c| c.get());
+    let mut more = WMORE.with(|c| c.get());
+    let next = if n > 0 { more[0] } else { Pend::NONE };
+    more.copy_within(1.., 0);
+    WMORE.with(|c| c.set(more));
+    WN.with(|c| c.set(n.saturating_sub(1)));
+    WCUR.with(|c| c.set(next));
+    WON.with(|c| c.set(next.src < next.end));
+}
+
+/// Finish every pending write numbered `seq` or lower (all of them with `u64::MAX`).
+fn finish_until(seq: u64) {
+    loop {
+        let w = WCUR.with(|c| c.get());
+        if w.src >= w.end || w.seq > seq {
+            return;
+        }
+        write_lines(w, w.lines());
+    }
+}
+
+/// Queue a write; returns its sequence number. Lines per drip are set so that everything
+/// pending is written over about one block's drips.
+fn queue(dst: usize, src: usize, bytes: usize) -> u64 {
+    let seq = WSEQ.with(|c| c.get()) + 1;
+    WSEQ.with(|c| c.set(seq));
+    let p = Pend {
+        dst,
+        src,
+        end: src + bytes,
+        seq,
+    };
+    if WN.with(|c| c.get()) == WQ {
+        let w = WCUR.with(|c| c.get());
+        finish_until(w.seq);
+    }
+    let cur = WCUR.with(|c| c.get());
+    WON.with(|c| c.set(true));
+    if cur.src >= cur.end {
+        WCUR.with(|c| c.set(p));
+    } else {
+        let n = WN.with(|c| c.get());
+        let mut more = WMORE.with(|c| c.get());
+        more[n] = p;
+        WMORE.with(|c| c.set(more));
+        WN.with(|c| c.set(n + 1));
+    }
+    let n = WN.with(|c| c.get());
+    let pending: usize = WCUR.with(|c| c.get()).lines()
+        + WMORE.with(|c| c.get())[..n]
+            .iter()
+            .map(Pend::lines)
+            .sum::<usize>();
+    let calls = BLOCK_CALLS.with(|c| c.get()).max(1);
+    WPER.with(|c| c.set(pending.div_ceil(calls).max(1)));
+    seq
+}
+
+/// One output segment written block by block *behind* the computation (see [`Out::behind`]):
+/// each block is computed into one of two scratch buffers, and with streaming its whole
+/// lines are queued and written a few at a time by the following [`drip`]s, so the stores
+/// overlap the next block's arithmetic instead of stalling the core in one burst.
+pub struct Behind<'s> {
+    out: Out,
+    seg: *mut f32,
+    len: usize,
+    bufs: [ABuf; 2],
+    cur: usize,
+    /// The sequence number of each buffer's last queued write (0: none).
+    last: [u64; 2],
+    _seg: std::marker::PhantomData<&'s mut [f32]>,
+}
+
+impl Behind<'_> {
+    /// Compute the `len` floats at `offset` of the segment with `f`: straight into the
+    /// segment without streaming; otherwise into a scratch buffer (whose previous write is
+    /// finished first), then its unaligned ends are copied and its lines queued.
+    pub fn produce(&mut self, offset: usize, len: usize, f: impl FnOnce(&mut [f32])) {
+        assert!(
+            offset + len <= self.len,
+            "Behind::produce: past the segment"
+        );
+        // SAFETY: in bounds (asserted); the segment is exclusively borrowed for the scope, and
+        // no queued write of this `Behind` targets memory this call hands out: without
+        // streaming nothing is queued, and with it only scratch is handed to `f`.
+        let dst = unsafe { std::slice::from_raw_parts_mut(self.seg.add(offset), len) };
+        if !self.out.stream {
+            f(dst);
+            return;
+        }
+        if !self.out.queue {
+            let buf = &mut self.bufs[0][..len];
+            f(buf);
+            self.out.write(dst, buf);
+            return;
+        }
+        assert!(
+            len <= self.bufs[0].len(),
+            "Behind::produce: block larger than its scratch"
+        );
+        finish_until(self.last[self.cur]);
+        let buf = &mut self.bufs[self.cur][..len];
+        f(buf);
+        let head = dst.as_ptr().align_offset(64).min(len);
+        let body = (len - head) / 16 * 16;
+        dst[..head].copy_from_slice(&buf[..head]);
+        dst[head + body..].copy_from_slice(&buf[head + body..]);
+        if body > 0 {
+            let (d, s) = (
+                dst[head..].as_mut_ptr() as usize,
+                buf[head..].as_ptr() as usize,
+            );
+            self.last[self.cur] = queue(d, s, 4 * body);
+        }
+        self.cur ^= 1;
+    }
+}
+
 /// Outputs at least this large (bytes) are written with non-temporal stores ([`Out`]):
 /// beyond the last-level cache, where the data would be evicted before it is read again.
 pub const STREAM_MIN_BYTES: usize = 1 << 25;
@@ -147,6 +352,9 @@ pub const STREAM_MIN_BYTES: usize = 1 << 25;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Out {
     pub stream: bool,
+    /// With `stream`: whether [`Behind`] queues the writes behind the computation (else each
+    /// block is streamed out as soon as it is computed, as [`Out::produce`] does).
+    pub queue: bool,
 }
 
 impl Out {
@@ -156,6 +364,7 @@ impl Out {
         let vector = matches!(isa, Isa::Avx512 | Isa::Avx2) && best_supported() != Isa::Scalar;
         Out {
             stream: vector && len * 4 >= STREAM_MIN_BYTES,
+            queue: false,
         }
     }
 
@@ -191,6 +400,46 @@ impl Out {
         } else {
             f(dst);
         }
+    }
+
+    /// This policy with [`Behind`]'s queue on or off. Queued write-behind pays where the
+    /// kernel is close to memory-bound and not where it is arithmetic-bound (eighth and tenth
+    /// sessions, `examples/timing.rs`, N = 2^20, two threads): 16–20% faster at `(2, 2)`,
+    /// even at `(3, 3)`, 12% slower at `(4, 4)`; the blocked passes queue for banks of at
+    /// most 16 features.
+    pub fn queued(self, queue: bool) -> Out {
+        Out { queue, ..self }
+    }
+
+    /// Run `f` with a [`Behind`] writing the segment `seg` in blocks of at most `block`
+    /// floats; every write it queued is finished, and fenced, when this returns (or unwinds).
+    pub fn behind<R>(
+        self,
+        seg: &mut [f32],
+        block: usize,
+        f: impl FnOnce(&mut Behind<'_>) -> R,
+    ) -> R {
+        /// Finishes this thread's pending writes even if `f` panics (the queue points into
+        /// `seg` and the scratch, which must outlive it).
+        struct Finish(Out);
+        impl Drop for Finish {
+            fn drop(&mut self) {
+                finish_until(u64::MAX);
+                self.0.fence();
+            }
+        }
+        let cap = if self.stream { block } else { 0 };
+        let mut b = Behind {
+            out: self,
+            seg: seg.as_mut_ptr(),
+            len: seg.len(),
+            bufs: [ABuf::zeroed(cap), ABuf::zeroed(cap)],
+            cur: 0,
+            last: [0; 2],
+            _seg: std::marker::PhantomData,
+        };
+        let _finish = Finish(self);
+        f(&mut b)
     }
 
     /// Order this thread's non-temporal stores before anything it does next (an `sfence`);
@@ -423,9 +672,68 @@ mod tests {
     }
 
     #[test]
+    fn write_behind_writes_every_block_exactly() {
+        // Four segments written behind at once (up to 8 queued writes: the queue overflows),
+        // blocks of an odd length at several alignments, a few drips between blocks; then
+        // every value is in place and nothing around the segments is touched.
+        let (blocks, len) = (7usize, 101usize);
+        let value = |s: usize, i: usize| (s * 10_000 + i) as f32;
+        let fill = |b: &mut Behind<'_>, s: usize, blk: usize| {
+            b.produce(blk * len, len, |x| {
+                for (j, v) in x.iter_mut().enumerate() {
+                    *v = value(s, blk * len + j);
+                }
+            });
+            for _ in 0..blk % 3 {
+                drip();
+            }
+        };
+        for (stream, queue) in [(false, false), (true, false), (true, true)] {
+            for off in [0usize, 3, 16] {
+                let out = Out { stream, queue };
+                let mut segs: Vec<Vec<f32>> =
+                    (0..4).map(|_| vec![-1.0; off + blocks * len + 5]).collect();
+                let [s0, s1, s2, s3] = &mut segs[..] else {
+                    unreachable!()
+                };
+                let r = off..off + blocks * len;
+                let (r0, r1, r2, r3) = (r.clone(), r.clone(), r.clone(), r.clone());
+                out.behind(&mut s0[r0], len, |b0| {
+                    out.behind(&mut s1[r1], len, |b1| {
+                        out.behind(&mut s2[r2], len, |b2| {
+                            out.behind(&mut s3[r3], len, |b3| {
+                                for blk in 0..blocks {
+                                    fill(b0, 0, blk);
+                                    fill(b1, 1, blk);
+                                    fill(b2, 2, blk);
+                                    fill(b3, 3, blk);
+                                }
+                            })
+                        })
+                    })
+                });
+                assert_eq!(WCUR.with(|c| c.get()).lines(), 0, "nothing left pending");
+                for (s, seg) in segs.iter().enumerate() {
+                    for (i, &x) in seg.iter().enumerate() {
+                        let want = if r.contains(&i) {
+                            value(s, i - off)
+                        } else {
+                            -1.0
+                        };
+                        assert_eq!(x, want, "stream {stream} off {off} segment {s} index {i}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn streaming_write_is_an_exact_copy_at_any_alignment() {
         let isa = crate::cpu::simd::best_supported();
-        let out = Out { stream: true };
+        let out = Out {
+            stream: true,
+            queue: true,
+        };
         for off in 0..9 {
             for len in (0..40).chain([1000, 1003]) {
                 let src: Vec<f32> = (0..len).map(|i| i as f32 * 0.5 + 1.0).collect();
