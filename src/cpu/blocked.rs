@@ -33,8 +33,20 @@ use super::simd::{add_into_f64, dispatch, exp_f32, in_frame, tanh_f32, Isa, Simd
 use super::state::{bank_width, plan_segments, split_out, Heads};
 use rayon::prelude::*;
 
-/// Tokens per block (also the f32 accumulation length before an f64 flush).
+/// Tokens per block (also the f32 accumulation length before an f64 flush) of the causal
+/// passes, and of the non-causal ones for banks of more than 16 features.
 pub const T: usize = 64;
+
+/// Tokens per block of the non-causal passes for a bank of `m` features: 128 up to 16
+/// features, else [`T`]. (Tenth session, `examples/timing.rs`, N = 2^20, two threads: 128
+/// rows are 6% faster at `(2, 2)` forward+backward, 1.5–2% slower at `(3, 3)` and `(4, 4)`.)
+pub fn block_rows(m: usize) -> usize {
+    if m <= 16 {
+        128
+    } else {
+        T
+    }
+}
 
 /// Multiple of 16 at or above `x` (the row stride of padded `T × LP` and `T × m` buffers).
 pub(crate) fn pad16(x: usize) -> usize {
@@ -234,8 +246,9 @@ pub(crate) struct Block {
 }
 
 impl Block {
+    /// A block of up to [`block_rows`] rows (at least [`T`]).
     pub(crate) fn new(map: &SoftMap, isa: Isa) -> Self {
-        Self::with_rows(map, isa, T)
+        Self::with_rows(map, isa, block_rows(map.width()))
     }
 
     /// A block of up to `t` rows.
@@ -734,13 +747,14 @@ pub(crate) fn key_bank(
     mut save: Option<&mut [f32]>,
 ) -> Vec<f64> {
     let (m, dv, w) = (map.width(), v.cols, bank_width(v.cols));
+    let tb = block_rows(m);
     let mut blk = Block::new(map, isa);
     let (mut b32, mut b64) = (ABuf::zeroed(m * w), vec![0.0f64; m * w]);
     let mut a = range.0;
     while a < range.1 {
-        let b = (a + T).min(range.1);
+        let b = (a + tb).min(range.1);
         let rows = b - a;
-        let next = (b + T).min(range.1);
+        let next = (b + tb).min(range.1);
         let mut ahead = Ahead::new(&[rows_of(&k, h, b, next), rows_of(&v, h, b, next)]);
         ahead.step();
         blk.features(map, rows_of(&k, h, a, b), rows);
@@ -818,6 +832,7 @@ pub fn read_into(
         })
         .collect();
     let segs = plan_segments(n, heads);
+    let tb = block_rows(m);
     let inv_l = map.den_scale();
     let lp = map.planes.l * map.planes.p;
     let out = Out::for_len(isa, o.len()).queued(m <= 16);
@@ -827,14 +842,14 @@ pub fn read_into(
         .zip(saved_pieces(uq, n, lp, &segs, heads).into_par_iter())
         .map(|(((h, s, op), (_, _, dp)), mut save)| {
             let mut blk = Block::new(map, isa);
-            let mut sphi = ABuf::zeroed(T * blk.mp);
+            let mut sphi = ABuf::zeroed(tb * blk.mp);
             let mut tiny = Vec::new();
             let (mut a, end, mut empty) = (segs[s].0, segs[s].1, 0usize);
-            out.behind(op, T * dv, |ob| {
+            out.behind(op, tb * dv, |ob| {
                 while a < end {
-                    let b = (a + T).min(end);
+                    let b = (a + tb).min(end);
                     let rows = b - a;
-                    let next = (b + T).min(end);
+                    let next = (b + tb).min(end);
                     let mut ahead = Ahead::new(&[rows_of(&q, h, b, next)]);
                     ahead.step();
                     blk.features(map, rows_of(&q, h, a, b), rows);
@@ -1270,7 +1285,7 @@ pub fn query_grads(
         bank_width(g.cols),
     );
     let lp = map.planes.l * map.planes.p;
-    let mp = pad16(m);
+    let (mp, tb) = (pad16(m), block_rows(m));
     let inv_l = 1.0 / map.planes.l as f32;
     let (banks32, bt, am) = bank_views(isa, banks, m, dv, w);
     let a16: Vec<[f32; 16]> = am
@@ -1282,17 +1297,17 @@ pub fn query_grads(
         .into_par_iter()
         .map(|(h, s, dqp)| {
             let mut blk = Block::new(map, isa);
-            let (mut gphi, mut sphi) = (ABuf::zeroed(T * mp), ABuf::zeroed(T * mp));
-            let (mut c, mut sv) = (vec![0.0f32; T], vec![0.0f32; T]);
+            let (mut gphi, mut sphi) = (ABuf::zeroed(tb * mp), ABuf::zeroed(tb * mp));
+            let (mut c, mut sv) = (vec![0.0f32; tb], vec![0.0f32; tb]);
             let (mut d32, mut d64) = (ABuf::zeroed(m * w), vec![0.0f64; m * w]);
             let bank = &banks32[h];
             let (mut a, end, mut dbeta) = (segs[s].0, segs[s].1, 0.0f64);
-            out.behind(dqp, T * d, |bq| {
+            out.behind(dqp, tb * d, |bq| {
                 while a < end {
-                    let b = (a + T).min(end);
+                    let b = (a + tb).min(end);
                     let rows = b - a;
                     let gb = rows_of(&g, h, a, b);
-                    let next = (b + T).min(end);
+                    let next = (b + tb).min(end);
                     let uqb = saved_rows(uq, n, lp, h, a, b);
                     let mut ahead = blk.start(map, (&q, uqb), &g, h, (a, b), next);
                     inv_den(&den[h * n + a..h * n + b], inv_l, &mut c);
@@ -1372,7 +1387,7 @@ pub fn key_grads(
 ) -> f64 {
     let (d, dv, m, w) = (k.cols, v.cols, map.width(), bank_width(v.cols));
     let lp = map.planes.l * map.planes.p;
-    let mp = pad16(m);
+    let (mp, tb) = (pad16(m), block_rows(m));
     let (dbanks32, dbt, dam) = bank_views(isa, dbanks, m, dv, w);
     let queue = m <= 16;
     let out_k = Out::for_len(isa, dk.len()).queued(queue);
@@ -1382,16 +1397,16 @@ pub fn key_grads(
         .zip(split_out(dvv, k.n, dv, segs).into_par_iter())
         .map(|((h, s, dkp), (_, _, dvp))| {
             let mut blk = Block::new(map, isa);
-            let mut gphi = ABuf::zeroed(T * mp);
+            let mut gphi = ABuf::zeroed(tb * mp);
             let db = &dbanks32[h];
             let (mut a, end, mut dbeta) = (segs[s].0, segs[s].1, 0.0f64);
-            out_k.behind(dkp, T * d, |bk| {
-                out_v.behind(dvp, T * dv, |bv| {
+            out_k.behind(dkp, tb * d, |bk| {
+                out_v.behind(dvp, tb * dv, |bv| {
                     while a < end {
-                        let b = (a + T).min(end);
+                        let b = (a + tb).min(end);
                         let rows = b - a;
                         let vb = rows_of(&v, h, a, b);
-                        let next = (b + T).min(end);
+                        let next = (b + tb).min(end);
                         let ukb = saved_rows(uk, k.n, lp, h, a, b);
                         let mut ahead = blk.start(map, (&k, ukb), &v, h, (a, b), next);
                         bank_dots(isa, &mut gphi, mp, rows, m, vb, dv, db, w, &dbt[h]);
