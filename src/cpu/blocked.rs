@@ -1,5 +1,6 @@
 //! Non-causal soft RACE as blocked matrix products (the production path for `causal =
-//! false`). Tokens are processed in blocks of [`T`]: with `Φ` the block's `T × m` features,
+//! false`). Tokens are processed in blocks of [`block_rows`] (128 for banks of at most 16
+//! features, else [`T`] = 64): with `Φ` the block's `T × m` features,
 //! `X̂ = [V, 1]` its extended values, `Ĝ = [G/Den, −GᵀÔ/Den]`, and the bank `𝔅 = [B | A]`
 //! (`m × w`):
 //!
@@ -19,7 +20,11 @@
 //! [`Ctx`], so the backward reads only `G` (queries' pass) and `V` (keys' pass) besides them:
 //! no projection again, and `Ô` is not read at all (see [`query_grads`]). The next block's
 //! input rows are prefetched a share at a time; outputs of at least 32 MiB are written with
-//! streaming stores; internal operands live in 64-byte-aligned buffers. rayon runs (head,
+//! streaming stores, for banks of at most 16 features queued behind the computation
+//! ([`Out::queued`], [`super::mem::Behind`]); internal operands live in 64-byte-aligned
+//! buffers. Banks of at most 16 features (one 512-bit vector per token) also take AVX-512
+//! row passes: the read's `Den` and scaling ([`scaled_features`]), the queries' per-row
+//! factors, and the features' backward ([`Block::backward`]). rayon runs (head,
 //! segment) items in parallel. Same maths, same planes and same [`Ctx`] as
 //! [`super::forward`] / [`super::backward`] (either backward accepts either forward's context:
 //! without saved `u` the features are recomputed from Q and K); tested against the f64
@@ -968,10 +973,10 @@ unsafe fn scaled_rows16_avx512(
     use std::arch::x86_64::*;
     let av = _mm512_loadu_ps(a.as_ptr());
     let mut empty = 0;
-    for i in 0..rows {
+    for (i, de) in den[..rows].iter_mut().enumerate() {
         let row = _mm512_loadu_ps(phi.as_ptr().add(i * 16));
         let d = _mm512_reduce_add_ps(_mm512_mul_ps(row, av));
-        let c = den_factor(i, d, scale, &mut den[i], &mut empty, tiny);
+        let c = den_factor(i, d, scale, de, &mut empty, tiny);
         _mm512_storeu_ps(
             sphi.as_mut_ptr().add(i * 16),
             _mm512_mul_ps(row, _mm512_set1_ps(c)),
