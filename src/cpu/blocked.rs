@@ -245,6 +245,8 @@ pub(crate) struct Block {
     dz: ABuf,   // tp × LP: ∂ℓ/∂z, tokens in rows (the 16-feature backward)
     /// Whether the last [`Block::backward`] left `∂ℓ/∂z` in `dz` (else in `dzt`).
     dz_rows: bool,
+    /// [`tree_backward_rows16`]'s tables, for banks of at most 16 features.
+    lanes: Option<Lanes16>,
     rowbuf: ABuf, // 3 × tp: scratch rows of the backward
     /// The planes `W` (`LP × d`), copied to an aligned buffer (full-vector loads).
     w: ABuf,
@@ -275,6 +277,7 @@ impl Block {
             dzt: ABuf::zeroed(lp * tp),
             dz: ABuf::zeroed(tp * lp),
             dz_rows: false,
+            lanes: Lanes16::new(pl.l, pl.p),
             rowbuf: ABuf::zeroed(3 * tp),
             w: ABuf::from_slice(&pl.w),
         }
@@ -446,8 +449,8 @@ impl Block {
         let (p, l, m) = (pl.p, pl.l, pl.l * pl.r());
         let (tp, isa, beta) = (self.tp, self.isa, map.beta);
         #[cfg(target_arch = "x86_64")]
-        if isa == Isa::Avx512 && self.mp == 16 {
-            let (lp, n) = (self.lp, rows * self.lp);
+        if let (Isa::Avx512, Some(lanes)) = (isa, &self.lanes) {
+            let n = rows * self.lp;
             assert!(self.phi.len() >= rows * 16 && gphi.len() >= rows * 16);
             assert!(self.z.len() >= n && self.dz.len() >= n);
             self.dz_rows = true;
@@ -455,15 +458,7 @@ impl Block {
             // read or written is in bounds (asserted above; masked lanes past `lp` are not
             // accessed).
             return unsafe {
-                tree_backward_rows16(
-                    &self.phi,
-                    gphi,
-                    &self.z,
-                    &mut self.dz,
-                    rows,
-                    (l, p, lp),
-                    beta,
-                )
+                tree_backward_rows16(&self.phi, gphi, &self.z, &mut self.dz, rows, lanes, beta)
             };
         }
         self.dz_rows = false;
@@ -498,6 +493,52 @@ impl Block {
     }
 }
 
+/// The lane tables of [`tree_backward_rows16`] for one `(P, L)` (built once per [`Block`]):
+/// butterfly partners `j ^ 2^s`, bit `b`'s signs (`+1` where bit `b` of the lane's bucket,
+/// most significant first, is set), and where `c_b` goes (lane `t·P + b` takes lane `t·R`).
+pub(crate) struct Lanes16 {
+    p: usize,
+    lp: usize,
+    xor: [[i32; 16]; 4],
+    sign: [[f32; 16]; 4],
+    to: [[i32; 16]; 4],
+    to_mask: [u16; 4],
+}
+
+impl Lanes16 {
+    /// The tables for `L` tables of `2^P` buckets, or `None` unless `1 ≤ P ≤ 4`, `L·2^P ≤ 16`.
+    fn new(l: usize, p: usize) -> Option<Self> {
+        if p == 0 || p > 4 || l << p > 16 {
+            return None;
+        }
+        let (r, lp) = (1usize << p, l * p);
+        Some(Lanes16 {
+            p,
+            lp,
+            xor: std::array::from_fn(|s| std::array::from_fn(|j| (j ^ (1 << s)) as i32)),
+            sign: std::array::from_fn(|b| {
+                std::array::from_fn(|j| {
+                    if b < p && ((j % r) >> (p - 1 - b)) & 1 == 1 {
+                        1.0
+                    } else {
+                        -1.0
+                    }
+                })
+            }),
+            to: std::array::from_fn(|b| {
+                std::array::from_fn(|j| {
+                    if j < lp && j % p == b {
+                        ((j / p) * r) as i32
+                    } else {
+                        0
+                    }
+                })
+            }),
+            to_mask: std::array::from_fn(|b| (0..l).fold(0u16, |k, t| k | (1 << (t * p + b)))),
+        })
+    }
+}
+
 /// [`Block::backward`] with one token per 512-bit vector, for banks of at most 16 features
 /// (`L·2^P ≤ 16`; row stride 16, padding lanes 0). A table is `R = 2^P` adjacent lanes, so its
 /// sums are `P` butterfly steps `x += x[j ^ 2^s]` (each lane ends with its table's sum):
@@ -516,39 +557,18 @@ unsafe fn tree_backward_rows16(
     u: &[f32],
     dz: &mut [f32],
     rows: usize,
-    (l, p, lp): (usize, usize, usize),
+    lanes: &Lanes16,
     beta: f32,
 ) -> f64 {
     use std::arch::x86_64::*;
-    let r = 1usize << p;
-    debug_assert!(l * r <= 16 && lp == l * p && p <= 4);
-    let ints = |f: &dyn Fn(usize) -> i32| {
-        let x: [i32; 16] = std::array::from_fn(f);
-        // SAFETY: 16 i32 are one unaligned 512-bit load.
-        unsafe { _mm512_loadu_si512(x.as_ptr() as *const _) }
-    };
-    let xor: [__m512i; 4] = std::array::from_fn(|s| ints(&|j| (j ^ (1 << s)) as i32));
-    let sign: [__m512; 4] = std::array::from_fn(|b| {
-        let x: [f32; 16] = std::array::from_fn(|j| {
-            if b < p && ((j % r) >> (p - 1 - b)) & 1 == 1 {
-                1.0
-            } else {
-                -1.0
-            }
-        });
-        _mm512_loadu_ps(x.as_ptr())
-    });
-    let to: [__m512i; 4] = std::array::from_fn(|b| {
-        ints(&|j| {
-            if j < lp && j % p == b {
-                ((j / p) * r) as i32
-            } else {
-                0
-            }
-        })
-    });
-    let to_mask: [__mmask16; 4] =
-        std::array::from_fn(|b| (0..l).fold(0u16, |k, t| k | (1 << (t * p + b))));
+    let (p, lp) = (lanes.p, lanes.lp);
+    // Each table is 16 lanes: one unaligned 512-bit load.
+    let xor: [__m512i; 4] =
+        std::array::from_fn(|s| _mm512_loadu_si512(lanes.xor[s].as_ptr() as *const _));
+    let sign: [__m512; 4] = std::array::from_fn(|b| _mm512_loadu_ps(lanes.sign[b].as_ptr()));
+    let to: [__m512i; 4] =
+        std::array::from_fn(|b| _mm512_loadu_si512(lanes.to[b].as_ptr() as *const _));
+    let to_mask = lanes.to_mask;
     let umask: __mmask16 = ((1u32 << lp) - 1) as u16;
     let (bv, one) = (_mm512_set1_ps(beta), _mm512_set1_ps(1.0));
     let mut db = _mm512_setzero_ps();
