@@ -1055,13 +1055,17 @@ pub(crate) fn normalise(
         isa,
         #[inline(always)]
         || {
-            (0..rows)
-                .filter(|&i| {
-                    super::mem::drip();
-                    let out = &mut o[i * dv..(i + 1) * dv];
-                    super::forward::finish_row(&acc[i * w..i * w + dv + 1], out, &mut den[i], scale)
-                })
-                .count()
+            // A plain loop: as `(0..rows).filter(..).count()` the body was compiled outside the
+            // frame, as SSE code in an uninlined `Filter::count` (9% of the causal (2, 2)
+            // time in cache).
+            let mut empty = 0;
+            for (i, de) in den[..rows].iter_mut().enumerate() {
+                super::mem::drip();
+                let out = &mut o[i * dv..(i + 1) * dv];
+                empty += super::forward::finish_row(&acc[i * w..i * w + dv + 1], out, de, scale)
+                    as usize;
+            }
+            empty
         },
     )
 }
