@@ -593,9 +593,9 @@ unsafe fn tree_backward_rows16(
         _mm512_mask_storeu_ps(dz.as_mut_ptr().add(i * lp), umask, dzv);
         db = _mm512_fmadd_ps(uv, cv, db);
     }
-    let mut lanes = [0.0f32; 16];
-    _mm512_storeu_ps(lanes.as_mut_ptr(), db);
-    lanes.iter().map(|&x| x as f64).sum()
+    let mut sums = [0.0f32; 16];
+    _mm512_storeu_ps(sums.as_mut_ptr(), db);
+    sums.iter().map(|&x| x as f64).sum()
 }
 
 /// `D[:, :dv] (=|+=) α A V` and `D[:, dv] (=|+=) α A 1` (the extension `X̂ = [V, 1]` without
