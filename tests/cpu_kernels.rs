@@ -98,6 +98,17 @@ fn cases() -> Vec<Case> {
             n: 300,
             heads: 5,
         },
+        // 16 features with no padding lane and P = 4 (the one-vector-per-token paths' widest
+        // butterflies), over two blocks of 128 and a partial one.
+        Case {
+            p: 4,
+            l: 1,
+            beta: 3.0,
+            d: 12,
+            dv: 6,
+            n: 300,
+            heads: 2,
+        },
     ]
 }
 
