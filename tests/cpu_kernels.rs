@@ -720,7 +720,7 @@ fn assert_grads_close(tag: &str, got: &SoftGrads, want: &SoftGrads, tol: f64) {
 
 /// Outputs of at least `STREAM_MIN_BYTES` are written with non-temporal stores: the production
 /// kernels at such a size (2 heads × 32768 tokens × 128) against the per-token engine, whose
-/// stores are plain, for both passes, causal and not.
+/// stores are plain, for both passes, causal and not, with and without the write-behind queue.
 #[test]
 fn streaming_stores_match_the_per_token_engine() {
     use racelab::cpu::mem::{Out, STREAM_MIN_BYTES};
@@ -730,26 +730,27 @@ fn streaming_stores_match_the_per_token_engine() {
         println!("skipped: no vector ISA, so no streaming stores to test");
         return;
     }
-    let planes = PlanesF32::from_planes(&Planes::gaussian(2, 2, d, 9).unwrap());
-    let map = SoftMap {
-        planes: &planes,
-        beta: 8.0,
-    };
     let x = Qkvg::new(heads, n, d, dv, 21);
     let (qh, kh, vh, gh) = x.heads();
     let f64s = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
-    for causal in [false, true] {
-        let prod = soft_forward(&map, qh, kh, vh, causal, isa);
-        let twin = forward(&map, qh, kh, vh, causal, isa);
-        assert_fwd(
-            &format!("stream causal={causal} o"),
-            &prod.o,
-            &f64s(&twin.o),
-        );
-        let oh = Heads::new(heads, n, dv, &twin.o);
-        let gp = soft_grads(&map, &prod.ctx, qh, kh, vh, oh, gh, isa);
-        let gt = soft_backward(&map, &twin.ctx, qh, kh, vh, oh, gh, isa);
-        assert_grads_close(&format!("stream causal={causal}"), &gp, &gt, GRAD_TOL);
+    // (2, 2): 8 features, outputs queued behind the computation (write-behind); (3, 3): 24
+    // features, each block streamed out as soon as it is computed.
+    for (p, l) in [(2, 2), (3, 3)] {
+        let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, 9).unwrap());
+        let map = SoftMap {
+            planes: &planes,
+            beta: 8.0,
+        };
+        for causal in [false, true] {
+            let label = format!("stream ({p},{l}) causal={causal}");
+            let prod = soft_forward(&map, qh, kh, vh, causal, isa);
+            let twin = forward(&map, qh, kh, vh, causal, isa);
+            assert_fwd(&format!("{label} o"), &prod.o, &f64s(&twin.o));
+            let oh = Heads::new(heads, n, dv, &twin.o);
+            let gp = soft_grads(&map, &prod.ctx, qh, kh, vh, oh, gh, isa);
+            let gt = soft_backward(&map, &twin.ctx, qh, kh, vh, oh, gh, isa);
+            assert_grads_close(&label, &gp, &gt, GRAD_TOL);
+        }
     }
 }
 
