@@ -745,15 +745,19 @@ type BankViews = (Vec<ABuf>, Vec<ABuf>, Vec<Vec<f32>>);
 fn bank_views(isa: Isa, banks: &[Vec<f64>], m: usize, dv: usize, w: usize) -> BankViews {
     let b32 = to_f32(banks);
     let bt = b32.iter().map(|b| values_t(isa, b, m, dv, w)).collect();
-    let am = b32
-        .iter()
+    let am = mass_columns(&b32, m, w, dv);
+    (b32, bt, am)
+}
+
+/// The mass column ([`masses`]) of each f32 bank.
+fn mass_columns(b32: &[ABuf], m: usize, w: usize, dv: usize) -> Vec<Vec<f32>> {
+    b32.iter()
         .map(|b| {
             let mut a = Vec::new();
             masses(b, m, w, dv, &mut a);
             a
         })
-        .collect();
-    (b32, bt, am)
+        .collect()
 }
 
 pub(crate) fn rows_of<'a>(x: &Heads<'a>, h: usize, a: usize, b: usize) -> &'a [f32] {
@@ -848,14 +852,7 @@ pub fn read_into(
 ) -> (usize, Vec<(usize, usize)>) {
     let (heads, n, m, w) = (q.heads, q.n, map.width(), bank_width(dv));
     let banks32 = to_f32(banks);
-    let am: Vec<Vec<f32>> = banks32
-        .iter()
-        .map(|b| {
-            let mut a = Vec::new();
-            masses(b, m, w, dv, &mut a);
-            a
-        })
-        .collect();
+    let am = mass_columns(&banks32, m, w, dv);
     let segs = plan_segments(n, heads);
     let tb = block_rows(m);
     let inv_l = map.den_scale();
@@ -1246,6 +1243,30 @@ impl<'a> GFactors<'a> {
     }
 }
 
+/// [`query_rows16_avx512`] when it applies (AVX-512, feature rows of 16 floats: `mp = 16`),
+/// with the mass column `a` (`m ≤ 16` long) zero-padded; `None` otherwise, for the
+/// general sequence ([`RowDots`], [`GFactors`]).
+fn query_rows16(
+    isa: Isa,
+    (phi, gphi, sphi, mp): (&[f32], &mut [f32], &mut [f32], usize),
+    rows: usize,
+    (c, s): (&[f32], &mut [f32]),
+    a: &[f32],
+) -> Option<[f32; 16]> {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && mp == 16 {
+        assert!(phi.len() >= rows * 16 && gphi.len() >= rows * 16 && sphi.len() >= rows * 16);
+        assert!(c.len() >= rows && s.len() >= rows && a.len() <= 16);
+        let mut a16 = [0.0f32; 16];
+        a16[..a.len()].copy_from_slice(a);
+        // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F; the rows are in
+        // bounds (asserted).
+        return Some(unsafe { query_rows16_avx512((phi, gphi, sphi), rows, (c, s), &a16) });
+    }
+    let _ = (isa, phi, gphi, sphi, mp, rows, c, s, a);
+    None
+}
+
 /// The queries' per-row factors in one pass, for rows of 16 floats with AVX-512 (banks of
 /// at most 16 features): with `gphi_i = (g_i·B_f)_f` in, `s_i = c_i Σ_f φ_if gphi_if` into
 /// `s`, `∂ℓ/∂φ_if = c_i (gphi_if − s_i A_f)` over `gphi`, `sphi_i = c_i φ_i` (stride 16, for
@@ -1317,10 +1338,6 @@ pub fn query_grads(
     let (mp, tb) = (pad16(m), block_rows(m));
     let inv_l = 1.0 / map.planes.l as f32;
     let (banks32, bt, am) = bank_views(isa, banks, m, dv, w);
-    let a16: Vec<[f32; 16]> = am
-        .iter()
-        .map(|a| std::array::from_fn(|f| if f < m { a[f] } else { 0.0 }))
-        .collect();
     let out = Out::for_len(isa, dq.len()).queued(m <= 16);
     let qres: Vec<(usize, Vec<f64>, f64)> = split_out(dq, n, d, segs)
         .into_par_iter()
@@ -1341,30 +1358,18 @@ pub fn query_grads(
                     let mut ahead = blk.start(map, (&q, uqb), &g, h, (a, b), next);
                     inv_den(&den[h * n + a..h * n + b], inv_l, &mut c);
                     bank_dots(isa, &mut gphi, mp, rows, m, gb, dv, bank, w, &bt[h]);
-                    #[cfg(target_arch = "x86_64")]
-                    let fused = isa == Isa::Avx512 && mp == 16;
-                    #[cfg(not(target_arch = "x86_64"))]
-                    let fused = false;
-                    if fused {
-                        #[cfg(target_arch = "x86_64")]
-                        {
-                            assert!(blk.phi.len() >= rows * 16 && gphi.len() >= rows * 16);
-                            assert!(sphi.len() >= rows * 16 && c.len() >= rows && sv.len() >= rows);
-                            // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F;
-                            // the rows are in bounds (asserted).
-                            let mass = unsafe {
-                                query_rows16_avx512(
-                                    (&blk.phi, &mut gphi, &mut sphi),
-                                    rows,
-                                    (&c, &mut sv),
-                                    &a16[h],
-                                )
-                            };
-                            ahead.step();
-                            let sp = Strided::transposed(&sphi, 16);
-                            gemm(isa, &mut d32, w, m, dv, rows, sp, gb, dv, 1.0, false);
-                            (0..m).for_each(|f| d32[f * w + dv] = mass[f]);
-                        }
+                    let rows16 = query_rows16(
+                        isa,
+                        (&blk.phi, &mut gphi, &mut sphi, mp),
+                        rows,
+                        (&c, &mut sv),
+                        &am[h],
+                    );
+                    if let Some(mass) = rows16 {
+                        ahead.step();
+                        let sp = Strided::transposed(&sphi, 16);
+                        gemm(isa, &mut d32, w, m, dv, rows, sp, gb, dv, 1.0, false);
+                        (0..m).for_each(|f| d32[f * w + dv] = mass[f]);
                     } else {
                         let s_rows = RowDots {
                             a: &blk.phi,
