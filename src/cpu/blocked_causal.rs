@@ -332,10 +332,15 @@ impl Scratch {
         let gphi = &mut self.gphi[off * mp..];
         st.dots(gphi, mp, r2, gb, dv);
         gram(isa, att, gb, dv, vb, dv, r2, dv, true);
+        st.masses(dv, &mut self.mass);
         let pkt = (&self.kb.phit()[off..], self.kb.tp());
-        feature_gram(isa, qk, (pq, pk, mp), pkt, m, r2, true);
         let (c, s) = (&self.c[off..off + r2], &mut self.s[off..off + r2]);
-        let (qk, gphi_r, att_r) = (&*qk, &*gphi, &*att);
+        let rows16 = (pq, pk, pkt, mp);
+        if query_intra16(isa, rows16, m, r2, (gphi, att, qk), (c, s), &self.mass) {
+            return;
+        }
+        feature_gram(isa, qk, (pq, pk, mp), pkt, m, r2, true);
+        let (qk_r, gphi_r, att_r) = (&*qk, &*gphi, &*att);
         dispatch(
             isa,
             CausalS {
@@ -343,17 +348,117 @@ impl Scratch {
                 gphi: gphi_r,
                 mp,
                 m,
-                qk,
+                qk: qk_r,
                 att: att_r,
                 c,
                 s,
             },
         );
         let f = GFactors::of(c, s, gb, dv);
-        st.masses(dv, &mut self.mass);
         f.scale_phi_grads(isa, gphi, mp, r2, &self.mass);
         scale_gv(isa, att, r2, f.c, f.s, true);
         tri_gemm(isa, gphi, mp, r2, mp, sub(att), pk, mp, 1.0, true);
+        mask(isa, qk, r2, true, Scale::Rows(f.c));
+    }
+}
+
+/// [`query_intra16_avx512`] when it applies (AVX-512, feature rows of 16 floats, at most
+/// [`GRAM_T_MAX_M`] features, so the keys' transposed features are there); `false`
+/// otherwise, for the general sequence in [`Scratch::query_sub_block`].
+#[allow(clippy::too_many_arguments)]
+fn query_intra16(
+    isa: Isa,
+    (pq, pk, (pkt, tp), mp): (&[f32], &[f32], (&[f32], usize), usize),
+    m: usize,
+    rows: usize,
+    (gphi, att, qk): (&mut [f32], &mut [f32], &mut [f32]),
+    (c, s): (&[f32], &mut [f32]),
+    a: &[f32],
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && mp == 16 && m <= GRAM_T_MAX_M {
+        assert!(rows <= TC && pq.len() >= rows * 16 && pk.len() >= rows * 16);
+        assert!(gphi.len() >= rows * 16 && att.len() >= rows * TC && qk.len() >= rows * TC);
+        assert!(c.len() >= rows && s.len() >= rows && a.len() == m);
+        assert!(m == 0 || pkt.len() >= (m - 1) * tp + rows);
+        let mut a16 = [0.0f32; 16];
+        a16[..m].copy_from_slice(a);
+        // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F; every row read or
+        // written is in bounds (asserted).
+        unsafe {
+            query_intra16_avx512((pq, pk, (pkt, tp)), m, rows, (gphi, att, qk), (c, s), &a16)
+        };
+        return true;
+    }
+    let _ = (isa, pq, pk, pkt, tp, mp, m, rows, gphi, att, qk, c, s, a);
+    false
+}
+
+/// The queries' sub-block work after `g·S_f` and `G Vᵀ`, one row per step, for banks of at
+/// most 16 features with AVX-512 (row `i`'s `φ(q_i)·φ(k_j)` is one 16-lane vector over the
+/// sub-block's keys `j`): with `gphi_i = (g_i·S_f)_f` and `att_ij = g_i·v_j` in,
+///
+/// - `qk_ij = c_i φ(q_i)·φ(k_j)` for `j ≤ i` (0 above the diagonal);
+/// - `s_i = c_i (Σ_f φ_if gphi_if + Σ_{j≤i} (φ_i·φ_j) att_ij)`;
+/// - `att_ij = c_i (att_ij − s_i)` for `j ≤ i` (0 above), the scaled `tril(Ĝ X̂ᵀ)`;
+/// - `∂ℓ/∂φ_i = c_i (gphi_i − s_i A) + Σ_{j≤i} att_ij φ(k_j)` over `gphi`.
+///
+/// The same sums as [`feature_gram`], [`CausalS`], [`GFactors::scale_phi_grads`],
+/// [`scale_gv`], [`tri_gemm`] and [`mask`], which take six passes over the sub-block.
+///
+/// # Safety
+/// The CPU must support AVX-512F; `pq`, `pk`, `gphi` hold `rows ≤ 16` rows of 16 floats,
+/// `att` and `qk` `rows` rows of [`TC`], `pkt` `m ≤ 16` rows of `rows` (stride `tp`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn query_intra16_avx512(
+    (pq, pk, (pkt, tp)): (&[f32], &[f32], (&[f32], usize)),
+    m: usize,
+    rows: usize,
+    (gphi, att, qk): (&mut [f32], &mut [f32], &mut [f32]),
+    (c, s): (&[f32], &mut [f32]),
+    a: &[f32; 16],
+) {
+    use std::arch::x86_64::*;
+    let (kr, kf) = (((1u32 << rows) - 1) as u16, ((1u32 << m) - 1) as u16);
+    let mut kt = [_mm512_setzero_ps(); 16];
+    for (f, t) in kt.iter_mut().enumerate().take(m) {
+        *t = _mm512_maskz_loadu_ps(kr, pkt.as_ptr().add(f * tp));
+    }
+    let av = _mm512_loadu_ps(a.as_ptr());
+    for i in 0..rows {
+        // Row i keeps the keys j ≤ i.
+        let ki = ((2u32 << i) - 1) as u16;
+        let prow = pq.as_ptr().add(i * 16);
+        let q = _mm512_maskz_mov_ps(ki, feature_row16(prow, &kt, m));
+        let ph = _mm512_maskz_loadu_ps(kf, prow);
+        let g = _mm512_maskz_loadu_ps(kf, gphi.as_ptr().add(i * 16));
+        let arow = att.as_mut_ptr().add(i * TC);
+        let at = _mm512_maskz_loadu_ps(ki, arow);
+        let ci = c[i];
+        let si = ci * _mm512_reduce_add_ps(_mm512_fmadd_ps(q, at, _mm512_mul_ps(ph, g)));
+        s[i] = si;
+        let (cv, sv) = (_mm512_set1_ps(ci), _mm512_set1_ps(si));
+        // Only the sub-block's columns (a row is `TC` floats).
+        let at = _mm512_maskz_mul_ps(ki, cv, _mm512_sub_ps(at, sv));
+        _mm512_mask_storeu_ps(arow, kr, at);
+        _mm512_mask_storeu_ps(qk.as_mut_ptr().add(i * TC), kr, _mm512_mul_ps(q, cv));
+        // Two chains over the keys j ≤ i (even and odd j).
+        let mut g0 = _mm512_maskz_mul_ps(kf, cv, _mm512_fnmadd_ps(sv, av, g));
+        let mut g1 = _mm512_setzero_ps();
+        let mut j = 0;
+        while j + 1 <= i {
+            let (x0, x1) = (*arow.add(j), *arow.add(j + 1));
+            g0 = _mm512_fmadd_ps(_mm512_set1_ps(x0), _mm512_loadu_ps(pk.as_ptr().add(j * 16)), g0);
+            let k1 = _mm512_loadu_ps(pk.as_ptr().add((j + 1) * 16));
+            g1 = _mm512_fmadd_ps(_mm512_set1_ps(x1), k1, g1);
+            j += 2;
+        }
+        if j == i {
+            let k0 = _mm512_loadu_ps(pk.as_ptr().add(j * 16));
+            g0 = _mm512_fmadd_ps(_mm512_set1_ps(*arow.add(j)), k0, g0);
+        }
+        _mm512_storeu_ps(gphi.as_mut_ptr().add(i * 16), _mm512_add_ps(g0, g1));
     }
 }
 
@@ -430,6 +535,163 @@ fn feature_gram(
         1.0,
         false,
     );
+}
+
+/// `att = tril(Φ_Q Φ_Kᵀ)` for a sub-block's feature rows (row stride [`TC`], 0 above the
+/// diagonal), each row's sum added to `den[i·ldd]` (the causal forward's intra-sub-block
+/// `Den` terms). With AVX-512 and at most [`GRAM_T_MAX_M`] features (rows of 16 floats), one
+/// pass of 16-lane rows ([`lower_gram16_avx512`]); else [`feature_gram`], [`mask`] and a
+/// row sum.
+#[allow(clippy::too_many_arguments)]
+fn lower_gram(
+    isa: Isa,
+    att: &mut [f32],
+    (x, y, mp): (&[f32], &[f32], usize),
+    (yt, ldt): (&[f32], usize),
+    m: usize,
+    rows: usize,
+    (den, ldd): (&mut [f32], usize),
+) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && mp == 16 && m <= GRAM_T_MAX_M {
+        assert!(rows <= TC && x.len() >= rows * 16 && att.len() >= rows * TC);
+        assert!(m == 0 || yt.len() >= (m - 1) * ldt + rows);
+        assert!(rows == 0 || den.len() > (rows - 1) * ldd);
+        // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F; every row read or
+        // written is in bounds (asserted).
+        unsafe { lower_gram16_avx512(x, (yt, ldt), m, rows, att, (den, ldd)) };
+        return;
+    }
+    feature_gram(isa, att, (x, y, mp), (yt, ldt), m, rows, true);
+    mask(isa, att, rows, true, Scale::None);
+    for i in 0..rows {
+        den[i * ldd] += att[i * TC..i * TC + i + 1].iter().sum::<f32>();
+    }
+}
+
+/// [`lower_gram`] for banks of at most 16 features with AVX-512: row `i` of `Φ_Q Φ_Kᵀ` is
+/// `Σ_f φ_if (φ_f)ᵀ` over the transposed key features (one 16-lane vector per feature, loaded
+/// once per sub-block), masked to `j ≤ i`, stored and summed.
+///
+/// # Safety
+/// The CPU must support AVX-512F; `x` holds `rows ≤ 16` rows of 16 floats, `att` `rows` rows
+/// of [`TC`], `yt` `m ≤ 16` rows of `rows` (stride `ldt`), `den` `rows` entries of stride `ldd`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn lower_gram16_avx512(
+    x: &[f32],
+    (yt, ldt): (&[f32], usize),
+    m: usize,
+    rows: usize,
+    att: &mut [f32],
+    (den, ldd): (&mut [f32], usize),
+) {
+    use std::arch::x86_64::*;
+    let kr = ((1u32 << rows) - 1) as u16;
+    let mut kt = [_mm512_setzero_ps(); 16];
+    for (f, t) in kt.iter_mut().enumerate().take(m) {
+        *t = _mm512_maskz_loadu_ps(kr, yt.as_ptr().add(f * ldt));
+    }
+    for i in 0..rows {
+        let ki = ((2u32 << i) - 1) as u16;
+        let row = x.as_ptr().add(i * 16);
+        let q = _mm512_maskz_mov_ps(ki, feature_row16(row, &kt, m));
+        _mm512_mask_storeu_ps(att.as_mut_ptr().add(i * TC), kr, q);
+        den[i * ldd] += _mm512_reduce_add_ps(q);
+    }
+}
+
+/// The keys' `∂ℓ/∂φ_k` from `gphi_j = (x̂_j·dS_f)_f` without the mass column: adds `dA`
+/// (`a`, the suffix state's mass column) and `tril(Ĝ X̂ᵀ)ᵀ Φ_Q` (`att`, the queries' scaled
+/// sub-block matrix, row stride [`TC`]; `Σ_{i≥j} att_ij φ(q_i)` into row `j`). With AVX-512
+/// and rows of 16 floats, one pass ([`key_intra16_avx512`]); else [`add_rows`] and
+/// [`tri_gemm`].
+fn key_intra(
+    isa: Isa,
+    gphi: &mut [f32],
+    mp: usize,
+    rows: usize,
+    att: &[f32],
+    pq: &[f32],
+    a: &[f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && mp == 16 && a.len() <= 16 {
+        assert!(rows <= TC && gphi.len() >= rows * 16 && pq.len() >= rows * 16);
+        assert!(att.len() >= rows * TC);
+        let mut a16 = [0.0f32; 16];
+        a16[..a.len()].copy_from_slice(a);
+        // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F; every row read or
+        // written is in bounds (asserted).
+        unsafe { key_intra16_avx512(gphi, rows, att, pq, &a16) };
+        return;
+    }
+    add_rows(isa, gphi, mp, rows, a);
+    tri_gemm(isa, gphi, mp, rows, mp, sub_t(att), pq, mp, 1.0, false);
+}
+
+/// [`key_intra`] for rows of 16 floats: row `j` is `gphi_j + a + Σ_{i≥j} att_ij φ(q_i)`, the
+/// `att_ij` broadcast from memory, two chains.
+///
+/// # Safety
+/// The CPU must support AVX-512F; `gphi` and `pq` hold `rows ≤ 16` rows of 16 floats, `att`
+/// `rows` rows of [`TC`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn key_intra16_avx512(
+    gphi: &mut [f32],
+    rows: usize,
+    att: &[f32],
+    pq: &[f32],
+    a: &[f32; 16],
+) {
+    use std::arch::x86_64::*;
+    let av = _mm512_loadu_ps(a.as_ptr());
+    let (at, q) = (att.as_ptr(), pq.as_ptr());
+    for j in 0..rows {
+        let out = gphi.as_mut_ptr().add(j * 16);
+        let mut g0 = _mm512_add_ps(_mm512_loadu_ps(out), av);
+        let mut g1 = _mm512_setzero_ps();
+        let mut i = j;
+        while i + 1 < rows {
+            let x0 = _mm512_set1_ps(*at.add(i * TC + j));
+            g0 = _mm512_fmadd_ps(x0, _mm512_loadu_ps(q.add(i * 16)), g0);
+            let x1 = _mm512_set1_ps(*at.add((i + 1) * TC + j));
+            g1 = _mm512_fmadd_ps(x1, _mm512_loadu_ps(q.add((i + 1) * 16)), g1);
+            i += 2;
+        }
+        if i < rows {
+            let x0 = _mm512_set1_ps(*at.add(i * TC + j));
+            g0 = _mm512_fmadd_ps(x0, _mm512_loadu_ps(q.add(i * 16)), g0);
+        }
+        _mm512_storeu_ps(out, _mm512_add_ps(g0, g1));
+    }
+}
+
+/// `Σ_f x_f t_f` for the `m ≤ 16` floats at `x` and 16-lane rows `t` (two chains).
+///
+/// # Safety
+/// The CPU must support AVX-512F; `x` points at `m` readable floats.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn feature_row16(
+    x: *const f32,
+    t: &[std::arch::x86_64::__m512; 16],
+    m: usize,
+) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    let (mut q0, mut q1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    let mut f = 0;
+    while f + 1 < m {
+        q0 = _mm512_fmadd_ps(_mm512_set1_ps(*x.add(f)), t[f], q0);
+        q1 = _mm512_fmadd_ps(_mm512_set1_ps(*x.add(f + 1)), t[f + 1], q1);
+        f += 2;
+    }
+    if f < m {
+        q0 = _mm512_fmadd_ps(_mm512_set1_ps(*x.add(f)), t[f], q0);
+    }
+    _mm512_add_ps(q0, q1)
 }
 
 /// `D += α A B` for a masked `rows × rows` block `A` (a sub-block matrix with row stride
@@ -618,13 +880,9 @@ pub fn forward_into(
                         let (pq, pk) = (&sc.qb.phi[off * mp..], &sc.kb.phi[off * mp..]);
                         st.product(&mut sc.acc, r2, w, pq, mp, w);
                         let pkt = (&sc.kb.phit()[off..], sc.kb.tp());
-                        feature_gram(isa, &mut sc.att, (pq, pk, mp), pkt, m, r2, true);
-                        mask(isa, &mut sc.att, r2, true, Scale::None);
+                        let den = (&mut sc.acc[dv..], w);
+                        lower_gram(isa, &mut sc.att, (pq, pk, mp), pkt, m, r2, den);
                         tri_gemm(isa, &mut sc.acc, w, r2, dv, sub(&sc.att), vb, dv, 1.0, true);
-                        for i in 0..r2 {
-                            sc.acc[i * w + dv] +=
-                                sc.att[i * TC..i * TC + i + 1].iter().sum::<f32>();
-                        }
                         let t2 = a2 - start;
                         let (ot, dt) = (&mut op[t2 * dv..(t2 + r2) * dv], &mut dp[t2..t2 + r2]);
                         out.produce(ot, &mut ob, |x| {
@@ -907,9 +1165,6 @@ fn one_pass(io: &Io, isa: Isa, states: &[f32], outs: (&mut [f32], &mut [f32], &m
                     let (r2, off) = (b2 - a2, a2 - a);
                     let (vb, gb) = (rows_of(&v, h, a2, b2), rows_of(&g, h, a2, b2));
                     sc.query_sub_block(isa, &sq, (off, r2), (vb, gb, dv), Some(j));
-                    // Kept for the keys' half: c ⊙ tril(Φ_Q Φ_Kᵀ).
-                    let qk = &mut sc.qkb[j * TC * TC..(j + 1) * TC * TC];
-                    mask(isa, qk, r2, true, Scale::Rows(&sc.c[off..off + r2]));
                     if j + 1 < subs.len() {
                         sq.add_tokens(&sc.kb.phi[off * mp..], mp, r2, vb, dv);
                     }
@@ -931,8 +1186,7 @@ fn one_pass(io: &Io, isa: Isa, states: &[f32], outs: (&mut [f32], &mut [f32], &m
                     let gphi = &mut sc.gphi[off * mp..];
                     sk.dots(gphi, mp, r2, vb, dv);
                     sk.masses(dv, &mut sc.mass);
-                    add_rows(isa, gphi, mp, r2, &sc.mass);
-                    tri_gemm(isa, gphi, mp, r2, mp, sub_t(att), pq, mp, 1.0, false);
+                    key_intra(isa, gphi, mp, r2, att, pq, &sc.mass);
                     // ∂ℓ/∂v = Φ_K dS_B + (c ⊙ tril(Φ_Q Φ_Kᵀ))ᵀ G.
                     let sk_r = &sk;
                     out_v.produce(&mut dvp[a2 * dv..b2 * dv], &mut scratch, |x| {
