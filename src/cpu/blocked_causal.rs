@@ -362,13 +362,17 @@ impl Scratch {
     }
 }
 
+/// A sub-block's query and key feature rows (row stride `mp`) and the keys' transposed
+/// features with their row stride.
+type FeatureRows<'a> = (&'a [f32], &'a [f32], (&'a [f32], usize), usize);
+
 /// [`query_intra16_avx512`] when it applies (AVX-512, feature rows of 16 floats, at most
 /// [`GRAM_T_MAX_M`] features, so the keys' transposed features are there); `false`
 /// otherwise, for the general sequence in [`Scratch::query_sub_block`].
 #[allow(clippy::too_many_arguments)]
 fn query_intra16(
     isa: Isa,
-    (pq, pk, (pkt, tp), mp): (&[f32], &[f32], (&[f32], usize), usize),
+    (pq, pk, (pkt, tp), mp): FeatureRows,
     m: usize,
     rows: usize,
     (gphi, att, qk): (&mut [f32], &mut [f32], &mut [f32]),
@@ -447,7 +451,7 @@ unsafe fn query_intra16_avx512(
         let mut g0 = _mm512_maskz_mul_ps(kf, cv, _mm512_fnmadd_ps(sv, av, g));
         let mut g1 = _mm512_setzero_ps();
         let mut j = 0;
-        while j + 1 <= i {
+        while j < i {
             let (x0, x1) = (*arow.add(j), *arow.add(j + 1));
             g0 = _mm512_fmadd_ps(_mm512_set1_ps(x0), _mm512_loadu_ps(pk.as_ptr().add(j * 16)), g0);
             let k1 = _mm512_loadu_ps(pk.as_ptr().add((j + 1) * 16));
