@@ -430,14 +430,31 @@ unsafe fn query_intra16_avx512(
         *t = _mm512_maskz_loadu_ps(kr, pkt.as_ptr().add(f * tp));
     }
     let av = _mm512_loadu_ps(a.as_ptr());
+    // Σ_{j≤i} φ(k_j), so that Σ_{j≤i} c_i (att_ij − s_i) φ(k_j) = c_i (Σ_{j≤i} att_ij φ(k_j) −
+    // s_i Σ_{j≤i} φ(k_j)): the product over the row does not wait for s_i (and does not
+    // read back the scaled row just stored, which would stall on store forwarding).
+    let mut pre = _mm512_setzero_ps();
     for i in 0..rows {
         // Row i keeps the keys j ≤ i.
         let ki = ((2u32 << i) - 1) as u16;
+        let arow = att.as_mut_ptr().add(i * TC);
+        let krow = |j: usize| _mm512_loadu_ps(pk.as_ptr().add(j * 16));
+        // Σ_{j≤i} (g_i·v_j) φ(k_j), two chains (even and odd j).
+        let (mut t0, mut t1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        let mut j = 0;
+        while j < i {
+            t0 = _mm512_fmadd_ps(_mm512_set1_ps(*arow.add(j)), krow(j), t0);
+            t1 = _mm512_fmadd_ps(_mm512_set1_ps(*arow.add(j + 1)), krow(j + 1), t1);
+            j += 2;
+        }
+        if j == i {
+            t0 = _mm512_fmadd_ps(_mm512_set1_ps(*arow.add(j)), krow(j), t0);
+        }
+        pre = _mm512_add_ps(pre, krow(i));
         let prow = pq.as_ptr().add(i * 16);
         let q = _mm512_maskz_mov_ps(ki, feature_row16(prow, &kt, m));
         let ph = _mm512_maskz_loadu_ps(kf, prow);
         let g = _mm512_maskz_loadu_ps(kf, gphi.as_ptr().add(i * 16));
-        let arow = att.as_mut_ptr().add(i * TC);
         let at = _mm512_maskz_loadu_ps(ki, arow);
         let ci = c[i];
         let si = ci * _mm512_reduce_add_ps(_mm512_fmadd_ps(q, at, _mm512_mul_ps(ph, g)));
@@ -447,22 +464,10 @@ unsafe fn query_intra16_avx512(
         let at = _mm512_maskz_mul_ps(ki, cv, _mm512_sub_ps(at, sv));
         _mm512_mask_storeu_ps(arow, kr, at);
         _mm512_mask_storeu_ps(qk.as_mut_ptr().add(i * TC), kr, _mm512_mul_ps(q, cv));
-        // Two chains over the keys j ≤ i (even and odd j).
-        let mut g0 = _mm512_maskz_mul_ps(kf, cv, _mm512_fnmadd_ps(sv, av, g));
-        let mut g1 = _mm512_setzero_ps();
-        let mut j = 0;
-        while j < i {
-            let (x0, x1) = (*arow.add(j), *arow.add(j + 1));
-            g0 = _mm512_fmadd_ps(_mm512_set1_ps(x0), _mm512_loadu_ps(pk.as_ptr().add(j * 16)), g0);
-            let k1 = _mm512_loadu_ps(pk.as_ptr().add((j + 1) * 16));
-            g1 = _mm512_fmadd_ps(_mm512_set1_ps(x1), k1, g1);
-            j += 2;
-        }
-        if j == i {
-            let k0 = _mm512_loadu_ps(pk.as_ptr().add(j * 16));
-            g0 = _mm512_fmadd_ps(_mm512_set1_ps(*arow.add(j)), k0, g0);
-        }
-        _mm512_storeu_ps(gphi.as_mut_ptr().add(i * 16), _mm512_add_ps(g0, g1));
+        // c_i (g_i·S + Σ_j (g_i·v_j) φ(k_j) − s_i (A + Σ_{j≤i} φ(k_j))).
+        let gsum = _mm512_add_ps(g, _mm512_add_ps(t0, t1));
+        let gout = _mm512_mul_ps(cv, _mm512_fnmadd_ps(sv, _mm512_add_ps(av, pre), gsum));
+        _mm512_storeu_ps(gphi.as_mut_ptr().add(i * 16), gout);
     }
 }
 
