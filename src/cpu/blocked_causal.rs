@@ -47,6 +47,7 @@
 //! cycles per token and head; `racelab bench --causal` `(2, 2)`, N = 2^20, alternated:
 //! 0.656–0.699 s → 0.605–0.666 s.
 
+use super::bank16::{self, Mass, Read, Update};
 use super::blocked::{
     add_rows, gemm_ext, inv_den, key_bank, normalise, pad16, rows_of, saved_pieces, saved_rows,
     Block, GFactors, T,
@@ -146,10 +147,28 @@ impl TwoLevel {
             (&self.bank.base32, &self.bank.local)
         }
     }
+    /// Whether [`TwoLevel::read_update`] runs ([`bank16::applies`]: AVX-512, at most 16
+    /// features, so feature rows are 16 floats).
+    fn fused(&self) -> bool {
+        bank16::applies(self.isa, self.bank.m)
+    }
+    /// [`bank16::read_update`] on this state (`f32(base) + local`, or `local` alone after a
+    /// restart); only when [`TwoLevel::fused`].
+    fn read_update(&mut self, dv: usize, read: Option<Read>, update: Option<Update>) {
+        let (isa, m, w) = (self.isa, self.bank.m, self.bank.w);
+        let bank = &mut self.bank;
+        let base: &[f32] = if self.single { &[] } else { &bank.base32 };
+        bank16::read_update(isa, m, dv, (base, &mut bank.local, w), read, update);
+    }
     /// `local (+)= Φᵀ X̂` for a sub-block's feature rows `phi` (row stride `mp`) and value rows
-    /// `x` (stride `dv`), the ones column included ([`gemm_ext`]).
+    /// `x` (stride `dv`), the ones column included ([`gemm_ext`], or [`bank16`]).
     fn add_tokens(&mut self, phi: &[f32], mp: usize, rows: usize, x: &[f32], dv: usize) {
         let (m, w) = (self.bank.m, self.bank.w);
+        if self.fused() {
+            let (b, mass) = (phi, Mass::Ones);
+            let update = Update { b, rows, x, ldx: dv, mass };
+            return self.read_update(dv, None, Some(update));
+        }
         let pt = Strided::transposed(phi, mp);
         gemm_ext(
             self.isa,
@@ -557,10 +576,11 @@ fn feature_gram(
 }
 
 /// `att = tril(Φ_Q Φ_Kᵀ)` for a sub-block's feature rows (row stride [`TC`], 0 above the
-/// diagonal), each row's sum added to `den[i·ldd]` (the causal forward's intra-sub-block
-/// `Den` terms). With AVX-512 and at most [`GRAM_T_MAX_M`] features (rows of 16 floats), one
-/// pass of 16-lane rows ([`lower_gram16_avx512`]); else [`feature_gram`], [`mask`] and a
-/// row sum.
+/// diagonal), and the causal forward's `Den_i = φ_i·A + Σ_{j≤i} att_ij` into `den[i·ldd]`
+/// (`A`: the mass column of the state entering the sub-block; the product with the state
+/// covers the value columns only). With AVX-512 and at most [`GRAM_T_MAX_M`] features (rows
+/// of 16 floats), one pass of 16-lane rows ([`lower_gram16_avx512`]); else
+/// [`feature_gram`], [`mask`] and row sums.
 #[allow(clippy::too_many_arguments)]
 fn lower_gram(
     isa: Isa,
@@ -569,28 +589,33 @@ fn lower_gram(
     (yt, ldt): (&[f32], usize),
     m: usize,
     rows: usize,
-    (den, ldd): (&mut [f32], usize),
+    (den, ldd, a): (&mut [f32], usize, &[f32]),
 ) {
+    assert_eq!(a.len(), m, "lower_gram: one mass per feature");
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 && mp == 16 && m <= GRAM_T_MAX_M {
         assert!(rows <= TC && x.len() >= rows * 16 && att.len() >= rows * TC);
         assert!(m == 0 || yt.len() >= (m - 1) * ldt + rows);
         assert!(rows == 0 || den.len() > (rows - 1) * ldd);
+        let mut a16 = [0.0f32; 16];
+        a16[..m].copy_from_slice(a);
         // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F; every row read or
         // written is in bounds (asserted).
-        unsafe { lower_gram16_avx512(x, (yt, ldt), m, rows, att, (den, ldd)) };
+        unsafe { lower_gram16_avx512(x, (yt, ldt), m, rows, att, (den, ldd), &a16) };
         return;
     }
     feature_gram(isa, att, (x, y, mp), (yt, ldt), m, rows, true);
     mask(isa, att, rows, true, Scale::None);
     for i in 0..rows {
-        den[i * ldd] += att[i * TC..i * TC + i + 1].iter().sum::<f32>();
+        let bank: f32 = x[i * mp..i * mp + m].iter().zip(a).map(|(p, q)| p * q).sum();
+        den[i * ldd] = bank + att[i * TC..i * TC + i + 1].iter().sum::<f32>();
     }
 }
 
 /// [`lower_gram`] for banks of at most 16 features with AVX-512: row `i` of `Φ_Q Φ_Kᵀ` is
 /// `Σ_f φ_if (φ_f)ᵀ` over the transposed key features (one 16-lane vector per feature, loaded
-/// once per sub-block), masked to `j ≤ i`, stored and summed.
+/// once per sub-block), masked to `j ≤ i` and stored; `Den_i` is one 16-lane sum of that row
+/// plus `φ_i ⊙ A`.
 ///
 /// # Safety
 /// The CPU must support AVX-512F; `x` holds `rows ≤ 16` rows of 16 floats, `att` `rows` rows
@@ -604,9 +629,11 @@ unsafe fn lower_gram16_avx512(
     rows: usize,
     att: &mut [f32],
     (den, ldd): (&mut [f32], usize),
+    a: &[f32; 16],
 ) {
     use std::arch::x86_64::*;
     let kr = ((1u32 << rows) - 1) as u16;
+    let av = _mm512_loadu_ps(a.as_ptr());
     let mut kt = [_mm512_setzero_ps(); 16];
     for (f, t) in kt.iter_mut().enumerate().take(m) {
         *t = _mm512_maskz_loadu_ps(kr, yt.as_ptr().add(f * ldt));
@@ -616,7 +643,7 @@ unsafe fn lower_gram16_avx512(
         let row = x.as_ptr().add(i * 16);
         let q = _mm512_maskz_mov_ps(ki, feature_row16(row, &kt, m));
         _mm512_mask_storeu_ps(att.as_mut_ptr().add(i * TC), kr, q);
-        den[i * ldd] += _mm512_reduce_add_ps(q);
+        den[i * ldd] = _mm512_reduce_add_ps(_mm512_fmadd_ps(_mm512_loadu_ps(row), av, q));
     }
 }
 
@@ -897,9 +924,20 @@ pub fn forward_into(
                         let (r2, off) = (b2 - a2, a2 - a);
                         let vb = rows_of(&v, h, a2, b2);
                         let (pq, pk) = (&sc.qb.phi[off * mp..], &sc.kb.phi[off * mp..]);
-                        st.product(&mut sc.acc, r2, w, pq, mp, w);
+                        // Num = Φ_Q S (+ the intra-sub-block terms below), then S += Φ_Kᵀ X̂:
+                        // one pass over the state where it fits in registers.
+                        st.masses(dv, &mut sc.mass);
+                        let fused = st.fused();
+                        if fused {
+                            let read = Read { a: pq, rows: r2, d: &mut sc.acc, ldd: w };
+                            let (b, x, mass) = (pk, vb, Mass::Ones);
+                            let update = Update { b, rows: r2, x, ldx: dv, mass };
+                            st.read_update(dv, Some(read), Some(update));
+                        } else {
+                            st.product(&mut sc.acc, r2, dv, pq, mp, w);
+                        }
                         let pkt = (&sc.kb.phit()[off..], sc.kb.tp());
-                        let den = (&mut sc.acc[dv..], w);
+                        let den = (&mut sc.acc[dv..], w, &sc.mass[..]);
                         lower_gram(isa, &mut sc.att, (pq, pk, mp), pkt, m, r2, den);
                         tri_gemm(isa, &mut sc.acc, w, r2, dv, sub(&sc.att), vb, dv, 1.0, true);
                         let t2 = a2 - start;
@@ -907,7 +945,9 @@ pub fn forward_into(
                         out.produce(ot, &mut ob, |x| {
                             empty += normalise(isa, &sc.acc, w, r2, dv, den_scale, x, dt);
                         });
-                        st.add_tokens(pk, mp, r2, vb, dv);
+                        if !fused {
+                            st.add_tokens(pk, mp, r2, vb, dv);
+                        }
                         st.tick(r2);
                         ahead.step();
                     }
@@ -929,6 +969,41 @@ pub fn forward_into(
             states,
         },
     )
+}
+
+/// A keys' sub-block: `∂ℓ/∂V = Φ_K dS_B + T G` into `x` (`T`: the sub-block's
+/// upper-triangular matrix as a product operand), then `dS += Φ_Qᵀ Ĝ` (value columns and
+/// masses; `sphi` is scratch for `c ⊙ Φ_Q`). With [`TwoLevel::fused`] the read of `dS` and
+/// its update are one [`bank16`] pass.
+#[allow(clippy::too_many_arguments)]
+fn key_values(
+    isa: Isa,
+    sk: &mut TwoLevel,
+    x: &mut [f32],
+    (pk, pq, mp): (&[f32], &[f32], usize),
+    rows: usize,
+    tri: Strided,
+    f: &GFactors,
+    sphi: &mut [f32],
+) {
+    let (dv, m, w) = (f.dv, sk.bank.m, sk.bank.w);
+    if !sk.fused() {
+        sk.product(x, rows, dv, pk, mp, dv);
+        tri_gemm(isa, x, dv, rows, dv, tri, f.g, dv, 1.0, false);
+        f.dbank(isa, pq, mp, m, rows, sphi, &mut sk.bank.local, w, true);
+        return;
+    }
+    // c ⊙ Φ_Q in rows of 16 (the features' padding lanes are zero).
+    let mut b = [0.0f32; TC * 16];
+    for (j, row) in b.chunks_exact_mut(16).take(rows).enumerate() {
+        let src = &pq[j * mp..j * mp + 16];
+        row.iter_mut().zip(src).for_each(|(y, &p)| *y = f.c[j] * p);
+    }
+    let read = Read { a: pk, rows, d: &mut *x, ldd: dv };
+    let (mass, g) = (Mass::NegS(f.s), f.g);
+    let update = Update { b: &b, rows, x: g, ldx: dv, mass };
+    sk.read_update(dv, Some(read), Some(update));
+    tri_gemm(isa, x, dv, rows, dv, tri, g, dv, 1.0, false);
 }
 
 /// `att_ij (=) c_i (g_i·v_j − s_i)` for `j ≤ i` (queries `i`, keys `j`, both in the
@@ -1107,14 +1182,11 @@ pub fn backward_into(
                     feature_gram(isa, &mut sc.att, (pk, pq, mp), pqt, m, r2, false);
                     mask(isa, &mut sc.att, r2, false, Scale::Cols(c));
                     let t0 = a2 - start;
-                    let (att, st_r) = (&sc.att, &st);
+                    let (att, st_m, sphi) = (sub(&sc.att), &mut st, &mut sc.sphi);
                     let dv_out = &mut dvp[t0 * dv..(t0 + r2) * dv];
                     out_v.produce(dv_out, &mut scratch, |x| {
-                        st_r.product(x, r2, dv, pk, mp, dv);
-                        tri_gemm(isa, x, dv, r2, dv, sub(att), gb, dv, 1.0, false);
+                        key_values(isa, st_m, x, (pk, pq, mp), r2, att, &f, sphi);
                     });
-                    let dsb = &mut st.bank.local;
-                    f.dbank(isa, pq, mp, m, r2, &mut sc.sphi, dsb, w, true);
                     st.tick(r2);
                     ahead.step();
                 }
@@ -1206,23 +1278,11 @@ fn one_pass(io: &Io, isa: Isa, states: &[f32], outs: (&mut [f32], &mut [f32], &m
                     sk.dots(gphi, mp, r2, vb, dv);
                     sk.masses(dv, &mut sc.mass);
                     key_intra(isa, gphi, mp, r2, att, pq, &sc.mass);
-                    // ∂ℓ/∂v = Φ_K dS_B + (c ⊙ tril(Φ_Q Φ_Kᵀ))ᵀ G.
-                    let sk_r = &sk;
+                    // ∂ℓ/∂v = Φ_K dS_B + (c ⊙ tril(Φ_Q Φ_Kᵀ))ᵀ G, then dS += Φ_Qᵀ Ĝ.
+                    let (sk_m, sphi) = (&mut sk, &mut sc.sphi);
                     out_v.produce(&mut dvp[a2 * dv..b2 * dv], &mut scratch, |x| {
-                        sk_r.product(x, r2, dv, pk, mp, dv);
-                        tri_gemm(isa, x, dv, r2, dv, sub_t(qk), gb, dv, 1.0, false);
+                        key_values(isa, sk_m, x, (pk, pq, mp), r2, sub_t(qk), &f, sphi);
                     });
-                    f.dbank(
-                        isa,
-                        pq,
-                        mp,
-                        m,
-                        r2,
-                        &mut sc.sphi,
-                        &mut sk.bank.local,
-                        w,
-                        true,
-                    );
                     sk.tick(r2);
                     ahead.step();
                 }
