@@ -42,10 +42,12 @@
 //! masks: [`lower_gram`] (the forward's masked `Φ_Q Φ_Kᵀ` and its `Den` row sums),
 //! [`query_intra16`] (the queries' `Φ_Q Φ_Kᵀ`, `s`, scalings and `tril(Ĝ X̂ᵀ) Φ_K`), and
 //! [`key_intra`] (the keys' masses and `tril(Ĝ X̂ᵀ)ᵀ Φ_Q`). Row `i` of a sub-block's
-//! `Φ_Q Φ_Kᵀ` is one 16-lane vector over its keys. Measured (eleventh session, one core,
-//! N = 2^16, alternated runs, medians): causal `(2, 2)` forward+backward 1205 → 1092–1117
-//! cycles per token and head; `racelab bench --causal` `(2, 2)`, N = 2^20, alternated:
-//! 0.656–0.699 s → 0.605–0.666 s.
+//! `Φ_Q Φ_Kᵀ` is one 16-lane vector over its keys. The state's reads and updates of these
+//! banks are [`bank16`] passes (the state's chunks in registers) rather than [`gemm`] calls.
+//! Measured (eleventh session, one core, N = 2^16, alternated runs, medians): causal
+//! `(2, 2)` forward+backward 1205 → 1092–1117 cycles per token and head with the row passes,
+//! → 1043 with [`bank16`] as well; `racelab bench --causal --p 2 --l 2`, N = 2^20,
+//! alternated: 0.656–0.699 s → 0.605–0.666 s → 0.553–0.630 s.
 
 use super::bank16::{self, Mass, Read, Update};
 use super::blocked::{
