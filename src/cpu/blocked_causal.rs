@@ -370,7 +370,7 @@ impl Scratch {
         if query_intra16(isa, rows16, m, r2, (gphi, att, qk), (c, s), &self.mass) {
             return;
         }
-        feature_gram(isa, qk, (pq, pk, mp), pkt, m, r2, true);
+        feature_gram(isa, qk, (pq, pk, pkt, mp), m, r2, true);
         let (qk_r, gphi_r, att_r) = (&*qk, &*gphi, &*att);
         dispatch(
             isa,
@@ -393,8 +393,8 @@ impl Scratch {
     }
 }
 
-/// A sub-block's query and key feature rows (row stride `mp`) and the keys' transposed
-/// features with their row stride.
+/// A sub-block's feature rows `x`, `y` (row stride `mp`), `y` transposed with its row
+/// stride, and `mp`: `(x, y, (yt, ldt), mp)`.
 type FeatureRows<'a> = (&'a [f32], &'a [f32], (&'a [f32], usize), usize);
 
 /// [`query_intra16_avx512`] when it applies (AVX-512, feature rows of 16 floats, at most
@@ -549,12 +549,10 @@ const GRAM_T_MAX_M: usize = 16;
 /// (one core, medians of alternated runs): causal forward+backward at `(2, 2)` 1613 → 1576
 /// cycles per token and head; at `(3, 3)` (`m = 24`) no change, at `(4, 4)` slower, hence
 /// the limit. Else [`gram`].
-#[allow(clippy::too_many_arguments)]
 fn feature_gram(
     isa: Isa,
     att: &mut [f32],
-    (x, y, mp): (&[f32], &[f32], usize),
-    (yt, ldt): (&[f32], usize),
+    (x, y, (yt, ldt), mp): FeatureRows,
     m: usize,
     rows: usize,
     lower: bool,
@@ -583,12 +581,10 @@ fn feature_gram(
 /// covers the value columns only). With AVX-512 and at most [`GRAM_T_MAX_M`] features (rows
 /// of 16 floats), one pass of 16-lane rows ([`lower_gram16_avx512`]); else
 /// [`feature_gram`], [`mask`] and row sums.
-#[allow(clippy::too_many_arguments)]
 fn lower_gram(
     isa: Isa,
     att: &mut [f32],
-    (x, y, mp): (&[f32], &[f32], usize),
-    (yt, ldt): (&[f32], usize),
+    (x, y, (yt, ldt), mp): FeatureRows,
     m: usize,
     rows: usize,
     (den, ldd, a): (&mut [f32], usize, &[f32]),
@@ -606,7 +602,7 @@ fn lower_gram(
         unsafe { lower_gram16_avx512(x, (yt, ldt), m, rows, att, (den, ldd), &a16) };
         return;
     }
-    feature_gram(isa, att, (x, y, mp), (yt, ldt), m, rows, true);
+    feature_gram(isa, att, (x, y, (yt, ldt), mp), m, rows, true);
     mask(isa, att, rows, true, Scale::None);
     for i in 0..rows {
         let bank: f32 = x[i * mp..i * mp + m].iter().zip(a).map(|(p, q)| p * q).sum();
@@ -940,7 +936,7 @@ pub fn forward_into(
                         }
                         let pkt = (&sc.kb.phit()[off..], sc.kb.tp());
                         let den = (&mut sc.acc[dv..], w, &sc.mass[..]);
-                        lower_gram(isa, &mut sc.att, (pq, pk, mp), pkt, m, r2, den);
+                        lower_gram(isa, &mut sc.att, (pq, pk, pkt, mp), m, r2, den);
                         tri_gemm(isa, &mut sc.acc, w, r2, dv, sub(&sc.att), vb, dv, 1.0, true);
                         let t2 = a2 - start;
                         let (ot, dt) = (&mut op[t2 * dv..(t2 + r2) * dv], &mut dp[t2..t2 + r2]);
@@ -1181,7 +1177,7 @@ pub fn backward_into(
                     tri_gemm(isa, gphi, mp, r2, mp, sub(&sc.att), pq, mp, 1.0, false);
                     // ∂ℓ/∂v = Φ_K dS_B + triu(Φ_K Φ_Qᵀ) (c ⊙ G).
                     let pqt = (&sc.qb.phit()[off..], sc.qb.tp());
-                    feature_gram(isa, &mut sc.att, (pk, pq, mp), pqt, m, r2, false);
+                    feature_gram(isa, &mut sc.att, (pk, pq, pqt, mp), m, r2, false);
                     mask(isa, &mut sc.att, r2, false, Scale::Cols(c));
                     let t0 = a2 - start;
                     let (att, st_m, sphi) = (sub(&sc.att), &mut st, &mut sc.sphi);
