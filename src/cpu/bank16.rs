@@ -1,5 +1,7 @@
-//! Read-then-update of a small state in one pass, for banks of at most 16 features with
-//! AVX-512 (the causal sub-blocks at `(2, 2)`: 8 features).
+//! Products with a small state, its chunks held in registers, for banks of at most 16
+//! features with AVX-512 (`(2, 2)`: 8 features): the causal sub-blocks' read-then-update in
+//! one pass (`read_update`), and the non-causal passes' reads (`read`: `O = (Φ/Den) B`,
+//! `∂ℓ/∂V = Φ_K dB`) and updates (`update`: the key bank `Φ_Kᵀ [V | 1]`, `dB = (c ⊙ Φ_Q)ᵀ G`).
 //!
 //! A causal sub-block first reads the state `S = base + local` (`m × ld`, `m ≤ 16` feature
 //! rows; `base` may be absent) and then adds its own tokens to `local`:
@@ -10,13 +12,13 @@
 //! local_f[dv] += Σ_j b_jf ω_j        (the mass column, with weights ω: 1, or −s_j)
 //! ```
 //!
-//! As two [`super::gemm`] calls each pass reads and writes the whole state and pays a fixed
+//! As two `super::gemm` calls each pass reads and writes the whole state and pays a fixed
 //! cost per call; a 16-token update at `m = 8` took 715–770 cycles alone (at a nominal
 //! 4 GHz, in cache). Here, per 16-column chunk (two chunks per step at `m ≤ 8`), the chunk of
 //! `S` is loaded once into registers, the read runs over the rows with every `a_if`
 //! broadcast from memory into its FMA, and the update accumulates into registers that are
 //! added to `local` once. The update's sums run over `j` in order from zero and are then
-//! added to `local`, as [`super::gemm`] with `accumulate` does, so the two-level state keeps
+//! added to `local`, as `super::gemm` with `accumulate` does, so the two-level state keeps
 //! its accuracy. Features `f ≥ m` are padding: the rows `a`, `b` have stride 16 and zeros
 //! there.
 //!
@@ -24,7 +26,11 @@
 //! sub-block at `m = 8`, in cache, 1551–1572 cycles with one chunk per step, 1192–1198 with
 //! two (read 635, update 592). In the causal `(2, 2)` kernels at N = 2^16 (one core, per
 //! token and head): the forward's read and update 154 → 97 cycles, the keys' read, update and
-//! intra-sub-block product 178 → 139, the queries' update 56 → 29.
+//! intra-sub-block product 178 → 139, the queries' update 56 → 29. In the non-causal
+//! `(2, 2)` passes (rows in groups of 16, so a group stays in L1 over the chunks; a drip per
+//! step, as `gemm`'s tiles do, without which the prefetch and the write-behind stalled and
+//! the forward was 10% slower): forward 321 → 303, backward 421 → 413 (medians, N = 2^16);
+//! `racelab bench` `(2, 2)` in the slow memory state 0.437–0.447 → 0.432–0.442 s.
 
 /// The mass column's weights `ω_j` for [`read_update`]'s update.
 #[derive(Clone, Copy)]
@@ -33,10 +39,12 @@ pub(crate) enum Mass<'a> {
     Ones,
     /// `ω_j = −s_j` (the keys' `dS`: `dA_f = −Σ_j c_j φ_jf s_j`, with `c` already in `b`).
     NegS(&'a [f32]),
+    /// The mass column is left alone (the caller has it).
+    Skip,
 }
 
-/// The read half of [`read_update`]: rows `a` (`rows × 16`, stride 16, zero past `m`) and the
-/// output `d` (row stride `ldd`, first `dv` columns written).
+/// The read half of [`read_update`]: rows `a` (`rows × 16`, stride 16, zero past `m`; any
+/// number of rows) and the output `d` (row stride `ldd`, first `dv` columns written).
 pub(crate) struct Read<'a> {
     pub a: &'a [f32],
     pub rows: usize,
@@ -44,8 +52,8 @@ pub(crate) struct Read<'a> {
     pub ldd: usize,
 }
 
-/// The update half of [`read_update`]: rows `b` (`rows × 16`, stride 16, zero past `m`),
-/// values `x` (row stride `ldx`, `dv` wide) and the mass weights.
+/// The update half of [`read_update`]: rows `b` (`rows × 16`, stride 16, zero past `m`; any
+/// number of rows), values `x` (row stride `ldx`, `dv` wide) and the mass weights.
 pub(crate) struct Update<'a> {
     pub b: &'a [f32],
     pub rows: usize,
@@ -63,7 +71,6 @@ pub(crate) fn applies(isa: super::simd::Isa, m: usize) -> bool {
 /// `S = base + local` (`base` empty: `S = local`), `m` rows of stride `ld`, `dv + 1` columns
 /// used (the values and the mass column `dv`). Panics unless [`applies`] (a programming
 /// error) or when an operand is too short.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn read_update(
     isa: super::simd::Isa,
     m: usize,
@@ -72,48 +79,140 @@ pub(crate) fn read_update(
     read: Option<Read>,
     update: Option<Update>,
 ) {
-    assert!(applies(isa, m), "read_update: needs AVX-512 and at most 16 features");
+    check(isa, m, dv, (base, local, ld), read.as_ref(), update.as_ref());
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `applies` holds (AVX-512F present); every row read or written is in bounds
+    // (checked; rows of `a`, `b` are 16 floats, of the state `ld ≥ dv + 1`).
+    unsafe {
+        run(m, dv, (base, local.as_mut_ptr(), ld), read, update)
+    }
+}
+
+/// `D = A S` alone, for a state `s` (`m` rows of stride `ld`) that is only read (the
+/// non-causal read of a finished bank, the keys' `Φ_K dB`).
+pub(crate) fn read(isa: super::simd::Isa, m: usize, dv: usize, (s, ld): (&[f32], usize), r: Read) {
+    check(isa, m, dv, (&[], s, ld), Some(&r), None);
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: as in `read_update`; without an update nothing is written through the state
+    // pointer (the shared slice's pointer cast to `*mut` is only read).
+    unsafe {
+        run(m, dv, (&[], s.as_ptr() as *mut f32, ld), Some(r), None)
+    }
+}
+
+/// `local += Bᵀ X` (and the mass column as `u.mass` says) alone.
+pub(crate) fn update(
+    isa: super::simd::Isa,
+    m: usize,
+    dv: usize,
+    (local, ld): (&mut [f32], usize),
+    u: Update,
+) {
+    read_update(isa, m, dv, (&[], local, ld), None, Some(u))
+}
+
+/// The bounds every entry point asserts.
+fn check(
+    isa: super::simd::Isa,
+    m: usize,
+    dv: usize,
+    (base, local, ld): (&[f32], &[f32], usize),
+    read: Option<&Read>,
+    update: Option<&Update>,
+) {
+    assert!(applies(isa, m), "bank16: needs AVX-512 and at most 16 features");
     assert!(ld > dv && local.len() >= m * ld && (base.is_empty() || base.len() >= m * ld));
-    if let Some(r) = &read {
-        assert!(r.rows <= 16 && r.a.len() >= r.rows * 16);
+    if let Some(r) = read {
+        assert!(r.a.len() >= r.rows * 16);
         assert!(r.rows == 0 || r.d.len() >= (r.rows - 1) * r.ldd + dv);
     }
-    if let Some(u) = &update {
-        assert!(u.rows <= 16 && u.b.len() >= u.rows * 16);
+    if let Some(u) = update {
+        assert!(u.b.len() >= u.rows * 16);
         assert!(u.rows == 0 || u.x.len() >= (u.rows - 1) * u.ldx + dv);
         if let Mass::NegS(s) = u.mass {
             assert!(s.len() >= u.rows);
         }
     }
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: `applies` holds (AVX-512F present); every row read or written is in bounds
-    // (asserted above; rows of `a`, `b` are 16 floats, of the state `ld ≥ dv + 1`).
-    unsafe {
-        if m <= 8 {
-            avx512::<8>(m, dv, (base, local, ld), read, update)
-        } else {
-            avx512::<16>(m, dv, (base, local, ld), read, update)
+}
+
+/// [`avx512`] for `M = 8` or `16`, the rows in groups of at most [`GROUP`] (so that a group's
+/// rows stay in the L1 cache over the column chunks); a group's read comes before its update.
+///
+/// # Safety
+/// As [`avx512`].
+#[cfg(target_arch = "x86_64")]
+unsafe fn run(
+    m: usize,
+    dv: usize,
+    (base, lp, ld): (&[f32], *mut f32, usize),
+    read: Option<Read>,
+    update: Option<Update>,
+) {
+    let rows = match (&read, &update) {
+        (Some(r), _) => r.rows,
+        (None, Some(u)) => u.rows,
+        (None, None) => 0,
+    };
+    assert!(update.as_ref().is_none_or(|u| u.rows == rows), "bank16: read and update rows");
+    // Grouped, a later group's read would see an earlier group's update.
+    assert!(read.is_none() || update.is_none() || rows <= GROUP, "bank16: one group");
+    let (mut read, update) = (read, update);
+    let mut g0 = 0;
+    while g0 < rows || (g0 == 0 && rows == 0) {
+        let g1 = (g0 + GROUP).min(rows);
+        let r = read.as_mut().map(|r| {
+            let from = (g0 * r.ldd).min(r.d.len());
+            Read {
+                a: &r.a[g0 * 16..],
+                rows: g1 - g0,
+                d: &mut r.d[from..],
+                ldd: r.ldd,
+            }
+        });
+        let u = update.as_ref().map(|u| Update {
+            b: &u.b[g0 * 16..],
+            rows: g1 - g0,
+            x: &u.x[(g0 * u.ldx).min(u.x.len())..],
+            ldx: u.ldx,
+            mass: match u.mass {
+                Mass::NegS(s) => Mass::NegS(&s[g0..]),
+                other => other,
+            },
+        });
+        // SAFETY: forwarded; the group's slices are the caller's from row g0.
+        unsafe {
+            if m <= 8 {
+                avx512::<8>(m, dv, (base, lp, ld), r, u)
+            } else {
+                avx512::<16>(m, dv, (base, lp, ld), r, u)
+            }
         }
+        if rows == 0 {
+            break;
+        }
+        g0 = g1;
     }
 }
+
+/// Rows per group in [`run`].
+const GROUP: usize = 16;
 
 /// [`read_update`] with `M ≥ m` register rows (8 or 16), `CH` chunks of 16 columns per step
 /// (two for 8 rows: each broadcast then serves two FMAs, and the update has 16 independent
 /// sums rather than 8, which is what the FMA latency needs to keep both units busy).
 ///
 /// # Safety
-/// The CPU must support AVX-512F; the operands are as [`read_update`] asserts.
+/// The CPU must support AVX-512F; the operands are as [`check`] asserts, `lp` points at the
+/// state's `local` (written only with an update).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn avx512<const M: usize>(
     m: usize,
     dv: usize,
-    state: (&[f32], &mut [f32], usize),
+    (base, lp, ld): (&[f32], *mut f32, usize),
     mut read: Option<Read>,
     update: Option<Update>,
 ) {
-    let (base, local, ld) = state;
-    let lp = local.as_mut_ptr();
     let mut c0 = 0;
     if M == 8 {
         while c0 + 32 <= dv {
@@ -130,7 +229,7 @@ unsafe fn avx512<const M: usize>(
         step::<M, 1>(m, c0, [km], (base, lp, ld), read.as_mut(), update.as_ref());
         c0 += 16;
     }
-    if let Some(u) = &update {
+    if let Some(u) = update.as_ref().filter(|u| !matches!(u.mass, Mass::Skip)) {
         use std::arch::x86_64::*;
         // The mass column: Σ_j ω_j b_j, one 16-lane vector over the features.
         let mut md = _mm512_setzero_ps();
@@ -139,6 +238,7 @@ unsafe fn avx512<const M: usize>(
             md = match u.mass {
                 Mass::Ones => _mm512_add_ps(md, row),
                 Mass::NegS(s) => _mm512_fnmadd_ps(row, _mm512_set1_ps(s[j]), md),
+                Mass::Skip => md,
             };
         }
         let mut lanes = [0.0f32; 16];
@@ -203,6 +303,8 @@ unsafe fn step<const M: usize, const CH: usize>(
             }
             i += nr;
         }
+        // Keep the prefetch and write-behind drips going, as `gemm`'s tiles do.
+        super::mem::drip();
     }
     if let Some(u) = update {
         // Σ_j b_jf x_j from zero, then into local (as gemm's accumulate).
@@ -226,5 +328,6 @@ unsafe fn step<const M: usize, const CH: usize>(
                 _mm512_mask_storeu_ps(p, km[c], sum);
             }
         }
+        super::mem::drip();
     }
 }

@@ -30,6 +30,7 @@
 //! without saved `u` the features are recomputed from Q and K); tested against the f64
 //! reference like every other path.
 
+use super::bank16::{self, Mass, Read, Update};
 use super::features::{FeatureMap, SoftMap};
 use super::forward::Ctx;
 use super::gemm::{gemm, gemm_nt, transpose_into, Strided, Tri};
@@ -792,18 +793,15 @@ pub(crate) fn key_bank(
             u[o..o + rows * blk.lp].copy_from_slice(blk.u(rows));
         }
         ahead.step();
-        gemm_ext(
-            isa,
-            &mut b32,
-            w,
-            m,
-            rows,
-            Strided::transposed(&blk.phi, blk.mp),
-            rows_of(&v, h, a, b),
-            dv,
-            1.0,
-            false,
-        );
+        let vb = rows_of(&v, h, a, b);
+        if bank16::applies(isa, m) {
+            b32.fill(0.0);
+            let u = Update { b: &blk.phi, rows, x: vb, ldx: dv, mass: Mass::Ones };
+            bank16::update(isa, m, dv, (&mut b32, w), u);
+        } else {
+            let pt = Strided::transposed(&blk.phi, blk.mp);
+            gemm_ext(isa, &mut b32, w, m, rows, pt, vb, dv, 1.0, false);
+        }
         ahead.step();
         add_into_f64(isa, &mut b64, &b32);
         a = b;
@@ -887,9 +885,14 @@ pub fn read_into(
                         isa, &blk.phi, mp, m, rows, &am[h], inv_l, &mut sphi, dt, &mut tiny,
                     );
                     ahead.step();
-                    let sp = Strided::rows(&sphi, mp);
                     ob.produce(t0 * dv, rows * dv, |x| {
-                        gemm(isa, x, dv, rows, dv, m, sp, &banks32[h], w, 1.0, false);
+                        if bank16::applies(isa, m) {
+                            let r = Read { a: &sphi, rows, d: &mut *x, ldd: dv };
+                            bank16::read(isa, m, dv, (&banks32[h], w), r);
+                        } else {
+                            let sp = Strided::rows(&sphi, mp);
+                            gemm(isa, x, dv, rows, dv, m, sp, &banks32[h], w, 1.0, false);
+                        }
                         tiny_den_rows(&tiny, &blk.phi, mp, m, &banks32[h], dv, x);
                     });
                     a = b;
@@ -1367,8 +1370,14 @@ pub fn query_grads(
                     );
                     if let Some(mass) = rows16 {
                         ahead.step();
-                        let sp = Strided::transposed(&sphi, 16);
-                        gemm(isa, &mut d32, w, m, dv, rows, sp, gb, dv, 1.0, false);
+                        if bank16::applies(isa, m) {
+                            d32.fill(0.0);
+                            let u = Update { b: &sphi, rows, x: gb, ldx: dv, mass: Mass::Skip };
+                            bank16::update(isa, m, dv, (&mut d32, w), u);
+                        } else {
+                            let sp = Strided::transposed(&sphi, 16);
+                            gemm(isa, &mut d32, w, m, dv, rows, sp, gb, dv, 1.0, false);
+                        }
                         (0..m).for_each(|f| d32[f * w + dv] = mass[f]);
                     } else {
                         let s_rows = RowDots {
@@ -1447,9 +1456,14 @@ pub fn key_grads(
                         add_rows(isa, &mut gphi, mp, rows, &dam[h]);
                         ahead.step();
                         let t0 = a - segs[s].0;
-                        let phi = Strided::rows(&blk.phi, mp);
                         bv.produce(t0 * dv, rows * dv, |x| {
-                            gemm(isa, x, dv, rows, dv, m, phi, db, w, 1.0, false)
+                            if bank16::applies(isa, m) {
+                                let r = Read { a: &blk.phi, rows, d: x, ldd: dv };
+                                bank16::read(isa, m, dv, (db, w), r);
+                            } else {
+                                let phi = Strided::rows(&blk.phi, mp);
+                                gemm(isa, x, dv, rows, dv, m, phi, db, w, 1.0, false)
+                            }
                         });
                         ahead.step();
                         dbeta += blk.backward(map, &gphi, rows);

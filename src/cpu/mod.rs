@@ -22,7 +22,7 @@
 //! (f32-rounded) planes.
 
 pub mod backward;
-pub(crate) mod bank16;
+pub mod bank16;
 pub mod blocked;
 pub mod blocked_causal;
 pub mod decode;
