@@ -6,6 +6,14 @@
 //! with the bandwidth measured at the start of the same run; RACE rows also report the
 //! arithmetic floor `flops / measured FMA peak`. Afterwards: fitted scaling exponents
 //! (least squares of log t on log N) and the crossover N against exact softmax.
+//!
+//! The CPU RACE rows run once untimed first ([`WARMUP_RUNS`]): their output and context
+//! buffers are reused across runs, and the first run is the one that faults their pages in
+//! and sizes the context (at N = 2^20, `(2, 2)`, paired runs 53–77: the first run took
+//! 0.44–0.69 s non-causal and 0.77–0.94 s causal, the later ones 0.37–0.49 and 0.53–0.65 s).
+//! Before the eleventh session there was no warm-up, so the median of three runs was the
+//! slower of the two later ones. The references are not warmed up (one run of
+//! the largest takes about 30 s).
 
 pub mod accuracy;
 pub mod machine;
@@ -139,6 +147,8 @@ pub struct BenchReport {
     /// The seed of the planes and inputs, and beta.
     pub seed: u64,
     pub beta: f64,
+    /// Untimed runs before each CPU RACE row's timed ones ([`WARMUP_RUNS`]).
+    pub warmup_runs: usize,
 }
 
 /// Minimum bytes per token and head (f32) with `lp = L·P` floats per token saved for the
@@ -183,6 +193,9 @@ pub fn loglog_slope(pts: &[(f64, f64)]) -> f64 {
     num / den
 }
 
+/// Untimed runs before a CPU RACE row's timed runs (see the module docs).
+pub const WARMUP_RUNS: usize = 1;
+
 /// Time `f` `runs` times; returns (median, all).
 fn time_runs(runs: usize, mut f: impl FnMut()) -> (f64, Vec<f64>) {
     let mut ts: Vec<f64> = (0..runs.max(1))
@@ -194,6 +207,12 @@ fn time_runs(runs: usize, mut f: impl FnMut()) -> (f64, Vec<f64>) {
         .collect();
     let all = ts.clone();
     (median(&mut ts), all)
+}
+
+/// [`time_runs`] after [`WARMUP_RUNS`] untimed calls of `f`.
+fn time_runs_warm(runs: usize, mut f: impl FnMut()) -> (f64, Vec<f64>) {
+    (0..WARMUP_RUNS).for_each(|_| f());
+    time_runs(runs, f)
 }
 
 /// Run the benchmark.
@@ -298,7 +317,7 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
             // The context's buffers (denominators, saved `u`) are recycled the same way.
             let mut reuse = cpu::Ctx::default();
             let (secs, all) = match cfg.device {
-                Device::Cpu => time_runs(cfg.runs, || {
+                Device::Cpu => time_runs_warm(cfg.runs, || {
                     let (_, ctx) = soft_forward_into(
                         &map,
                         qh,
@@ -497,6 +516,7 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
         out_dir: None,
         seed: cfg.seed,
         beta: cfg.beta,
+        warmup_runs: WARMUP_RUNS,
     };
     if let Some(dir) = &cfg.out {
         write_outputs(dir, &report, cfg)?;
