@@ -79,7 +79,14 @@ pub(crate) fn read_update(
     read: Option<Read>,
     update: Option<Update>,
 ) {
-    check(isa, m, dv, (base, local, ld), read.as_ref(), update.as_ref());
+    check(
+        isa,
+        m,
+        dv,
+        (base, local, ld),
+        read.as_ref(),
+        update.as_ref(),
+    );
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `applies` holds (AVX-512F present); every row read or written is in bounds
     // (checked; rows of `a`, `b` are 16 floats, of the state `ld ≥ dv + 1`).
@@ -120,7 +127,10 @@ fn check(
     read: Option<&Read>,
     update: Option<&Update>,
 ) {
-    assert!(applies(isa, m), "bank16: needs AVX-512 and at most 16 features");
+    assert!(
+        applies(isa, m),
+        "bank16: needs AVX-512 and at most 16 features"
+    );
     assert!(ld > dv && local.len() >= m * ld && (base.is_empty() || base.len() >= m * ld));
     if let Some(r) = read {
         assert!(r.a.len() >= r.rows * 16);
@@ -153,9 +163,15 @@ unsafe fn run(
         (None, Some(u)) => u.rows,
         (None, None) => 0,
     };
-    assert!(update.as_ref().is_none_or(|u| u.rows == rows), "bank16: read and update rows");
+    assert!(
+        update.as_ref().is_none_or(|u| u.rows == rows),
+        "bank16: read and update rows"
+    );
     // Grouped, a later group's read would see an earlier group's update.
-    assert!(read.is_none() || update.is_none() || rows <= GROUP, "bank16: one group");
+    assert!(
+        read.is_none() || update.is_none() || rows <= GROUP,
+        "bank16: one group"
+    );
     let (mut read, update) = (read, update);
     let mut g0 = 0;
     while g0 < rows || (g0 == 0 && rows == 0) {
@@ -216,7 +232,14 @@ unsafe fn avx512<const M: usize>(
     let mut c0 = 0;
     if M == 8 {
         while c0 + 32 <= dv {
-            step::<M, 2>(m, c0, [0xffff; 2], (base, lp, ld), read.as_mut(), update.as_ref());
+            step::<M, 2>(
+                m,
+                c0,
+                [0xffff; 2],
+                (base, lp, ld),
+                read.as_mut(),
+                update.as_ref(),
+            );
             c0 += 32;
         }
     }
@@ -329,5 +352,165 @@ unsafe fn step<const M: usize, const CH: usize>(
             }
         }
         super::mem::drip();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::simd::{best_supported, Isa};
+
+    /// A small deterministic generator (tests only).
+    fn values(seed: u64, n: usize) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+            })
+            .collect()
+    }
+
+    /// Feature rows of 16 floats with zeros past `m`, as the kernels' feature buffers are.
+    fn rows16(seed: u64, rows: usize, m: usize) -> Vec<f32> {
+        let mut x = values(seed, rows * 16);
+        x.chunks_exact_mut(16).for_each(|r| r[m..].fill(0.0));
+        x
+    }
+
+    /// `read_update`, `read` and `update` against the definitions in f64, for every bank
+    /// width 1..=16, column counts with and without a partial chunk, row counts from 0 to
+    /// more than one group, with and without the base part, and each mass weighting; the
+    /// state's columns past `dv + 1` and the output's past `dv` must stay untouched.
+    #[test]
+    fn bank16_matches_its_definition() {
+        if best_supported() != Isa::Avx512 {
+            eprintln!("skipped: no AVX-512 (bank16 runs only there)");
+            return;
+        }
+        let isa = Isa::Avx512;
+        for m in 1..=16 {
+            for dv in [1, 5, 16, 33, 128] {
+                for rows in [0, 1, 7, 16, 40] {
+                    for (case, two) in [(0u64, false), (1, true)] {
+                        let seed = (m * 1000 + dv * 10 + rows) as u64 * 4 + case;
+                        let ld = dv + 3;
+                        let base = if two { values(seed, m * ld) } else { vec![] };
+                        let local0 = values(seed + 1, m * ld);
+                        let (a, b) = (rows16(seed + 2, rows, m), rows16(seed + 3, rows, m));
+                        let (ldx, ldd) = (dv + 2, dv + 1);
+                        let x = values(seed + 4, rows * ldx);
+                        let s = values(seed + 5, rows);
+                        let s_at = |f: usize, c: usize| {
+                            local0[f * ld + c] as f64
+                                + base.get(f * ld + c).map_or(0.0, |&v| v as f64)
+                        };
+                        let want_d = |i: usize, c: usize| {
+                            (0..m)
+                                .map(|f| a[i * 16 + f] as f64 * s_at(f, c))
+                                .sum::<f64>()
+                        };
+                        let check_d = |d: &[f32], what: &str| {
+                            for i in 0..rows {
+                                for c in 0..ldd {
+                                    let got = d[i * ldd + c];
+                                    if c < dv {
+                                        let want = want_d(i, c);
+                                        let tol = 1e-5 * (1.0 + want.abs());
+                                        assert!((got as f64 - want).abs() <= tol, "{what} m={m} dv={dv} rows={rows} two={two} D[{i}][{c}] = {got}, want {want}");
+                                    } else {
+                                        assert!(got.is_nan(), "{what}: wrote past dv");
+                                    }
+                                }
+                            }
+                        };
+                        for (mi, mass) in [Mass::Ones, Mass::NegS(&s), Mass::Skip]
+                            .into_iter()
+                            .enumerate()
+                        {
+                            let weight = |j: usize| match mi {
+                                0 => 1.0,
+                                1 => -(s[j] as f64),
+                                _ => 0.0,
+                            };
+                            let check_local = |local: &[f32], what: &str| {
+                                for f in 0..m {
+                                    for c in 0..ld {
+                                        let got = local[f * ld + c] as f64;
+                                        let delta: f64 = if c < dv {
+                                            (0..rows)
+                                                .map(|j| {
+                                                    b[j * 16 + f] as f64 * x[j * ldx + c] as f64
+                                                })
+                                                .sum()
+                                        } else if c == dv {
+                                            (0..rows)
+                                                .map(|j| b[j * 16 + f] as f64 * weight(j))
+                                                .sum()
+                                        } else {
+                                            0.0
+                                        };
+                                        let want = local0[f * ld + c] as f64 + delta;
+                                        let tol = 1e-5 * (1.0 + want.abs());
+                                        assert!((got - want).abs() <= tol, "{what} m={m} dv={dv} rows={rows} mass={mi} local[{f}][{c}] = {got}, want {want}");
+                                    }
+                                }
+                            };
+                            // Update alone (any number of rows).
+                            let mut local = local0.clone();
+                            let u = Update {
+                                b: &b,
+                                rows,
+                                x: &x,
+                                ldx,
+                                mass,
+                            };
+                            update(isa, m, dv, (&mut local, ld), u);
+                            check_local(&local, "update");
+                            // Read and update in one pass (one group of rows at most).
+                            if rows <= GROUP {
+                                let mut local = local0.clone();
+                                let mut d = vec![f32::NAN; rows * ldd];
+                                let r = Read {
+                                    a: &a,
+                                    rows,
+                                    d: &mut d,
+                                    ldd,
+                                };
+                                let u = Update {
+                                    b: &b,
+                                    rows,
+                                    x: &x,
+                                    ldx,
+                                    mass,
+                                };
+                                read_update(isa, m, dv, (&base, &mut local, ld), Some(r), Some(u));
+                                check_d(&d, "read_update");
+                                check_local(&local, "read_update");
+                            }
+                        }
+                        // Read alone, of a state without a base part.
+                        if !two {
+                            let mut d = vec![f32::NAN; rows * ldd];
+                            read(
+                                isa,
+                                m,
+                                dv,
+                                (&local0, ld),
+                                Read {
+                                    a: &a,
+                                    rows,
+                                    d: &mut d,
+                                    ldd,
+                                },
+                            );
+                            check_d(&d, "read");
+                        }
+                    }
+                }
+            }
+        }
     }
 }

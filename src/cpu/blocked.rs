@@ -796,7 +796,13 @@ pub(crate) fn key_bank(
         let vb = rows_of(&v, h, a, b);
         if bank16::applies(isa, m) {
             b32.fill(0.0);
-            let u = Update { b: &blk.phi, rows, x: vb, ldx: dv, mass: Mass::Ones };
+            let u = Update {
+                b: &blk.phi,
+                rows,
+                x: vb,
+                ldx: dv,
+                mass: Mass::Ones,
+            };
             bank16::update(isa, m, dv, (&mut b32, w), u);
         } else {
             let pt = Strided::transposed(&blk.phi, blk.mp);
@@ -887,7 +893,12 @@ pub fn read_into(
                     ahead.step();
                     ob.produce(t0 * dv, rows * dv, |x| {
                         if bank16::applies(isa, m) {
-                            let r = Read { a: &sphi, rows, d: &mut *x, ldd: dv };
+                            let r = Read {
+                                a: &sphi,
+                                rows,
+                                d: &mut *x,
+                                ldd: dv,
+                            };
                             bank16::read(isa, m, dv, (&banks32[h], w), r);
                         } else {
                             let sp = Strided::rows(&sphi, mp);
@@ -1372,7 +1383,13 @@ pub fn query_grads(
                         ahead.step();
                         if bank16::applies(isa, m) {
                             d32.fill(0.0);
-                            let u = Update { b: &sphi, rows, x: gb, ldx: dv, mass: Mass::Skip };
+                            let u = Update {
+                                b: &sphi,
+                                rows,
+                                x: gb,
+                                ldx: dv,
+                                mass: Mass::Skip,
+                            };
                             bank16::update(isa, m, dv, (&mut d32, w), u);
                         } else {
                             let sp = Strided::transposed(&sphi, 16);
@@ -1458,7 +1475,12 @@ pub fn key_grads(
                         let t0 = a - segs[s].0;
                         bv.produce(t0 * dv, rows * dv, |x| {
                             if bank16::applies(isa, m) {
-                                let r = Read { a: &blk.phi, rows, d: x, ldd: dv };
+                                let r = Read {
+                                    a: &blk.phi,
+                                    rows,
+                                    d: x,
+                                    ldd: dv,
+                                };
                                 bank16::read(isa, m, dv, (db, w), r);
                             } else {
                                 let phi = Strided::rows(&blk.phi, mp);

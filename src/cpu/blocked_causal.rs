@@ -168,7 +168,13 @@ impl TwoLevel {
         let (m, w) = (self.bank.m, self.bank.w);
         if self.fused() {
             let (b, mass) = (phi, Mass::Ones);
-            let update = Update { b, rows, x, ldx: dv, mass };
+            let update = Update {
+                b,
+                rows,
+                x,
+                ldx: dv,
+                mass,
+            };
             return self.read_update(dv, None, Some(update));
         }
         let pt = Strided::transposed(phi, mp);
@@ -605,7 +611,11 @@ fn lower_gram(
     feature_gram(isa, att, (x, y, (yt, ldt), mp), m, rows, true);
     mask(isa, att, rows, true, Scale::None);
     for i in 0..rows {
-        let bank: f32 = x[i * mp..i * mp + m].iter().zip(a).map(|(p, q)| p * q).sum();
+        let bank: f32 = x[i * mp..i * mp + m]
+            .iter()
+            .zip(a)
+            .map(|(p, q)| p * q)
+            .sum();
         den[i * ldd] = bank + att[i * TC..i * TC + i + 1].iter().sum::<f32>();
     }
 }
@@ -927,9 +937,20 @@ pub fn forward_into(
                         st.masses(dv, &mut sc.mass);
                         let fused = st.fused();
                         if fused {
-                            let read = Read { a: pq, rows: r2, d: &mut sc.acc, ldd: w };
+                            let read = Read {
+                                a: pq,
+                                rows: r2,
+                                d: &mut sc.acc,
+                                ldd: w,
+                            };
                             let (b, x, mass) = (pk, vb, Mass::Ones);
-                            let update = Update { b, rows: r2, x, ldx: dv, mass };
+                            let update = Update {
+                                b,
+                                rows: r2,
+                                x,
+                                ldx: dv,
+                                mass,
+                            };
                             st.read_update(dv, Some(read), Some(update));
                         } else {
                             st.product(&mut sc.acc, r2, dv, pq, mp, w);
@@ -997,9 +1018,20 @@ fn key_values(
         let src = &pq[j * mp..j * mp + 16];
         row.iter_mut().zip(src).for_each(|(y, &p)| *y = f.c[j] * p);
     }
-    let read = Read { a: pk, rows, d: &mut *x, ldd: dv };
+    let read = Read {
+        a: pk,
+        rows,
+        d: &mut *x,
+        ldd: dv,
+    };
     let (mass, g) = (Mass::NegS(f.s), f.g);
-    let update = Update { b: &b, rows, x: g, ldx: dv, mass };
+    let update = Update {
+        b: &b,
+        rows,
+        x: g,
+        ldx: dv,
+        mass,
+    };
     sk.read_update(dv, Some(read), Some(update));
     tri_gemm(isa, x, dv, rows, dv, tri, g, dv, 1.0, false);
 }
