@@ -347,8 +347,10 @@ impl Scratch {
     /// into `gphi` and `s_i` into `s`. From `g_i·S_f`, `g_i·v_j` and `φ(q_i)·φ(k_j)`,
     /// `ô_i = (Φ_Q S + tril(Φ_Q Φ_Kᵀ) X̂)_i / Den_i` gives
     /// `s_i = c_i (Σ_f φ_if (g_i·S_f) + Σ_{j≤i} (φ_i·φ_j)(g_i·v_j))`. The scaled `tril(Ĝ X̂ᵀ)`
-    /// and `Φ_Q Φ_Kᵀ` (lower triangle) are left in `att` and `qk`, or with `keep = Some(j)`
-    /// in slot `j` of `attb` and `qkb`.
+    /// and `c ⊙ tril(Φ_Q Φ_Kᵀ)` (zeros above the diagonal) are left in `att` and `qk`, or
+    /// with `keep = Some(j)` in slot `j` of `attb` and `qkb`, for the keys' half. With
+    /// AVX-512 and at most 16 features the steps after `g·S` and `G Vᵀ` are one row pass
+    /// ([`query_intra16`]).
     fn query_sub_block(
         &mut self,
         isa: Isa,
