@@ -118,6 +118,19 @@ pub(crate) fn update(
     read_update(isa, m, dv, (&[], local, ld), None, Some(u))
 }
 
+/// `local = Bᵀ X` (and the mass column as `u.mass` says; [`Mass::Skip`] leaves it to the
+/// caller): [`update`] of a zeroed state, for banks built one block at a time.
+pub(crate) fn assign(
+    isa: super::simd::Isa,
+    m: usize,
+    dv: usize,
+    (local, ld): (&mut [f32], usize),
+    u: Update,
+) {
+    local.fill(0.0);
+    update(isa, m, dv, (local, ld), u)
+}
+
 /// The bounds every entry point asserts.
 fn check(
     isa: super::simd::Isa,
@@ -173,8 +186,9 @@ unsafe fn run(
         "bank16: one group"
     );
     let (mut read, update) = (read, update);
+    // At least one group, so that an update of no rows still adds its (zero) masses.
     let mut g0 = 0;
-    while g0 < rows || (g0 == 0 && rows == 0) {
+    loop {
         let g1 = (g0 + GROUP).min(rows);
         let r = read.as_mut().map(|r| {
             let from = (g0 * r.ldd).min(r.d.len());
@@ -203,10 +217,10 @@ unsafe fn run(
                 avx512::<16>(m, dv, (base, lp, ld), r, u)
             }
         }
-        if rows == 0 {
+        g0 = g1;
+        if g0 >= rows {
             break;
         }
-        g0 = g1;
     }
 }
 
@@ -460,14 +474,14 @@ mod tests {
                             };
                             // Update alone (any number of rows).
                             let mut local = local0.clone();
-                            let u = Update {
+                            let upd = || Update {
                                 b: &b,
                                 rows,
                                 x: &x,
                                 ldx,
                                 mass,
                             };
-                            update(isa, m, dv, (&mut local, ld), u);
+                            update(isa, m, dv, (&mut local, ld), upd());
                             check_local(&local, "update");
                             // Read and update in one pass (one group of rows at most).
                             if rows <= GROUP {
@@ -479,14 +493,8 @@ mod tests {
                                     d: &mut d,
                                     ldd,
                                 };
-                                let u = Update {
-                                    b: &b,
-                                    rows,
-                                    x: &x,
-                                    ldx,
-                                    mass,
-                                };
-                                read_update(isa, m, dv, (&base, &mut local, ld), Some(r), Some(u));
+                                let u = Some(upd());
+                                read_update(isa, m, dv, (&base, &mut local, ld), Some(r), u);
                                 check_d(&d, "read_update");
                                 check_local(&local, "read_update");
                             }

@@ -59,6 +59,13 @@ pub(crate) fn pad16(x: usize) -> usize {
     x.next_multiple_of(16)
 }
 
+/// `a` (at most 16 floats) zero-padded to one 16-lane row, as the AVX-512 row passes load it.
+pub(crate) fn lanes16(a: &[f32]) -> [f32; 16] {
+    let mut out = [0.0f32; 16];
+    out[..a.len()].copy_from_slice(a);
+    out
+}
+
 /// `u = tanh(z)` (in place; with `TANH = false`, `z` already holds `u`), `on = σ(2·beta·u)`,
 /// `off = σ(−2·beta·u)` over a whole block, in the dispatched SIMD frame (the loop is
 /// branch-free and vectorises).
@@ -795,7 +802,6 @@ pub(crate) fn key_bank(
         ahead.step();
         let vb = rows_of(&v, h, a, b);
         if bank16::applies(isa, m) {
-            b32.fill(0.0);
             let u = Update {
                 b: &blk.phi,
                 rows,
@@ -803,7 +809,7 @@ pub(crate) fn key_bank(
                 ldx: dv,
                 mass: Mass::Ones,
             };
-            bank16::update(isa, m, dv, (&mut b32, w), u);
+            bank16::assign(isa, m, dv, (&mut b32, w), u);
         } else {
             let pt = Strided::transposed(&blk.phi, blk.mp);
             gemm_ext(isa, &mut b32, w, m, rows, pt, vb, dv, 1.0, false);
@@ -939,8 +945,7 @@ pub(crate) fn scaled_features(
 ) -> usize {
     #[cfg(target_arch = "x86_64")]
     if mp == 16 && isa == Isa::Avx512 {
-        let mut a16 = [0.0f32; 16];
-        a16[..m].copy_from_slice(&a[..m]);
+        let a16 = lanes16(&a[..m]);
         assert!(phi.len() >= rows * 16 && sphi.len() >= rows * 16 && den.len() >= rows);
         // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F; the rows read and
         // written are in bounds (asserted).
@@ -1271,8 +1276,7 @@ fn query_rows16(
     if isa == Isa::Avx512 && mp == 16 {
         assert!(phi.len() >= rows * 16 && gphi.len() >= rows * 16 && sphi.len() >= rows * 16);
         assert!(c.len() >= rows && s.len() >= rows && a.len() <= 16);
-        let mut a16 = [0.0f32; 16];
-        a16[..a.len()].copy_from_slice(a);
+        let a16 = lanes16(a);
         // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F; the rows are in
         // bounds (asserted).
         return Some(unsafe { query_rows16_avx512((phi, gphi, sphi), rows, (c, s), &a16) });
@@ -1382,7 +1386,6 @@ pub fn query_grads(
                     if let Some(mass) = rows16 {
                         ahead.step();
                         if bank16::applies(isa, m) {
-                            d32.fill(0.0);
                             let u = Update {
                                 b: &sphi,
                                 rows,
@@ -1390,7 +1393,7 @@ pub fn query_grads(
                                 ldx: dv,
                                 mass: Mass::Skip,
                             };
-                            bank16::update(isa, m, dv, (&mut d32, w), u);
+                            bank16::assign(isa, m, dv, (&mut d32, w), u);
                         } else {
                             let sp = Strided::transposed(&sphi, 16);
                             gemm(isa, &mut d32, w, m, dv, rows, sp, gb, dv, 1.0, false);

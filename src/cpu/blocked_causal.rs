@@ -51,8 +51,8 @@
 
 use super::bank16::{self, Mass, Read, Update};
 use super::blocked::{
-    add_rows, gemm_ext, inv_den, key_bank, normalise, pad16, rows_of, saved_pieces, saved_rows,
-    Block, GFactors, T,
+    add_rows, gemm_ext, inv_den, key_bank, lanes16, normalise, pad16, rows_of, saved_pieces,
+    saved_rows, Block, GFactors, T,
 };
 use super::features::{FeatureMap, SoftMap};
 use super::forward::{exclusive_scan, Ctx};
@@ -424,8 +424,7 @@ fn query_intra16(
         assert!(gphi.len() >= rows * 16 && att.len() >= rows * TC && qk.len() >= rows * TC);
         assert!(c.len() >= rows && s.len() >= rows && a.len() == m);
         assert!(m == 0 || pkt.len() >= (m - 1) * tp + rows);
-        let mut a16 = [0.0f32; 16];
-        a16[..m].copy_from_slice(a);
+        let a16 = lanes16(a);
         // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F; every row read or
         // written is in bounds (asserted).
         unsafe {
@@ -603,8 +602,7 @@ fn lower_gram(
         assert!(rows <= TC && x.len() >= rows * 16 && att.len() >= rows * TC);
         assert!(m == 0 || yt.len() >= (m - 1) * ldt + rows);
         assert!(rows == 0 || den.len() > (rows - 1) * ldd);
-        let mut a16 = [0.0f32; 16];
-        a16[..m].copy_from_slice(a);
+        let a16 = lanes16(a);
         // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F; every row read or
         // written is in bounds (asserted).
         unsafe { lower_gram16_avx512(x, (yt, ldt), m, rows, att, (den, ldd), &a16) };
@@ -675,8 +673,7 @@ fn key_intra(
     if isa == Isa::Avx512 && mp == 16 && a.len() <= 16 {
         assert!(rows <= TC && gphi.len() >= rows * 16 && pq.len() >= rows * 16);
         assert!(att.len() >= rows * TC);
-        let mut a16 = [0.0f32; 16];
-        a16[..a.len()].copy_from_slice(a);
+        let a16 = lanes16(a);
         // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F; every row read or
         // written is in bounds (asserted).
         unsafe { key_intra16_avx512(gphi, rows, att, pq, &a16) };
