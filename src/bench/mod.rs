@@ -14,6 +14,15 @@
 //! Before the eleventh session there was no warm-up, so the median of three runs was the
 //! slower of the two later ones. The references are not warmed up (one run of
 //! the largest takes about 30 s).
+//!
+//! With `causal_ratio` (`racelab bench --causal-ratio`) each `(P, L)` is timed causal and
+//! non-causal in one pass, their runs alternated (non-causal, causal, non-causal, …) after
+//! one warm-up of each, and the report adds [`CausalRatio`]: the ratio of the two medians and
+//! the ratio within each adjacent pair. This machine's memory state drifts over minutes
+//! (the probes read 47–73 GB/s in one run; in the paired runs 54–89 the non-causal `(2, 2)`
+//! row took 0.37–0.49 s), so two rows timed a minute apart, as two separate invocations
+//! are, can compare a fast state with a slow one; alternated runs a second apart see the
+//! same state.
 
 pub mod accuracy;
 pub mod machine;
@@ -66,6 +75,9 @@ pub struct BenchConfig {
     pub runs: usize,
     /// Stop timing a reference once its next run is predicted to exceed this many seconds.
     pub ref_budget_s: f64,
+    /// Time every `(P, L)` causal and non-causal, runs alternated, and report their ratio
+    /// ([`CausalRatio`]); excludes `causal` and `reference`.
+    pub causal_ratio: bool,
     pub out: Option<PathBuf>,
 }
 
@@ -84,6 +96,7 @@ impl Default for BenchConfig {
             seed: 0,
             runs: 3,
             ref_budget_s: 30.0,
+            causal_ratio: false,
             out: None,
         }
     }
@@ -128,6 +141,19 @@ pub struct Crossover {
     pub note: String,
 }
 
+/// Causal against non-causal time of one `(P, L)` and N, from alternated runs
+/// ([`BenchConfig::causal_ratio`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct CausalRatio {
+    pub n: usize,
+    pub p: usize,
+    pub l: usize,
+    /// The causal row's median seconds over the non-causal row's.
+    pub ratio_of_medians: f64,
+    /// Run `i` causal over run `i` non-causal (timed one after the other).
+    pub pair_ratios: Vec<f64>,
+}
+
 /// The whole run.
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchReport {
@@ -141,6 +167,8 @@ pub struct BenchReport {
     pub rows: Vec<BenchRow>,
     pub fits: Vec<Fit>,
     pub crossovers: Vec<Crossover>,
+    /// With [`BenchConfig::causal_ratio`]: one entry per `(P, L)` and N.
+    pub causal_ratios: Vec<CausalRatio>,
     pub skipped: Vec<String>,
     pub provenance: Provenance,
     pub out_dir: Option<String>,
@@ -215,6 +243,37 @@ fn time_runs_warm(runs: usize, mut f: impl FnMut()) -> (f64, Vec<f64>) {
     time_runs(runs, f)
 }
 
+/// `f(false)` and `f(true)` timed alternately `runs` times each, after [`WARMUP_RUNS`] untimed
+/// calls of both; returns (median, all) for `false`, then for `true`.
+type Timed = (f64, Vec<f64>);
+fn time_alternated(runs: usize, mut f: impl FnMut(bool)) -> (Timed, Timed) {
+    for _ in 0..WARMUP_RUNS {
+        f(false);
+        f(true);
+    }
+    let mut ts = [Vec::new(), Vec::new()];
+    for _ in 0..runs.max(1) {
+        for (which, t) in ts.iter_mut().enumerate() {
+            let t0 = Instant::now();
+            f(which == 1);
+            t.push(t0.elapsed().as_secs_f64());
+        }
+    }
+    let [a, b] = ts;
+    let (ma, mb) = (median(&mut a.clone()), median(&mut b.clone()));
+    ((ma, a), (mb, b))
+}
+
+/// The series a row belongs to in the fits, the crossovers and the plot: `race (P,L)` (with
+/// ` causal` for the causal rows of a `causal_ratio` run) or the reference's name.
+fn series_name(r: &BenchRow, causal_ratio: bool) -> String {
+    match (r.p, r.l) {
+        (Some(p), Some(l)) if causal_ratio && r.causal => format!("race ({p},{l}) causal"),
+        (Some(p), Some(l)) => format!("race ({p},{l})"),
+        _ => r.method.clone(),
+    }
+}
+
 /// Run the benchmark.
 pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
     if cfg.ns.is_empty() || cfg.pl.is_empty() {
@@ -230,6 +289,18 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
         crate::params::validate_pl(p, l)?;
     }
     crate::params::validate_beta(cfg.beta)?;
+    if cfg.causal_ratio && cfg.causal {
+        return Err(RaceError::param(
+            "causal",
+            "--causal-ratio times causal and non-causal rows itself; drop --causal",
+        ));
+    }
+    if cfg.causal_ratio && cfg.reference {
+        return Err(RaceError::param(
+            "reference",
+            "--causal-ratio times the RACE kernels only; time the references in a separate run",
+        ));
+    }
     // GPU rows are floored against the GPU's own measured copy bandwidth and FMA rate.
     let gpu = if cfg.device == Device::Cuda {
         crate::cuda::ensure_device()?;
@@ -246,6 +317,7 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
     let bw = bw_start;
     let (h, d, dv) = (cfg.heads, cfg.d, cfg.d);
     let mut rows = Vec::new();
+    let mut causal_ratios = Vec::new();
     let mut skipped = Vec::new();
     let mut ref_alive = [cfg.reference, cfg.reference];
     let mut ref_last: [Option<(usize, f64)>; 2] = [None, None];
@@ -257,11 +329,18 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
         } else {
             2 * d + 2 * dv + 1
         }) as u64;
-        // Plus what the forward keeps for the backward, for the largest (P, L).
+        // Plus what the forward keeps for the backward, for the largest (P, L) (both
+        // contexts with `causal_ratio`: they are alive together).
         let saved = cfg
             .pl
             .iter()
-            .map(|&(p, l)| cpu::Ctx::floats_per_token(l, p, dv, cfg.causal))
+            .map(|&(p, l)| {
+                let ctx = |c| cpu::Ctx::floats_per_token(l, p, dv, c);
+                match cfg.causal_ratio {
+                    true => ctx(false) + ctx(true),
+                    false => ctx(cfg.causal),
+                }
+            })
             .fold(0.0, f64::max);
         let need = (4.0 * (floats as f64 + saved) * (n * h) as f64) as u64;
         // 90%: the estimate is the measured peak (the paper shape at N = 2^20, causal (4,4):
@@ -314,48 +393,63 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
                 let z = || cpu::mem::ABuf::zeroed(0);
                 (z(), z(), z())
             };
-            // The context's buffers (denominators, saved `u`) are recycled the same way.
-            let mut reuse = cpu::Ctx::default();
-            let (secs, all) = match cfg.device {
-                Device::Cpu => time_runs_warm(cfg.runs, || {
-                    let (_, ctx) = soft_forward_into(
+            // The context's buffers (denominators, saved `u`) are recycled the same way, one
+            // context per mode.
+            let mut reuse = [cpu::Ctx::default(), cpu::Ctx::default()];
+            let mut once = |causal: bool| {
+                let slot = &mut reuse[causal as usize];
+                let (_, ctx) =
+                    soft_forward_into(&map, qh, kh, vh, causal, isa, &mut o, std::mem::take(slot));
+                if cfg.backward {
+                    let db = soft_grads_into(
                         &map,
+                        &ctx,
                         qh,
                         kh,
                         vh,
-                        cfg.causal,
+                        Heads::new(h, n, dv, &o),
+                        Heads::new(h, n, dv, &g),
                         isa,
-                        &mut o,
-                        std::mem::take(&mut reuse),
+                        &mut dq,
+                        &mut dk,
+                        &mut dvb,
                     );
-                    if cfg.backward {
-                        let db = soft_grads_into(
-                            &map,
-                            &ctx,
+                    std::hint::black_box(db);
+                }
+                *slot = ctx;
+            };
+            let modes = if cfg.causal_ratio {
+                vec![false, true]
+            } else {
+                vec![cfg.causal]
+            };
+            let timed: Vec<(bool, Timed)> = match (cfg.device, cfg.causal_ratio) {
+                (Device::Cpu, false) => {
+                    vec![(cfg.causal, time_runs_warm(cfg.runs, || once(cfg.causal)))]
+                }
+                (Device::Cpu, true) => {
+                    let (nc, c) = time_alternated(cfg.runs, &mut once);
+                    vec![(false, nc), (true, c)]
+                }
+                // The GPU's times do not drift with the host's memory state: one mode after
+                // the other.
+                (Device::Cuda, _) => modes
+                    .iter()
+                    .map(|&causal| {
+                        let gr = if cfg.backward { Some(&g[..]) } else { None };
+                        let t = crate::cuda::time_soft(
+                            &planes,
+                            cfg.beta as f32,
                             qh,
                             kh,
                             vh,
-                            Heads::new(h, n, dv, &o),
-                            Heads::new(h, n, dv, &g),
-                            isa,
-                            &mut dq,
-                            &mut dk,
-                            &mut dvb,
-                        );
-                        std::hint::black_box(db);
-                    }
-                    reuse = ctx;
-                }),
-                Device::Cuda => crate::cuda::time_soft(
-                    &planes,
-                    cfg.beta as f32,
-                    qh,
-                    kh,
-                    vh,
-                    if cfg.backward { Some(&g) } else { None },
-                    cfg.causal,
-                    cfg.runs,
-                )?,
+                            gr,
+                            causal,
+                            cfg.runs,
+                        )?;
+                        Ok((causal, t))
+                    })
+                    .collect::<Result<_>>()?,
             };
             let flops = race_flops_per_token(p, l, d, dv, cfg.backward) * (n * h) as f64;
             let (row_bw, row_peak) = match &gpu {
@@ -363,26 +457,37 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
                 None => (bw, peak),
             };
             let floor = bytes / (row_bw * 1e9);
-            rows.push(BenchRow {
-                method: "race".into(),
-                device: cfg.device,
-                n,
-                p: Some(p),
-                l: Some(l),
-                heads: h,
-                d,
-                causal: cfg.causal,
-                backward: cfg.backward,
-                seconds: secs,
-                tokens_per_s: n as f64 / secs,
-                peak_rss_bytes: peak_rss_bytes(),
-                bytes_moved: bytes,
-                floor_seconds: floor,
-                ratio_to_floor: secs / floor,
-                flops: Some(flops),
-                flop_floor_seconds: Some(flops / (row_peak * 1e9)),
-                runs: all,
-            });
+            if let [(false, (nc, nc_all)), (true, (c, c_all))] = &timed[..] {
+                causal_ratios.push(CausalRatio {
+                    n,
+                    p,
+                    l,
+                    ratio_of_medians: c / nc,
+                    pair_ratios: c_all.iter().zip(nc_all).map(|(c, nc)| c / nc).collect(),
+                });
+            }
+            for (causal, (secs, all)) in timed {
+                rows.push(BenchRow {
+                    method: "race".into(),
+                    device: cfg.device,
+                    n,
+                    p: Some(p),
+                    l: Some(l),
+                    heads: h,
+                    d,
+                    causal,
+                    backward: cfg.backward,
+                    seconds: secs,
+                    tokens_per_s: n as f64 / secs,
+                    peak_rss_bytes: peak_rss_bytes(),
+                    bytes_moved: bytes,
+                    floor_seconds: floor,
+                    ratio_to_floor: secs / floor,
+                    flops: Some(flops),
+                    flop_floor_seconds: Some(flops / (row_peak * 1e9)),
+                    runs: all,
+                });
+            }
         }
         for (ri, name) in ["softmax", "angular"].iter().enumerate() {
             if !ref_alive[ri] {
@@ -444,10 +549,7 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
             });
         }
     }
-    let series_name = |r: &BenchRow| match (r.p, r.l) {
-        (Some(p), Some(l)) => format!("race ({p},{l})"),
-        _ => r.method.clone(),
-    };
+    let series_name = |r: &BenchRow| series_name(r, cfg.causal_ratio);
     let mut names: Vec<String> = rows.iter().map(series_name).collect();
     names.dedup();
     names.sort();
@@ -469,9 +571,11 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
             })
         })
         .collect();
+    // Only against a timed softmax reference (without one there is nothing to cross).
+    let softmax_timed = rows.iter().any(|x| x.method == "softmax");
     let crossovers: Vec<Crossover> = names
         .iter()
-        .filter(|s| s.starts_with("race"))
+        .filter(|s| softmax_timed && s.starts_with("race"))
         .map(|s| {
             let hit = rows.iter().filter(|r| &series_name(r) == s).find(|r| {
                 rows.iter()
@@ -511,6 +615,7 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
         rows,
         fits,
         crossovers,
+        causal_ratios,
         skipped,
         provenance: Provenance::collect(),
         out_dir: None,
@@ -563,14 +668,8 @@ fn write_outputs(dir: &std::path::Path, rep: &BenchReport, cfg: &BenchConfig) ->
         format!("{}\n{}\n", cmd.join(" "), rep.provenance.line()),
     )
     .map_err(|e| RaceError::io(&p, e))?;
-    let mut names: Vec<String> = rep
-        .rows
-        .iter()
-        .map(|r| match (r.p, r.l) {
-            (Some(p), Some(l)) => format!("race ({p},{l})"),
-            _ => r.method.clone(),
-        })
-        .collect();
+    let name = |r: &BenchRow| series_name(r, cfg.causal_ratio);
+    let mut names: Vec<String> = rep.rows.iter().map(name).collect();
     names.sort();
     names.dedup();
     let mut series: Vec<Series> = names
@@ -579,10 +678,7 @@ fn write_outputs(dir: &std::path::Path, rep: &BenchReport, cfg: &BenchConfig) ->
             let pts = rep
                 .rows
                 .iter()
-                .filter(|r| match (r.p, r.l) {
-                    (Some(p), Some(l)) => &format!("race ({p},{l})") == s,
-                    _ => &r.method == s,
-                })
+                .filter(|r| &name(r) == s)
                 .map(|r| (r.n as f64, r.seconds))
                 .collect();
             Series::new(s.clone(), pts)
@@ -596,14 +692,18 @@ fn write_outputs(dir: &std::path::Path, rep: &BenchReport, cfg: &BenchConfig) ->
         let pts = rep
             .rows
             .iter()
-            .filter(|r| r.method == "race" && r.p == first.p)
+            .filter(|r| r.method == "race" && name(r) == name(first))
             .map(|r| (r.n as f64, r.floor_seconds))
             .collect();
         series.push(Series::dashed("bandwidth floor (race, first (P,L))", pts));
     }
     let title = format!(
         "time vs N ({}{}, {} heads, d={}, {})",
-        if cfg.causal { "causal " } else { "" },
+        match (cfg.causal_ratio, cfg.causal) {
+            (true, _) => "causal and non-causal ",
+            (false, true) => "causal ",
+            (false, false) => "",
+        },
         if cfg.backward { "fwd+bwd" } else { "fwd" },
         cfg.heads,
         cfg.d,
@@ -620,4 +720,88 @@ fn write_outputs(dir: &std::path::Path, rep: &BenchReport, cfg: &BenchConfig) ->
         },
         &series,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The alternation itself: warm-ups of both modes, then non-causal and causal in turn.
+    #[test]
+    fn time_alternated_interleaves_the_two_modes() {
+        let mut calls = Vec::new();
+        // The causal calls sleep, so their times (and only theirs) are at least 20 ms.
+        let ((_, a), (mb, b)) = time_alternated(3, |causal| {
+            calls.push(causal);
+            if causal {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        });
+        let mut want = [false, true].repeat(WARMUP_RUNS);
+        want.extend([false, true].repeat(3));
+        assert_eq!(calls, want);
+        assert_eq!((a.len(), b.len()), (3, 3));
+        assert!(b.iter().all(|&t| t >= 0.02) && mb >= 0.02, "{b:?}");
+    }
+
+    /// A `causal_ratio` run: both rows per `(P, L)` and N, medians of their own runs, the
+    /// ratios from exactly those runs, and fits kept apart per mode.
+    #[test]
+    fn causal_ratio_reports_both_rows_and_their_ratios() {
+        let cfg = BenchConfig {
+            ns: vec![128, 256, 512, 1024],
+            pl: vec![(2, 2)],
+            heads: 1,
+            d: 8,
+            backward: true,
+            causal_ratio: true,
+            ..Default::default()
+        };
+        let rep = run(&cfg, &|_| {}).unwrap();
+        assert_eq!(rep.rows.len(), 8);
+        assert_eq!(rep.causal_ratios.len(), 4);
+        for (pair, cr) in rep.rows.chunks(2).zip(&rep.causal_ratios) {
+            let (nc, c) = (&pair[0], &pair[1]);
+            assert!(!nc.causal && c.causal && nc.n == cr.n && c.n == cr.n);
+            for r in pair {
+                assert_eq!(r.runs.len(), cfg.runs);
+                assert_eq!(r.seconds, median(&mut r.runs.clone()));
+            }
+            assert_eq!(cr.ratio_of_medians, c.seconds / nc.seconds);
+            let want: Vec<f64> = c.runs.iter().zip(&nc.runs).map(|(a, b)| a / b).collect();
+            assert_eq!(cr.pair_ratios, want);
+        }
+        let mut series: Vec<&str> = rep.fits.iter().map(|f| f.series.as_str()).collect();
+        series.sort();
+        assert_eq!(series, ["race (2,2)", "race (2,2) causal"]);
+        assert!(rep.crossovers.is_empty(), "no reference was timed");
+    }
+
+    #[test]
+    fn causal_ratio_excludes_causal_and_reference() {
+        for (cfg, arg) in [
+            (
+                BenchConfig {
+                    causal: true,
+                    ..Default::default()
+                },
+                "`causal`",
+            ),
+            (
+                BenchConfig {
+                    reference: true,
+                    ..Default::default()
+                },
+                "`reference`",
+            ),
+        ] {
+            let cfg = BenchConfig {
+                causal_ratio: true,
+                ns: vec![64],
+                ..cfg
+            };
+            let e = run(&cfg, &|_| {}).unwrap_err().to_string();
+            assert!(e.contains(arg), "{e}");
+        }
+    }
 }

@@ -109,6 +109,9 @@ struct BenchArgs {
     beta: f64,
     #[arg(long)]
     causal: bool,
+    /// Time each (P,L) causal and non-causal, runs alternated, and report the ratio.
+    #[arg(long, conflicts_with_all = ["causal", "reference"])]
+    causal_ratio: bool,
     /// Time forward+backward (default: forward only).
     #[arg(long)]
     backward: bool,
@@ -652,6 +655,7 @@ fn run_bench(a: BenchArgs) -> Result<()> {
         seed: a.common.seed,
         runs: a.runs.max(3),
         ref_budget_s: a.ref_budget,
+        causal_ratio: a.causal_ratio,
         out: Some(a.common.out.clone().unwrap_or_else(|| {
             let t = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -688,8 +692,8 @@ fn run_bench(a: BenchArgs) -> Result<()> {
         );
     }
     println!(
-        "{:<10} {:>10} {:>6} {:>11} {:>12} {:>10} {:>9} {:>10}",
-        "method", "N", "(P,L)", "seconds", "tokens/s", "RSS GiB", "x floor", "x flops"
+        "{:<10} {:>10} {:>6} {:>7} {:>11} {:>12} {:>10} {:>9} {:>10}",
+        "method", "N", "(P,L)", "causal", "seconds", "tokens/s", "RSS GiB", "x floor", "x flops"
     );
     for r in &rep.rows {
         let pl = match (r.p, r.l) {
@@ -701,10 +705,11 @@ fn run_bench(a: BenchArgs) -> Result<()> {
             .map(|f| format!("{:.2}", r.seconds / f))
             .unwrap_or_default();
         println!(
-            "{:<10} {:>10} {:>6} {:>11.4e} {:>12.4e} {:>10.2} {:>9.2} {:>10}",
+            "{:<10} {:>10} {:>6} {:>7} {:>11.4e} {:>12.4e} {:>10.2} {:>9.2} {:>10}",
             r.method,
             r.n,
             pl,
+            if r.causal { "yes" } else { "no" },
             r.seconds,
             r.tokens_per_s,
             r.peak_rss_bytes as f64 / (1u64 << 30) as f64,
@@ -725,6 +730,16 @@ fn run_bench(a: BenchArgs) -> Result<()> {
             c.n.map(|n| n.to_string())
                 .unwrap_or_else(|| "not reached at measured N".into()),
             c.note
+        );
+    }
+    for c in &rep.causal_ratios {
+        let (lo, hi) = c
+            .pair_ratios
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
+        println!(
+            "causal / non-causal ({},{}) N = {}: {:.3} (ratio of medians; alternated pairs {:.3}–{:.3})",
+            c.p, c.l, c.n, c.ratio_of_medians, lo, hi
         );
     }
     for s in &rep.skipped {
