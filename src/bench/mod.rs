@@ -3,8 +3,18 @@
 //!
 //! Each row reports the median of `runs` (≥ 3) timings, tokens/s, peak RSS (reset per row),
 //! the minimum bytes the operation must move, and `floor_seconds = bytes_moved / bandwidth`
-//! with the bandwidth measured at the start of the same run; RACE rows also report the
-//! arithmetic floor `flops / measured FMA peak`. Afterwards: fitted scaling exponents
+//! with the bandwidth measured in the same run; RACE rows also report the arithmetic floor
+//! `flops / measured FMA peak`.
+//!
+//! The bandwidth is probed at the start and at the end of the run; the larger reading floors
+//! every row (`ratio_to_run_floor`). CPU RACE rows that move at least
+//! [`ADJACENT_PROBE_BYTES`] (`row_probe_bytes`) are also bracketed by their own probes, taken just before and
+//! just after the row's runs (consecutive rows share the probe between them), and their
+//! `ratio_to_floor` uses the larger of those two: this machine switches between about 42
+//! and 73 GB/s within minutes, and a row a minute away from a probe can run in the other
+//! state (in the paired runs 82 and 87 of the eleventh session the run-wide probes read
+//! 48–49 and 70–73 GB/s while the non-causal `(2, 2)` row ran at the slow state's speed).
+//! Rows without their own probes use the run-wide floor for both ratios. Afterwards: fitted scaling exponents
 //! (least squares of log t on log N) and the crossover N against exact softmax.
 //!
 //! The CPU RACE rows run once untimed first ([`WARMUP_RUNS`]): their output and context
@@ -78,6 +88,9 @@ pub struct BenchConfig {
     /// Time every `(P, L)` causal and non-causal, runs alternated, and report their ratio
     /// ([`CausalRatio`]); excludes `causal` and `reference`.
     pub causal_ratio: bool,
+    /// CPU RACE rows moving at least this many bytes get their own bandwidth probes
+    /// (default [`ADJACENT_PROBE_BYTES`]).
+    pub row_probe_bytes: f64,
     pub out: Option<PathBuf>,
 }
 
@@ -97,6 +110,7 @@ impl Default for BenchConfig {
             runs: 3,
             ref_budget_s: 30.0,
             causal_ratio: false,
+            row_probe_bytes: ADJACENT_PROBE_BYTES,
             out: None,
         }
     }
@@ -120,6 +134,11 @@ pub struct BenchRow {
     pub bytes_moved: f64,
     pub floor_seconds: f64,
     pub ratio_to_floor: f64,
+    /// The probes bracketing this row (GB/s, before and after its runs), when it has its own
+    /// (see the module docs); `floor_seconds` then uses the larger.
+    pub bandwidth_probes_gbs: Option<[f64; 2]>,
+    /// Seconds over the run-wide floor (the larger of the run's first and last probes).
+    pub ratio_to_run_floor: f64,
     pub flops: Option<f64>,
     pub flop_floor_seconds: Option<f64>,
     pub runs: Vec<f64>,
@@ -223,6 +242,11 @@ pub fn loglog_slope(pts: &[(f64, f64)]) -> f64 {
 
 /// Untimed runs before a CPU RACE row's timed runs (see the module docs).
 pub const WARMUP_RUNS: usize = 1;
+
+/// CPU RACE rows moving at least this many bytes (a floor of about 0.1 s here) get their own
+/// bandwidth probes, about half a second each: at the paper shape forward+backward (4.6 KB
+/// per token and head), N ≥ 2^18.
+pub const ADJACENT_PROBE_BYTES: f64 = 4e9;
 
 /// Time `f` `runs` times; returns (median, all).
 fn time_runs(runs: usize, mut f: impl FnMut()) -> (f64, Vec<f64>) {
@@ -371,8 +395,19 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
             Heads::new(h, n, d, &k),
             Heads::new(h, n, dv, &v),
         );
+        // The probe after the previous row, which serves as this row's probe before.
+        let mut last_probe: Option<f64> = None;
         for &(p, l) in &cfg.pl {
             let bytes = bytes_per_token(d, dv, l * p, cfg.backward) * (n * h) as f64;
+            let own_probes = cfg.device == Device::Cpu && bytes >= cfg.row_probe_bytes;
+            let probe_before = if own_probes {
+                Some(last_probe.take().unwrap_or_else(|| {
+                    progress("measuring memory bandwidth before the row");
+                    machine::bandwidth_gbs()
+                }))
+            } else {
+                None
+            };
             progress(&format!("race (P,L)=({p},{l}) N={n}"));
             let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, cfg.seed)?);
             let map = SoftMap {
@@ -456,6 +491,14 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
                 Some(c) => (c.bandwidth_gbs, c.fp32_gflops),
                 None => (bw, peak),
             };
+            // Before the probe below, which allocates three arrays of 256 MiB.
+            let rss = peak_rss_bytes();
+            let probes = probe_before.map(|b| {
+                progress("measuring memory bandwidth after the row");
+                let a = machine::bandwidth_gbs();
+                last_probe = Some(a);
+                [b, a]
+            });
             let floor = bytes / (row_bw * 1e9);
             if let [(false, (nc, nc_all)), (true, (c, c_all))] = &timed[..] {
                 causal_ratios.push(CausalRatio {
@@ -479,10 +522,12 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
                     backward: cfg.backward,
                     seconds: secs,
                     tokens_per_s: n as f64 / secs,
-                    peak_rss_bytes: peak_rss_bytes(),
+                    peak_rss_bytes: rss,
                     bytes_moved: bytes,
                     floor_seconds: floor,
                     ratio_to_floor: secs / floor,
+                    bandwidth_probes_gbs: probes,
+                    ratio_to_run_floor: secs / floor,
                     flops: Some(flops),
                     flop_floor_seconds: Some(flops / (row_peak * 1e9)),
                     runs: all,
@@ -543,6 +588,8 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
                 bytes_moved: rbytes,
                 floor_seconds: floor,
                 ratio_to_floor: secs / floor,
+                bandwidth_probes_gbs: None,
+                ratio_to_run_floor: secs / floor,
                 flops: Some(flops),
                 flop_floor_seconds: Some(flops / (peak * 1e9)),
                 runs: all,
@@ -599,12 +646,14 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
     let bw_end = machine::bandwidth_gbs();
     let bw = bw_start.max(bw_end);
     for r in &mut rows {
-        let row_bw = match (&gpu, r.device) {
-            (Some(c), Device::Cuda) => c.bandwidth_gbs,
-            _ => bw,
+        let (run_bw, own_bw) = match (&gpu, r.device, r.bandwidth_probes_gbs) {
+            (Some(c), Device::Cuda, _) => (c.bandwidth_gbs, c.bandwidth_gbs),
+            (_, _, Some([b, a])) => (bw, b.max(a)),
+            _ => (bw, bw),
         };
-        r.floor_seconds = r.bytes_moved / (row_bw * 1e9);
+        r.floor_seconds = r.bytes_moved / (own_bw * 1e9);
         r.ratio_to_floor = r.seconds / r.floor_seconds;
+        r.ratio_to_run_floor = r.seconds / (r.bytes_moved / (run_bw * 1e9));
     }
     let mut report = BenchReport {
         bandwidth_gbs: bw,
@@ -632,10 +681,10 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
 
 fn write_outputs(dir: &std::path::Path, rep: &BenchReport, cfg: &BenchConfig) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| RaceError::io(dir, e))?;
-    let mut csv = String::from("method,device,n,p,l,heads,d,causal,backward,seconds,tokens_per_s,peak_rss_bytes,bytes_moved,floor_seconds,ratio_to_floor,flop_floor_seconds\n");
+    let mut csv = String::from("method,device,n,p,l,heads,d,causal,backward,seconds,tokens_per_s,peak_rss_bytes,bytes_moved,floor_seconds,ratio_to_floor,flop_floor_seconds,ratio_to_run_floor\n");
     for r in &rep.rows {
         csv += &format!(
-            "{},{:?},{},{},{},{},{},{},{},{:.6e},{:.6e},{},{:.6e},{:.6e},{:.4},{}\n",
+            "{},{:?},{},{},{},{},{},{},{},{:.6e},{:.6e},{},{:.6e},{:.6e},{:.4},{},{:.4}\n",
             r.method,
             r.device,
             r.n,
@@ -653,7 +702,8 @@ fn write_outputs(dir: &std::path::Path, rep: &BenchReport, cfg: &BenchConfig) ->
             r.ratio_to_floor,
             r.flop_floor_seconds
                 .map(|x| format!("{x:.6e}"))
-                .unwrap_or_default()
+                .unwrap_or_default(),
+            r.ratio_to_run_floor
         );
     }
     let p = dir.join("bench.csv");
@@ -775,6 +825,65 @@ mod tests {
         series.sort();
         assert_eq!(series, ["race (2,2)", "race (2,2) causal"]);
         assert!(rep.crossovers.is_empty(), "no reference was timed");
+    }
+
+    /// Rows with their own probes: a probe before and after each row, shared between
+    /// consecutive rows of one N (and by a causal-ratio pair), the floor from the larger of
+    /// the two, the run-wide ratio from the larger of the run's probes; rows below the
+    /// threshold use the run-wide floor for both.
+    #[test]
+    fn rows_get_their_own_bandwidth_probes_above_the_threshold() {
+        let base = BenchConfig {
+            ns: vec![64, 128],
+            pl: vec![(2, 2), (3, 1)],
+            heads: 1,
+            d: 4,
+            ..Default::default()
+        };
+        for causal_ratio in [false, true] {
+            let cfg = BenchConfig {
+                row_probe_bytes: 0.0,
+                causal_ratio,
+                ..base.clone()
+            };
+            let rep = run(&cfg, &|_| {}).unwrap();
+            let run_bw = rep.bandwidth_gbs;
+            assert_eq!(
+                run_bw,
+                rep.bandwidth_probes_gbs[0].max(rep.bandwidth_probes_gbs[1])
+            );
+            let per_n = if causal_ratio { 4 } else { 2 };
+            for rows in rep.rows.chunks(per_n) {
+                let probes: Vec<[f64; 2]> = rows
+                    .iter()
+                    .map(|r| r.bandwidth_probes_gbs.unwrap())
+                    .collect();
+                let step = if causal_ratio { 2 } else { 1 };
+                // The second (P, L)'s probe before is the first one's probe after.
+                assert_eq!(probes[step][0], probes[0][1]);
+                if causal_ratio {
+                    assert_eq!(probes[0], probes[1]);
+                }
+                for (r, [b, a]) in rows.iter().zip(&probes) {
+                    let own = r.bytes_moved / (b.max(*a) * 1e9);
+                    assert_eq!(r.floor_seconds, own);
+                    assert_eq!(r.ratio_to_floor, r.seconds / own);
+                    let run = r.seconds / (r.bytes_moved / (run_bw * 1e9));
+                    assert_eq!(r.ratio_to_run_floor, run);
+                }
+            }
+            // Between the Ns the inputs are regenerated: a fresh probe.
+            assert_ne!(
+                rep.rows[per_n].bandwidth_probes_gbs.unwrap()[0],
+                rep.rows[per_n - 1].bandwidth_probes_gbs.unwrap()[1]
+            );
+        }
+        let rep = run(&base, &|_| {}).unwrap();
+        for r in &rep.rows {
+            assert!(r.bandwidth_probes_gbs.is_none());
+            assert_eq!(r.ratio_to_floor, r.ratio_to_run_floor);
+            assert_eq!(r.floor_seconds, r.bytes_moved / (rep.bandwidth_gbs * 1e9));
+        }
     }
 
     #[test]

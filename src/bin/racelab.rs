@@ -656,6 +656,7 @@ fn run_bench(a: BenchArgs) -> Result<()> {
         runs: a.runs.max(3),
         ref_budget_s: a.ref_budget,
         causal_ratio: a.causal_ratio,
+        row_probe_bytes: bench::ADJACENT_PROBE_BYTES,
         out: Some(a.common.out.clone().unwrap_or_else(|| {
             let t = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -671,7 +672,7 @@ fn run_bench(a: BenchArgs) -> Result<()> {
     }
     println!("{}", rep.provenance.line());
     println!(
-        "measured bandwidth {:.1} GB/s (probes before/after the rows: {:.1}, {:.1}; floors use the larger), FMA peak {:.0} GFLOP/s ({})",
+        "measured bandwidth {:.1} GB/s (probes before/after the rows: {:.1}, {:.1}; floors use the larger, or the larger of a row's own probes where it has them), FMA peak {:.0} GFLOP/s ({})",
         rep.bandwidth_gbs,
         rep.bandwidth_probes_gbs[0],
         rep.bandwidth_probes_gbs[1],
@@ -692,8 +693,17 @@ fn run_bench(a: BenchArgs) -> Result<()> {
         );
     }
     println!(
-        "{:<10} {:>10} {:>6} {:>7} {:>11} {:>12} {:>10} {:>9} {:>10}",
-        "method", "N", "(P,L)", "causal", "seconds", "tokens/s", "RSS GiB", "x floor", "x flops"
+        "{:<10} {:>10} {:>6} {:>7} {:>11} {:>12} {:>10} {:>9} {:>10} {:>10}",
+        "method",
+        "N",
+        "(P,L)",
+        "causal",
+        "seconds",
+        "tokens/s",
+        "RSS GiB",
+        "x floor",
+        "x flops",
+        "row probes"
     );
     for r in &rep.rows {
         let pl = match (r.p, r.l) {
@@ -705,7 +715,7 @@ fn run_bench(a: BenchArgs) -> Result<()> {
             .map(|f| format!("{:.2}", r.seconds / f))
             .unwrap_or_default();
         println!(
-            "{:<10} {:>10} {:>6} {:>7} {:>11.4e} {:>12.4e} {:>10.2} {:>9.2} {:>10}",
+            "{:<10} {:>10} {:>6} {:>7} {:>11.4e} {:>12.4e} {:>10.2} {:>9.2} {:>10} {:>10}",
             r.method,
             r.n,
             pl,
@@ -714,7 +724,10 @@ fn run_bench(a: BenchArgs) -> Result<()> {
             r.tokens_per_s,
             r.peak_rss_bytes as f64 / (1u64 << 30) as f64,
             r.ratio_to_floor,
-            xf
+            xf,
+            r.bandwidth_probes_gbs
+                .map(|[b, a]| format!("{b:.0}/{a:.0}"))
+                .unwrap_or_else(|| "-".into())
         );
     }
     for f in &rep.fits {
