@@ -751,8 +751,8 @@ fn run_bench(a: BenchArgs) -> Result<()> {
             .iter()
             .fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
         println!(
-            "causal / non-causal ({},{}) N = {}: {:.3} (ratio of medians; alternated pairs {:.3}–{:.3})",
-            c.p, c.l, c.n, c.ratio_of_medians, lo, hi
+            "causal / non-causal ({},{}) N = {}: {:.3} (median of the alternated pairs, which span {:.3}–{:.3}; ratio of the rows' medians {:.3})",
+            c.p, c.l, c.n, c.median_pair_ratio, lo, hi, c.ratio_of_medians
         );
     }
     for s in &rep.skipped {
