@@ -869,3 +869,58 @@ fn causal_backward_one_pass_and_two_passes_match_reference() {
         }
     }
 }
+
+/// beta = 1e4 with keys just off every plane: a query whose bits are all on meets keys whose
+/// "all on" feature is `σ(−2β tanh z)² ≈ 1e-40`, a subnormal, so every causal `Den_i` is
+/// subnormal (and `1/Den` infinite in f32). The outputs must still be the running means of
+/// the values (all weights equal), finite, on both ISAs, in the blocked production path and
+/// the per-token engine (`forward`), at N = 3 and 40; the denominators keep their scale.
+#[test]
+fn causal_subnormal_denominators_give_finite_outputs() {
+    let planes = PlanesF32::from_planes(&Planes {
+        l: 1,
+        p: 2,
+        d: 2,
+        w: vec![1.0, 0.0, 0.0, 1.0],
+    });
+    let map = SoftMap {
+        planes: &planes,
+        beta: 1e4,
+    };
+    for n in [3usize, 40] {
+        let q: Vec<f32> = (0..n).flat_map(|_| [0.5f32, 0.5]).collect();
+        let k: Vec<f32> = (0..n).flat_map(|_| [-0.0023f32, -0.0023]).collect();
+        let v: Vec<f32> = (0..n)
+            .flat_map(|j| [1.0 + j as f32, 2.0 - 0.5 * j as f32, 0.25])
+            .collect();
+        for isa in [Isa::Scalar, racelab::cpu::detected_isa()] {
+            let (qh, kh, vh) = (
+                Heads::new(1, n, 2, &q),
+                Heads::new(1, n, 2, &k),
+                Heads::new(1, n, 3, &v),
+            );
+            for (path, out) in [
+                ("blocked", soft_forward(&map, qh, kh, vh, true, isa)),
+                ("per-token", forward(&map, qh, kh, vh, true, isa)),
+            ] {
+                assert_eq!(out.empty_rows, 0, "n={n} {isa:?} {path}: no row is empty");
+                for i in 0..n {
+                    for c in 0..3 {
+                        let want =
+                            (0..=i).map(|j| v[j * 3 + c] as f64).sum::<f64>() / (i + 1) as f64;
+                        let got = out.o[i * 3 + c] as f64;
+                        assert!(
+                            got.is_finite() && (got - want).abs() <= 1e-2 * (1.0 + want.abs()),
+                            "n={n} {isa:?} {path}: o[{i}][{c}] = {got}, want {want}"
+                        );
+                    }
+                }
+                let den = &out.ctx.den;
+                assert!(
+                    den.iter().all(|&d| d > 0.0 && d < 1e-37),
+                    "n={n} {path}: {den:?}"
+                );
+            }
+        }
+    }
+}

@@ -150,6 +150,10 @@ struct ReadTask<'a, F> {
 }
 
 /// `o = num/den` for one row, or zeros (returns whether the row was empty).
+///
+/// Below [`TINY_DEN`] the row is divided entry by entry: `1/den` would overflow to infinity
+/// for a subnormal `den` (and `num · (1/den)` with it), while `num/den` stays as exact as the
+/// sums themselves.
 #[inline(always)]
 pub(crate) fn finish_row(acc: &[f32], o: &mut [f32], den: &mut f32, den_scale: f32) -> bool {
     let dv = o.len();
@@ -159,12 +163,47 @@ pub(crate) fn finish_row(acc: &[f32], o: &mut [f32], den: &mut f32, den_scale: f
         *den = 0.0;
         return true;
     }
-    let inv = 1.0 / d;
-    for (x, &a) in o.iter_mut().zip(&acc[..dv]) {
-        *x = a * inv;
+    if d < TINY_DEN {
+        for (x, &a) in o.iter_mut().zip(&acc[..dv]) {
+            *x = a / d;
+        }
+    } else {
+        let inv = 1.0 / d;
+        for (x, &a) in o.iter_mut().zip(&acc[..dv]) {
+            *x = a * inv;
+        }
     }
     *den = d * den_scale;
     false
+}
+
+/// Denominators below this are finished by division in [`finish_row`] (`2^-100`: far above
+/// the `2^-128` where `1/den` overflows, far below any denominator of non-degenerate inputs).
+pub(crate) const TINY_DEN: f32 = 7.888_609e-31;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Subnormal and tiny denominators give the same output as a normal one (the f32
+    /// reciprocal of a subnormal is infinite); empty rows stay zero.
+    #[test]
+    fn finish_row_keeps_tiny_denominators_finite() {
+        let num = [3.0f32, -1.5, 0.25];
+        for scale in [1.0f32, 1e-20, 1e-36, 1e-40] {
+            let acc: Vec<f32> = num.iter().chain(&[2.0]).map(|x| x * scale).collect();
+            let (mut o, mut den) = ([0.0f32; 3], 0.0f32);
+            assert!(!finish_row(&acc, &mut o, &mut den, 0.5));
+            let tol = if scale < 1e-38 { 1e-3 } else { 1e-6 };
+            for (got, want) in o.iter().zip([1.5f32, -0.75, 0.125]) {
+                assert!((got - want).abs() <= tol, "scale {scale:e}: {o:?}");
+            }
+            assert_eq!(den, acc[3] * 0.5);
+        }
+        let (mut o, mut den) = ([1.0f32; 3], 1.0f32);
+        assert!(finish_row(&[1.0, 1.0, 1.0, 0.0], &mut o, &mut den, 0.5));
+        assert_eq!((o, den), ([0.0; 3], 0.0));
+    }
 }
 
 impl<F: FeatureMap> WithSimd for ReadTask<'_, F> {
