@@ -181,31 +181,6 @@ pub(crate) fn finish_row(acc: &[f32], o: &mut [f32], den: &mut f32, den_scale: f
 /// the `2^-128` where `1/den` overflows, far below any denominator of non-degenerate inputs).
 pub(crate) const TINY_DEN: f32 = 7.888_609e-31;
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Subnormal and tiny denominators give the same output as a normal one (the f32
-    /// reciprocal of a subnormal is infinite); empty rows stay zero.
-    #[test]
-    fn finish_row_keeps_tiny_denominators_finite() {
-        let num = [3.0f32, -1.5, 0.25];
-        for scale in [1.0f32, 1e-20, 1e-36, 1e-40] {
-            let acc: Vec<f32> = num.iter().chain(&[2.0]).map(|x| x * scale).collect();
-            let (mut o, mut den) = ([0.0f32; 3], 0.0f32);
-            assert!(!finish_row(&acc, &mut o, &mut den, 0.5));
-            let tol = if scale < 1e-38 { 1e-3 } else { 1e-6 };
-            for (got, want) in o.iter().zip([1.5f32, -0.75, 0.125]) {
-                assert!((got - want).abs() <= tol, "scale {scale:e}: {o:?}");
-            }
-            assert_eq!(den, acc[3] * 0.5);
-        }
-        let (mut o, mut den) = ([1.0f32; 3], 1.0f32);
-        assert!(finish_row(&[1.0, 1.0, 1.0, 0.0], &mut o, &mut den, 0.5));
-        assert_eq!((o, den), ([0.0; 3], 0.0));
-    }
-}
-
 impl<F: FeatureMap> WithSimd for ReadTask<'_, F> {
     type Output = usize;
     #[inline(always)]
@@ -460,4 +435,29 @@ pub fn read_banks<F: FeatureMap>(
             )
         })
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Subnormal and tiny denominators give the same output as a normal one (the f32
+    /// reciprocal of a subnormal is infinite); empty rows stay zero.
+    #[test]
+    fn finish_row_keeps_tiny_denominators_finite() {
+        let num = [3.0f32, -1.5, 0.25];
+        for scale in [1.0f32, 1e-20, 1e-36, 1e-40] {
+            let acc: Vec<f32> = num.iter().chain(&[2.0]).map(|x| x * scale).collect();
+            let (mut o, mut den) = ([0.0f32; 3], 0.0f32);
+            assert!(!finish_row(&acc, &mut o, &mut den, 0.5));
+            let tol = if scale < 1e-38 { 1e-3 } else { 1e-6 };
+            for (got, want) in o.iter().zip([1.5f32, -0.75, 0.125]) {
+                assert!((got - want).abs() <= tol, "scale {scale:e}: {o:?}");
+            }
+            assert_eq!(den, acc[3] * 0.5);
+        }
+        let (mut o, mut den) = ([1.0f32; 3], 1.0f32);
+        assert!(finish_row(&[1.0, 1.0, 1.0, 0.0], &mut o, &mut den, 0.5));
+        assert_eq!((o, den), ([0.0; 3], 0.0));
+    }
 }
