@@ -121,7 +121,7 @@ struct BenchArgs {
     /// cpu | cuda
     #[arg(long, default_value = "cpu")]
     device: String,
-    /// Timed runs per row (median reported; at least 3).
+    /// Timed runs per row (median reported; at least 3; short rows get more, up to 0.25 s).
     #[arg(long, default_value_t = 3)]
     runs: usize,
     /// Stop timing a reference when its next run is predicted to exceed this (seconds).
