@@ -592,13 +592,12 @@ fn decoder_equals_causal_forward_row_by_row() {
                 &vf[t * dv..(t + 1) * dv],
             )
             .unwrap();
-        for c in 0..dv {
-            let diff = (o[c] as f64 - fwd.o[t * dv + c] as f64).abs();
+        for (c, &oc) in o.iter().enumerate() {
+            let want = fwd.o[t * dv + c];
+            let diff = (oc as f64 - want as f64).abs();
             assert!(
                 diff <= FWD_TOL * scale,
-                "decode row {t} col {c}: {} vs {}",
-                o[c],
-                fwd.o[t * dv + c]
+                "decode row {t} col {c}: {oc} vs {want}"
             );
         }
     }

@@ -74,12 +74,12 @@ proptest! {
             // An empty row is 0 by definition (hard: no collision; angular with d = 1: all keys
             // antipodal; soft at large beta: the kernel underflows below 1e-308).
             if out.empty_rows > 0 && row.iter().all(|&x| x == 0.0) { continue; }
-            for c in 0..dv {
+            for (c, &rc) in row.iter().enumerate() {
                 let lim = if causal { i + 1 } else { n };
                 let col: Vec<f64> = (0..lim).map(|j| v.at(j, c)).collect();
                 let (lo, hi) = col.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
                 let tol = 1e-12 * (1.0 + lo.abs().max(hi.abs()));
-                prop_assert!(row[c] >= lo - tol && row[c] <= hi + tol, "{:?} row {} col {}: {} not in [{}, {}]", m, i, c, row[c], lo, hi);
+                prop_assert!(rc >= lo - tol && rc <= hi + tol, "{:?} row {} col {}: {} not in [{}, {}]", m, i, c, rc, lo, hi);
             }
         }
     }

@@ -25,6 +25,7 @@ pub struct AccuracyRow {
 }
 
 /// Measure at each N (one head).
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     ns: &[usize],
     d: usize,

@@ -138,8 +138,8 @@ impl WithSimd for QueryGradTask<'_> {
             let mut db = 0.0f32;
             for l in 0..tables {
                 let st = map.table::<S>(l, self.q.row(self.h, i), &mut phi);
-                for rr in 0..r {
-                    gphi[rr] = state.dot_row::<S>(l * r + rr, &gx) * inv_l;
+                for (rr, g) in gphi[..r].iter_mut().enumerate() {
+                    *g = state.dot_row::<S>(l * r + rr, &gx) * inv_l;
                 }
                 if !self.causal {
                     for (rr, &p) in phi.iter().enumerate() {

@@ -25,7 +25,7 @@ pub fn acos_f32(x: f32) -> f32 {
     let a = x.abs().min(1.0);
     // The leading coefficient is A–S's 1.5707963050, not π/2 (1.5707963268): as f32 it rounds
     // to 1.57079625, one step below `FRAC_PI_2`.
-    #[allow(clippy::approx_constant)]
+    #[allow(clippy::approx_constant, clippy::excessive_precision)]
     let p = 1.570_796_305_f32
         + a * (-0.214_598_8
             + a * (0.088_978_99

@@ -33,8 +33,8 @@ pub fn softmax_matrix(q: &Mat<f64>, k: &Mat<f64>, s: f64) -> Mat<f64> {
             .collect();
         let mx = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
         let z: f64 = logits.iter().map(|l| (l - mx).exp()).sum();
-        for j in 0..k.rows {
-            m.data[i * k.rows + j] = (logits[j] - mx).exp() / z;
+        for (j, l) in logits.iter().enumerate() {
+            m.data[i * k.rows + j] = (l - mx).exp() / z;
         }
     }
     m

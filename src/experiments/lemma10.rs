@@ -87,11 +87,11 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
             let p = cfg.grid_p as i32;
             let mut s_row = vec![0.0; n];
             let mut b = 0.0f64;
-            for i in 0..n {
+            for (i, si) in s_row.iter_mut().enumerate() {
                 for j in 0..n {
                     let kap = kappa(q.row(i), k.row(j));
                     let s = kap.powi(p);
-                    s_row[i] += s;
+                    *si += s;
                     let theta = std::f64::consts::PI * (1.0 - kap);
                     b = b.max((table.g(theta).powi(p) - s).abs());
                 }

@@ -348,9 +348,12 @@ pub fn run(ctx: &Ctx, dir: &Path) -> Result<ExpResult> {
     })
 }
 
+/// `(Q, K, V, description)` from [`unit_inputs`].
+pub type UnitInputs = (Mat<f64>, Mat<f64>, Mat<f64>, String);
+
 /// Real inputs for the synthetic-input experiments: the middle stored layer, head 0, Q/K
 /// scaled to unit rows (the theory's setting), V as extracted; `None` without `ctx.data`.
-pub fn unit_inputs(ctx: &Ctx) -> Result<Option<(Mat<f64>, Mat<f64>, Mat<f64>, String)>> {
+pub fn unit_inputs(ctx: &Ctx) -> Result<Option<UnitInputs>> {
     let Some(dir) = &ctx.data else {
         return Ok(None);
     };

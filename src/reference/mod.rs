@@ -6,6 +6,10 @@
 //! LSH and for degenerate angular inputs) is defined as 0 and counted in
 //! [`HeadOutput::empty_rows`], never NaN.
 
+// The references are written as the formulas' index loops (rows i, keys j), which is what
+// makes them easy to check against the paper by eye.
+#![allow(clippy::needless_range_loop)]
+
 pub mod angular;
 pub mod backward;
 pub mod baselines;
