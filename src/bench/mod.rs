@@ -500,8 +500,9 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
                     let (nc, c) = time_alternated(cfg.runs, &mut once);
                     vec![(false, nc), (true, c)]
                 }
-                // The GPU's times do not drift with the host's memory state: one mode after
-                // the other.
+                // On the GPU one mode after the other: `time_soft` times all of a mode's runs
+                // in one call (the alternation answers the host's memory-state drift, which
+                // was not measured on the GPU machine).
                 (Device::Cuda, _) => modes
                     .iter()
                     .map(|&causal| {
