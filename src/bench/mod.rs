@@ -394,9 +394,10 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
             .iter()
             .map(|&(p, l)| {
                 let ctx = |c| cpu::Ctx::floats_per_token(l, p, dv, c);
-                match cfg.causal_ratio {
-                    true => ctx(false) + ctx(true),
-                    false => ctx(cfg.causal),
+                if cfg.causal_ratio {
+                    ctx(false) + ctx(true)
+                } else {
+                    ctx(cfg.causal)
                 }
             })
             .fold(0.0, f64::max);
@@ -487,11 +488,6 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
                 }
                 *slot = ctx;
             };
-            let modes = if cfg.causal_ratio {
-                vec![false, true]
-            } else {
-                vec![cfg.causal]
-            };
             let timed: Vec<(bool, Timed)> = match (cfg.device, cfg.causal_ratio) {
                 (Device::Cpu, false) => {
                     vec![(cfg.causal, time_runs_warm(cfg.runs, || once(cfg.causal)))]
@@ -503,23 +499,30 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
                 // On the GPU one mode after the other: `time_soft` times all of a mode's runs
                 // in one call (the alternation answers the host's memory-state drift, which
                 // was not measured on the GPU machine).
-                (Device::Cuda, _) => modes
-                    .iter()
-                    .map(|&causal| {
-                        let gr = if cfg.backward { Some(&g[..]) } else { None };
-                        let t = crate::cuda::time_soft(
-                            &planes,
-                            cfg.beta as f32,
-                            qh,
-                            kh,
-                            vh,
-                            gr,
-                            causal,
-                            cfg.runs,
-                        )?;
-                        Ok((causal, t))
-                    })
-                    .collect::<Result<_>>()?,
+                (Device::Cuda, pair) => {
+                    let modes = if pair {
+                        vec![false, true]
+                    } else {
+                        vec![cfg.causal]
+                    };
+                    modes
+                        .into_iter()
+                        .map(|causal| {
+                            let gr = if cfg.backward { Some(&g[..]) } else { None };
+                            let t = crate::cuda::time_soft(
+                                &planes,
+                                cfg.beta as f32,
+                                qh,
+                                kh,
+                                vh,
+                                gr,
+                                causal,
+                                cfg.runs,
+                            )?;
+                            Ok((causal, t))
+                        })
+                        .collect::<Result<_>>()?
+                }
             };
             let flops = race_flops_per_token(p, l, d, dv, cfg.backward) * (n * h) as f64;
             let (row_bw, row_peak) = match &gpu {
@@ -634,8 +637,8 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
             });
         }
     }
-    let series_name = |r: &BenchRow| series_name(r, cfg.causal_ratio);
-    let mut names: Vec<String> = rows.iter().map(series_name).collect();
+    let name = |r: &BenchRow| series_name(r, cfg.causal_ratio);
+    let mut names: Vec<String> = rows.iter().map(name).collect();
     names.dedup();
     names.sort();
     names.dedup();
@@ -644,7 +647,7 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
         .filter_map(|s| {
             let pts: Vec<(f64, f64)> = rows
                 .iter()
-                .filter(|r| &series_name(r) == s)
+                .filter(|r| &name(r) == s)
                 .map(|r| (r.n as f64, r.seconds))
                 .collect();
             // Fit the upper half of the sizes, where fixed costs no longer dominate.
@@ -662,7 +665,7 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
         .iter()
         .filter(|s| softmax_timed && s.starts_with("race"))
         .map(|s| {
-            let hit = rows.iter().filter(|r| &series_name(r) == s).find(|r| {
+            let hit = rows.iter().filter(|r| &name(r) == s).find(|r| {
                 rows.iter()
                     .any(|x| x.method == "softmax" && x.n == r.n && x.seconds > r.seconds)
             });

@@ -801,19 +801,16 @@ pub(crate) fn key_bank(
         }
         ahead.step();
         let vb = rows_of(&v, h, a, b);
-        if bank16::applies(isa, m) {
-            let u = Update {
-                b: &blk.phi,
-                rows,
-                x: vb,
-                ldx: dv,
-                mass: Mass::Ones,
-            };
-            bank16::assign(isa, m, dv, (&mut b32, w), u);
-        } else {
-            let pt = Strided::transposed(&blk.phi, blk.mp);
-            gemm_ext(isa, &mut b32, w, m, rows, pt, vb, dv, 1.0, false);
-        }
+        assign_bank(
+            isa,
+            m,
+            dv,
+            (&mut b32, w),
+            (&blk.phi, blk.mp),
+            rows,
+            vb,
+            true,
+        );
         ahead.step();
         add_into_f64(isa, &mut b64, &b32);
         a = b;
@@ -919,6 +916,40 @@ pub fn read_into(
         })
         .sum();
     (empty, segs)
+}
+
+/// `bank = Φᵀ X` for `rows` feature rows `phi` (row stride `mp`) and value rows `x` (stride
+/// `dv`), overwriting the bank's first `dv` columns (`m` rows of stride `w`); with `ones` the
+/// mass column too (`Φᵀ [X | 1]`), else it is left for the caller. [`bank16::assign`] where
+/// it applies (`mp` is then 16), else a product with `Φ` read transposed.
+#[allow(clippy::too_many_arguments)]
+fn assign_bank(
+    isa: Isa,
+    m: usize,
+    dv: usize,
+    (bank, w): (&mut [f32], usize),
+    (phi, mp): (&[f32], usize),
+    rows: usize,
+    x: &[f32],
+    ones: bool,
+) {
+    if bank16::applies(isa, m) {
+        let mass = if ones { Mass::Ones } else { Mass::Skip };
+        let u = Update {
+            b: phi,
+            rows,
+            x,
+            ldx: dv,
+            mass,
+        };
+        return bank16::assign(isa, m, dv, (bank, w), u);
+    }
+    let pt = Strided::transposed(phi, mp);
+    if ones {
+        gemm_ext(isa, bank, w, m, rows, pt, x, dv, 1.0, false);
+    } else {
+        gemm(isa, bank, w, m, dv, rows, pt, x, dv, 1.0, false);
+    }
 }
 
 /// Below this `Den` a row's `1/Den` could overflow (or lose digits to subnormals), so the
@@ -1385,19 +1416,7 @@ pub fn query_grads(
                     );
                     if let Some(mass) = rows16 {
                         ahead.step();
-                        if bank16::applies(isa, m) {
-                            let u = Update {
-                                b: &sphi,
-                                rows,
-                                x: gb,
-                                ldx: dv,
-                                mass: Mass::Skip,
-                            };
-                            bank16::assign(isa, m, dv, (&mut d32, w), u);
-                        } else {
-                            let sp = Strided::transposed(&sphi, 16);
-                            gemm(isa, &mut d32, w, m, dv, rows, sp, gb, dv, 1.0, false);
-                        }
+                        assign_bank(isa, m, dv, (&mut d32, w), (&sphi, 16), rows, gb, false);
                         (0..m).for_each(|f| d32[f * w + dv] = mass[f]);
                     } else {
                         let s_rows = RowDots {
