@@ -10,33 +10,24 @@ fn tmp(tag: &str) -> PathBuf {
     p
 }
 
-const CLAIMS: [&str; 24] = [
-    "phi-factorisation",
-    "rank-sharp",
-    "rank-lr-loose",
-    "lemma10-counterexample",
-    "lemma10-repair",
-    "bias-slope",
-    "bias-bounded",
-    "bias-quadrature",
-    "combine-different",
-    "fig3-powers",
-    "variance-l",
-    "variance-n",
-    "theorem2-fit",
-    "theorem2-vf",
-    "theorem2-terms",
-    "tradeoff-matched",
-    "tradeoff-front",
-    "linear-time",
-    // The real-data section (bundled MiniLM sample).
-    "fig3-real-powers",
-    "real-race-error",
-    "real-tanh-saturation",
-    "theorem2-fit-real",
-    "tradeoff-matched-real",
-    "combine-different-real",
-];
+/// `(id, verdict)` of every claim row of a REPORT.md.
+fn claim_rows(report: &str) -> Vec<(String, String)> {
+    report
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .map(|l| {
+            let id = l[3..].split('`').next().unwrap_or("").to_string();
+            let cells: Vec<&str> = l.split(" | ").collect();
+            let last = cells.last().copied().unwrap_or("");
+            let verdict = last
+                .strip_prefix("**")
+                .and_then(|v| v.split("**").next())
+                .unwrap_or("")
+                .to_string();
+            (id, verdict)
+        })
+        .collect()
+}
 
 #[test]
 fn reproduce_quick_writes_every_claim_row() {
@@ -52,21 +43,41 @@ fn reproduce_quick_writes_every_claim_row() {
         String::from_utf8_lossy(&o.stderr)
     );
     let report = std::fs::read_to_string(out.join("REPORT.md")).expect("REPORT.md written");
-    for id in CLAIMS.iter() {
+    let rows = claim_rows(&report);
+    // Every row carries a verdict from the documented set and a measured value.
+    for (id, verdict) in &rows {
+        assert!(
+            racelab::experiments::verdict::VERDICTS.contains(&verdict.as_str()),
+            "claim `{id}` has verdict `{verdict}`, not one of {:?}",
+            racelab::experiments::verdict::VERDICTS
+        );
         let line = report
             .lines()
             .find(|l| l.starts_with(&format!("| `{id}` |")))
-            .unwrap_or_else(|| panic!("REPORT.md has no row for claim `{id}`"));
-        assert!(
-            line.contains("**holds**")
-                || line.contains("**fails**")
-                || line.contains("**holds with a caveat**"),
-            "claim `{id}` has no verdict: {line}"
-        );
+            .unwrap();
         let cells: Vec<&str> = line.split(" | ").collect();
         assert!(
-            cells.len() >= 5 && cells[3].chars().any(|c| c.is_ascii_digit()),
+            cells.len() >= 6 && cells[4].chars().any(|c| c.is_ascii_digit()),
             "claim `{id}` has no measured value: {line}"
+        );
+    }
+    // The same claim ids as the committed report, in the same order.
+    let committed = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("figures/REPORT.md"),
+    )
+    .expect("figures/REPORT.md is committed");
+    let ids = |r: &[(String, String)]| r.iter().map(|x| x.0.clone()).collect::<Vec<_>>();
+    assert_eq!(
+        ids(&rows),
+        ids(&claim_rows(&committed)),
+        "a quick run's claim ids differ from the committed report's"
+    );
+    // Every stated claim is measured (a `-real` row shares its base's statement).
+    let specs = racelab::experiments::verdict::specs().unwrap();
+    for id in specs.keys() {
+        assert!(
+            rows.iter().any(|r| &r.0 == id),
+            "claim `{id}` is stated in experiments/claims.toml but never measured"
         );
     }
     for l in report.lines().filter(|l| l.starts_with("![")) {
@@ -78,10 +89,41 @@ fn reproduce_quick_writes_every_claim_row() {
     assert!(report.contains("git revision"), "provenance missing");
     let js: serde_json::Value =
         serde_json::from_slice(&o.stdout).expect("--json prints one JSON object");
-    assert!(js["claims"]
-        .as_array()
-        .map(|a| a.len() >= 18)
-        .unwrap_or(false));
+    assert_eq!(
+        js["claims"].as_array().map(|a| a.len()),
+        Some(rows.len()),
+        "the JSON and the report list different claims"
+    );
+    std::fs::remove_dir_all(&out).ok();
+}
+
+#[test]
+fn theorem_json_has_limit_slopes() {
+    let out = tmp("theorem");
+    std::fs::create_dir_all(&out).unwrap();
+    let cfg = out.join("small.toml");
+    let table = "d = 8\ndv = 4\nps = [1, 2]\nls = [1, 4]\nbetas = [1.0, 8.0]\nns = [32, 64]\nspread = 0.5\ndelta = 0.1\nseeds = 4\nsampling_beta = 8.0\nn_theta = 64\nlimit_n = 32\nlimit_betas = [0.5, 1.0, 2.0, 4.0, 8.0]\nlimit_seeds = 2\nlimit_clusters = 2\nlimit_noise = 0.6\n";
+    std::fs::write(&cfg, format!("[quick]\n{table}\n[full]\n{table}")).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_racelab"))
+        .args(["theorem", "--quick", "--json", "--config"])
+        .arg(&cfg)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let js: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let rows = js["limit_slopes"].as_array().expect("limit_slopes");
+    assert!(!rows.is_empty());
+    for r in rows {
+        for key in ["inputs", "p", "beta_min", "beta_max", "slope"] {
+            assert!(!r[key].is_null(), "limit_slopes row lacks {key}: {r}");
+        }
+        assert!(r["beta_min"].as_f64() < r["beta_max"].as_f64(), "{r}");
+    }
+    for fam in ["clustered", "tied"] {
+        assert!(rows.iter().any(|r| r["inputs"] == fam), "no {fam} slope");
+    }
     std::fs::remove_dir_all(&out).ok();
 }
 

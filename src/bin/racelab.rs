@@ -47,8 +47,14 @@ enum Cmd {
     Bias(ExpArgs),
     /// Sampling error alone (bias removed) vs L and N, quantiles over seeds.
     Variance(ExpArgs),
-    /// Theorem 2: fit c in c(P/beta + sqrt(log(N/delta)/L))||V||_F.
+    /// Theorem 2: the bound calibrated and tested on held-out seeds; the bias at L = infinity
+    /// (g^P by quadrature) per input family; the sampling error alone.
     Theorem(ExpArgs),
+    /// Algorithm 2 (causal) vs causal angular attention and its causal L = infinity limit, by
+    /// prefix position.
+    Causal(ExpArgs),
+    /// The authors' regime: beta = e^t/sqrt(d_head), raw and unit Q/K, both combine rules.
+    Authors(ExpArgs),
     /// Singular values and numerical rank of S-hat vs LR and L(R-1)+1.
     Rank(ExpArgs),
     /// Lemma 10 counterexample and the repaired condition.
@@ -221,6 +227,10 @@ fn main() {
             no_data(&a, "variance").and_then(|_| run_exp(&a, experiments::variance::run))
         }
         Cmd::Theorem(a) => run_exp(&a, experiments::theorem::run),
+        Cmd::Causal(a) => no_data(&a, "causal").and_then(|_| run_exp(&a, experiments::causal::run)),
+        Cmd::Authors(a) => {
+            no_data(&a, "authors").and_then(|_| run_exp(&a, experiments::authors::run))
+        }
         Cmd::Rank(a) => no_data(&a, "rank").and_then(|_| run_exp(&a, experiments::rank::run)),
         Cmd::Lemma10(a) => {
             no_data(&a, "lemma10").and_then(|_| run_exp(&a, experiments::lemma10::run))
@@ -365,32 +375,30 @@ fn first_head(path: &std::path::Path) -> Result<racelab::Mat<f64>> {
     ))
 }
 
-fn load_qk(
-    q: &std::path::Path,
-    k: &std::path::Path,
-) -> Result<(racelab::Mat<f64>, racelab::Mat<f64>, String, String)> {
-    Ok((
-        first_head(q)?,
-        first_head(k)?,
-        format!("user Q {} / K {}", q.display(), k.display()),
-        "fig3_user".into(),
-    ))
+fn load_qk(q: &std::path::Path, k: &std::path::Path) -> Result<experiments::fig3::FigInputs> {
+    Ok(experiments::fig3::FigInputs {
+        q: first_head(q)?,
+        k: first_head(k)?,
+        label: format!("user Q {} / K {}", q.display(), k.display()),
+        stem: "fig3_user".into(),
+        softmax_scale: None,
+    })
 }
 
-/// Raw Q/K of the middle stored layer, head 0, of a real-data directory.
-fn real_qk(
-    dir: &std::path::Path,
-) -> Result<(racelab::Mat<f64>, racelab::Mat<f64>, String, String)> {
+/// Raw Q/K of the middle stored layer, head 0, of a real-data directory, with the model's
+/// softmax scale from its `meta.json`.
+fn real_qk(dir: &std::path::Path) -> Result<experiments::fig3::FigInputs> {
     let rd = experiments::real::RealData::open(dir)?;
     let layer = rd.mid_layer();
     let (q, k, _) = rd.head(layer, 0)?;
     let n = q.rows.min(96);
-    Ok((
-        experiments::real::take_rows(&q, n),
-        experiments::real::take_rows(&k, n),
-        format!("{} layer {layer} head 0, first {n} tokens", rd.model),
-        "fig3_real".into(),
-    ))
+    Ok(experiments::fig3::FigInputs {
+        q: experiments::real::take_rows(&q, n),
+        k: experiments::real::take_rows(&k, n),
+        label: format!("{} layer {layer} head 0, first {n} tokens", rd.model),
+        stem: "fig3_real".into(),
+        softmax_scale: Some(rd.scale),
+    })
 }
 
 fn no_data(a: &ExpArgs, name: &str) -> Result<()> {
@@ -493,6 +501,8 @@ fn run_reproduce(a: ReproduceArgs) -> Result<()> {
         ("fig3", |c| experiments::fig3::run(c, None)),
         ("variance", experiments::variance::run),
         ("theorem", experiments::theorem::run),
+        ("causal", experiments::causal::run),
+        ("authors", experiments::authors::run),
         ("tradeoff", experiments::tradeoff::run),
         ("scaling", experiments::report::scaling),
     ];
@@ -504,12 +514,11 @@ fn run_reproduce(a: ReproduceArgs) -> Result<()> {
                 "fig3 (real)",
                 (|c: &experiments::Ctx| {
                     let dir = experiments::real::bundled().expect("checked");
-                    let (q, k, label, stem) =
-                        real_qk(&dir).map_err(|e| racelab::RaceError::Config {
-                            path: dir.display().to_string(),
-                            msg: e.to_string(),
-                        })?;
-                    experiments::fig3::run(c, Some((q, k, label, stem)))
+                    let inputs = real_qk(&dir).map_err(|e| racelab::RaceError::Config {
+                        path: dir.display().to_string(),
+                        msg: e.to_string(),
+                    })?;
+                    experiments::fig3::run(c, Some(inputs))
                 })
                     as fn(&experiments::Ctx) -> racelab::Result<experiments::ExpResult>,
             ),

@@ -1,15 +1,20 @@
-//! `racelab fig3`: kernel heatmaps in the style of the paper's Fig. 3: softmax weights,
-//! angular `κ^γ` for γ = 1, 6, 10, 12, soft-RACE `Ŝ` at several (P, L, beta) and hard `Ŝ`,
-//! each with its own colour bar and range. Checks the slides' reading that larger powers
-//! concentrate the high-similarity regions (mean normalised row entropy falls with γ) and how
-//! well `Ŝ` tracks `κ^P` (Pearson correlation over entries).
+//! `racelab fig3`: kernel heatmaps in the style of the paper's Fig. 3: softmax weights (at
+//! the model's logit scale for real inputs), angular `κ^γ` for γ = 1, 6, 10, 12, and each
+//! soft-RACE `Ŝ` (several (P, L, beta)) and hard `Ŝ` beside its target `κ^P` on one colour
+//! scale, with the share of saturated soft-hash bits in its title. Row 0 is at the top.
+//!
+//! The claim: each soft panel converges to its L = ∞ limit `g^P` (quadrature) like L^-1/2,
+//! leaving the soft-hash bias `‖g^P − κ^P‖_F/‖κ^P‖_F`, reported as the floor.
 
-use super::{data, load_config, Claim, Ctx, ExpResult, Verdict};
+use super::{claim_id, data, f, load_config, write_csv, Claim, Ctx, ExpResult, Measure};
+use crate::bench::loglog_slope;
 use crate::error::Result;
-use crate::hashing::Planes;
-use crate::reference::angular::angular_matrix;
+use crate::hashing::{soft_feature_bank, Planes};
+use crate::reference::angular::{angular_matrix, kappa};
+use crate::reference::expected::GTable;
 use crate::reference::kernels::{hard_matrix, soft_matrix};
 use crate::tensor::Mat;
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -22,6 +27,8 @@ pub struct Config {
     pub gammas: Vec<f64>,
     pub soft: Vec<(usize, usize, f64)>,
     pub hard: (usize, usize),
+    /// L values of each soft panel's convergence study.
+    pub convergence_ls: Vec<usize>,
 }
 
 /// Row-softmax weights `softmax(s·q_iᵀk_j)` as a matrix.
@@ -40,49 +47,107 @@ pub fn softmax_matrix(q: &Mat<f64>, k: &Mat<f64>, s: f64) -> Mat<f64> {
     m
 }
 
-/// Mean over rows of the normalised entropy of `row / sum(row)` (1 = uniform, 0 = one-hot).
-pub fn row_entropy(m: &Mat<f64>) -> f64 {
-    let mut tot = 0.0;
-    for i in 0..m.rows {
-        let s: f64 = m.row(i).iter().sum();
-        let h: f64 = m
-            .row(i)
-            .iter()
-            .filter(|&&x| x > 0.0)
-            .map(|&x| {
-                let p = x / s;
-                -p * p.ln()
-            })
-            .sum();
-        tot += h / (m.cols as f64).ln();
+/// Inputs for a Fig. 3 run on given Q/K.
+#[derive(Debug, Clone)]
+pub struct FigInputs {
+    pub q: Mat<f64>,
+    pub k: Mat<f64>,
+    /// What the inputs are, for the caption.
+    pub label: String,
+    /// File stem (`fig3_real`, `fig3_user`).
+    pub stem: String,
+    /// The softmax logit scale (a model's 1/√d_head); `None` uses the config's.
+    pub softmax_scale: Option<f64>,
+}
+
+/// Share of soft-hash bits with |tanh(wᵀx)| > 0.99 over the rows of `xs`.
+pub fn saturated_share(planes: &Planes, xs: &[&Mat<f64>]) -> f64 {
+    let mut z = vec![0.0; planes.p];
+    let (mut sat, mut tot) = (0usize, 0usize);
+    for x in xs {
+        for l in 0..planes.l {
+            for i in 0..x.rows {
+                planes.project(l, x.row(i), &mut z);
+                sat += z.iter().filter(|t| t.tanh().abs() > 0.99).count();
+                tot += planes.p;
+            }
+        }
     }
-    tot / m.rows as f64
+    sat as f64 / tot.max(1) as f64
 }
 
-fn pearson(a: &[f64], b: &[f64]) -> f64 {
-    let n = a.len() as f64;
-    let (ma, mb) = (a.iter().sum::<f64>() / n, b.iter().sum::<f64>() / n);
-    let cov: f64 = a.iter().zip(b).map(|(x, y)| (x - ma) * (y - mb)).sum();
-    let va: f64 = a.iter().map(|x| (x - ma).powi(2)).sum();
-    let vb: f64 = b.iter().map(|y| (y - mb).powi(2)).sum();
-    cov / (va * vb).sqrt()
+/// `‖a − b‖_F / ‖b‖_F`.
+fn rel_frob(a: &Mat<f64>, b: &Mat<f64>) -> f64 {
+    crate::analysis::metrics::rms_row_err(&a.data, &b.data, 1)
+        / crate::analysis::metrics::frob(&b.data)
 }
 
-/// Run on the built-in structured inputs, or on user Q/K (`[N, d]` each).
-/// `user` = (q, k, label, file stem); `None` runs the built-in synthetic inputs (`fig3`).
-pub fn run(ctx: &Ctx, user: Option<(Mat<f64>, Mat<f64>, String, String)>) -> Result<ExpResult> {
+/// Soft Ŝ from the first `l` tables of `planes` for each `l` in `ls` (one pass over tables).
+fn soft_prefixes(
+    q: &Mat<f64>,
+    k: &Mat<f64>,
+    planes: &Planes,
+    beta: f64,
+    ls: &[usize],
+) -> Vec<Mat<f64>> {
+    let r = planes.r();
+    let fq = soft_feature_bank(planes, &q.data, q.rows, beta);
+    let fk = soft_feature_bank(planes, &k.data, k.rows, beta);
+    let mut sum = Mat::zeros(q.rows, k.rows);
+    let mut out = Vec::new();
+    for t in 0..planes.l {
+        for i in 0..q.rows {
+            let a = &fq[(t * q.rows + i) * r..(t * q.rows + i + 1) * r];
+            for j in 0..k.rows {
+                let b = &fk[(t * k.rows + j) * r..(t * k.rows + j + 1) * r];
+                sum.data[i * k.rows + j] += crate::hashing::dot(a, b);
+            }
+        }
+        if ls.contains(&(t + 1)) {
+            let mut m = sum.clone();
+            m.data.iter_mut().for_each(|x| *x /= (t + 1) as f64);
+            out.push(m);
+        }
+    }
+    out
+}
+
+/// `g(θ_ij)^P` for unit rows: the L = ∞ soft kernel.
+fn expected_matrix(q: &Mat<f64>, k: &Mat<f64>, table: &GTable, p: usize) -> Mat<f64> {
+    let mut m = Mat::zeros(q.rows, k.rows);
+    for i in 0..q.rows {
+        for j in 0..k.rows {
+            let theta = std::f64::consts::PI * (1.0 - kappa(q.row(i), k.row(j)));
+            m.data[i * k.rows + j] = table.g(theta).powi(p as i32);
+        }
+    }
+    m
+}
+
+/// Run on the built-in structured inputs, or on given Q/K (`[N, d]` each). The angular and
+/// RACE panels use unit-normalised Q/K (the theory's setting: angular attention ignores
+/// norms, and raw norms saturate the soft hash); softmax uses Q/K as given.
+pub fn run(ctx: &Ctx, user: Option<FigInputs>) -> Result<ExpResult> {
     let t0 = std::time::Instant::now();
     let cfg: Config = load_config(ctx, include_str!("../../experiments/fig3.toml"), "fig3")?;
-    let (q, k, label, stem) = match user {
-        Some((q, k, label, stem)) => (q, k, label, stem),
-        None => (
-            data::clustered_unit(cfg.n, cfg.d, cfg.clusters, cfg.noise, ctx.seed, 61),
-            data::clustered_unit(cfg.n, cfg.d, cfg.clusters, cfg.noise, ctx.seed, 62),
-            format!("synthetic: {} clusters, d={}", cfg.clusters, cfg.d),
-            "fig3".to_string(),
-        ),
+    let inp = match user {
+        Some(u) => u,
+        None => FigInputs {
+            q: data::clustered_unit(cfg.n, cfg.d, cfg.clusters, cfg.noise, ctx.seed, 61),
+            k: data::clustered_unit(cfg.n, cfg.d, cfg.clusters, cfg.noise, ctx.seed, 62),
+            label: format!(
+                "synthetic: {} clusters of unit vectors, d={}, noise {}",
+                cfg.clusters, cfg.d, cfg.noise
+            ),
+            stem: "fig3".to_string(),
+            softmax_scale: None,
+        },
     };
-    for (name, m) in [("q", &q), ("k", &k)] {
+    let FigInputs {
+        q, k, label, stem, ..
+    } = &inp;
+    let stem = stem.clone();
+    for (name, m) in [("q", q), ("k", k)] {
         crate::tensor::check_finite(name, &m.data)?;
         crate::tensor::check_nonzero_rows(name, m.view())?;
     }
@@ -93,68 +158,147 @@ pub fn run(ctx: &Ctx, user: Option<(Mat<f64>, Mat<f64>, String, String)>) -> Res
         ));
     }
     let d = q.cols;
+    let (qu, ku) = (super::real::unit_rows(q), super::real::unit_rows(k));
+    let scale = inp.softmax_scale.unwrap_or(cfg.softmax_scale);
+    let sm = softmax_matrix(q, k, scale);
+    let row_max: Vec<f64> = (0..sm.rows)
+        .map(|i| sm.row(i).iter().cloned().fold(0.0, f64::max))
+        .collect();
     let mut panels: Vec<(String, Mat<f64>)> = vec![(
-        format!("softmax (s={})", cfg.softmax_scale),
-        softmax_matrix(&q, &k, cfg.softmax_scale),
+        format!(
+            "softmax s={scale:.3} (median row max {:.2})",
+            super::quantile(&row_max, 0.5)
+        ),
+        sm,
     )];
-    for &g in &cfg.gammas {
+    let mut groups: Vec<usize> = vec![0];
+    for (gi, &g) in cfg.gammas.iter().enumerate() {
         panels.push((
             format!("angular gamma={g}"),
-            angular_matrix(q.view(), k.view(), g),
+            angular_matrix(qu.view(), ku.view(), g),
         ));
+        groups.push(1 + gi);
     }
-    let mut corr = Vec::new();
+    // Each soft panel beside its target κ^P, on one colour scale; and its convergence in L.
+    let mut rows = Vec::new();
+    let mut slopes = Vec::new();
+    let mut summary = Vec::new();
     for (i, &(p, l, beta)) in cfg.soft.iter().enumerate() {
+        let group = 100 + i;
         let planes = Planes::gaussian(l, p, d, ctx.seed + 100 + i as u64)?;
-        let s = soft_matrix(q.view(), k.view(), &planes, beta);
-        let target = angular_matrix(q.view(), k.view(), p as f64);
-        corr.push(((p, l, beta), pearson(&s.data, &target.data)));
-        panels.push((format!("soft P={p} L={l} beta={beta}"), s));
+        let s = soft_matrix(qu.view(), ku.view(), &planes, beta);
+        let target = angular_matrix(qu.view(), ku.view(), p as f64);
+        let table = GTable::new(beta, 256);
+        let limit = expected_matrix(&qu, &ku, &table, p);
+        let sat = saturated_share(&planes, &[&qu, &ku]);
+        let (e_kappa, e_limit, floor) = (
+            rel_frob(&s, &target),
+            rel_frob(&s, &limit),
+            rel_frob(&limit, &target),
+        );
+        panels.push((
+            format!(
+                "soft P={p} L={l} beta={beta} ({:.0}% bits sat.)",
+                100.0 * sat
+            ),
+            s,
+        ));
+        panels.push((format!("target kappa^{p}"), target));
+        groups.extend([group, group]);
+        // Convergence over the config's L values, mean over seeds.
+        let ls = cfg.convergence_ls.clone();
+        let per_seed: Vec<Vec<f64>> = (0..CONVERGENCE_SEEDS)
+            .into_par_iter()
+            .map(|sd| {
+                let lmax = ls.iter().cloned().max().unwrap_or(1);
+                let pl = Planes::gaussian(
+                    lmax,
+                    p,
+                    d,
+                    ctx.seed * 7_919 + 1_000 * (i as u64 + 1) + sd as u64,
+                )
+                .expect("valid P, L");
+                soft_prefixes(&qu, &ku, &pl, beta, &ls)
+                    .iter()
+                    .map(|m| rel_frob(m, &limit))
+                    .collect()
+            })
+            .collect();
+        let mean: Vec<f64> = (0..ls.len())
+            .map(|j| per_seed.iter().map(|v| v[j]).sum::<f64>() / per_seed.len() as f64)
+            .collect();
+        for (j, &lv) in ls.iter().enumerate() {
+            rows.push(vec![
+                p.to_string(),
+                beta.to_string(),
+                lv.to_string(),
+                f(mean[j]),
+                f(floor),
+            ]);
+        }
+        let pts: Vec<(f64, f64)> = ls
+            .iter()
+            .map(|&x| x as f64)
+            .zip(mean.iter().cloned())
+            .collect();
+        let slope = if pts.len() >= 2 {
+            loglog_slope(&pts)
+        } else {
+            f64::NAN
+        };
+        slopes.push(slope);
+        summary.push(format!(
+            "({p},{l},{beta}): vs κ^P {e_kappa:.3}, vs g^P {e_limit:.3}, bias floor ‖g^P − κ^P‖ {floor:.3}, slope in L {slope:.2}, {:.1}% bits saturated",
+            100.0 * sat
+        ));
     }
     let (hp, hl) = cfg.hard;
     let planes = Planes::gaussian(hl, hp, d, ctx.seed + 99)?;
     panels.push((
         format!("hard P={hp} L={hl}"),
-        hard_matrix(q.view(), k.view(), &planes),
+        hard_matrix(qu.view(), ku.view(), &planes),
     ));
+    panels.push((
+        format!("target kappa^{hp}"),
+        angular_matrix(qu.view(), ku.view(), hp as f64),
+    ));
+    groups.extend([99, 99]);
     let csv = super::heatmaps_via_csv(
         ctx,
         &stem,
         &format!(
-            "Fig. 3 style: rows = queries, columns = keys ({label}); each panel has its own scale"
+            "Fig. 3 style: rows = queries (0 at the top), columns = keys; each RACE panel beside its target kappa^P on one colour scale\nInputs: {label}; angular and RACE panels on unit-normalised Q/K. These are not the paper's inputs or model."
         ),
         &panels,
+        Some(&groups),
         5,
         &cfg,
     )?;
-    let ent: Vec<(f64, f64)> = cfg
-        .gammas
-        .iter()
-        .zip(&panels[1..=cfg.gammas.len()])
-        .map(|(&g, (_, m))| (g, row_entropy(m)))
-        .collect();
-    let monotone = ent.windows(2).all(|w| w[1].1 <= w[0].1);
-    let ent_txt: Vec<String> = ent.iter().map(|(g, e)| format!("γ={g}: {e:.3}")).collect();
-    let corr_txt: Vec<String> = corr
-        .iter()
-        .map(|((p, l, b), c)| format!("({p},{l},{b}): {c:.3}"))
-        .collect();
-    let claims = vec![Claim::new(
-        &format!("{}-powers", stem.replace('_', "-")),
-        "Larger angular powers concentrate the high-similarity regions",
-        "Slides, 'Powers sharpen the angular similarity pattern' (paper Fig. 3 p. 6)",
-        format!("mean normalised row entropy {}; corr(Ŝ, κ^P) {}", ent_txt.join(", "), corr_txt.join(", ")),
-        if monotone { Verdict::Holds } else { Verdict::Fails },
-        format!("inputs: {label}; colour scales differ per panel, so visual similarity is not kernel equivalence"),
-    )];
-    let headline = serde_json::json!({"row_entropy": ent.iter().map(|(g, e)| serde_json::json!({"gamma": g, "entropy": e})).collect::<Vec<_>>(), "corr_soft_vs_kappa_p": corr.iter().map(|((p, l, b), c)| serde_json::json!({"p": p, "l": l, "beta": b, "corr": c})).collect::<Vec<_>>()});
+    let conv_stem = format!("{stem}_convergence");
+    let csv2 = write_csv(
+        ctx,
+        &conv_stem,
+        &["p", "beta", "l", "rel_frob_vs_limit", "limit_vs_kappa_p"],
+        &rows,
+        &cfg,
+    )?;
+    let claims = vec![Claim::judged(
+        &claim_id("fig3-race-target", stem != "fig3"),
+        format!("[{label}] {}", summary.join("; ")),
+        Measure::Values(slopes.clone()),
+        format!("mean over {CONVERGENCE_SEEDS} plane seeds"),
+    )?];
+    let headline = serde_json::json!({"race_panels": summary, "slopes_in_l": slopes});
     Ok(ExpResult {
         name: stem.clone(),
         claims,
         figures: vec![stem],
-        csv: vec![csv],
+        csv: vec![csv, csv2],
         headline,
         seconds: t0.elapsed().as_secs_f64(),
         seed: ctx.seed,
     })
 }
+
+/// Plane seeds averaged in the convergence study.
+const CONVERGENCE_SEEDS: usize = 4;

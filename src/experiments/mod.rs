@@ -3,7 +3,9 @@
 //! tables), CSV written before any figure, figures drawn from those rows, and claim rows
 //! with a measured value and a verdict for `figures/REPORT.md`.
 
+pub mod authors;
 pub mod bias;
+pub mod causal;
 pub mod combine;
 pub mod data;
 pub mod fig3;
@@ -14,11 +16,15 @@ pub mod report;
 pub mod theorem;
 pub mod tradeoff;
 pub mod variance;
+pub mod verdict;
+
+pub use verdict::{Claim, Measure, Verdict};
 
 use crate::error::{RaceError, Result};
 use crate::provenance::Provenance;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+
 use std::path::{Path, PathBuf};
 
 /// Where and how an experiment runs.
@@ -34,53 +40,36 @@ pub struct Ctx {
     pub data: Option<PathBuf>,
 }
 
-/// Verdict of one claim.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Verdict {
-    Holds,
-    Fails,
-    HoldsWithCaveat,
+/// The f64 soft-RACE output `Ô` (reference estimator) on whole matrices.
+pub fn soft_out(
+    (q, k, v): (
+        &crate::tensor::Mat<f64>,
+        &crate::tensor::Mat<f64>,
+        &crate::tensor::Mat<f64>,
+    ),
+    planes: &crate::hashing::Planes,
+    beta: f64,
+    causal: bool,
+    combine: crate::params::Combine,
+) -> crate::tensor::Mat<f64> {
+    crate::reference::race::soft_race(q.view(), k.view(), v.view(), planes, beta, causal, combine).o
 }
 
-impl Verdict {
-    pub fn text(&self) -> &'static str {
-        match self {
-            Verdict::Holds => "holds",
-            Verdict::Fails => "fails",
-            Verdict::HoldsWithCaveat => "holds with a caveat",
-        }
-    }
-}
+/// One input of a study over input families: `(family, instance, q, k, v)`.
+pub type Instance = (
+    String,
+    usize,
+    crate::tensor::Mat<f64>,
+    crate::tensor::Mat<f64>,
+    crate::tensor::Mat<f64>,
+);
 
-/// One row of REPORT.md.
-#[derive(Debug, Clone, Serialize)]
-pub struct Claim {
-    pub id: String,
-    pub claim: String,
-    pub source: String,
-    pub measured: String,
-    pub verdict: Verdict,
-    pub note: String,
-}
-
-impl Claim {
-    pub fn new(
-        id: &str,
-        claim: &str,
-        source: &str,
-        measured: String,
-        verdict: Verdict,
-        note: impl Into<String>,
-    ) -> Self {
-        Claim {
-            id: id.into(),
-            claim: claim.into(),
-            source: source.into(),
-            measured,
-            verdict,
-            note: note.into(),
-        }
+/// A claim's id: `base`, or `base-real` for the run on the real-data sample.
+pub fn claim_id(base: &str, real: bool) -> String {
+    if real {
+        format!("{base}-real")
+    } else {
+        base.to_string()
     }
 }
 
@@ -182,19 +171,26 @@ pub fn read_csv(ctx: &Ctx, name: &str) -> Result<(Vec<String>, Vec<Vec<String>>)
     ))
 }
 
-/// Column `name` of CSV rows parsed as f64.
+/// Column `name` of CSV rows parsed as f64 (NaN for a missing column or field, so a misnamed
+/// column can only make a verdict fail, never read another column's numbers).
 pub fn col(header: &[String], rows: &[Vec<String>], name: &str) -> Vec<f64> {
-    let i = header.iter().position(|h| h == name).unwrap_or(0);
+    let i = header.iter().position(|h| h == name);
+    debug_assert!(i.is_some(), "no CSV column `{name}`");
     rows.iter()
-        .map(|r| r.get(i).and_then(|x| x.parse().ok()).unwrap_or(f64::NAN))
+        .map(|r| {
+            i.and_then(|i| r.get(i))
+                .and_then(|x| x.parse().ok())
+                .unwrap_or(f64::NAN)
+        })
         .collect()
 }
 
-/// Column `name` as strings.
+/// Column `name` as strings (empty for a missing column).
 pub fn col_s(header: &[String], rows: &[Vec<String>], name: &str) -> Vec<String> {
-    let i = header.iter().position(|h| h == name).unwrap_or(0);
+    let i = header.iter().position(|h| h == name);
+    debug_assert!(i.is_some(), "no CSV column `{name}`");
     rows.iter()
-        .map(|r| r.get(i).cloned().unwrap_or_default())
+        .map(|r| i.and_then(|i| r.get(i)).cloned().unwrap_or_default())
         .collect()
 }
 
@@ -228,12 +224,14 @@ pub fn rel(out: &Path, stem: &str) -> String {
 }
 
 /// Write named matrices as one long CSV (`panel, query, key, value`) and draw the heatmaps
-/// from that CSV (`cols` panels per row). Returns the CSV's file name.
+/// from that CSV (`cols` panels per row). Panels with the same `groups` entry share one
+/// colour scale (`None`: each its own). Returns the CSV's file name.
 pub fn heatmaps_via_csv(
     ctx: &Ctx,
     stem: &str,
     title: &str,
     panels: &[(String, crate::tensor::Mat<f64>)],
+    groups: Option<&[usize]>,
     cols: usize,
     params: &impl Serialize,
 ) -> Result<String> {
@@ -258,11 +256,12 @@ pub fn heatmaps_via_csv(
         params,
     )?;
     let (_, r) = read_csv(ctx, stem)?;
-    let drawn: Vec<crate::plot::Panel> = panels
+    let mut drawn: Vec<crate::plot::Panel> = panels
         .iter()
         .map(|(name, m)| {
             let mut mm = crate::tensor::Mat::zeros(m.rows, m.cols);
-            for row in r.iter().filter(|row| &row[0] == name) {
+            let key = name.replace(',', ";");
+            for row in r.iter().filter(|row| row[0] == key) {
                 let (i, j): (usize, usize) =
                     (row[1].parse().unwrap_or(0), row[2].parse().unwrap_or(0));
                 mm.data[i * m.cols + j] = row[3].parse().unwrap_or(f64::NAN);
@@ -270,9 +269,28 @@ pub fn heatmaps_via_csv(
             crate::plot::Panel {
                 title: name.clone(),
                 m: mm,
+                range: None,
             }
         })
         .collect();
+    if let Some(g) = groups {
+        let range = |ix: &[usize]| {
+            ix.iter()
+                .flat_map(|&i| drawn[i].m.data.iter().cloned())
+                .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| {
+                    (a.min(x), b.max(x))
+                })
+        };
+        let ranges: Vec<Option<(f64, f64)>> = (0..drawn.len())
+            .map(|i| {
+                let same: Vec<usize> = (0..drawn.len()).filter(|&j| g.get(j) == g.get(i)).collect();
+                (same.len() > 1).then(|| range(&same))
+            })
+            .collect();
+        for (p, r) in drawn.iter_mut().zip(ranges) {
+            p.range = r;
+        }
+    }
     crate::plot::heatmaps(&fig(ctx, stem), title, &drawn, cols)?;
     Ok(csv)
 }

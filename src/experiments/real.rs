@@ -1,10 +1,11 @@
 //! Real Q/K/V: the directory format written by `experiments/extract_qk.py` (`meta.json` plus
 //! `q_L.npy`, `k_L.npy`, `v_L.npy`, each `[heads, N, head_dim]`), and the `real` experiment:
 //! softmax vs angular vs RACE heatmaps per head, RACE error against angular and softmax
-//! attention on real activations, and the effect of Q/K norms on soft RACE (tanh
+//! attention on real activations (every error divided by the RMS row norm of V, so errors
+//! against different targets compare), and the effect of Q/K norms on soft RACE (tanh
 //! saturation) with and without normalising.
 
-use super::{f, quantile, read_csv, write_csv, Claim, Ctx, ExpResult, Verdict};
+use super::{f, quantile, read_csv, verdict::mean_se, write_csv, Claim, Ctx, ExpResult, Measure};
 use crate::analysis::metrics::{frob, rms_row_err};
 use crate::error::{RaceError, Result};
 use crate::hashing::Planes;
@@ -12,7 +13,6 @@ use crate::io::read_npy;
 use crate::params::Combine;
 use crate::reference::angular::{angular_attention, angular_matrix};
 use crate::reference::kernels::soft_matrix;
-use crate::reference::race::soft_race;
 use crate::reference::softmax::softmax_attention;
 use crate::tensor::Mat;
 use rayon::prelude::*;
@@ -204,6 +204,7 @@ pub fn run(ctx: &Ctx, dir: &Path) -> Result<ExpResult> {
             rd.model, rd.text_source
         ),
         &panels,
+        None,
         4,
         &serde_json::json!({"dir": dir.display().to_string(), "layer": layer, "tokens_shown": show}),
     )?;
@@ -225,30 +226,22 @@ pub fn run(ctx: &Ctx, dir: &Path) -> Result<ExpResult> {
             let (q, k, v) = rd.head(l, h).expect("validated above");
             let n = q.rows;
             let soft = softmax_attention(q.view(), k.view(), v.view(), Some(rd.scale), false).o;
-            let s_scale = frob(&soft.data) / (n as f64).sqrt();
+            // One scale for every error: the RMS row norm of V (outputs are averages of V rows).
+            let v_scale = frob(&v.data) / (n as f64).sqrt();
             let (qu, ku) = (unit_rows(&q), unit_rows(&k));
             let (nq, nk) = (mean_norm(&q), mean_norm(&k));
             configs
                 .iter()
                 .flat_map(|&(p, lt, beta)| {
                     let ang = angular_attention(q.view(), k.view(), v.view(), p as f64, false).o;
-                    let a_scale = frob(&ang.data) / (n as f64).sqrt();
                     let planes =
                         Planes::gaussian(lt, p, q.cols, ctx.seed * 7 + (l * 100 + h) as u64)
                             .expect("valid");
                     [("raw", &q, &k), ("unit", &qu, &ku)]
                         .into_iter()
                         .map(|(kind, qq, kk)| {
-                            let o = soft_race(
-                                qq.view(),
-                                kk.view(),
-                                v.view(),
-                                &planes,
-                                beta,
-                                false,
-                                Combine::Paper,
-                            )
-                            .o;
+                            let o =
+                                super::soft_out((qq, kk, &v), &planes, beta, false, Combine::Paper);
                             let sat = saturation(&planes, qq);
                             vec![
                                 l.to_string(),
@@ -257,9 +250,9 @@ pub fn run(ctx: &Ctx, dir: &Path) -> Result<ExpResult> {
                                 lt.to_string(),
                                 f(beta),
                                 kind.to_string(),
-                                f(rms_row_err(&o.data, &ang.data, n) / a_scale),
-                                f(rms_row_err(&o.data, &soft.data, n) / s_scale),
-                                f(rms_row_err(&ang.data, &soft.data, n) / s_scale),
+                                f(rms_row_err(&o.data, &ang.data, n) / v_scale),
+                                f(rms_row_err(&o.data, &soft.data, n) / v_scale),
+                                f(rms_row_err(&ang.data, &soft.data, n) / v_scale),
                                 f(sat),
                                 f(nq),
                                 f(nk),
@@ -312,29 +305,37 @@ pub fn run(ctx: &Ctx, dir: &Path) -> Result<ExpResult> {
             0.5,
         )
     };
+    // One paired difference per (layer, head), averaged over the configurations (unit Q/K).
+    let (lc, hc) = (super::col(&h2, &r2, "layer"), super::col(&h2, &r2, "head"));
+    let per_head: Vec<f64> = jobs
+        .iter()
+        .map(|&(l, h)| {
+            let idx: Vec<usize> = (0..r2.len())
+                .filter(|&i| kind[i] == "unit" && lc[i] == l as f64 && hc[i] == h as f64)
+                .collect();
+            idx.iter().map(|&i| es[i] - ea[i]).sum::<f64>() / idx.len().max(1) as f64
+        })
+        .collect();
+    let (diff, se) = mean_se(&per_head);
     let claims = vec![
-        Claim::new(
+        Claim::judged(
             "real-race-error",
-            "On real transformer Q/K/V, soft RACE approximates angular attention (its target) better than softmax attention",
-            "Paper Sec. 3 (RACE targets the angular kernel); issue: real-data section",
             format!(
-                "{} ({} layers × {} heads, {} tokens): median relative error vs angular-P {:.3} (raw Q/K) / {:.3} (unit), vs softmax {:.3} / {:.3}; angular-P vs softmax itself {:.3}",
+                "{} ({} layers × {} heads, {} tokens), errors / RMS row norm of V: median error vs angular-P {:.3} (raw Q/K) / {:.3} (unit), vs softmax {:.3} / {:.3}; angular-P vs softmax itself {:.3}; mean paired difference (unit) {diff:.4}, se {se:.4}",
                 rd.model, rd.layers.len(), heads.len(), rd.tokens, med(&ea, "raw"), med(&ea, "unit"), med(&es, "raw"), med(&es, "unit"), med(&asm, "raw")
             ),
-            if med(&ea, "unit") < med(&es, "unit") { Verdict::Holds } else { Verdict::HoldsWithCaveat },
+            Measure::Margin { diff, se },
             "softmax depends on norms and the scale 1/sqrt(d); angular attention ignores norms",
-        ),
-        Claim::new(
+        )?,
+        Claim::judged(
             "real-tanh-saturation",
-            "Soft RACE depends on Q/K norms through tanh (the theorem assumes unit Q/K): real activations saturate the soft hash",
-            "DESIGN 2.2 ('Soft RACE depends on norms through tanh')",
             format!(
                 "mean |q| = {:.2}, |k| = {:.2}; share of saturated bits |tanh| > 0.99: raw {:.1}% vs unit {:.1}%; median error vs angular-P raw {:.3} vs unit {:.3}",
                 quantile(&nq, 0.5), quantile(&nk, 0.5), 100.0 * med(&sat, "raw"), 100.0 * med(&sat, "unit"), med(&ea, "raw"), med(&ea, "unit")
             ),
-            if med(&sat, "raw") > med(&sat, "unit") { Verdict::Holds } else { Verdict::HoldsWithCaveat },
-            "with raw norms the soft hash behaves like a hard hash (bias and gradients change); normalising restores the softness beta sets",
-        ),
+            Measure::value(med(&sat, "raw")),
+            "normalising Q/K restores the softness beta sets",
+        )?,
     ];
     let headline = serde_json::json!({"model": rd.model, "tokens": rd.tokens, "median_err_vs_angular_raw": med(&ea, "raw"), "median_err_vs_angular_unit": med(&ea, "unit"), "median_err_vs_softmax_raw": med(&es, "raw"), "saturation_raw": med(&sat, "raw"), "saturation_unit": med(&sat, "unit")});
     Ok(ExpResult {

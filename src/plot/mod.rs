@@ -218,17 +218,20 @@ pub fn colormap(t: f64) -> RGBColor {
     )
 }
 
-/// One heatmap panel: rows are queries, columns keys, with its own colour scale.
+/// One heatmap panel: rows are queries (row 0 at the top, as a matrix reads), columns keys.
+/// `range` is the colour scale's (min, max); `None` uses the panel's own.
 pub struct Panel {
     pub title: String,
     pub m: Mat<f64>,
+    pub range: Option<(f64, f64)>,
 }
 
 /// Draw panels in a grid (`cols` per row), each with its own colour bar and min/max stated.
 pub fn heatmaps(stem: &Path, title: &str, panels: &[Panel], cols: usize) -> Result<()> {
     init_font();
     let rows = panels.len().div_ceil(cols.max(1));
-    let size = (cols as u32 * 330, rows as u32 * 330 + 40);
+    let lines = title.lines().count().max(1) as u32;
+    let size = (cols as u32 * 330, rows as u32 * 330 + 20 + 20 * lines);
     let png = stem.with_extension("png");
     let svg = stem.with_extension("svg");
     {
@@ -252,22 +255,27 @@ where
     DB::ErrorType: 'static,
 {
     root.fill(&WHITE).map_err(|e| e.to_string())?;
-    let (top, body) = root.split_vertically(40);
-    top.draw(&Text::new(
-        title.to_string(),
-        (10, 10),
-        (FONT, 20).into_font(),
-    ))
-    .map_err(|e| e.to_string())?;
+    let lines: Vec<&str> = title.lines().collect();
+    let (top, body) = root.split_vertically(20 + 20 * lines.len().max(1) as u32);
+    for (i, line) in lines.iter().enumerate() {
+        let size = if i == 0 { 20 } else { 13 };
+        top.draw(&Text::new(
+            line.to_string(),
+            (10, 8 + 20 * i as i32),
+            (FONT, size).into_font(),
+        ))
+        .map_err(|e| e.to_string())?;
+    }
     let rows = panels.len().div_ceil(cols.max(1));
     let areas = body.split_evenly((rows, cols));
     for (p, area) in panels.iter().zip(areas) {
-        let (lo, hi) =
+        let (lo, hi) = p.range.unwrap_or_else(|| {
             p.m.data
                 .iter()
                 .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| {
                     (a.min(x), b.max(x))
-                });
+                })
+        });
         let span = if hi > lo { hi - lo } else { 1.0 };
         let (main, bar) = area.split_horizontally(280);
         let mut chart = ChartBuilder::on(&main)
@@ -275,10 +283,14 @@ where
             .margin(6)
             .x_label_area_size(18)
             .y_label_area_size(26)
-            .build_cartesian_2d(0..p.m.cols, 0..p.m.rows)
+            .build_cartesian_2d(0..p.m.cols as i64, -(p.m.rows as i64)..0)
             .map_err(|e| e.to_string())?;
+        // Row i is drawn on y ∈ [−i−1, −i] and the label at y reads −y, so row 0 is at the
+        // top, as a matrix (and the paper's figure) reads.
+        let ylab = |y: &i64| format!("{}", -y);
         chart
             .configure_mesh()
+            .y_label_formatter(&ylab)
             .disable_mesh()
             .x_desc("key")
             .y_desc("query")
@@ -287,14 +299,13 @@ where
             .y_labels(3)
             .draw()
             .map_err(|e| e.to_string())?;
-        let n = p.m.rows;
         chart
-            .draw_series((0..n).flat_map(|i| {
+            .draw_series((0..p.m.rows).flat_map(|i| {
                 let m = &p.m;
                 (0..m.cols).map(move |j| {
                     let t = (m.at(i, j) - lo) / span;
-                    // Query 0 at the top, as in the paper's figure.
-                    Rectangle::new([(j, n - 1 - i), (j + 1, n - i)], colormap(t).filled())
+                    let (x, y) = (j as i64, -(i as i64));
+                    Rectangle::new([(x, y - 1), (x + 1, y)], colormap(t).filled())
                 })
             }))
             .map_err(|e| e.to_string())?;
