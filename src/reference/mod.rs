@@ -15,6 +15,7 @@ pub mod backward;
 pub mod baselines;
 pub mod expected;
 pub mod kernels;
+pub mod logdomain;
 pub mod race;
 pub mod softmax;
 
