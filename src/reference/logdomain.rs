@@ -240,6 +240,126 @@ pub fn soft_race_pairs_log(
     HeadOutput { o, empty_rows }
 }
 
+/// Analytic gradients of `ℓ` with `∂ℓ/∂Ô = g` (paper combine rule), exact at any beta:
+/// the pairwise route of [`crate::reference::backward`] with every weight formed as the
+/// exponential of a log difference that is at most `log(L·R)`:
+///
+/// - `∂ℓ/∂v_j = Σ_i e^{log Ŝ_ij − log Den_i} G_i`;
+/// - `∂ℓ/∂log φ_{l,r}(q_i) = Σ_j e^{log φ_{l,r}(q_i) + log φ_{l,r}(k_j) − log L − log Den_i}·G_iᵀ(v_j − Ô_i)`,
+///   and the same with `q_i` and `k_j` swapped for the keys;
+/// - `log φ_r = Σ_p log σ(s_rp·2β·u_p)` (`s_rp = ±1` the bit of `r`), so
+///   `∂ log φ_r/∂u_p = 2β·s_rp·σ(−s_rp·2β·u_p)`, `∂ log φ_r/∂β = Σ_p 2u_p·s_rp·σ(−s_rp·2β·u_p)`,
+///   `∂ℓ/∂x = Wᵀ(∂ℓ/∂u ⊙ (1 − u²))`.
+pub fn soft_race_backward_log(
+    q: MatRef<f64>,
+    k: MatRef<f64>,
+    v: MatRef<f64>,
+    g: MatRef<f64>,
+    planes: &Planes,
+    beta: f64,
+    causal: bool,
+) -> super::backward::SoftGrads64 {
+    let (n, m, dv, r, lt) = (q.rows, k.rows, v.cols, planes.r(), planes.l);
+    let o = soft_race_log(q, k, v, planes, beta, causal, Combine::Paper).o;
+    let lq = log_feature_bank(planes, q.data, n, beta);
+    let lk = log_feature_bank(planes, k.data, m, beta);
+    let log_l = (lt as f64).ln();
+    let log_s = |i: usize, j: usize| -> f64 {
+        let mut acc = f64::NEG_INFINITY;
+        for t in 0..lt {
+            for b in 0..r {
+                acc = log_add_exp(acc, lq[(t * n + i) * r + b] + lk[(t * m + j) * r + b]);
+            }
+        }
+        acc - log_l
+    };
+    let mut gq = vec![0.0; lt * n * r];
+    let mut gk = vec![0.0; lt * m * r];
+    let mut dvm = Mat::zeros(m, dv);
+    for i in 0..n {
+        let lim = if causal { (i + 1).min(m) } else { m };
+        let ls: Vec<f64> = (0..lim).map(|j| log_s(i, j)).collect();
+        let log_den = ls.iter().fold(f64::NEG_INFINITY, |a, &x| log_add_exp(a, x));
+        if log_den == f64::NEG_INFINITY {
+            continue;
+        }
+        for j in 0..lim {
+            let w = (ls[j] - log_den).exp();
+            let gdiff: f64 = (0..dv)
+                .map(|c| g.row(i)[c] * (v.row(j)[c] - o.row(i)[c]))
+                .sum();
+            for c in 0..dv {
+                dvm.row_mut(j)[c] += w * g.row(i)[c];
+            }
+            for t in 0..lt {
+                for b in 0..r {
+                    let (a, c) = ((t * n + i) * r + b, (t * m + j) * r + b);
+                    let e = (lq[a] + lk[c] - log_l - log_den).exp() * gdiff;
+                    gq[a] += e;
+                    gk[c] += e;
+                }
+            }
+        }
+    }
+    let mut dq = Mat::zeros(n, q.cols);
+    let mut dk = Mat::zeros(m, k.cols);
+    let dbeta = through_log_features(planes, q, &gq, beta, &mut dq)
+        + through_log_features(planes, k, &gk, beta, &mut dk);
+    super::backward::SoftGrads64 {
+        dq,
+        dk,
+        dv: dvm,
+        dbeta,
+    }
+}
+
+/// Back-propagate log-feature gradients `gl` (`[L, n, R]`) of the rows of `x` into `dx`;
+/// returns their contribution to `∂ℓ/∂β`.
+fn through_log_features(
+    planes: &Planes,
+    x: MatRef<f64>,
+    gl: &[f64],
+    beta: f64,
+    dx: &mut Mat<f64>,
+) -> f64 {
+    let (p, r, d) = (planes.p, planes.r(), planes.d);
+    let mut dbeta = 0.0;
+    let mut z = vec![0.0; p];
+    for l in 0..planes.l {
+        for i in 0..x.rows {
+            let gr = &gl[(l * x.rows + i) * r..(l * x.rows + i + 1) * r];
+            planes.project(l, x.row(i), &mut z);
+            for b in 0..p {
+                let u = z[b].tanh();
+                // Σ_r gl_r·s_rp·σ(−s_rp·2βu): the bit is on (s = +1) or off (s = −1).
+                let (on, off) = (
+                    crate::hashing::sigmoid(-2.0 * beta * u),
+                    crate::hashing::sigmoid(2.0 * beta * u),
+                );
+                let sum: f64 = gr
+                    .iter()
+                    .enumerate()
+                    .map(|(rr, &gv)| {
+                        if (rr >> (p - 1 - b)) & 1 == 1 {
+                            gv * on
+                        } else {
+                            -gv * off
+                        }
+                    })
+                    .sum();
+                dbeta += 2.0 * u * sum;
+                let dz = 2.0 * beta * sum * (1.0 - u * u);
+                let w = &planes.table(l)[b * d..(b + 1) * d];
+                dx.row_mut(i)
+                    .iter_mut()
+                    .zip(w)
+                    .for_each(|(gx, wi)| *gx += dz * wi);
+            }
+        }
+    }
+    dbeta
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -370,6 +490,125 @@ mod tests {
                 assert!(
                     x >= lo - 1e-12 && x <= hi + 1e-12,
                     "row {i}: {x} outside [{lo}, {hi}]"
+                );
+            }
+        }
+    }
+
+    fn loss(o: &Mat<f64>, g: &Mat<f64>) -> f64 {
+        o.data.iter().zip(&g.data).map(|(a, b)| a * b).sum()
+    }
+
+    /// In range the log-domain gradients equal the plain reference's.
+    #[test]
+    fn gradients_agree_with_the_plain_reference_in_range() {
+        let (q, k, v) = inputs(16, 5, 3, 8);
+        let g = inputs(16, 3, 3, 9).2;
+        let planes = Planes::gaussian(2, 2, 5, 4).unwrap();
+        for &beta in &[0.05, 1.0, 12.0] {
+            for causal in [false, true] {
+                let a = crate::reference::backward::soft_race_backward(
+                    q.view(),
+                    k.view(),
+                    v.view(),
+                    g.view(),
+                    &planes,
+                    beta,
+                    causal,
+                );
+                let b = soft_race_backward_log(
+                    q.view(),
+                    k.view(),
+                    v.view(),
+                    g.view(),
+                    &planes,
+                    beta,
+                    causal,
+                );
+                for (x, y, name) in [
+                    (&a.dq, &b.dq, "dq"),
+                    (&a.dk, &b.dk, "dk"),
+                    (&a.dv, &b.dv, "dv"),
+                ] {
+                    let e = max_abs_diff(&x.data, &y.data);
+                    let s = x.data.iter().map(|t| t.abs()).fold(0.0, f64::max);
+                    assert!(
+                        e <= 1e-10 * s.max(1.0),
+                        "{name} beta={beta} causal={causal}: {e:.2e}"
+                    );
+                }
+                assert!(
+                    (a.dbeta - b.dbeta).abs() <= 1e-10 * a.dbeta.abs().max(1.0),
+                    "dbeta {beta}"
+                );
+            }
+        }
+    }
+
+    /// At large beta (where the plain reference loses rows) the gradients match central
+    /// differences of the exact forward.
+    #[test]
+    fn gradients_match_central_differences_at_large_beta() {
+        let (q, k, v) = inputs(10, 4, 2, 12);
+        let g = inputs(10, 2, 2, 13).2;
+        let planes = Planes::gaussian(2, 3, 4, 6).unwrap();
+        for &beta in &[3.0, 200.0, 1e3] {
+            for causal in [false, true] {
+                let f = |q: &Mat<f64>, k: &Mat<f64>, v: &Mat<f64>, beta: f64| {
+                    loss(
+                        &soft_race_log(
+                            q.view(),
+                            k.view(),
+                            v.view(),
+                            &planes,
+                            beta,
+                            causal,
+                            Combine::Paper,
+                        )
+                        .o,
+                        &g,
+                    )
+                };
+                let an = soft_race_backward_log(
+                    q.view(),
+                    k.view(),
+                    v.view(),
+                    g.view(),
+                    &planes,
+                    beta,
+                    causal,
+                );
+                let h = 1e-6 / beta.max(1.0);
+                let scale = an
+                    .dq
+                    .data
+                    .iter()
+                    .chain(&an.dk.data)
+                    .chain(&an.dv.data)
+                    .map(|t| t.abs())
+                    .fold(1.0, f64::max);
+                for (which, grad) in [(0usize, &an.dq), (1, &an.dk), (2, &an.dv)] {
+                    for idx in [0usize, 5, grad.data.len() - 1] {
+                        let bump = |delta: f64| {
+                            let (mut qq, mut kk, mut vv) = (q.clone(), k.clone(), v.clone());
+                            [&mut qq, &mut kk, &mut vv][which].data[idx] += delta;
+                            f(&qq, &kk, &vv, beta)
+                        };
+                        let fd = (bump(h) - bump(-h)) / (2.0 * h);
+                        let e = (fd - grad.data[idx]).abs();
+                        assert!(
+                            e <= 1e-5 * scale,
+                            "beta={beta} causal={causal} arg {which}[{idx}]: fd {fd:.6e} vs {:.6e}",
+                            grad.data[idx]
+                        );
+                    }
+                }
+                let hb = 1e-6 * beta;
+                let fd = (f(&q, &k, &v, beta + hb) - f(&q, &k, &v, beta - hb)) / (2.0 * hb);
+                assert!(
+                    (fd - an.dbeta).abs() <= 1e-5 * an.dbeta.abs().max(1e-3 / beta),
+                    "dbeta beta={beta}: {fd:.6e} vs {:.6e}",
+                    an.dbeta
                 );
             }
         }
