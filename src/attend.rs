@@ -198,7 +198,8 @@ pub fn attend(
                 Method::Hard => {
                     reference::race::hard_lsh(qm, km, vm, planes.as_ref().unwrap(), opts.causal)
                 }
-                Method::Soft => reference::race::soft_race(
+                // Exact at any beta: the plain bucket sums underflow from beta ≈ 350.
+                Method::Soft => reference::logdomain::soft_race_log(
                     qm,
                     km,
                     vm,

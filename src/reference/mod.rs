@@ -1,5 +1,7 @@
 //! f64 reference estimators: plain, literal, obviously correct. Every fast path is tested
-//! against these on the same inputs and planes.
+//! against these on the same inputs and planes. Soft RACE has two: the literal bucket sums
+//! ([`race`]) and the same estimator in the log domain ([`logdomain`]), exact at any beta;
+//! `attend --device reference` uses the latter.
 //!
 //! Each works on one head (`N × d` queries, `M × d` keys, `M × dv` values); batch and heads
 //! are lifted by [`crate::attend`]. A row whose denominator is exactly 0 (possible for hard
