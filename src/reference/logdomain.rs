@@ -613,4 +613,76 @@ mod tests {
             }
         }
     }
+
+    /// Denominators spanning 1 … 1e-300 and far below: every key sits in bucket 1 (k = +1),
+    /// the queries' bucket-1 feature is `σ(2β·tanh x_i) ≈ e^{−2β|tanh x_i|}` for x_i ≤ 0, so
+    /// `Den_i/N` runs from about 1/2 down to e^{−2β·tanh 3}. All keys have the same features, so
+    /// every exact row is the mean of V.
+    #[test]
+    fn denominators_down_to_1e_minus_300_and_beyond() {
+        let (n, beta) = (64usize, 1e3);
+        let planes = Planes::from_data(1, 1, 1, vec![1.0]).unwrap();
+        let q = Mat::from_vec(
+            n,
+            1,
+            (0..n).map(|i| -3.0 * i as f64 / (n - 1) as f64).collect(),
+        );
+        let k = Mat::from_vec(n, 1, vec![1.0; n]);
+        let v = inputs(n, 1, 2, 21).2;
+        let log_den: Vec<f64> = (0..n)
+            .map(|i| {
+                let mut lq = [0.0; 2];
+                log_features(&planes, 0, q.row(i), beta, &mut lq);
+                let mut lk = [0.0; 2];
+                log_features(&planes, 0, k.row(0), beta, &mut lk);
+                log_add_exp(lq[0] + lk[0], lq[1] + lk[1]) + (n as f64).ln()
+            })
+            .collect();
+        assert!(
+            log_den[0] > -1.0 && log_den[n - 1] < -300.0 * 10f64.ln(),
+            "span {} .. {}",
+            log_den[0],
+            log_den[n - 1]
+        );
+        let mean: Vec<f64> = (0..2)
+            .map(|c| (0..n).map(|j| v.at(j, c)).sum::<f64>() / n as f64)
+            .collect();
+        let exact = soft_race_log(
+            q.view(),
+            k.view(),
+            v.view(),
+            &planes,
+            beta,
+            false,
+            Combine::Paper,
+        );
+        for i in 0..n {
+            for c in 0..2 {
+                assert!(
+                    (exact.o.at(i, c) - mean[c]).abs() < 1e-12,
+                    "row {i} (log Den {:.1})",
+                    log_den[i]
+                );
+            }
+        }
+        // The plain reference loses the rows whose Den is below f64's normal range.
+        let plain = soft_race(
+            q.view(),
+            k.view(),
+            v.view(),
+            &planes,
+            beta,
+            false,
+            Combine::Paper,
+        );
+        let below = log_den
+            .iter()
+            .filter(|&&x| x < f64::MIN_POSITIVE.ln())
+            .count();
+        assert!(
+            below > 0 && plain.empty_rows >= below,
+            "{below} rows below range, {} empty",
+            plain.empty_rows
+        );
+    }
 }
