@@ -63,10 +63,7 @@ fn through_features(
                         .sum::<f64>();
                 let dz = du * (1.0 - u[b] * u[b]);
                 let w = &planes.table(l)[b * d..(b + 1) * d];
-                dx.row_mut(i)
-                    .iter_mut()
-                    .zip(w)
-                    .for_each(|(g, wi)| *g += dz * wi);
+                super::axpy(dx.row_mut(i), dz, w);
             }
         }
     }

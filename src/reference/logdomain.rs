@@ -350,10 +350,7 @@ fn through_log_features(
                 dbeta += 2.0 * u * sum;
                 let dz = 2.0 * beta * sum * (1.0 - u * u);
                 let w = &planes.table(l)[b * d..(b + 1) * d];
-                dx.row_mut(i)
-                    .iter_mut()
-                    .zip(w)
-                    .for_each(|(gx, wi)| *gx += dz * wi);
+                super::axpy(dx.row_mut(i), dz, w);
             }
         }
     }
@@ -366,6 +363,26 @@ mod tests {
     use crate::analysis::metrics::max_abs_diff;
     use crate::reference::race::soft_race;
     use crate::rng::SeededRng;
+
+    /// The exact forward, paper rule.
+    fn exact(
+        q: &Mat<f64>,
+        k: &Mat<f64>,
+        v: &Mat<f64>,
+        planes: &Planes,
+        beta: f64,
+        causal: bool,
+    ) -> HeadOutput {
+        soft_race_log(
+            q.view(),
+            k.view(),
+            v.view(),
+            planes,
+            beta,
+            causal,
+            Combine::Paper,
+        )
+    }
 
     fn inputs(n: usize, d: usize, dv: usize, seed: u64) -> (Mat<f64>, Mat<f64>, Mat<f64>) {
         let mut rng = SeededRng::new(seed, crate::rng::stream::EXPERIMENT);
@@ -431,15 +448,7 @@ mod tests {
         let planes = Planes::gaussian(3, 2, 5, 11).unwrap();
         for &beta in &[1e-6, 1e-3, 1.0, 60.0, 400.0, 1e3, 1e4, 1e6] {
             for causal in [false, true] {
-                let a = soft_race_log(
-                    q.view(),
-                    k.view(),
-                    v.view(),
-                    &planes,
-                    beta,
-                    causal,
-                    Combine::Paper,
-                );
+                let a = exact(&q, &k, &v, &planes, beta, causal);
                 let b = soft_race_pairs_log(q.view(), k.view(), v.view(), &planes, beta, causal);
                 assert!(a.o.data.iter().all(|x| x.is_finite()));
                 let e = max_abs_diff(&a.o.data, &b.o.data);
@@ -464,15 +473,7 @@ mod tests {
             true,
             Combine::Paper,
         );
-        let exact = soft_race_log(
-            q.view(),
-            k.view(),
-            v.view(),
-            &planes,
-            beta,
-            true,
-            Combine::Paper,
-        );
+        let exact = exact(&q, &k, &v, &planes, beta, true);
         let brute = soft_race_pairs_log(q.view(), k.view(), v.view(), &planes, beta, true);
         assert!(
             plain.empty_rows > 0,
@@ -555,19 +556,7 @@ mod tests {
         for &beta in &[3.0, 200.0, 1e3] {
             for causal in [false, true] {
                 let f = |q: &Mat<f64>, k: &Mat<f64>, v: &Mat<f64>, beta: f64| {
-                    loss(
-                        &soft_race_log(
-                            q.view(),
-                            k.view(),
-                            v.view(),
-                            &planes,
-                            beta,
-                            causal,
-                            Combine::Paper,
-                        )
-                        .o,
-                        &g,
-                    )
+                    loss(&exact(q, k, v, &planes, beta, causal).o, &g)
                 };
                 let an = soft_race_backward_log(
                     q.view(),
@@ -647,15 +636,7 @@ mod tests {
         let mean: Vec<f64> = (0..2)
             .map(|c| (0..n).map(|j| v.at(j, c)).sum::<f64>() / n as f64)
             .collect();
-        let exact = soft_race_log(
-            q.view(),
-            k.view(),
-            v.view(),
-            &planes,
-            beta,
-            false,
-            Combine::Paper,
-        );
+        let exact = exact(&q, &k, &v, &planes, beta, false);
         for i in 0..n {
             for c in 0..2 {
                 assert!(
