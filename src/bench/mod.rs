@@ -13,7 +13,7 @@
 //! just before and just after the row's runs (consecutive rows share the probe between
 //! them), and their `ratio_to_floor` uses the larger of those two: this machine switches
 //! between about 42 and 73 GB/s within minutes, and a row a minute away from a probe can run
-//! in the other state (in the paired runs 82 and 87 of the eleventh session the run-wide
+//! in the other state (in paired runs 82 and 87 of `figures/bench/runs/paired-2e20/` the run-wide
 //! probes read 48–49 and 70–73 GB/s while the non-causal `(2, 2)` row ran at the slow
 //! state's speed). Rows without their own probes use the run-wide floor for both ratios.
 //!
@@ -24,7 +24,7 @@
 //! buffers are reused across runs, and the first run is the one that faults their pages in
 //! and sizes the context (at N = 2^20, `(2, 2)`, paired runs 53–77: the first run took
 //! 0.44–0.69 s non-causal and 0.77–0.94 s causal, the later ones 0.37–0.49 and 0.53–0.65 s).
-//! Before the eleventh session there was no warm-up, so the median of three runs was the
+//! Without the warm-up (paired runs before 78), the median of three runs was the
 //! slower of the two later ones. The references are not warmed up (one run of
 //! the largest takes about 30 s).
 //!
@@ -272,7 +272,7 @@ fn time_runs(runs: usize, mut f: impl FnMut()) -> (f64, Vec<f64>) {
 /// Timed runs of a row: at least `runs`, and for a short row as many as make
 /// [`SHORT_ROW_SECONDS`] (at most [`MAX_RUNS`]), from the first run's time `first`. The
 /// median of three millisecond runs is at the mercy of one interruption: in a quick
-/// `racelab reproduce` at the eleventh session's sizes (two heads, d = 64, N ≤ 8192) one
+/// `racelab reproduce` at its earlier sizes (two heads, d = 64, N ≤ 8192) one
 /// such row once took 2.2 ms instead of about 1.1 and turned the fitted exponent of `(2, 2)`
 /// from 0.9 into 1.99.
 fn runs_for(runs: usize, first: f64) -> usize {

@@ -22,7 +22,7 @@
 //! its accuracy. Features `f ≥ m` are padding: the rows `a`, `b` have stride 16 and zeros
 //! there.
 //!
-//! Measured (eleventh session, nominal 4 GHz cycles): read and update of a 16-token
+//! Measured (nominal 4 GHz cycles): read and update of a 16-token
 //! sub-block at `m = 8`, in cache, 1551–1572 cycles with one chunk per step, 1192–1198 with
 //! two (read 635, update 592). In the causal `(2, 2)` kernels at N = 2^16 (one core, per
 //! token and head): the forward's read and update 154 → 97 cycles, the keys' read, update and

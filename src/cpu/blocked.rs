@@ -44,7 +44,7 @@ use rayon::prelude::*;
 pub const T: usize = 64;
 
 /// Tokens per block of the non-causal passes for a bank of `m` features: 128 up to 16
-/// features, else [`T`]. (Tenth session, `examples/timing.rs`, N = 2^20, two threads: 128
+/// features, else [`T`]. (`examples/timing.rs`, N = 2^20, two threads: 128
 /// rows are 6% faster at `(2, 2)` forward+backward, 1.5–2% slower at `(3, 3)` and `(4, 4)`.)
 pub fn block_rows(m: usize) -> usize {
     if m <= 16 {

@@ -44,7 +44,7 @@
 //! [`key_intra`] (the keys' masses and `tril(Ĝ X̂ᵀ)ᵀ Φ_Q`). Row `i` of a sub-block's
 //! `Φ_Q Φ_Kᵀ` is one 16-lane vector over its keys. The state's reads and updates of these
 //! banks are [`bank16`] passes (the state's chunks in registers) rather than [`gemm`] calls.
-//! Measured (eleventh session, one core, N = 2^16, alternated runs, medians): causal
+//! Measured (one core, N = 2^16, alternated runs, medians): causal
 //! `(2, 2)` forward+backward 1205 → 1092–1117 cycles per token and head with the row passes,
 //! → 1043 with [`bank16`] as well; `racelab bench --causal --p 2 --l 2`, N = 2^20,
 //! alternated: 0.656–0.699 s → 0.605–0.666 s → 0.553–0.630 s.
@@ -71,7 +71,7 @@ pub const TB: usize = 128;
 
 /// Tokens per causal sub-block (the intra-block products are `TC × TC`, stored with row
 /// stride `TC`). They cost about `TC·dv` per token and the per-sub-block work (state read
-/// and update) about `m·w/TC`; measured with blocks of [`TB`] (third session, when the state
+/// and update) about `m·w/TC`; measured with blocks of [`TB`] (when the state
 /// was still read through a refreshed copy), 16 is fastest for every `(P, L)` of the paper
 /// (8 and 32 are 3–12% slower).
 pub const TC: usize = 16;

@@ -14,8 +14,8 @@ use super::simd::{best_supported, Isa};
 /// The next block's input rows, prefetched a few lines at a time by the [`drip`]s of the
 /// current block. Creating one arms this thread's drip with the rows and ends the previous
 /// block: the number of drips that block made sets how many lines each drip of this one
-/// prefetches, so the lines are spread evenly over the whole block. (With huge pages, eighth
-/// session, `examples/timing.rs`, N = 2^20, two threads, alternated runs: an even share is
+/// prefetches, so the lines are spread evenly over the whole block. (With huge pages,
+/// `examples/timing.rs`, N = 2^20, two threads, alternated runs: an even share is
 /// 2–3% faster at `(2, 2)` non-causal and 2–5% causal than the earlier 1.5×, and 0.75× or 3×
 /// are slower; `(4, 4)` within ±2%.) Dropping it disarms the drip.
 ///
@@ -29,11 +29,10 @@ use super::simd::{best_supported, Isa};
 /// non-temporal writes, a few lines every few drips) was tried and not kept: about 4.5%
 /// faster at `(2, 2)` non-causal, 2–4% slower at `(4, 4)` and causal (medians of 4–8
 /// alternated runs), for a queue of raw output addresses kept in thread-local state. Tried
-/// again in the eighth session with huge pages (commit `fbfde3ef40db`, reverted): 7–12%
+/// again with huge pages (commit `fbfde3ef40db`, reverted): 7–12%
 /// faster at `(2, 2)` in `examples/timing.rs` (two heads), but in `racelab bench` (four
-/// heads, N = 2^20) 1% at `(2, 2)` and 13% slower at `(4, 4)` non-causal. Restored in the
-/// tenth session for the non-causal passes of banks of at most 16 features only
-/// ([`Out::queued`], [`Behind`]): after that session's cuts in their arithmetic the same
+/// heads, N = 2^20) 1% at `(2, 2)` and 13% slower at `(4, 4)` non-causal. Restored for the non-causal passes of banks of at most 16 features only
+/// ([`Out::queued`], [`Behind`]): after cuts in their arithmetic the same
 /// queue made `(2, 2)` 7% faster in `examples/timing.rs` (N = 2^20, two threads).
 pub struct Ahead<'a> {
     _parts: std::marker::PhantomData<&'a [f32]>,
@@ -525,7 +524,7 @@ unsafe fn stream_avx512(dst: &mut [f32], src: &[f32]) {
 /// misaligned operands against about 80% aligned (`examples/gemm_micro.rs`, `SHIFT`). Buffers
 /// of at least 4 MiB are also aligned to 2 MiB and advised as transparent huge pages (Linux
 /// `madvise`, best effort) before their first touch, the zeroing: streaming through gigabytes
-/// of 4 KiB pages costs TLB misses. (Until the eighth session the allocator's own zeroing
+/// of 4 KiB pages costs TLB misses. (Before this, the allocator's own zeroing
 /// touched the pages first and nothing was on huge pages; with them, non-causal (2,2)
 /// forward+backward at N = 2^20, two threads, `examples/timing.rs`, runs 2–4% faster in
 /// alternated runs.)
