@@ -105,8 +105,13 @@ impl Default for AttendOptions {
 pub struct AttendResult {
     pub o: Tensor<f64>,
     pub shape: AttnShape,
+    /// Rows left 0: hard LSH's queries that collide with no key; for the other kernels, rows
+    /// they flagged and could not recompute (see `recomputed`).
     pub empty_rows: usize,
     pub planes: Option<Planes>,
+    /// Soft RACE on the CPU and CUDA kernels: the rows whose denominator f32 cannot hold,
+    /// flagged by the kernel and recomputed exactly ([`crate::cpu::recompute`]).
+    pub recomputed: crate::cpu::recompute::Recomputed,
 }
 
 /// Validate options against the input shape and resolve the planes.
@@ -231,6 +236,7 @@ pub fn attend(
         shape,
         empty_rows,
         planes,
+        recomputed: Default::default(),
     })
 }
 
@@ -303,6 +309,7 @@ pub fn attend_with(
     );
     let p32 = planes.as_ref().map(PlanesF32::from_planes);
     let isa = cpu::detected_isa();
+    let mut recomputed = crate::cpu::recompute::Recomputed::default();
     let (o, empty_rows): (Vec<f32>, usize) = match (backend, opts.method) {
         (Backend::Cuda, Method::Soft) => {
             if shape.n != shape.m {
@@ -326,6 +333,7 @@ pub fn attend_with(
                 s,
                 opts.causal,
             )?;
+            recomputed = f.recomputed;
             (f.o, f.empty_rows)
         }
         (Backend::Cuda, m) => {
@@ -349,6 +357,7 @@ pub fn attend_with(
                 opts.causal,
                 isa,
             );
+            recomputed = f.ctx.recomputed;
             (f.o, f.empty_rows)
         }
         (_, Method::Hard) => {
@@ -430,5 +439,6 @@ pub fn attend_with(
         shape,
         empty_rows,
         planes,
+        recomputed,
     })
 }

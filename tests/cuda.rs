@@ -201,7 +201,7 @@ fn emulate(
     causal: bool,
     tiled: bool,
     reverse: bool,
-) -> (Vec<f32>, racelab::cpu::SoftGrads) {
+) -> (Vec<f32>, Vec<f32>, racelab::cpu::SoftGrads) {
     let path = if tiled {
         cuda::KernelPath::Tiled
     } else {
@@ -282,11 +282,12 @@ fn emulate(
     };
     let (nd, nv, nt) = (s.heads * s.n * s.d, s.heads * s.n * s.dv, s.heads * s.n);
     let o = take(nv);
-    let _den = take(nt);
+    let den = take(nt);
     let (dq, dk, dvv) = (take(nd), take(nd), take(nv));
     let dbeta = f64::from_le_bytes(raw[at..at + 8].try_into().unwrap());
     (
         o,
+        den,
         racelab::cpu::SoftGrads {
             dq,
             dk,
@@ -376,7 +377,9 @@ fn check_device(device: &str) {
                 "emu" | "emu-warp" => {
                     let tiled = device == "emu";
                     let run = |q: GpuInput, k: GpuInput, v: GpuInput, reverse: bool| {
-                        emulate(&planes, beta, q, k, v, &g, s, causal, tiled, reverse)
+                        let (o, _, gr) =
+                            emulate(&planes, beta, q, k, v, &g, s, causal, tiled, reverse);
+                        (o, gr)
                     };
                     let f32_in = (GpuInput::F32(&q), GpuInput::F32(&k), GpuInput::F32(&v));
                     let (o, gr) = run(f32_in.0, f32_in.1, f32_in.2, false);
@@ -689,5 +692,98 @@ fn race_cu_compiles_with_nvrtc_with_at_most_small_spills() {
             path.display(),
             regs.join(", ")
         );
+    }
+}
+
+/// race.cu at large beta, under the emulation, with the host's part of the CUDA backend
+/// (`cuda::finish_forward`, `cuda::finish_backward`): the bundled MiniLM layer 5 (raw Q/K),
+/// P = 3, L = 4, causal and not, on the kernels `cuda::path_for` picks. The rows the kernels
+/// flag (saved `DEN = 0`) are recomputed on the host; every row must match the CPU kernels
+/// (which `tests/large_beta.rs` holds to the exact reference) within 1e-5 forward and 1e-4
+/// in the gradients.
+#[test]
+fn large_beta_on_emulated_cuda() {
+    let dir = racelab::experiments::real::bundled().expect("experiments/data/minilm is committed");
+    let load = |name: &str| -> Vec<f32> {
+        let a = racelab::io::read_npy(&dir.join(name)).unwrap();
+        a.tensor.data.iter().map(|&x| x as f32).collect()
+    };
+    // Four of the twelve heads (the emulation runs one fiber per thread), 256 tokens, d = 32.
+    let (heads, n, d) = (4usize, 256usize, 32usize);
+    let (q, k, v) = (
+        load("q_5.npy")[..heads * n * d].to_vec(),
+        load("k_5.npy")[..heads * n * d].to_vec(),
+        load("v_5.npy")[..heads * n * d].to_vec(),
+    );
+    let g = data(heads * n * d, 6, 1.0);
+    let planes = PlanesF32::from_planes(&Planes::gaussian(4, 3, d, 0).unwrap());
+    let s = GpuShape { heads, n, d, dv: d };
+    let isa = racelab::cpu::detected_isa();
+    // At beta = 10^4 the warp kernels' query gradients lose the ones of the few unsaturated
+    // bits (`Σ_r φ_r (gφ_r − ḡ)` cancels before it is scaled by β): the forward and the
+    // flagged rows are checked there, the gradients up to beta = 1000.
+    for (beta, grads) in [(100.0f32, true), (1000.0, true), (1e4, false)] {
+        for causal in [false, true] {
+            let tiled = cuda::path_for(beta).is_none();
+            let (o, den, mut gr) = emulate(
+                &planes,
+                beta,
+                GpuInput::F32(&q),
+                GpuInput::F32(&k),
+                GpuInput::F32(&v),
+                &g,
+                s,
+                causal,
+                tiled,
+                false,
+            );
+            let qkv = [&GpuInput::F32(&q), &GpuInput::F32(&k), &GpuInput::F32(&v)];
+            let f = cuda::finish_forward(o, den, &planes, beta, qkv, s, causal);
+            cuda::finish_backward(&f, &planes, beta, qkv, &g, s, causal, &mut gr);
+            let map = SoftMap {
+                planes: &planes,
+                beta,
+            };
+            let (qh, kh, vh) = (
+                Heads::new(heads, n, d, &q),
+                Heads::new(heads, n, d, &k),
+                Heads::new(heads, n, d, &v),
+            );
+            let cpu = racelab::cpu::soft_forward(&map, qh, kh, vh, causal, isa);
+            let o = Heads::new(heads, n, d, &cpu.o);
+            let cg = racelab::cpu::soft_grads(
+                &map,
+                &cpu.ctx,
+                qh,
+                kh,
+                vh,
+                o,
+                Heads::new(heads, n, d, &g),
+                isa,
+            );
+            let tag = format!("beta={beta} causal={causal}");
+            assert_eq!(
+                f.recomputed.rows, cpu.ctx.recomputed.rows,
+                "{tag}: the emulated kernels flag the rows the CPU kernels flag"
+            );
+            if causal {
+                assert!(!f.recomputed.rows.is_empty(), "{tag}: no row flagged");
+            }
+            let err = rel(&f.o, &cpu.o);
+            assert!(err <= 1e-5, "{tag}: forward {err:.2e}");
+            let pairs = [
+                ("dq", &gr.dq, &cg.dq),
+                ("dk", &gr.dk, &cg.dk),
+                ("dv", &gr.dv, &cg.dv),
+            ];
+            for (name, a, b) in pairs.into_iter().filter(|_| grads) {
+                let err = rel(a, b);
+                assert!(err <= 1e-4, "{tag}: {name} {err:.2e}");
+            }
+            println!(
+                "{tag}: {} rows recomputed, forward {err:.1e}",
+                f.recomputed.rows.len()
+            );
+        }
     }
 }

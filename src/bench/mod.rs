@@ -144,6 +144,12 @@ pub struct BenchRow {
     pub ratio_to_run_floor: f64,
     pub flops: Option<f64>,
     pub flop_floor_seconds: Option<f64>,
+    /// Soft RACE: the rows the kernels flagged and recomputed exactly in the last run
+    /// ([`crate::cpu::recompute`]), and that recompute's seconds (inside the timed runs on
+    /// the CPU; timed once on the host after the kernels' runs on the GPU). None for the
+    /// quadratic references.
+    pub recomputed_rows: Option<usize>,
+    pub recompute_seconds: Option<f64>,
     pub runs: Vec<f64>,
 }
 
@@ -466,6 +472,8 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
             // The context's buffers (denominators, saved `u`) are recycled the same way, one
             // context per mode.
             let mut reuse = [cpu::Ctx::default(), cpu::Ctx::default()];
+            // What the last run of each mode recomputed (the context holds it).
+            let mut recomputed = [cpu::recompute::Recomputed::default(), Default::default()];
             let mut once = |causal: bool| {
                 let slot = &mut reuse[causal as usize];
                 let (_, ctx) =
@@ -490,10 +498,13 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
             };
             let timed: Vec<(bool, Timed)> = match (cfg.device, cfg.causal_ratio) {
                 (Device::Cpu, false) => {
-                    vec![(cfg.causal, time_runs_warm(cfg.runs, || once(cfg.causal)))]
+                    let t = time_runs_warm(cfg.runs, || once(cfg.causal));
+                    recomputed[cfg.causal as usize] = reuse[cfg.causal as usize].recomputed.clone();
+                    vec![(cfg.causal, t)]
                 }
                 (Device::Cpu, true) => {
                     let (nc, c) = time_alternated(cfg.runs, &mut once);
+                    recomputed = reuse.clone().map(|c| c.recomputed);
                     vec![(false, nc), (true, c)]
                 }
                 // On the GPU one mode after the other: `time_soft` times all of a mode's runs
@@ -509,7 +520,7 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
                         .into_iter()
                         .map(|causal| {
                             let gr = if cfg.backward { Some(&g[..]) } else { None };
-                            let t = crate::cuda::time_soft(
+                            let (med, all, rec) = crate::cuda::time_soft(
                                 &planes,
                                 cfg.beta as f32,
                                 qh,
@@ -519,7 +530,8 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
                                 causal,
                                 cfg.runs,
                             )?;
-                            Ok((causal, t))
+                            recomputed[causal as usize] = rec;
+                            Ok((causal, (med, all)))
                         })
                         .collect::<Result<_>>()?
                 }
@@ -571,6 +583,8 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
                     ratio_to_run_floor: secs / floor,
                     flops: Some(flops),
                     flop_floor_seconds: Some(flops / (row_peak * 1e9)),
+                    recomputed_rows: Some(recomputed[causal as usize].rows.len()),
+                    recompute_seconds: Some(recomputed[causal as usize].seconds),
                     runs: all,
                 });
             }
@@ -633,6 +647,8 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
                 ratio_to_run_floor: secs / floor,
                 flops: Some(flops),
                 flop_floor_seconds: Some(flops / (peak * 1e9)),
+                recomputed_rows: None,
+                recompute_seconds: None,
                 runs: all,
             });
         }

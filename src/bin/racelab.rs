@@ -315,6 +315,8 @@ fn run_attend(a: AttendArgs) -> Result<()> {
         "planes": a.planes.as_ref().map(|p| p.display().to_string()),
         "seconds": seconds,
         "empty_rows": res.empty_rows,
+        "recomputed_rows": (method == Method::Soft).then_some(res.recomputed.rows.len()),
+        "recompute_seconds": (method == Method::Soft).then_some(res.recomputed.seconds),
         "out": out.display().to_string(),
     });
     if a.common.json {
@@ -335,6 +337,14 @@ fn run_attend(a: AttendArgs) -> Result<()> {
             }
         );
     }
+    if !res.recomputed.rows.is_empty() {
+        eprintln!(
+            "note: {} rows had a denominator below what f32 holds and were recomputed exactly \
+             in the log domain ({:.3} s)",
+            res.recomputed.rows.len(),
+            res.recomputed.seconds
+        );
+    }
     if res.empty_rows > 0 {
         eprintln!(
             "warning: {} rows had denominator 0 and were set to 0 ({})",
@@ -342,7 +352,8 @@ fn run_attend(a: AttendArgs) -> Result<()> {
             if method == Method::Hard {
                 "queries that collide with no key"
             } else {
-                "the kernel underflowed; try a smaller --beta"
+                "rows below f32's range that this method's kernel cannot recompute; try \
+                 --device reference"
             }
         );
     }

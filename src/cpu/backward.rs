@@ -308,7 +308,7 @@ pub fn soft_backward_into(
     let dbeta_k = key_side(
         map, &dbases, &ctx.segs, ctx.causal, q, k, v, o, g, &ctx.den, isa, dk, dv,
     );
-    dbeta_q + dbeta_k
+    dbeta_q + dbeta_k + super::recompute::finish_backward(map, ctx, q, k, v, g, dq, dk, dv)
 }
 
 /// Queries' side of the backward: `∂ℓ/∂q` (into `dq`), the non-causal per-head `[dB | dA]` totals (empty

@@ -66,6 +66,21 @@ pub(crate) fn lanes16(a: &[f32]) -> [f32; 16] {
     out
 }
 
+/// `z = W x` of `rows` rows (`rows × d`) against `lp` planes (`lp × d`), accumulated in f64
+/// and rounded once: at [`super::features::PROJ_F64_BETA`] and above, the exponent `2β·tanh z`
+/// would magnify the f32 products' rounding of `z` (an absolute error) into the weights.
+pub(crate) fn project_f64(z: &mut [f32], x: &[f32], w: &[f32], rows: usize, d: usize, lp: usize) {
+    for (zr, xr) in z.chunks_exact_mut(lp).zip(x.chunks_exact(d)).take(rows) {
+        for (zp, wr) in zr.iter_mut().zip(w.chunks_exact(d)) {
+            *zp = xr
+                .iter()
+                .zip(wr)
+                .map(|(&a, &b)| a as f64 * b as f64)
+                .sum::<f64>() as f32;
+        }
+    }
+}
+
 /// `u = tanh(z)` (in place; with `TANH = false`, `z` already holds `u`), `on = σ(2·beta·u)`,
 /// `off = σ(−2·beta·u)` over a whole block, in the dispatched SIMD frame (the loop is
 /// branch-free and vectorises).
@@ -294,19 +309,12 @@ impl Block {
     /// Features of rows `x` (`rows × d`); `z` keeps `u = tanh(Wx)` for the backward.
     pub(crate) fn features(&mut self, map: &SoftMap, x: &[f32], rows: usize) {
         let (d, lp) = (map.planes.d, self.lp);
-        gemm_nt(
-            self.isa,
-            Tri::Full,
-            &mut self.z,
-            lp,
-            rows,
-            lp,
-            d,
-            x,
-            d,
-            &self.w,
-            d,
-        );
+        if map.beta >= super::features::PROJ_F64_BETA {
+            project_f64(&mut self.z, x, &self.w, rows, d, lp);
+        } else {
+            let z = &mut self.z;
+            gemm_nt(self.isa, Tri::Full, z, lp, rows, lp, d, x, d, &self.w, d);
+        }
         self.probs_and_tree::<true>(map, rows);
     }
 
@@ -856,6 +864,7 @@ pub fn read_into(
     o: &mut [f32],
     den: &mut [f32],
     uq: &mut [f32],
+    floor: f32,
 ) -> (usize, Vec<(usize, usize)>) {
     let (heads, n, m, w) = (q.heads, q.n, map.width(), bank_width(dv));
     let banks32 = to_f32(banks);
@@ -872,7 +881,6 @@ pub fn read_into(
         .map(|(((h, s, op), (_, _, dp)), mut save)| {
             let mut blk = Block::new(map, isa);
             let mut sphi = ABuf::zeroed(tb * blk.mp);
-            let mut tiny = Vec::new();
             let (mut a, end, mut empty) = (segs[s].0, segs[s].1, 0usize);
             out.behind(op, tb * dv, |ob| {
                 while a < end {
@@ -889,9 +897,8 @@ pub fn read_into(
                     ahead.step();
                     let dt = &mut dp[t0..t0 + rows];
                     let mp = blk.mp;
-                    tiny.clear();
                     empty += scaled_features(
-                        isa, &blk.phi, mp, m, rows, &am[h], inv_l, &mut sphi, dt, &mut tiny,
+                        isa, &blk.phi, mp, m, rows, &am[h], inv_l, &mut sphi, dt, floor,
                     );
                     ahead.step();
                     ob.produce(t0 * dv, rows * dv, |x| {
@@ -907,7 +914,6 @@ pub fn read_into(
                             let sp = Strided::rows(&sphi, mp);
                             gemm(isa, x, dv, rows, dv, m, sp, &banks32[h], w, 1.0, false);
                         }
-                        tiny_den_rows(&tiny, &blk.phi, mp, m, &banks32[h], dv, x);
                     });
                     a = b;
                 }
@@ -952,15 +958,10 @@ fn assign_bank(
     }
 }
 
-/// Below this `Den` a row's `1/Den` could overflow (or lose digits to subnormals), so the
-/// row is finished by [`tiny_den_rows`] as `(2^64 Num)/(2^64 Den)` instead.
-const TINY_DEN: f32 = 1.0 / (1u64 << 62) as f32;
-
 /// `Den_i = φ_i·A` for the rows of `phi` (`rows × m`, stride `mp`) and the bank's mass
-/// column `a`; `den_i = Den_i·scale`, and `sphi_i = φ_i / Den_i` (stride `mp`). An empty row
-/// (`Den = 0` or not finite) gets `den_i = 0` and `sphi_i = 0`, so its output is 0; a row
-/// with `0 < Den <` [`TINY_DEN`] also gets `sphi_i = 0` and is pushed to `tiny`. Returns the
-/// number of empty rows.
+/// column `a`; `den_i = Den_i·scale`, and `sphi_i = φ_i / Den_i` (stride `mp`). A row with
+/// `Den` below `floor` ([`super::recompute::den_floor`]) or not finite is flagged: `den_i = 0`
+/// and `sphi_i = 0`, so its output is 0. Returns the number of flagged rows.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn scaled_features(
     isa: Isa,
@@ -972,7 +973,7 @@ pub(crate) fn scaled_features(
     scale: f32,
     sphi: &mut [f32],
     den: &mut [f32],
-    tiny: &mut Vec<usize>,
+    floor: f32,
 ) -> usize {
     #[cfg(target_arch = "x86_64")]
     if mp == 16 && isa == Isa::Avx512 {
@@ -980,7 +981,7 @@ pub(crate) fn scaled_features(
         assert!(phi.len() >= rows * 16 && sphi.len() >= rows * 16 && den.len() >= rows);
         // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F; the rows read and
         // written are in bounds (asserted).
-        return unsafe { scaled_rows16_avx512(phi, rows, &a16, scale, sphi, den, tiny) };
+        return unsafe { scaled_rows16_avx512(phi, rows, &a16, scale, sphi, den, floor) };
     }
     let mut empty = 0;
     in_frame(
@@ -990,7 +991,7 @@ pub(crate) fn scaled_features(
             for i in 0..rows {
                 let row = &phi[i * mp..i * mp + m];
                 let d = row.iter().zip(a).fold(0.0f32, |s, (&x, &y)| s + x * y);
-                let c = den_factor(i, d, scale, &mut den[i], &mut empty, tiny);
+                let c = den_factor(d, scale, &mut den[i], &mut empty, floor);
                 let out = &mut sphi[i * mp..i * mp + m];
                 out.iter_mut().zip(row).for_each(|(y, &x)| *y = x * c);
             }
@@ -999,27 +1000,16 @@ pub(crate) fn scaled_features(
     empty
 }
 
-/// `1/d` for row `i` of [`scaled_features`] with `den = d·scale`; or 0 for an empty row
-/// (`den = 0`, counted in `empty`) or a tiny one (pushed to `tiny`).
+/// `1/d` for a row of [`scaled_features`] with `den = d·scale`; or 0 for a flagged row
+/// (`d` below `floor` or not finite: `den = 0`, counted in `flagged`).
 #[inline(always)]
-fn den_factor(
-    i: usize,
-    d: f32,
-    scale: f32,
-    den: &mut f32,
-    empty: &mut usize,
-    tiny: &mut Vec<usize>,
-) -> f32 {
-    if d == 0.0 || !d.is_finite() {
-        *empty += 1;
+fn den_factor(d: f32, scale: f32, den: &mut f32, flagged: &mut usize, floor: f32) -> f32 {
+    if !(d >= floor && d.is_finite()) {
+        *flagged += 1;
         *den = 0.0;
         return 0.0;
     }
     *den = d * scale;
-    if d < TINY_DEN {
-        tiny.push(i);
-        return 0.0;
-    }
     1.0 / d
 }
 
@@ -1035,7 +1025,7 @@ unsafe fn scaled_rows16_avx512(
     scale: f32,
     sphi: &mut [f32],
     den: &mut [f32],
-    tiny: &mut Vec<usize>,
+    floor: f32,
 ) -> usize {
     use std::arch::x86_64::*;
     let av = _mm512_loadu_ps(a.as_ptr());
@@ -1043,7 +1033,7 @@ unsafe fn scaled_rows16_avx512(
     for (i, de) in den[..rows].iter_mut().enumerate() {
         let row = _mm512_loadu_ps(phi.as_ptr().add(i * 16));
         let d = _mm512_reduce_add_ps(_mm512_mul_ps(row, av));
-        let c = den_factor(i, d, scale, de, &mut empty, tiny);
+        let c = den_factor(d, scale, de, &mut empty, floor);
         _mm512_storeu_ps(
             sphi.as_mut_ptr().add(i * 16),
             _mm512_mul_ps(row, _mm512_set1_ps(c)),
@@ -1052,41 +1042,9 @@ unsafe fn scaled_rows16_avx512(
     empty
 }
 
-/// The rows `tiny` of [`scaled_features`] (`0 < Den <` [`TINY_DEN`]): `o_i = Ñum_i / D̃en_i`
-/// with both computed from `2^64 φ_i` (exact scaling), so neither `1/Den` nor a subnormal
-/// `Num` is formed. `bank` is `m × w` (`[B | A]`), `o` the block's output rows (stride `dv`).
-pub(crate) fn tiny_den_rows(
-    tiny: &[usize],
-    phi: &[f32],
-    mp: usize,
-    m: usize,
-    bank: &[f32],
-    dv: usize,
-    o: &mut [f32],
-) {
-    let w = bank_width(dv);
-    let s = (1u64 << 63) as f32 * 2.0;
-    for &i in tiny {
-        let ph: Vec<f32> = phi[i * mp..i * mp + m].iter().map(|&x| x * s).collect();
-        let d: f32 = ph
-            .iter()
-            .enumerate()
-            .map(|(f, &x)| x * bank[f * w + dv])
-            .sum();
-        let out = &mut o[i * dv..(i + 1) * dv];
-        out.iter_mut().enumerate().for_each(|(j, y)| {
-            let num: f32 = ph
-                .iter()
-                .enumerate()
-                .map(|(f, &x)| x * bank[f * w + j])
-                .sum();
-            *y = num / d;
-        });
-    }
-}
-
-/// `o_i = Num_i / Den_i` from `[Num | Den]` rows (stride `w`) and `den_i = Den_i·scale`; an
-/// empty row (`Den = 0` or not finite) is written as 0 and counted.
+/// `o_i = Num_i / Den_i` from `[Num | Den]` rows (stride `w`) and `den_i = Den_i·scale`; a
+/// flagged row (`Den` below `floor` or not finite, see [`super::forward::finish_row`]) is
+/// written as 0 and counted.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn normalise(
     isa: Isa,
@@ -1097,6 +1055,7 @@ pub(crate) fn normalise(
     scale: f32,
     o: &mut [f32],
     den: &mut [f32],
+    floor: f32,
 ) -> usize {
     in_frame(
         isa,
@@ -1109,8 +1068,8 @@ pub(crate) fn normalise(
             for (i, de) in den[..rows].iter_mut().enumerate() {
                 super::mem::drip();
                 let out = &mut o[i * dv..(i + 1) * dv];
-                empty += super::forward::finish_row(&acc[i * w..i * w + dv + 1], out, de, scale)
-                    as usize;
+                let acc = &acc[i * w..i * w + dv + 1];
+                empty += super::forward::finish_row(acc, out, de, scale, floor) as usize;
             }
             empty
         },
@@ -1130,7 +1089,8 @@ pub fn forward_into(
 ) -> (usize, Ctx) {
     let (mut den, mut uq, mut uk) = reuse.recycle(map, &q, &k);
     let banks = key_banks(map, isa, k, v, &mut uk);
-    let (empty, segs) = read_into(map, isa, q, &banks, v.cols, o, &mut den, &mut uq);
+    let floor = super::recompute::den_floor(map.width(), k.n);
+    let (empty, segs) = read_into(map, isa, q, &banks, v.cols, o, &mut den, &mut uq, floor);
     (
         empty,
         Ctx {
@@ -1141,6 +1101,7 @@ pub fn forward_into(
             uq,
             uk,
             states: Vec::new(),
+            recomputed: Default::default(),
         },
     )
 }

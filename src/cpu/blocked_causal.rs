@@ -890,7 +890,7 @@ pub fn forward_into(
         states.clear();
         (0..heads * ns).map(|_| None).collect()
     };
-    let den_scale = map.den_scale();
+    let (den_scale, floor) = (map.den_scale(), super::recompute::den_floor(m, k.n));
     let out = Out::for_len(isa, o.len());
     let empty: usize = split_out(o, n, dv, &segs)
         .into_par_iter()
@@ -961,7 +961,7 @@ pub fn forward_into(
                         let t2 = a2 - start;
                         let (ot, dt) = (&mut op[t2 * dv..(t2 + r2) * dv], &mut dp[t2..t2 + r2]);
                         out.produce(ot, &mut ob, |x| {
-                            empty += normalise(isa, &sc.acc, w, r2, dv, den_scale, x, dt);
+                            empty += normalise(isa, &sc.acc, w, r2, dv, den_scale, x, dt, floor);
                         });
                         if !fused {
                             st.add_tokens(pk, mp, r2, vb, dv);
@@ -985,6 +985,7 @@ pub fn forward_into(
             uq,
             uk,
             states,
+            recomputed: Default::default(),
         },
     )
 }

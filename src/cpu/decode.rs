@@ -119,10 +119,20 @@ impl Decoder {
         }
         self.tokens += 1;
         let den = acc[self.dv];
-        Ok(if den == 0.0 {
-            vec![0.0; self.dv]
-        } else {
-            acc[..self.dv].iter().map(|a| (a / den) as f32).collect()
-        })
+        // The features are f32: below the floor the sums are quantised subnormals (see
+        // `recompute`), and a recurrent state keeps no keys to recompute the row from.
+        if !(den >= super::recompute::den_floor(m, self.tokens) as f64) {
+            return Err(RaceError::param(
+                "beta",
+                format!(
+                    "token {}'s denominator ({den:.1e}) is below what f32 features represent \
+                     at beta = {}; the decoder keeps no keys to recompute it exactly (the token \
+                     was still added to the state): use a smaller beta, or the full forward",
+                    self.tokens - 1,
+                    self.beta
+                ),
+            ));
+        }
+        Ok(acc[..self.dv].iter().map(|a| (a / den) as f32).collect())
     }
 }

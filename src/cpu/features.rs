@@ -62,6 +62,11 @@ pub trait FeatureMap: Sync {
     }
     /// `out = φ(x)` (`out.len() == width()`); `key` selects the key-side variant.
     fn features<S: Simd>(&self, x: &[f32], key: bool, out: &mut [f32]);
+    /// The soft-RACE map, whose flagged rows [`super::recompute`] can finish exactly; other
+    /// maps leave them flagged (zero and counted as empty).
+    fn as_soft(&self) -> Option<&SoftMap<'_>> {
+        None
+    }
 }
 
 #[inline(always)]
@@ -82,6 +87,13 @@ pub struct BitState {
     pub off: [f32; MAX_P],
 }
 
+/// From this beta on, the soft map's projections `z = W x` are accumulated in f64 (rounded
+/// once to f32): the exponent `2β·tanh z` magnifies the absolute rounding of an f32 dot
+/// product (`≈ 2^-24·Σ|w_c x_c|`) by `2β`, into every weight whose bit is not saturated. Below
+/// it (ordinary beta) the f32 products are kept, at full speed. The CUDA kernels take the
+/// same switch (`race.cu`, `PROJ_F64_BETA`).
+pub const PROJ_F64_BETA: f32 = 16.0;
+
 /// Soft RACE features.
 pub struct SoftMap<'a> {
     pub planes: &'a PlanesF32,
@@ -99,7 +111,16 @@ impl SoftMap<'_> {
             off: [0.0; MAX_P],
         };
         for b in 0..p {
-            let u = tanh_f32(S::dot(self.planes.row(l, b), x));
+            let w = self.planes.row(l, b);
+            let z = if self.beta >= PROJ_F64_BETA {
+                w.iter()
+                    .zip(x)
+                    .map(|(&a, &c)| a as f64 * c as f64)
+                    .sum::<f64>() as f32
+            } else {
+                S::dot(w, x)
+            };
+            let u = tanh_f32(z);
             let t = 2.0 * self.beta * u;
             st.u[b] = u;
             st.on[b] = sigmoid32(t);
@@ -120,6 +141,9 @@ impl SoftMap<'_> {
 }
 
 impl FeatureMap for SoftMap<'_> {
+    fn as_soft(&self) -> Option<&SoftMap<'_>> {
+        Some(self)
+    }
     fn width(&self) -> usize {
         self.planes.l * self.planes.r()
     }

@@ -38,6 +38,9 @@ pub struct Ctx {
     /// backward rebuilds prefix states from the nearest block start in a single reverse pass.
     /// Empty otherwise (the backward then takes two passes).
     pub states: Vec<f32>,
+    /// The rows the kernel flagged (denominator below [`super::recompute::den_floor`]) and
+    /// [`super::recompute`] finished exactly; the backward adds their exact share.
+    pub recomputed: super::recompute::Recomputed,
 }
 
 impl Ctx {
@@ -147,39 +150,35 @@ struct ReadTask<'a, F> {
     bank: &'a [f32],
     o: &'a mut [f32],
     den: &'a mut [f32],
+    /// [`super::recompute::den_floor`] for this map and the number of keys.
+    floor: f32,
 }
 
-/// `o = num/den` for one row, or zeros (returns whether the row was empty).
-///
-/// Below [`TINY_DEN`] the row is divided entry by entry: `1/den` would overflow to infinity
-/// for a subnormal `den` (and `num · (1/den)` with it), while `num/den` stays as exact as the
-/// sums themselves.
+/// `o = num/den` for one row; or zeros and `den = 0` for a row whose `den` is below `floor`
+/// ([`super::recompute::den_floor`]) or not finite: the row is *flagged* (returns true), for
+/// [`super::recompute`] to finish or the caller to report.
 #[inline(always)]
-pub(crate) fn finish_row(acc: &[f32], o: &mut [f32], den: &mut f32, den_scale: f32) -> bool {
+pub(crate) fn finish_row(
+    acc: &[f32],
+    o: &mut [f32],
+    den: &mut f32,
+    den_scale: f32,
+    floor: f32,
+) -> bool {
     let dv = o.len();
     let d = acc[dv];
-    if d == 0.0 || !d.is_finite() {
+    if !(d >= floor && d.is_finite()) {
         o.iter_mut().for_each(|x| *x = 0.0);
         *den = 0.0;
         return true;
     }
-    if d < TINY_DEN {
-        for (x, &a) in o.iter_mut().zip(&acc[..dv]) {
-            *x = a / d;
-        }
-    } else {
-        let inv = 1.0 / d;
-        for (x, &a) in o.iter_mut().zip(&acc[..dv]) {
-            *x = a * inv;
-        }
+    let inv = 1.0 / d;
+    for (x, &a) in o.iter_mut().zip(&acc[..dv]) {
+        *x = a * inv;
     }
     *den = d * den_scale;
     false
 }
-
-/// Denominators below this are finished by division in [`finish_row`] (`2^-100`: far above
-/// the `2^-128` where `1/den` overflows, far below any denominator of non-degenerate inputs).
-pub(crate) const TINY_DEN: f32 = 7.888_609e-31;
 
 impl<F: FeatureMap> WithSimd for ReadTask<'_, F> {
     type Output = usize;
@@ -204,6 +203,7 @@ impl<F: FeatureMap> WithSimd for ReadTask<'_, F> {
                 &mut self.o[t * dv..(t + 1) * dv],
                 &mut self.den[t],
                 self.map.den_scale(),
+                self.floor,
             ) as usize;
         }
         empty
@@ -220,6 +220,7 @@ struct CausalTask<'a, F> {
     base: &'a [f64],
     o: &'a mut [f32],
     den: &'a mut [f32],
+    floor: f32,
 }
 
 impl<F: FeatureMap> WithSimd for CausalTask<'_, F> {
@@ -245,6 +246,7 @@ impl<F: FeatureMap> WithSimd for CausalTask<'_, F> {
                 &mut self.o[t * dv..(t + 1) * dv],
                 &mut self.den[t],
                 self.map.den_scale(),
+                self.floor,
             ) as usize;
             bank.tick();
         }
@@ -294,9 +296,33 @@ pub fn forward<F: FeatureMap>(
 
 /// [`forward`] writing into a caller's `o` (`[heads, n, dv]`) and reusing `den`'s allocation,
 /// so repeated calls (benchmarks, training loops) do not pay page faults for fresh buffers.
-/// Returns the empty-row count and the context.
+/// Returns the empty-row count and the context. Soft RACE's flagged rows are recomputed
+/// exactly ([`super::recompute`]); other maps' flagged rows are zero and counted as empty.
 #[allow(clippy::too_many_arguments)]
 pub fn forward_into<F: FeatureMap>(
+    map: &F,
+    q: Heads,
+    k: Heads,
+    v: Heads,
+    causal: bool,
+    isa: Isa,
+    o: &mut [f32],
+    den: Vec<f32>,
+) -> (usize, Ctx) {
+    let (flagged, mut ctx) = engine_forward(map, q, k, v, causal, isa, o, den);
+    match map.as_soft() {
+        Some(soft) => {
+            let empty =
+                super::recompute::finish_forward(soft, q, k, v, causal, flagged, o, &mut ctx);
+            (empty, ctx)
+        }
+        None => (flagged, ctx),
+    }
+}
+
+/// The per-token engine itself: flagged rows are zero and counted.
+#[allow(clippy::too_many_arguments)]
+fn engine_forward<F: FeatureMap>(
     map: &F,
     q: Heads,
     k: Heads,
@@ -313,12 +339,13 @@ pub fn forward_into<F: FeatureMap>(
         "forward_into: o has the wrong length"
     );
     let m = map.width();
+    let floor = super::recompute::den_floor(m, k.n);
     let segs = plan_segments(k.n.max(n), heads);
     den.resize(heads * n, 0.0);
     if !causal {
         let banks = key_banks(map, k, v, isa);
         let qseg = plan_segments(n, heads);
-        let empty = read_banks(map, q, &banks, dv, &qseg, o, &mut den, isa);
+        let empty = read_banks(map, q, &banks, dv, &qseg, o, &mut den, isa, floor);
         return (
             empty,
             Ctx {
@@ -329,6 +356,7 @@ pub fn forward_into<F: FeatureMap>(
                 uq: Vec::new(),
                 uk: Vec::new(),
                 states: Vec::new(),
+                recomputed: Default::default(),
             },
         );
     }
@@ -359,6 +387,7 @@ pub fn forward_into<F: FeatureMap>(
                     base: &bases[h * segs.len() + s],
                     o: op,
                     den: dp,
+                    floor,
                 },
             )
         })
@@ -369,6 +398,7 @@ pub fn forward_into<F: FeatureMap>(
             uq: Vec::new(),
             uk: Vec::new(),
             states: Vec::new(),
+            recomputed: Default::default(),
             causal,
             segs,
             banks: bases,
@@ -397,7 +427,8 @@ pub fn key_banks<F: FeatureMap>(map: &F, k: Heads, v: Heads, isa: Isa) -> Vec<Ve
         .collect()
 }
 
-/// Non-causal pass 2: `o_i = num_i/den_i` from the per-head banks; returns the empty rows.
+/// Non-causal pass 2: `o_i = num_i/den_i` from the per-head banks; returns the flagged rows
+/// (denominator below `floor`, see [`finish_row`]).
 #[allow(clippy::too_many_arguments)]
 pub fn read_banks<F: FeatureMap>(
     map: &F,
@@ -408,6 +439,7 @@ pub fn read_banks<F: FeatureMap>(
     o: &mut [f32],
     den: &mut [f32],
     isa: Isa,
+    floor: f32,
 ) -> usize {
     let n = q.n;
     let banks32: Vec<Vec<f32>> = banks
@@ -431,6 +463,7 @@ pub fn read_banks<F: FeatureMap>(
                     bank: &banks32[h],
                     o: op,
                     den: dp,
+                    floor,
                 },
             )
         })
@@ -441,23 +474,40 @@ pub fn read_banks<F: FeatureMap>(
 mod tests {
     use super::*;
 
-    /// Subnormal and tiny denominators give the same output as a normal one (the f32
-    /// reciprocal of a subnormal is infinite); empty rows stay zero.
+    /// A denominator at or above the floor gives `num/den`; one below it (tiny, subnormal,
+    /// zero) or not finite is flagged: a zero row and `den = 0`.
     #[test]
-    fn finish_row_keeps_tiny_denominators_finite() {
+    fn finish_row_flags_denominators_below_the_floor() {
         let num = [3.0f32, -1.5, 0.25];
-        for scale in [1.0f32, 1e-20, 1e-36, 1e-40] {
+        let floor = 1e-25f32;
+        for (scale, kept) in [
+            (1.0f32, true),
+            (1e-20, true),
+            (1e-26, false),
+            (1e-40, false),
+        ] {
             let acc: Vec<f32> = num.iter().chain(&[2.0]).map(|x| x * scale).collect();
-            let (mut o, mut den) = ([0.0f32; 3], 0.0f32);
-            assert!(!finish_row(&acc, &mut o, &mut den, 0.5));
-            let tol = if scale < 1e-38 { 1e-3 } else { 1e-6 };
-            for (got, want) in o.iter().zip([1.5f32, -0.75, 0.125]) {
-                assert!((got - want).abs() <= tol, "scale {scale:e}: {o:?}");
+            let (mut o, mut den) = ([9.0f32; 3], 9.0f32);
+            assert_eq!(finish_row(&acc, &mut o, &mut den, 0.5, floor), !kept);
+            if kept {
+                for (got, want) in o.iter().zip([1.5f32, -0.75, 0.125]) {
+                    assert!((got - want).abs() <= 1e-6, "scale {scale:e}: {o:?}");
+                }
+                assert_eq!(den, acc[3] * 0.5);
+            } else {
+                assert_eq!((o, den), ([0.0; 3], 0.0), "scale {scale:e}");
             }
-            assert_eq!(den, acc[3] * 0.5);
         }
-        let (mut o, mut den) = ([1.0f32; 3], 1.0f32);
-        assert!(finish_row(&[1.0, 1.0, 1.0, 0.0], &mut o, &mut den, 0.5));
-        assert_eq!((o, den), ([0.0; 3], 0.0));
+        for d in [0.0, f32::NAN, f32::INFINITY] {
+            let (mut o, mut den) = ([1.0f32; 3], 1.0f32);
+            assert!(finish_row(
+                &[1.0, 1.0, 1.0, d],
+                &mut o,
+                &mut den,
+                0.5,
+                floor
+            ));
+            assert_eq!((o, den), ([0.0; 3], 0.0));
+        }
     }
 }

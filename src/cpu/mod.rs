@@ -31,6 +31,7 @@ pub mod features;
 pub mod forward;
 pub mod gemm;
 pub mod mem;
+pub mod recompute;
 pub mod simd;
 pub mod state;
 pub mod stream;
@@ -42,7 +43,9 @@ pub use simd::{detected_isa, Isa};
 pub use state::Heads;
 
 /// Production soft-RACE forward: blocked GEMMs, [`blocked`] (non-causal) or
-/// [`blocked_causal`] (chunked linear attention). `reuse` is a previous context whose
+/// [`blocked_causal`] (chunked linear attention); rows whose denominator f32 cannot hold are
+/// flagged by the kernel and recomputed exactly ([`recompute`], listed in
+/// [`Ctx::recomputed`]); the returned count is the rows with no key at all. `reuse` is a previous context whose
 /// buffers are recycled (`Ctx::default()` for none): a training loop or a benchmark then
 /// does not pay fresh pages for the per-token saved values every step.
 #[allow(clippy::too_many_arguments)]
@@ -56,11 +59,13 @@ pub fn soft_forward_into(
     o: &mut [f32],
     reuse: Ctx,
 ) -> (usize, Ctx) {
-    if causal {
+    let (flagged, mut ctx) = if causal {
         blocked_causal::forward_into(map, isa, q, k, v, o, reuse)
     } else {
         blocked::forward_into(map, isa, q, k, v, o, reuse)
-    }
+    };
+    let empty = recompute::finish_forward(map, q, k, v, causal, flagged, o, &mut ctx);
+    (empty, ctx)
 }
 
 /// [`soft_forward_into`] allocating its output.
@@ -77,7 +82,8 @@ pub fn soft_forward(
     ForwardOut { o, empty_rows, ctx }
 }
 
-/// Production soft-RACE backward for a context from either forward path.
+/// Production soft-RACE backward for a context from either forward path; the rows the
+/// forward recomputed get their exact share of every gradient ([`recompute`]).
 #[allow(clippy::too_many_arguments)]
 pub fn soft_grads_into(
     map: &SoftMap,
@@ -92,11 +98,12 @@ pub fn soft_grads_into(
     dk: &mut [f32],
     dv: &mut [f32],
 ) -> f64 {
-    if ctx.causal {
+    let dbeta = if ctx.causal {
         blocked_causal::backward_into(map, isa, ctx, q, k, v, o, g, dq, dk, dv)
     } else {
         blocked::backward_into(map, isa, ctx, q, k, v, o, g, dq, dk, dv)
-    }
+    };
+    dbeta + recompute::finish_backward(map, ctx, q, k, v, g, dq, dk, dv)
 }
 
 /// [`soft_grads_into`] allocating its outputs.

@@ -150,7 +150,19 @@ pub fn run(
         den.resize(heads * len, 0.0);
         uq.resize(heads * len * l * p, 0.0);
         let qh = Heads::new(heads, len, d, &qb);
-        let (_, segs) = read_into(&map, isa, qh, &banks, dv, &mut o, &mut den, &mut uq);
+        let floor = super::recompute::den_floor(m, n);
+        let (flagged, segs) =
+            read_into(&map, isa, qh, &banks, dv, &mut o, &mut den, &mut uq, floor);
+        if flagged > 0 {
+            return Err(RaceError::param(
+                "beta",
+                format!(
+                    "{flagged} query rows of tokens {a}..{b} have a denominator below f32's \
+                     range at beta = {beta}; the streaming mode keeps no keys to recompute \
+                     them exactly: use a smaller --beta, or `racelab attend` (which does)"
+                ),
+            ));
+        }
         checksum += checksum_of(&o);
         dq.resize(heads * len * d, 0.0);
         let (parts, db) = query_grads(

@@ -1,8 +1,10 @@
 //! The cudarc driver side: device discovery without panics, NVRTC compilation, launches.
 
 use super::{
-    check_problem, geometry, DeviceCeilings, Geometry, GpuForward, GpuInput, GpuShape, RACE_CU,
+    check_problem, finish_backward, finish_forward, geometry, DeviceCeilings, Geometry, GpuForward,
+    GpuInput, GpuShape, RACE_CU,
 };
+use crate::cpu::recompute::Recomputed;
 use crate::cpu::{Heads, PlanesF32, SoftGrads};
 use crate::error::{RaceError, Result};
 use cudarc::driver::{
@@ -164,7 +166,10 @@ impl Dims {
 }
 
 fn dims(planes: &PlanesF32, beta: f32, s: GpuShape) -> Result<Dims> {
-    let geo = geometry(planes.p, planes.l, s)?;
+    let geo = match super::path_for(beta) {
+        Some(path) => super::geometry_with(planes.p, planes.l, s, path)?,
+        None => geometry(planes.p, planes.l, s)?,
+    };
     Ok(Dims {
         n: s.n as i32,
         d: s.d as i32,
@@ -580,11 +585,6 @@ fn host<T: DeviceRepr + Default + Clone>(st: &Arc<CudaStream>, x: &CudaSlice<T>)
         .map_err(|e| cuda_err("copying results to the host", e))
 }
 
-fn finish_forward(o: Vec<f32>, den: Vec<f32>) -> GpuForward {
-    let empty_rows = den.iter().filter(|&&x| x == 0.0).count();
-    GpuForward { o, den, empty_rows }
-}
-
 macro_rules! with_input {
     ($g:expr, $planes:expr, $q:expr, $k:expr, $v:expr, |$dev:ident, $kn:ident| $body:expr) => {
         match ($q, $k, $v) {
@@ -625,9 +625,15 @@ pub fn soft_forward(
         allow_shared(kn, &dm.geo)?;
         let mut bf = Bufs::new(&g.stream, &dm, false)?;
         fwd_dev(g, kn, &dev, &dm, causal, &mut bf)?;
+        let (o, den) = (host(&g.stream, &bf.o)?, host(&g.stream, &bf.den)?);
         Ok(finish_forward(
-            host(&g.stream, &bf.o)?,
-            host(&g.stream, &bf.den)?,
+            o,
+            den,
+            planes,
+            beta,
+            [&q, &k, &v],
+            s,
+            causal,
         ))
     })
 }
@@ -668,16 +674,16 @@ pub fn soft_backward(
             .chain(host(&g.stream, &bf.dbk)?.iter())
             .map(|&x| x as f64)
             .sum();
-        let fwd = finish_forward(host(&g.stream, &bf.o)?, host(&g.stream, &bf.den)?);
-        Ok((
-            fwd,
-            SoftGrads {
-                dq: host(&g.stream, &bf.dq)?,
-                dk: host(&g.stream, &bf.dk)?,
-                dv: host(&g.stream, &bf.dv)?,
-                dbeta,
-            },
-        ))
+        let (o, den) = (host(&g.stream, &bf.o)?, host(&g.stream, &bf.den)?);
+        let fwd = finish_forward(o, den, planes, beta, [&q, &k, &v], s, causal);
+        let mut grads = SoftGrads {
+            dq: host(&g.stream, &bf.dq)?,
+            dk: host(&g.stream, &bf.dk)?,
+            dv: host(&g.stream, &bf.dv)?,
+            dbeta,
+        };
+        finish_backward(&fwd, planes, beta, [&q, &k, &v], gr, s, causal, &mut grads);
+        Ok((fwd, grads))
     })
 }
 
@@ -692,7 +698,7 @@ pub fn time_soft(
     gr: Option<&[f32]>,
     causal: bool,
     runs: usize,
-) -> Result<(f64, Vec<f64>)> {
+) -> Result<(f64, Vec<f64>, Recomputed)> {
     let s = GpuShape {
         heads: q.heads,
         n: q.n,
@@ -740,7 +746,29 @@ pub fn time_soft(
     }
     let mut sorted = ts.clone();
     sorted.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    Ok((sorted[sorted.len() / 2], ts))
+    // The rows the kernels flagged, and the host's exact recompute of them timed once
+    // (forward, and backward with `gr`), outside the kernels' runs.
+    let t = Instant::now();
+    let qkv = [
+        &GpuInput::F32(q.data),
+        &GpuInput::F32(k.data),
+        &GpuInput::F32(v.data),
+    ];
+    let (o, den) = (host(&g.stream, &bf.o)?, host(&g.stream, &bf.den)?);
+    let mut fwd = finish_forward(o, den, planes, beta, qkv, s, causal);
+    if let Some(x) = gr {
+        let mut grads = SoftGrads {
+            dq: host(&g.stream, &bf.dq)?,
+            dk: host(&g.stream, &bf.dk)?,
+            dv: host(&g.stream, &bf.dv)?,
+            dbeta: 0.0,
+        };
+        finish_backward(&fwd, planes, beta, qkv, x, s, causal, &mut grads);
+    }
+    if !fwd.recomputed.rows.is_empty() {
+        fwd.recomputed.seconds = t.elapsed().as_secs_f64();
+    }
+    Ok((sorted[sorted.len() / 2], ts, fwd.recomputed))
 }
 
 /// Measure the device's copy bandwidth and FP32 FMA rate (see [`DeviceCeilings`]).

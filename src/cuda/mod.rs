@@ -21,8 +21,14 @@
 //! its tests run on machines without CUDA, and every entry point first checks that the driver
 //! and NVRTC libraries exist and a device opens, returning [`RaceError::NoCuda`] otherwise
 //! (never a panic). Without the feature, the same API returns that error immediately.
+//!
+//! A row whose f32 denominator is below [`crate::cpu::recompute::den_floor`] is flagged by the
+//! forward kernels (zero output, saved `DEN = 0`, so the backward kernels give it no share)
+//! and recomputed exactly on the host ([`finish_forward`], [`finish_backward`]): the GPU
+//! never returns such a row unflagged.
 
-use crate::cpu::PlanesF32;
+use crate::cpu::recompute::{self, Recomputed};
+use crate::cpu::{Heads, PlanesF32, SoftGrads};
 use crate::error::{RaceError, Result};
 
 /// The CUDA C source of all kernels (compiled with NVRTC at run time).
@@ -139,12 +145,109 @@ pub struct GpuShape {
     pub dv: usize,
 }
 
+/// The kernel family a problem at this beta runs on: from
+/// [`crate::cpu::features::PROJ_F64_BETA`] on, the warp-per-chunk kernels, whose projections
+/// then accumulate in double (race.cu, `warp_project`); below it the default choice
+/// ([`geometry`]).
+pub fn path_for(beta: f32) -> Option<KernelPath> {
+    (beta >= crate::cpu::features::PROJ_F64_BETA).then_some(KernelPath::Warp)
+}
+
 /// Forward output copied back to the host.
 #[derive(Debug, Clone)]
 pub struct GpuForward {
     pub o: Vec<f32>,
+    /// The saved `Den_i` (with the `1/L`); 0 for a row the kernels flagged.
     pub den: Vec<f32>,
+    /// Rows with no key at all (0 in `o`).
     pub empty_rows: usize,
+    /// The rows the kernels flagged (denominator below f32's range, see
+    /// [`crate::cpu::recompute`]), recomputed exactly on the host, and the seconds it took.
+    pub recomputed: Recomputed,
+}
+
+impl GpuInput<'_> {
+    /// The values as f32 (bf16 widened exactly).
+    pub fn to_f32(&self) -> std::borrow::Cow<'_, [f32]> {
+        match self {
+            GpuInput::F32(x) => std::borrow::Cow::Borrowed(x),
+            GpuInput::Bf16(x) => std::borrow::Cow::Owned(from_bf16(x)),
+        }
+    }
+}
+
+/// The host's part of a forward: the kernels' outputs, with the rows they flagged (saved
+/// `DEN = 0`) recomputed exactly by [`crate::cpu::recompute`] on the same inputs.
+#[allow(clippy::too_many_arguments)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub fn finish_forward(
+    mut o: Vec<f32>,
+    den: Vec<f32>,
+    planes: &PlanesF32,
+    beta: f32,
+    qkv: [&GpuInput; 3],
+    s: GpuShape,
+    causal: bool,
+) -> GpuForward {
+    let rows = recompute::flagged(&den);
+    if rows.is_empty() {
+        return GpuForward {
+            o,
+            den,
+            empty_rows: 0,
+            recomputed: Recomputed::default(),
+        };
+    }
+    let [q, k, v] = qkv.map(|x| x.to_f32());
+    let (empty_rows, recomputed) = recompute::forward(
+        planes,
+        beta,
+        Heads::new(s.heads, s.n, s.d, &q),
+        Heads::new(s.heads, s.n, s.d, &k),
+        Heads::new(s.heads, s.n, s.dv, &v),
+        causal,
+        rows,
+        &mut o,
+    );
+    GpuForward {
+        o,
+        den,
+        empty_rows,
+        recomputed,
+    }
+}
+
+/// The host's part of a backward: the recomputed rows' exact share of every gradient (the
+/// kernels gave them none), added to `gr`.
+#[allow(clippy::too_many_arguments)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub fn finish_backward(
+    fwd: &GpuForward,
+    planes: &PlanesF32,
+    beta: f32,
+    qkv: [&GpuInput; 3],
+    g: &[f32],
+    s: GpuShape,
+    causal: bool,
+    gr: &mut SoftGrads,
+) {
+    if fwd.recomputed.rows.is_empty() {
+        return;
+    }
+    let [q, k, v] = qkv.map(|x| x.to_f32());
+    gr.dbeta += recompute::backward(
+        planes,
+        beta,
+        Heads::new(s.heads, s.n, s.d, &q),
+        Heads::new(s.heads, s.n, s.d, &k),
+        Heads::new(s.heads, s.n, s.dv, &v),
+        Heads::new(s.heads, s.n, s.dv, g),
+        causal,
+        &fwd.recomputed.rows,
+        &mut gr.dq,
+        &mut gr.dk,
+        &mut gr.dv,
+    );
 }
 
 /// Floats of dynamic shared memory a block of `warps` warps needs (the layout `carve` makes

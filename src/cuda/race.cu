@@ -109,21 +109,28 @@ __device__ Scratch carve(float* sh, int d, int LP, int m, int w, int private_sta
     return s;
 }
 
-// Soft features of one row x (length d) for all L tables, by one warp: leaves u [LP] and
-// phi [m] in the scratch; ends with __syncwarp.
-__device__ void warp_features(const in_t* x, const float* __restrict__ W, int d, int L, int P, float beta,
-                              const Scratch& s) {
-    const int lane = threadIdx.x & 31, LP = L * P, R = 1 << P, m = L * R;
-    for (int i = lane; i < d; i += 32) s.x[i] = ld(x, i);
-    __syncwarp();
-    // Four projections at a time: independent chains and shuffles overlap.
+// From this beta on the projections z = W x accumulate in double (rounded once to f32): the
+// exponent 2β·tanh z magnifies an f32 dot product's absolute rounding by 2β (as
+// `cpu::features::PROJ_F64_BETA`; the host sends such problems to the warp kernels).
+#ifndef PROJ_F64_BETA
+#define PROJ_F64_BETA 16.f
+#endif
+
+__device__ __forceinline__ float fma_t(float a, float b, float c) { return fmaf(a, b, c); }
+__device__ __forceinline__ double fma_t(double a, double b, double c) { return fma(a, b, c); }
+
+// z = W x of the row in s.x into s.u, accumulated in T; four projections at a time:
+// independent chains and shuffles overlap.
+template <typename T>
+__device__ void warp_project(const float* __restrict__ W, int d, int LP, const Scratch& s) {
+    const int lane = threadIdx.x & 31;
     for (int lp0 = 0; lp0 < LP; lp0 += 4) {
-        float a[4] = {0.f, 0.f, 0.f, 0.f};
+        T a[4] = {0, 0, 0, 0};
         for (int i = lane; i < d; i += 32) {
-            const float xi = s.x[i];
+            const T xi = s.x[i];
 #pragma unroll
             for (int j = 0; j < 4; ++j)
-                if (lp0 + j < LP) a[j] = fmaf(W[(long long)(lp0 + j) * d + i], xi, a[j]);
+                if (lp0 + j < LP) a[j] = fma_t((T)W[(long long)(lp0 + j) * d + i], xi, a[j]);
         }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1)
@@ -131,8 +138,21 @@ __device__ void warp_features(const in_t* x, const float* __restrict__ W, int d,
             for (int j = 0; j < 4; ++j) a[j] += __shfl_xor_sync(FULL, a[j], o);
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-            if (lp0 + j < LP && lane == ((lp0 + j) & 31)) s.u[lp0 + j] = a[j];
+            if (lp0 + j < LP && lane == ((lp0 + j) & 31)) s.u[lp0 + j] = (float)a[j];
     }
+}
+
+// Soft features of one row x (length d) for all L tables, by one warp: leaves u [LP] and
+// phi [m] in the scratch; ends with __syncwarp.
+__device__ void warp_features(const in_t* x, const float* __restrict__ W, int d, int L, int P, float beta,
+                              const Scratch& s) {
+    const int lane = threadIdx.x & 31, LP = L * P, R = 1 << P, m = L * R;
+    for (int i = lane; i < d; i += 32) s.x[i] = ld(x, i);
+    __syncwarp();
+    if (beta >= PROJ_F64_BETA)
+        warp_project<double>(W, d, LP, s);
+    else
+        warp_project<float>(W, d, LP, s);
     __syncwarp();
     for (int lp = lane; lp < LP; lp += 32) {
         const float u = tanhf(s.u[lp]);
@@ -384,6 +404,17 @@ extern "C" __global__ void race_scan(const float* partials, float* bases, int nc
     }
 }
 
+// The smallest f32 denominator (Σ φ A, before the 1/L) a row keeps: m·n·2^-100 for m = L·2^P
+// features and n keys (src/cpu/recompute.rs derives it). A row below it, or not finite, is
+// flagged: O = 0 and DEN = 0 (so the backward gives it no share), and the host recomputes it
+// exactly.
+__device__ __forceinline__ float den_floor(int L, int P, int n) {
+    return (float)(L << P) * (float)(n > 1 ? n : 1) * 7.88860905e-31f;
+}
+__device__ __forceinline__ bool den_kept(float den, float floor) {
+    return den >= floor && den <= 3.40282347e38f;
+}
+
 // Forward: o_t = Σ_f φ_f(q_t) state_f / den, state = base (+ keys ≤ t of this chunk if causal).
 extern "C" __global__ void race_fwd(const in_t* Q, const in_t* K, const in_t* V, const float* W,
                                     const float* bases, float* O, float* DEN, int n, int d, int dv,
@@ -400,8 +431,9 @@ extern "C" __global__ void race_fwd(const in_t* Q, const in_t* K, const in_t* V,
         warp_features(Q + row * d, W, d, L, P, beta, s);
         warp_read(s.st, s.phi, m, w, w, s.out);
         const float den = s.out[dv];
-        for (int cc = lane; cc < dv; cc += 32) O[row * dv + cc] = den == 0.f ? 0.f : s.out[cc] / den;
-        if (lane == 0) DEN[row] = den / (float)L;
+        const bool kept = den_kept(den, den_floor(L, P, n));
+        for (int cc = lane; cc < dv; cc += 32) O[row * dv + cc] = kept ? s.out[cc] / den : 0.f;
+        if (lane == 0) DEN[row] = kept ? den / (float)L : 0.f;
         __syncwarp();
     }
 }
@@ -968,14 +1000,17 @@ extern "C" __global__ void __launch_bounds__(256, 4) race_partial_tile_m16(PARTI
     partial_tile<2>(X, V, G, O, DEN, W, out, n, d, dv, L, P, beta, chunk, mode);
 }
 
-// o rows = res[t][:dv] / res[t][dv] from xr (stride w); DEN = res[t][dv] / L.
-__device__ void blk_normalise(const Blk& b, long long row0, int nt, int dv, int L, float* O, float* DEN) {
+// o rows = res[t][:dv] / res[t][dv] from xr (stride w); DEN = res[t][dv] / L; rows below
+// `floor` flagged (den_floor).
+__device__ void blk_normalise(const Blk& b, long long row0, int nt, int dv, int L, float floor, float* O, float* DEN) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, w = dv + 1;
     for (int t = warp; t < nt; t += 8) {
         const float* r = b.xr + t * w;
-        const float den = r[dv], inv = den == 0.f ? 0.f : 1.f / den;  // one division per row
-        for (int cc = lane; cc < dv; cc += 32) O[(row0 + t) * dv + cc] = r[cc] * inv;
-        if (lane == 0) DEN[row0 + t] = den / (float)L;
+        const float den = r[dv];
+        const bool kept = den_kept(den, floor);
+        const float inv = kept ? 1.f / den : 0.f;  // one division per row
+        for (int cc = lane; cc < dv; cc += 32) O[(row0 + t) * dv + cc] = kept ? r[cc] * inv : 0.f;
+        if (lane == 0) DEN[row0 + t] = kept ? den / (float)L : 0.f;
     }
 }
 
@@ -993,7 +1028,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) race_fwd_tile(const in_t* Q
         tile_mma(acc, b.phq, b.mp, 1, b.st, w, 1, nt, w, m);  // res[t][c] = Σ_f φ[t][f] S[f][c]
         tile_store(acc, 1.f, b.xr, w, nt, w);
         __syncthreads();
-        blk_normalise(b, row0, nt, dv, L, O, DEN);
+        blk_normalise(b, row0, nt, dv, L, den_floor(L, P, n), O, DEN);
         __syncthreads();
     }
 }
@@ -1076,7 +1111,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) race_fwd_tile_causal(const 
         tile_store(acc, 1.f, b.xr, w, nt, w);
         __syncthreads();
         state_update(b.st, b.phk, b.mp, b.y, w, m, w, nt);
-        blk_normalise(b, row0, nt, dv, L, O, DEN);
+        blk_normalise(b, row0, nt, dv, L, den_floor(L, P, n), O, DEN);
         __syncthreads();
     }
 }

@@ -50,7 +50,7 @@ pub fn time_soft(
     _: Option<&[f32]>,
     _: bool,
     _: usize,
-) -> Result<(f64, Vec<f64>)> {
+) -> Result<(f64, Vec<f64>, crate::cpu::recompute::Recomputed)> {
     Err(off())
 }
 

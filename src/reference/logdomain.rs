@@ -241,15 +241,7 @@ pub fn soft_race_pairs_log(
 }
 
 /// Analytic gradients of `ℓ` with `∂ℓ/∂Ô = g` (paper combine rule), exact at any beta:
-/// the pairwise route of [`crate::reference::backward`] with every weight formed as the
-/// exponential of a log difference that is at most `log(L·R)`:
-///
-/// - `∂ℓ/∂v_j = Σ_i e^{log Ŝ_ij − log Den_i} G_i`;
-/// - `∂ℓ/∂log φ_{l,r}(q_i) = Σ_j e^{log φ_{l,r}(q_i) + log φ_{l,r}(k_j) − log L − log Den_i}·G_iᵀ(v_j − Ô_i)`,
-///   and the same with `q_i` and `k_j` swapped for the keys;
-/// - `log φ_r = Σ_p log σ(s_rp·2β·u_p)` (`s_rp = ±1` the bit of `r`), so
-///   `∂ log φ_r/∂u_p = 2β·s_rp·σ(−s_rp·2β·u_p)`, `∂ log φ_r/∂β = Σ_p 2u_p·s_rp·σ(−s_rp·2β·u_p)`,
-///   `∂ℓ/∂x = Wᵀ(∂ℓ/∂u ⊙ (1 − u²))`.
+/// [`soft_race_rows_log`] over every query row.
 pub fn soft_race_backward_log(
     q: MatRef<f64>,
     k: MatRef<f64>,
@@ -259,38 +251,96 @@ pub fn soft_race_backward_log(
     beta: f64,
     causal: bool,
 ) -> super::backward::SoftGrads64 {
+    let pos: Vec<usize> = (0..q.rows).collect();
+    soft_race_rows_log(q, k, v, Some(g), planes, beta, causal, &pos).grads
+}
+
+/// What [`soft_race_rows_log`] returns for its query rows.
+#[derive(Debug, Clone)]
+pub struct RowsLog {
+    /// `Ô` of the given rows (`rows × dv`); a row with no key is 0.
+    pub o: Mat<f64>,
+    /// Rows with no key (only with no keys at all, or none at or before a causal position).
+    pub empty_rows: usize,
+    /// With `g`: `∂ℓ/∂q` of the given rows (`rows × d`), and the share of `∂ℓ/∂k`, `∂ℓ/∂v`
+    /// (every key) and `∂ℓ/∂β` that flows through these rows; zeros without `g`.
+    pub grads: super::backward::SoftGrads64,
+}
+
+/// Soft RACE for some query rows only, forward and (with `g`, the rows' `∂ℓ/∂Ô`) backward,
+/// exact at any beta (paper combine rule). Row `t` of `q` is the query at position
+/// `pos[t]`; causal, it sees keys `0..=pos[t]`. The cost is `O(rows · keys · L·R)`, so a
+/// kernel can hand this the few rows it cannot represent ([`crate::cpu::recompute`]).
+///
+/// Per row, by brute force over keys: `log Ŝ_ij = log Σ_{l,r} e^{log φ_{l,r}(q_i) + log φ_{l,r}(k_j)} − log L`
+/// (max-subtracted), `log Den_i` by log-sum-exp over `j`, and every weight formed as the
+/// exponential of a log difference that is at most `log(L·R)`:
+///
+/// - `Ô_i = Σ_j e^{log Ŝ_ij − log Den_i} v_j`;
+/// - `∂ℓ/∂v_j = Σ_i e^{log Ŝ_ij − log Den_i} G_i`;
+/// - `∂ℓ/∂log φ_{l,r}(q_i) = Σ_j e^{log φ_{l,r}(q_i) + log φ_{l,r}(k_j) − log L − log Den_i}·G_iᵀ(v_j − Ô_i)`,
+///   and the same with `q_i` and `k_j` swapped for the keys;
+/// - `log φ_r = Σ_p log σ(s_rp·2β·u_p)` (`s_rp = ±1` the bit of `r`), so
+///   `∂ log φ_r/∂u_p = 2β·s_rp·σ(−s_rp·2β·u_p)`, `∂ log φ_r/∂β = Σ_p 2u_p·s_rp·σ(−s_rp·2β·u_p)`,
+///   `∂ℓ/∂x = Wᵀ(∂ℓ/∂u ⊙ (1 − u²))`.
+#[allow(clippy::too_many_arguments)]
+pub fn soft_race_rows_log(
+    q: MatRef<f64>,
+    k: MatRef<f64>,
+    v: MatRef<f64>,
+    g: Option<MatRef<f64>>,
+    planes: &Planes,
+    beta: f64,
+    causal: bool,
+    pos: &[usize],
+) -> RowsLog {
     let (n, m, dv, r, lt) = (q.rows, k.rows, v.cols, planes.r(), planes.l);
-    let o = soft_race_log(q, k, v, planes, beta, causal, Combine::Paper).o;
     let lq = log_feature_bank(planes, q.data, n, beta);
     let lk = log_feature_bank(planes, k.data, m, beta);
     let log_l = (lt as f64).ln();
-    let log_s = |i: usize, j: usize| -> f64 {
-        let mut acc = f64::NEG_INFINITY;
+    let mut terms = vec![0.0; lt * r];
+    let mut log_s = |i: usize, j: usize| -> f64 {
+        let mut big = f64::NEG_INFINITY;
         for t in 0..lt {
             for b in 0..r {
-                acc = log_add_exp(acc, lq[(t * n + i) * r + b] + lk[(t * m + j) * r + b]);
+                let x = lq[(t * n + i) * r + b] + lk[(t * m + j) * r + b];
+                terms[t * r + b] = x;
+                big = big.max(x);
             }
         }
-        acc - log_l
+        if big == f64::NEG_INFINITY {
+            return big;
+        }
+        big + terms.iter().map(|&x| (x - big).exp()).sum::<f64>().ln() - log_l
     };
+    let mut o = Mat::zeros(n, dv);
+    let mut empty_rows = 0;
     let mut gq = vec![0.0; lt * n * r];
     let mut gk = vec![0.0; lt * m * r];
     let mut dvm = Mat::zeros(m, dv);
+    let mut ls = Vec::with_capacity(m);
     for i in 0..n {
-        let lim = if causal { (i + 1).min(m) } else { m };
-        let ls: Vec<f64> = (0..lim).map(|j| log_s(i, j)).collect();
-        let log_den = ls.iter().fold(f64::NEG_INFINITY, |a, &x| log_add_exp(a, x));
-        if log_den == f64::NEG_INFINITY {
+        let lim = if causal { (pos[i] + 1).min(m) } else { m };
+        ls.clear();
+        ls.extend((0..lim).map(|j| log_s(i, j)));
+        let big = ls.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        if big == f64::NEG_INFINITY {
+            empty_rows += 1;
             continue;
         }
-        for j in 0..lim {
-            let w = (ls[j] - log_den).exp();
-            let gdiff: f64 = (0..dv)
-                .map(|c| g.row(i)[c] * (v.row(j)[c] - o.row(i)[c]))
-                .sum();
-            for c in 0..dv {
-                dvm.row_mut(j)[c] += w * g.row(i)[c];
-            }
+        let log_den = big + ls.iter().map(|&x| (x - big).exp()).sum::<f64>().ln();
+        let row = o.row_mut(i);
+        for (j, &sj) in ls.iter().enumerate() {
+            let w = (sj - log_den).exp();
+            row.iter_mut().zip(v.row(j)).for_each(|(x, &y)| *x += w * y);
+        }
+        let Some(g) = g else { continue };
+        let (gi, oi) = (g.row(i), o.row(i));
+        for (j, &sj) in ls.iter().enumerate() {
+            let w = (sj - log_den).exp();
+            let vj = v.row(j);
+            let gdiff: f64 = (0..dv).map(|c| gi[c] * (vj[c] - oi[c])).sum();
+            super::axpy(dvm.row_mut(j), w, gi);
             for t in 0..lt {
                 for b in 0..r {
                     let (a, c) = ((t * n + i) * r + b, (t * m + j) * r + b);
@@ -303,13 +353,21 @@ pub fn soft_race_backward_log(
     }
     let mut dq = Mat::zeros(n, q.cols);
     let mut dk = Mat::zeros(m, k.cols);
-    let dbeta = through_log_features(planes, q, &gq, beta, &mut dq)
-        + through_log_features(planes, k, &gk, beta, &mut dk);
-    super::backward::SoftGrads64 {
-        dq,
-        dk,
-        dv: dvm,
-        dbeta,
+    let dbeta = if g.is_some() {
+        through_log_features(planes, q, &gq, beta, &mut dq)
+            + through_log_features(planes, k, &gk, beta, &mut dk)
+    } else {
+        0.0
+    };
+    RowsLog {
+        o,
+        empty_rows,
+        grads: super::backward::SoftGrads64 {
+            dq,
+            dk,
+            dv: dvm,
+            dbeta,
+        },
     }
 }
 

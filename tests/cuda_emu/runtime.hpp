@@ -41,6 +41,7 @@ static int current = -1;
 static Barrier block_bar;
 static std::vector<Barrier> warp_bars;
 static float xchg[64][32];
+static double xchgd[64][32];
 // Threads run one after another up to their next barrier, in index order, or in reverse
 // order with EMU_REVERSE=1. A read of shared data that some other thread writes without a
 // barrier in between sees NaN or a stale value in one of the two orders, so running both
@@ -114,6 +115,14 @@ inline float __shfl_xor_sync(unsigned, float v, int o) {
     emu::xchg[w][l] = v;
     __syncwarp();
     const float r = emu::xchg[w][l ^ o];
+    __syncwarp();
+    return r;
+}
+inline double __shfl_xor_sync(unsigned, double v, int o) {
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    emu::xchgd[w][l] = v;
+    __syncwarp();
+    const double r = emu::xchgd[w][l ^ o];
     __syncwarp();
     return r;
 }

@@ -1,0 +1,258 @@
+//! Right at any beta: the production CPU kernels against the exact (log-domain) reference
+//! where f32 sums underflow. Rows whose denominator f32 cannot hold are flagged by the
+//! kernels and recomputed exactly (`racelab::cpu::recompute`); every row must then agree.
+use proptest::prelude::*;
+use racelab::cpu::{detected_isa, soft_forward, soft_grads, Heads, PlanesF32, SoftMap};
+use racelab::params::Combine;
+use racelab::reference::logdomain::{soft_race_backward_log, soft_race_log};
+use racelab::rng::SeededRng;
+use racelab::tensor::MatRef;
+use racelab::Planes;
+
+/// `[heads, n, cols]` f32 values of one bundled projection.
+fn bundled(name: &str) -> (Vec<f32>, [usize; 3]) {
+    let dir = racelab::experiments::real::bundled().expect("experiments/data/minilm is committed");
+    let a = racelab::io::read_npy(&dir.join(name)).unwrap();
+    let s = &a.tensor.shape;
+    (
+        a.tensor.data.iter().map(|&x| x as f32).collect(),
+        [s[0], s[1], s[2]],
+    )
+}
+
+/// The errors of one run against the exact reference on the same f32 inputs and planes:
+/// forward (worst row, over the output's largest entry), dq, dk, dv (over each gradient's
+/// largest entry; see `check` for gradients that cancel), dbeta (relative; see `check`), and
+/// the recomputed rows.
+#[derive(Debug)]
+struct Errors {
+    forward: f64,
+    grads: [f64; 3],
+    dbeta: f64,
+    recomputed: usize,
+}
+
+fn scaled_err(a: &[f32], b: &[f64], floor: f64) -> f64 {
+    let scale = b
+        .iter()
+        .fold(0.0f64, |m, x| m.max(x.abs()))
+        .max(floor)
+        .max(1e-300);
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| (x as f64 - y).abs())
+        .fold(0.0, f64::max)
+        / scale
+}
+
+/// Run the CPU kernels (forward and backward) on `[heads, n, d]` inputs and compare each
+/// head with the log-domain reference.
+#[allow(clippy::too_many_arguments)]
+fn check(
+    planes: &PlanesF32,
+    beta: f32,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    [heads, n, d]: [usize; 3],
+    dv: usize,
+    causal: bool,
+) -> Errors {
+    let map = SoftMap { planes, beta };
+    let (qh, kh, vh, gh) = (
+        Heads::new(heads, n, d, q),
+        Heads::new(heads, n, d, k),
+        Heads::new(heads, n, dv, v),
+        Heads::new(heads, n, dv, g),
+    );
+    let isa = detected_isa();
+    let f = soft_forward(&map, qh, kh, vh, causal, isa);
+    let gr = soft_grads(
+        &map,
+        &f.ctx,
+        qh,
+        kh,
+        vh,
+        Heads::new(heads, n, dv, &f.o),
+        gh,
+        isa,
+    );
+    let p64 = planes.to_planes();
+    let wide = |x: &[f32]| -> Vec<f64> { x.iter().map(|&a| a as f64).collect() };
+    let (q64, k64, v64, g64) = (wide(q), wide(k), wide(v), wide(g));
+    fn mat(x: &[f64], h: usize, n: usize, cols: usize) -> MatRef<'_, f64> {
+        MatRef {
+            rows: n,
+            cols,
+            data: &x[h * n * cols..(h + 1) * n * cols],
+        }
+    }
+    let mut e = Errors {
+        forward: 0.0,
+        grads: [0.0; 3],
+        dbeta: 0.0,
+        recomputed: f.ctx.recomputed.rows.len(),
+    };
+    let mut ref_dbeta = 0.0;
+    let (mut o_ref, mut dq_ref, mut dk_ref, mut dv_ref) = (vec![], vec![], vec![], vec![]);
+    for h in 0..heads {
+        let (qm, km, vm) = (mat(&q64, h, n, d), mat(&k64, h, n, d), mat(&v64, h, n, dv));
+        let o = soft_race_log(qm, km, vm, &p64, beta as f64, causal, Combine::Paper);
+        assert_eq!(o.empty_rows, 0);
+        o_ref.extend(o.o.data);
+        let gm = mat(&g64, h, n, dv);
+        let b = soft_race_backward_log(qm, km, vm, gm, &p64, beta as f64, causal);
+        dq_ref.extend(b.dq.data);
+        dk_ref.extend(b.dk.data);
+        dv_ref.extend(b.dv.data);
+        ref_dbeta += b.dbeta;
+    }
+    let oscale = o_ref.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    for (a, b) in f.o.chunks(dv).zip(o_ref.chunks(dv)) {
+        let row = a
+            .iter()
+            .zip(b)
+            .map(|(&x, &y)| (x as f64 - y).abs())
+            .fold(0.0, f64::max);
+        e.forward = e.forward.max(row / oscale);
+    }
+    // Where a gradient cancels (every key alike to the query: ∂ℓ/∂q_i = Σ_j of terms that
+    // sum to ~0), f32 keeps only its terms' scale `T = 2β·max|W|·max|g|·max|v|`: errors are
+    // measured against the gradient's largest entry, or 1e-3·T when that is smaller.
+    let amax = |x: &[f32]| x.iter().fold(0.0f64, |m, &a| m.max(a.abs() as f64));
+    let t = 2.0 * beta as f64 * amax(&planes.w) * amax(g) * amax(v);
+    e.grads = [
+        scaled_err(&gr.dq, &dq_ref, 1e-3 * t),
+        scaled_err(&gr.dk, &dk_ref, 1e-3 * t),
+        scaled_err(&gr.dv, &dv_ref, 0.0),
+    ];
+    // ∂ℓ/∂β is one f32 sum of heads·n·L·P terms `2u·∂ℓ/∂t` (t = 2βu), each at most
+    // `S₁ = max|g|·max|v|` in size, that cancel (at beta = 10^4 the sum is 2e-6): its error is
+    // measured against its value, or 1e-3·S with S = heads·n·L·P·S₁ when that is larger
+    // (16 f32 roundings of every term).
+    let s_beta = (heads * n * planes.l * planes.p) as f64 * amax(g) * amax(v);
+    e.dbeta = (gr.dbeta - ref_dbeta).abs() / ref_dbeta.abs().max(1e-3 * s_beta);
+    assert!(f.o.iter().all(|x| x.is_finite()));
+    e
+}
+
+fn gradient_seed(len: usize, seed: u64) -> Vec<f32> {
+    let mut rng = SeededRng::new(seed, 7);
+    (0..len).map(|_| rng.normal() as f32).collect()
+}
+
+/// The bundled MiniLM layer 5 (raw Q/K, |q| ≈ 5: tanh saturates), 12 heads × 256 tokens,
+/// P = 3, L = 4, at the betas where the f32 sums of early causal rows underflow: every row
+/// within 1e-5 (forward) and 1e-4 (gradients) of the exact reference.
+#[test]
+fn bundled_layer5_is_exact_at_large_beta() {
+    let (q, s) = bundled("q_5.npy");
+    let (k, _) = bundled("k_5.npy");
+    let (v, _) = bundled("v_5.npy");
+    let g = gradient_seed(v.len(), 1);
+    let planes = PlanesF32::from_planes(&Planes::gaussian(4, 3, s[2], 0).unwrap());
+    for beta in [60.0f32, 100.0, 1000.0, 1e4] {
+        for causal in [false, true] {
+            let e = check(&planes, beta, &q, &k, &v, &g, s, s[2], causal);
+            println!("beta {beta} causal {causal}: {e:?}");
+            // The early causal rows the f32 sums lose are flagged and recomputed.
+            if causal {
+                assert!(e.recomputed > 0, "beta {beta}: no row recomputed");
+            }
+            assert!(e.forward <= 1e-5, "beta {beta} causal {causal}: {e:?}");
+            assert!(
+                e.grads.iter().all(|&x| x <= 1e-4),
+                "beta {beta} causal {causal}: {e:?}"
+            );
+            assert!(e.dbeta <= 1e-3, "beta {beta} causal {causal}: {e:?}");
+        }
+    }
+}
+
+/// Inputs built so that the denominators span 1 … 1e-300: one plane `W = [1, 0]` (P = L = 1),
+/// beta = 400; every key on the off side with `|u_k| ∈ [0.92, 0.995]` (on-side masses
+/// `e^{−2β|u_k|} ≤ e^{−736}`), queries with `u_q` from 0 to 0.9, so `Den_i ≈ n·e^{−2β u_q}`.
+#[test]
+fn denominators_from_1_down_to_1e_minus_300() {
+    let (n, beta) = (64usize, 400.0f32);
+    let planes = PlanesF32::from_planes(&Planes::from_data(1, 1, 2, vec![1.0, 0.0]).unwrap());
+    let mut rng = SeededRng::new(11, 7);
+    let (mut q, mut k, mut v) = (vec![], vec![], vec![]);
+    for i in 0..n {
+        let uq = 0.9 * i as f64 / (n - 1) as f64;
+        let uk = 0.92 + 0.075 * rng.uniform();
+        q.extend([uq.atanh() as f32, rng.normal() as f32]);
+        k.extend([-(uk.atanh()) as f32, rng.normal() as f32]);
+        v.extend([
+            rng.normal() as f32,
+            rng.normal() as f32,
+            rng.normal() as f32,
+        ]);
+    }
+    let g = gradient_seed(v.len(), 2);
+    // log Den_i of the exact reference: from 0 to below ln 1e-300.
+    let p64 = planes.to_planes();
+    let wide = |x: &[f32]| -> Vec<f64> { x.iter().map(|&a| a as f64).collect() };
+    let (lq, lk) = (
+        racelab::reference::logdomain::log_feature_bank(&p64, &wide(&q), n, beta as f64),
+        racelab::reference::logdomain::log_feature_bank(&p64, &wide(&k), n, beta as f64),
+    );
+    let log_den = |i: usize| -> f64 {
+        let mut acc = f64::NEG_INFINITY;
+        for j in 0..n {
+            for b in 0..2 {
+                acc =
+                    racelab::reference::logdomain::log_add_exp(acc, lq[i * 2 + b] + lk[j * 2 + b]);
+            }
+        }
+        acc
+    };
+    let (top, bottom) = (log_den(0), log_den(n - 1));
+    assert!(top >= 0.0 && bottom <= (1e-300f64).ln(), "{top} … {bottom}");
+    for causal in [false, true] {
+        let e = check(&planes, beta, &q, &k, &v, &g, [1, n, 2], 3, causal);
+        println!("causal {causal}: {e:?}");
+        assert!(e.recomputed > 0, "causal {causal}: no row recomputed");
+        assert!(e.forward <= 1e-5, "causal {causal}: {e:?}");
+        assert!(e.grads.iter().all(|&x| x <= 1e-4), "causal {causal}: {e:?}");
+        assert!(e.dbeta <= 1e-3, "causal {causal}: {e:?}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
+
+    /// The CPU kernels, forward and backward, against the exact reference for beta drawn
+    /// log-uniformly in [1e-3, 1e5], inputs of scale up to 5 (tanh saturated), causal or not.
+    #[test]
+    fn kernels_are_exact_at_any_beta(
+        heads in 1usize..3,
+        n in 1usize..40,
+        d in 2usize..7,
+        dv in 1usize..5,
+        p in 1usize..4,
+        l in 1usize..4,
+        lb in -3.0f64..5.0,
+        scale in 0.5f64..5.0,
+        seed in 0u64..1000,
+        causal in any::<bool>(),
+    ) {
+        let beta = 10f64.powf(lb) as f32;
+        let mut rng = SeededRng::new(seed, 9);
+        let mut draw = |len: usize, s: f64| -> Vec<f32> {
+            (0..len).map(|_| (rng.normal() * s) as f32).collect()
+        };
+        let (q, k, v, g) = (
+            draw(heads * n * d, scale),
+            draw(heads * n * d, scale),
+            draw(heads * n * dv, 1.0),
+            draw(heads * n * dv, 1.0),
+        );
+        let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, seed).unwrap());
+        let e = check(&planes, beta, &q, &k, &v, &g, [heads, n, d], dv, causal);
+        prop_assert!(e.forward <= 1e-5, "beta {beta:e}: {e:?}");
+        prop_assert!(e.grads.iter().all(|&x| x <= 1e-4), "beta {beta:e}: {e:?}");
+        prop_assert!(e.dbeta <= 1e-3, "beta {beta:e}: {e:?}");
+    }
+}
