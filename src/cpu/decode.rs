@@ -121,7 +121,7 @@ impl Decoder {
         let den = acc[self.dv];
         // The features are f32: below the floor the sums are quantised subnormals (see
         // `recompute`), and a recurrent state keeps no keys to recompute the row from.
-        if !(den >= super::recompute::den_floor(m, self.tokens) as f64) {
+        if den.is_nan() || den < super::recompute::den_floor(m, self.tokens) as f64 {
             return Err(RaceError::param(
                 "beta",
                 format!(
