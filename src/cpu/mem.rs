@@ -402,8 +402,8 @@ impl Out {
     }
 
     /// This policy with [`Behind`]'s queue on or off. Queued write-behind pays where the
-    /// kernel is close to memory-bound and not where it is arithmetic-bound (eighth and tenth
-    /// sessions, `examples/timing.rs`, N = 2^20, two threads): 16–20% faster at `(2, 2)`,
+    /// kernel is close to memory-bound and not where it is arithmetic-bound (measured with
+    /// `examples/timing.rs`, N = 2^20, two threads): 16–20% faster at `(2, 2)`,
     /// even at `(3, 3)`, 12% slower at `(4, 4)`; the blocked passes queue for banks of at
     /// most 16 features.
     pub fn queued(self, queue: bool) -> Out {

@@ -110,14 +110,6 @@ inline void run_block(unsigned bx, unsigned by, unsigned threads, void (*body)(v
 
 inline void __syncthreads() { emu::arrive(emu::block_bar); }
 inline void __syncwarp() { emu::arrive(emu::warp_bars[threadIdx.x >> 5]); }
-inline float __shfl_xor_sync(unsigned, float v, int o) {
-    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-    emu::xchg[w][l] = v;
-    __syncwarp();
-    const float r = emu::xchg[w][l ^ o];
-    __syncwarp();
-    return r;
-}
 inline double __shfl_xor_sync(unsigned, double v, int o) {
     const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
     emu::xchgd[w][l] = v;
@@ -126,6 +118,8 @@ inline double __shfl_xor_sync(unsigned, double v, int o) {
     __syncwarp();
     return r;
 }
+// float through double: the round trip is exact.
+inline float __shfl_xor_sync(unsigned m, float v, int o) { return (float)__shfl_xor_sync(m, (double)v, o); }
 inline float __shfl_down_sync(unsigned, float v, int o) {
     const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
     emu::xchg[w][l] = v;
