@@ -719,10 +719,9 @@ fn large_beta_on_emulated_cuda() {
     let planes = PlanesF32::from_planes(&Planes::gaussian(4, 3, d, 0).unwrap());
     let s = GpuShape { heads, n, d, dv: d };
     let isa = racelab::cpu::detected_isa();
-    // At beta = 10^4 the warp kernels' query gradients lose the ones of the few unsaturated
-    // bits (`Σ_r φ_r (gφ_r − ḡ)` cancels before it is scaled by β): the forward and the
-    // flagged rows are checked there, the gradients up to beta = 1000.
-    for (beta, grads) in [(100.0f32, true), (1000.0, true), (1e4, false)] {
+    // At beta = 10^4 every bit of these heads is saturated: the largest dq is 1e-3, where
+    // `Σ_r φ_r (gφ_r − ḡ)` would keep only rounding; the kernels' bit contrasts keep it.
+    for beta in [100.0f32, 1000.0, 1e4] {
         for causal in [false, true] {
             let tiled = cuda::path_for(beta).is_none();
             let (o, den, mut gr) = emulate(
@@ -776,12 +775,14 @@ fn large_beta_on_emulated_cuda() {
                 ("dk", &gr.dk, &cg.dk),
                 ("dv", &gr.dv, &cg.dv),
             ];
-            for (name, a, b) in pairs.into_iter().filter(|_| grads) {
-                let err = rel(a, b);
-                assert!(err <= 1e-4, "{tag}: {name} {err:.2e}");
+            let mut worst = 0.0f64;
+            for (name, a, b) in pairs {
+                let e = rel(a, b);
+                assert!(e <= 1e-4, "{tag}: {name} {e:.2e}");
+                worst = worst.max(e);
             }
             println!(
-                "{tag}: {} rows recomputed, forward {err:.1e}",
+                "{tag}: {} rows recomputed, forward {err:.1e}, gradients {worst:.1e}",
                 f.recomputed.rows.len()
             );
         }

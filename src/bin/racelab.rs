@@ -59,6 +59,9 @@ enum Cmd {
     Rank(ExpArgs),
     /// Lemma 10 counterexample and the repaired condition.
     Lemma10(ExpArgs),
+    /// Soft RACE as beta -> infinity: hard LSH on rows sharing a bucket, the nearest key's
+    /// value on the others; each row's decay rate against the predicted one.
+    Limit(ExpArgs),
     /// Error/cost trade-offs over P, L, beta; matched-state comparison.
     Tradeoff(ExpArgs),
     /// Paper (Algorithm 1) vs authors' combine rule, against angular attention.
@@ -235,6 +238,7 @@ fn main() {
         Cmd::Lemma10(a) => {
             no_data(&a, "lemma10").and_then(|_| run_exp(&a, experiments::lemma10::run))
         }
+        Cmd::Limit(a) => no_data(&a, "limit").and_then(|_| run_exp(&a, experiments::limit::run)),
         Cmd::Tradeoff(a) => run_exp(&a, experiments::tradeoff::run),
         Cmd::Combine(a) => run_exp(&a, experiments::combine::run),
         Cmd::Real(a) => {
@@ -507,6 +511,7 @@ fn run_reproduce(a: ReproduceArgs) -> Result<()> {
         ("factorisation", experiments::report::factorisation),
         ("rank", experiments::rank::run),
         ("lemma10", experiments::lemma10::run),
+        ("limit", experiments::limit::run),
         ("bias", experiments::bias::run),
         ("combine", experiments::combine::run),
         ("fig3", |c| experiments::fig3::run(c, None)),

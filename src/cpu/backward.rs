@@ -15,10 +15,11 @@
 //! banks (for `∂ℓ/∂φ(q_t)`), and a reverse pass accumulates the suffix `[dB | dA]` (for keys
 //! and values), each with the same two-level f32/f64 accumulation as the forward.
 
-use super::features::{BitState, FeatureMap, SoftMap};
+use super::features::{bit_contrast, BitState, FeatureMap, SoftMap, PROJ_F64_BETA};
 use super::forward::{exclusive_scan, Ctx};
 use super::simd::{dispatch, Isa, Simd, WithSimd};
 use super::state::{bank_width, ext_buffer, split_out, Bank, Heads};
+use crate::params::MAX_P;
 use rayon::prelude::*;
 
 /// Gradients of a scalar loss with respect to the soft-RACE inputs.
@@ -51,9 +52,22 @@ fn table_backward<S: Simd>(
     st: &BitState,
     phi: &[f32],
     gphi: &[f32],
+    scratch: &mut [f32],
     dx: &mut [f32],
 ) -> f32 {
     let p = map.planes.p;
+    if map.beta >= PROJ_F64_BETA {
+        // Large beta: the cancellation-free form (see `bit_contrast`).
+        let mut c = [0.0f32; MAX_P];
+        bit_contrast(&st.on[..p], &st.off[..p], gphi, scratch, &mut c[..p]);
+        let mut dbeta = 0.0f32;
+        for (b, &cb) in c[..p].iter().enumerate() {
+            let (u, cc) = (st.u[b], 2.0 * st.on[b] * st.off[b] * cb);
+            dbeta += u * cc;
+            S::axpy(dx, map.beta * cc * (1.0 - u * u), map.planes.row(l, b));
+        }
+        return dbeta;
+    }
     let gbar: f32 = phi.iter().zip(gphi).map(|(a, b)| a * b).sum();
     let mut dbeta = 0.0f32;
     for b in 0..p {
@@ -118,6 +132,7 @@ impl WithSimd for QueryGradTask<'_> {
         let mut phi_k = vec![0.0f32; m];
         let mut phi = vec![0.0f32; r];
         let mut gphi = vec![0.0f32; r];
+        let mut scratch = vec![0.0f32; r];
         let mut ext = ext_buffer(dv);
         let mut gx = vec![0.0f32; bank_width(dv)];
         let mut dbeta = 0.0f64;
@@ -149,7 +164,7 @@ impl WithSimd for QueryGradTask<'_> {
                         }
                     }
                 }
-                db += table_backward::<S>(map, l, &st, &phi, &gphi, dx);
+                db += table_backward::<S>(map, l, &st, &phi, &gphi, &mut scratch, dx);
             }
             dbeta += db as f64;
             if self.causal {
@@ -198,6 +213,7 @@ impl WithSimd for KeyGradTask<'_> {
         let mut phi_q = vec![0.0f32; m];
         let mut phi = vec![0.0f32; r];
         let mut gphi = vec![0.0f32; r];
+        let mut scratch = vec![0.0f32; r];
         let mut ext = ext_buffer(dv);
         let mut gx = vec![0.0f32; bank_width(dv)];
         let mut dbeta = 0.0f64;
@@ -234,7 +250,7 @@ impl WithSimd for KeyGradTask<'_> {
                         dbank.axpy_row::<S>(dvj, phi[rr], f);
                     }
                 }
-                db += table_backward::<S>(map, l, &st, &phi, &gphi, dxk);
+                db += table_backward::<S>(map, l, &st, &phi, &gphi, &mut scratch, dxk);
             }
             dbeta += db as f64;
             dbank.tick();

@@ -464,6 +464,10 @@ impl Block {
         let pl = map.planes;
         let (p, l, m) = (pl.p, pl.l, pl.l * pl.r());
         let (tp, isa, beta) = (self.tp, self.isa, map.beta);
+        if beta >= super::features::PROJ_F64_BETA {
+            self.dz_rows = true;
+            return self.backward_contrast(map, gphi, rows);
+        }
         #[cfg(target_arch = "x86_64")]
         if let (Isa::Avx512, Some(lanes)) = (isa, &self.lanes) {
             let n = rows * self.lp;
@@ -489,6 +493,34 @@ impl Block {
             #[inline(always)]
             || tree_backward(phit, gt, ut, dzt, (tp, rows), (l, r, p), beta, scratch),
         )
+    }
+
+    /// [`Block::backward`] from [`super::features::PROJ_F64_BETA`] on, token by token in row
+    /// layout: `c_b = 2 on_b off_b Σ_r ±(Π_{q≠b} f_q(r)) g_r`
+    /// ([`super::features::bit_contrast`]), which keeps the digits that `Σ_r ±φ_r (g_r − ḡ)`
+    /// loses to cancellation when a table is saturated. Leaves `∂ℓ/∂z` in `dz`.
+    fn backward_contrast(&mut self, map: &SoftMap, gphi: &[f32], rows: usize) -> f64 {
+        let pl = map.planes;
+        let (p, l, r, lp, mp) = (pl.p, pl.l, pl.r(), self.lp, self.mp);
+        let mut scratch = vec![0.0f32; r];
+        let mut c = [0.0f32; crate::params::MAX_P];
+        let mut dbeta = 0.0f64;
+        for i in 0..rows {
+            let mut db = 0.0f32;
+            for t in 0..l {
+                let o = i * lp + t * p;
+                let g = &gphi[i * mp + t * r..i * mp + (t + 1) * r];
+                let (on, off) = (&self.on[o..o + p], &self.off[o..o + p]);
+                super::features::bit_contrast(on, off, g, &mut scratch, &mut c[..p]);
+                for b in 0..p {
+                    let (u, cc) = (self.z[o + b], 2.0 * on[b] * off[b] * c[b]);
+                    self.dz[o + b] = map.beta * cc * (1.0 - u * u);
+                    db += u * cc;
+                }
+            }
+            dbeta += db as f64;
+        }
+        dbeta
     }
 
     /// `∂ℓ/∂X = dZ W` for the block's `rows` into `out` (`rows × d`).

@@ -94,6 +94,41 @@ pub struct BitState {
 /// same switch (`race.cu`, `PROJ_F64_BETA`).
 pub const PROJ_F64_BETA: f32 = 16.0;
 
+/// One table's bit contrasts for the features' backward at large beta:
+/// `out[b] = Σ_r ±(Π_{q≠b} f_q(r)) g_r`, where `φ_r = Π_q f_q(r)` (`f_q(r)` is `on[q]` where
+/// bit `q` of `r`, most significant first, is set, else `off[q]`) and the sign is `+` where
+/// bit `b` is set. Then `∂ℓ/∂t_b = on_b off_b out[b]` for `t_b = 2β u_b`, and the `c_b` of the
+/// backward is `Σ_r ±φ_r (g_r − ḡ) = 2 on_b off_b out[b]` exactly. The right side keeps every
+/// digit where the left cannot: when a table is saturated (`φ` one-hot to within
+/// `e^{−2β|u|}`), the f32 `g_r − ḡ` of the dominant bucket holds only the rounding of `ḡ`,
+/// which `β` then magnifies. Each bit contracts the other axes with `(off_q, on_q)`: fewer
+/// than `2R` products. `scratch` holds at least `R` floats.
+pub(crate) fn bit_contrast(
+    on: &[f32],
+    off: &[f32],
+    g: &[f32],
+    scratch: &mut [f32],
+    out: &mut [f32],
+) {
+    let p = on.len();
+    for (b, o) in out.iter_mut().enumerate().take(p) {
+        let x = &mut scratch[..g.len()];
+        x.copy_from_slice(g);
+        let mut len = g.len();
+        // Axes from the least significant (q = P−1) up; once bit b is skipped it sits below
+        // the axis being contracted, so that axis's stride is 2, else 1.
+        for q in (0..p).rev().filter(|&q| q != b) {
+            let s = if b > q { 2 } else { 1 };
+            for k in 0..len / 2 {
+                let (hi, lo) = (k / s, k % s);
+                x[k] = off[q] * x[hi * 2 * s + lo] + on[q] * x[hi * 2 * s + s + lo];
+            }
+            len /= 2;
+        }
+        *o = x[1] - x[0];
+    }
+}
+
 /// Soft RACE features.
 pub struct SoftMap<'a> {
     pub planes: &'a PlanesF32,

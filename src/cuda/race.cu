@@ -276,8 +276,8 @@ __device__ void warp_gphi(const float* __restrict__ st, const float* __restrict_
 }
 
 // Through one row's softmaxes: from its features phi [m], their gradient gphi [m] and the
-// tanh states u [LP], dz = ∂ℓ/∂z into s.dz; returns Σ_p u_p c_p (this row's ∂ℓ/∂beta) on
-// every lane. Ends with __syncwarp.
+// tanh states u [LP] (and s.on, s.off of the same row, from warp_features), dz = ∂ℓ/∂z into
+// s.dz; returns Σ_p u_p c_p (this row's ∂ℓ/∂beta) on every lane. Ends with __syncwarp.
 __device__ float warp_table_backward(int L, int P, float beta, const float* u_row, const float* phi,
                                      const float* gphi, const Scratch& s) {
     const int lane = threadIdx.x & 31, R = 1 << P, LP = L * P;
@@ -286,12 +286,26 @@ __device__ float warp_table_backward(int L, int P, float beta, const float* u_ro
         const int l = lp / P, p = lp % P;
         const float* ph = phi + l * R;
         const float* gp = gphi + l * R;
-        float gbar = 0.f;
-        for (int r = 0; r < R; ++r) gbar = fmaf(ph[r], gp[r], gbar);
         float cc = 0.f;
-        for (int r = 0; r < R; ++r) {
-            float t = ph[r] * (gp[r] - gbar);
-            cc += ((r >> (P - 1 - p)) & 1) ? t : -t;
+        if (beta >= PROJ_F64_BETA) {
+            // Large beta: c_p = 2 on_p off_p Σ_r ±(Π_{q≠p} f_q(r)) g_r, the same value without
+            // the cancellation of g_r − ḡ in a saturated table (`cpu::features::bit_contrast`).
+            const float* on = s.on + l * P;
+            const float* off = s.off + l * P;
+            for (int r = 0; r < R; ++r) {
+                float t = gp[r];
+                for (int q = 0; q < P; ++q)
+                    if (q != p) t *= ((r >> (P - 1 - q)) & 1) ? on[q] : off[q];
+                cc += ((r >> (P - 1 - p)) & 1) ? t : -t;
+            }
+            cc *= 2.f * on[p] * off[p];
+        } else {
+            float gbar = 0.f;
+            for (int r = 0; r < R; ++r) gbar = fmaf(ph[r], gp[r], gbar);
+            for (int r = 0; r < R; ++r) {
+                float t = ph[r] * (gp[r] - gbar);
+                cc += ((r >> (P - 1 - p)) & 1) ? t : -t;
+            }
         }
         const float u = u_row[lp];
         s.dz[lp] = beta * cc * (1.f - u * u);

@@ -10,6 +10,7 @@ pub mod combine;
 pub mod data;
 pub mod fig3;
 pub mod lemma10;
+pub mod limit;
 pub mod rank;
 pub mod real;
 pub mod report;
