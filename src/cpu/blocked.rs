@@ -66,17 +66,29 @@ pub(crate) fn lanes16(a: &[f32]) -> [f32; 16] {
     out
 }
 
-/// `z = W x` of `rows` rows (`rows × d`) against `lp` planes (`lp × d`), accumulated in f64
-/// and rounded once: at [`super::features::PROJ_F64_BETA`] and above, the exponent `2β·tanh z`
-/// would magnify the f32 products' rounding of `z` (an absolute error) into the weights.
-pub(crate) fn project_f64(z: &mut [f32], x: &[f32], w: &[f32], rows: usize, d: usize, lp: usize) {
-    for (zr, xr) in z.chunks_exact_mut(lp).zip(x.chunks_exact(d)).take(rows) {
-        for (zp, wr) in zr.iter_mut().zip(w.chunks_exact(d)) {
-            *zp = xr
-                .iter()
-                .zip(wr)
-                .map(|(&a, &b)| a as f64 * b as f64)
-                .sum::<f64>() as f32;
+/// `u = tanh(W x)`, `on = σ(2βu)`, `off = σ(−2βu)` of `rows` rows (`rows × d`) against `lp`
+/// planes (`lp × d`), in f64 and rounded once ([`super::features::bit_probs_f64`]): at
+/// [`super::features::PROJ_F64_BETA`] and above, `2β` would magnify the f32 roundings of `z`
+/// and `u` (absolute errors) into the weights.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn probs_f64(
+    u: &mut [f32],
+    on: &mut [f32],
+    off: &mut [f32],
+    x: &[f32],
+    w: &[f32],
+    (rows, d, lp): (usize, usize, usize),
+    beta: f32,
+) {
+    let rows_out = u.chunks_exact_mut(lp).zip(on.chunks_exact_mut(lp));
+    for ((ur, (onr, offr)), xr) in rows_out
+        .zip(off.chunks_exact_mut(lp))
+        .map(|((a, b), c)| (a, (b, c)))
+        .zip(x.chunks_exact(d))
+        .take(rows)
+    {
+        for (j, wr) in w.chunks_exact(d).enumerate().take(lp) {
+            (ur[j], onr[j], offr[j]) = super::features::bit_probs_f64(wr, xr, beta);
         }
     }
 }
@@ -310,11 +322,13 @@ impl Block {
     pub(crate) fn features(&mut self, map: &SoftMap, x: &[f32], rows: usize) {
         let (d, lp) = (map.planes.d, self.lp);
         if map.beta >= super::features::PROJ_F64_BETA {
-            project_f64(&mut self.z, x, &self.w, rows, d, lp);
-        } else {
-            let z = &mut self.z;
-            gemm_nt(self.isa, Tri::Full, z, lp, rows, lp, d, x, d, &self.w, d);
+            let (u, on, off) = (&mut self.z, &mut self.on, &mut self.off);
+            probs_f64(u, on, off, x, &self.w, (rows, d, lp), map.beta);
+            self.tree(map, rows);
+            return;
         }
+        let z = &mut self.z;
+        gemm_nt(self.isa, Tri::Full, z, lp, rows, lp, d, x, d, &self.w, d);
         self.probs_and_tree::<true>(map, rows);
     }
 
@@ -336,8 +350,11 @@ impl Block {
         rows: usize,
     ) {
         match saved {
-            Some(u) => self.features_from_u(map, u, rows),
-            None => self.features(map, x, rows),
+            // At large beta the probabilities come from x in f64, not from an f32 u.
+            Some(u) if map.beta < super::features::PROJ_F64_BETA => {
+                self.features_from_u(map, u, rows)
+            }
+            _ => self.features(map, x, rows),
         }
     }
 
@@ -396,10 +413,7 @@ impl Block {
     }
 
     fn probs_and_tree<const TANH: bool>(&mut self, map: &SoftMap, rows: usize) {
-        let pl = map.planes;
-        let (p, l, r) = (pl.p, pl.l, pl.r());
-        let (lp, mp) = (self.lp, self.mp);
-        let n = rows * lp;
+        let n = rows * self.lp;
         dispatch(
             self.isa,
             BitProbs::<TANH> {
@@ -409,6 +423,15 @@ impl Block {
                 beta: map.beta,
             },
         );
+        self.tree(map, rows);
+    }
+
+    /// The features `φ` from the bit probabilities `on`, `off` of `rows` rows.
+    fn tree(&mut self, map: &SoftMap, rows: usize) {
+        let pl = map.planes;
+        let (p, l, r) = (pl.p, pl.l, pl.r());
+        let (lp, mp) = (self.lp, self.mp);
+        let n = rows * lp;
         let (on, off, phi) = (&self.on[..n], &self.off[..n], &mut self.phi);
         // In the SIMD frame: outside it the R-wide products compile for SSE2.
         let isa = self.isa;

@@ -87,12 +87,23 @@ pub struct BitState {
     pub off: [f32; MAX_P],
 }
 
-/// From this beta on, the soft map's projections `z = W x` are accumulated in f64 (rounded
-/// once to f32): the exponent `2β·tanh z` magnifies the absolute rounding of an f32 dot
-/// product (`≈ 2^-24·Σ|w_c x_c|`) by `2β`, into every weight whose bit is not saturated. Below
-/// it (ordinary beta) the f32 products are kept, at full speed. The CUDA kernels take the
-/// same switch (`race.cu`, `PROJ_F64_BETA`).
+/// From this beta on, the soft map's projections `z = W x`, `u = tanh z` and the bit
+/// probabilities `σ(±2βu)` are computed in f64 and rounded once to f32 ([`bit_probs_f64`]):
+/// the exponent `2β·u` magnifies any absolute rounding of `z` or `u` (an f32 dot product's
+/// `≈ 2^-24·Σ|w_c x_c|`, an f32 `u`'s `2^-24·|u|`) by `2β`, into every weight whose bit is not
+/// saturated. Below it (ordinary beta) the f32 path is kept, at full speed. The CUDA kernels
+/// take the same switch (`race.cu`, `PROJ_F64_BETA`).
 pub const PROJ_F64_BETA: f32 = 16.0;
+
+/// `(u, σ(2βu), σ(−2βu))` for `u = tanh(w·x)`, all in f64, each rounded once to f32.
+#[inline]
+pub(crate) fn bit_probs_f64(w: &[f32], x: &[f32], beta: f32) -> (f32, f32, f32) {
+    let z: f64 = w.iter().zip(x).map(|(&a, &c)| a as f64 * c as f64).sum();
+    let u = z.tanh();
+    let t = 2.0 * beta as f64 * u;
+    let sig = crate::hashing::sigmoid;
+    (u as f32, sig(t) as f32, sig(-t) as f32)
+}
 
 /// One table's bit contrasts for the features' backward at large beta:
 /// `out[b] = Σ_r ±(Π_{q≠b} f_q(r)) g_r`, where `φ_r = Π_q f_q(r)` (`f_q(r)` is `on[q]` where
@@ -147,15 +158,11 @@ impl SoftMap<'_> {
         };
         for b in 0..p {
             let w = self.planes.row(l, b);
-            let z = if self.beta >= PROJ_F64_BETA {
-                w.iter()
-                    .zip(x)
-                    .map(|(&a, &c)| a as f64 * c as f64)
-                    .sum::<f64>() as f32
-            } else {
-                S::dot(w, x)
-            };
-            let u = tanh_f32(z);
+            if self.beta >= PROJ_F64_BETA {
+                (st.u[b], st.on[b], st.off[b]) = bit_probs_f64(w, x, self.beta);
+                continue;
+            }
+            let u = tanh_f32(S::dot(w, x));
             let t = 2.0 * self.beta * u;
             st.u[b] = u;
             st.on[b] = sigmoid32(t);

@@ -109,20 +109,28 @@ __device__ Scratch carve(float* sh, int d, int LP, int m, int w, int private_sta
     return s;
 }
 
-// From this beta on the projections z = W x accumulate in double (rounded once to f32): the
-// exponent 2β·tanh z magnifies an f32 dot product's absolute rounding by 2β (as
+// From this beta on z = W x, u = tanh z and σ(±2βu) are computed in double (each rounded
+// once to f32): the exponent 2β·u magnifies any absolute rounding of z or u by 2β (as
 // `cpu::features::PROJ_F64_BETA`; the host sends such problems to the warp kernels).
 #ifndef PROJ_F64_BETA
 #define PROJ_F64_BETA 16.f
 #endif
 
+__device__ __forceinline__ double sigm_d(double t) {
+    if (t >= 0.0) return 1.0 / (1.0 + exp(-t));
+    double e = exp(t);
+    return e / (1.0 + e);
+}
+
 __device__ __forceinline__ float fma_t(float a, float b, float c) { return fmaf(a, b, c); }
 __device__ __forceinline__ double fma_t(double a, double b, double c) { return fma(a, b, c); }
 
 // z = W x of the row in s.x into s.u, accumulated in T; four projections at a time:
-// independent chains and shuffles overlap.
-template <typename T>
-__device__ void warp_project(const float* __restrict__ W, int d, int LP, const Scratch& s) {
+// independent chains and shuffles overlap. With PROBS (T = double, large beta) the lane that
+// holds z also forms u = tanh z and the bit probabilities σ(±2βu) in double, and writes u,
+// on and off rounded once: an f32 u would carry a rounding that 2β magnifies.
+template <typename T, bool PROBS>
+__device__ void warp_project(const float* __restrict__ W, int d, int LP, float beta, const Scratch& s) {
     const int lane = threadIdx.x & 31;
     for (int lp0 = 0; lp0 < LP; lp0 += 4) {
         T a[4] = {0, 0, 0, 0};
@@ -138,7 +146,16 @@ __device__ void warp_project(const float* __restrict__ W, int d, int LP, const S
             for (int j = 0; j < 4; ++j) a[j] += __shfl_xor_sync(FULL, a[j], o);
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-            if (lp0 + j < LP && lane == ((lp0 + j) & 31)) s.u[lp0 + j] = (float)a[j];
+            if (lp0 + j < LP && lane == ((lp0 + j) & 31)) {
+                if (PROBS) {
+                    const double u = tanh((double)a[j]), t = 2.0 * (double)beta * u;
+                    s.u[lp0 + j] = (float)u;
+                    s.on[lp0 + j] = (float)sigm_d(t);
+                    s.off[lp0 + j] = (float)sigm_d(-t);
+                } else {
+                    s.u[lp0 + j] = (float)a[j];
+                }
+            }
     }
 }
 
@@ -149,17 +166,18 @@ __device__ void warp_features(const in_t* x, const float* __restrict__ W, int d,
     const int lane = threadIdx.x & 31, LP = L * P, R = 1 << P, m = L * R;
     for (int i = lane; i < d; i += 32) s.x[i] = ld(x, i);
     __syncwarp();
-    if (beta >= PROJ_F64_BETA)
-        warp_project<double>(W, d, LP, s);
-    else
-        warp_project<float>(W, d, LP, s);
-    __syncwarp();
-    for (int lp = lane; lp < LP; lp += 32) {
-        const float u = tanhf(s.u[lp]);
-        const float t = 2.f * beta * u;
-        s.u[lp] = u;
-        s.on[lp] = sigm(t);
-        s.off[lp] = sigm(-t);
+    if (beta >= PROJ_F64_BETA) {
+        warp_project<double, true>(W, d, LP, beta, s);
+    } else {
+        warp_project<float, false>(W, d, LP, beta, s);
+        __syncwarp();
+        for (int lp = lane; lp < LP; lp += 32) {
+            const float u = tanhf(s.u[lp]);
+            const float t = 2.f * beta * u;
+            s.u[lp] = u;
+            s.on[lp] = sigm(t);
+            s.off[lp] = sigm(-t);
+        }
     }
     __syncwarp();
     for (int f = lane; f < m; f += 32) {
