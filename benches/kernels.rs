@@ -37,7 +37,7 @@ fn bench_soft(c: &mut Criterion) {
             );
             group.throughput(Throughput::Elements(n as u64));
             for causal in [false, true] {
-                for isa in [Isa::Scalar, detected_isa()] {
+                for isa in [Isa::SCALAR, detected_isa()] {
                     let id = format!(
                         "fwd+bwd P{p}L{l} {} {}",
                         if causal { "causal" } else { "full" },

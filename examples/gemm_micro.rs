@@ -45,7 +45,7 @@ fn main() {
             Strided::rows(a, k)
         };
         // check against a plain loop
-        for isa in [Isa::Scalar, isa] {
+        for isa in [Isa::SCALAR, isa] {
             gemm(isa, d, cols, rows, cols, k, av, b, cols, 1.0, false);
             let mut err = 0.0f32;
             for i in 0..rows {

@@ -113,8 +113,8 @@ fn cases() -> Vec<Case> {
 }
 
 fn isas() -> Vec<Isa> {
-    let mut v = vec![Isa::Scalar];
-    if racelab::cpu::simd::best_supported() != Isa::Scalar {
+    let mut v = vec![Isa::SCALAR];
+    if racelab::cpu::simd::best_supported() != Isa::SCALAR {
         v.push(racelab::cpu::simd::best_supported());
     }
     v
@@ -387,7 +387,7 @@ fn denominators_below_the_floor_are_flagged_not_guessed() {
         }
         b
     };
-    for isa in [Isa::Scalar, racelab::cpu::detected_isa()] {
+    for isa in [Isa::SCALAR, racelab::cpu::detected_isa()] {
         let read = |s: f64| {
             let (mut o, mut den) = (vec![9.0f32; n * dv], vec![9.0f32; n]);
             let q = Heads::new(1, n, d, &q);
@@ -894,7 +894,7 @@ fn causal_subnormal_denominators_give_finite_outputs() {
         let v: Vec<f32> = (0..n)
             .flat_map(|j| [1.0 + j as f32, 2.0 - 0.5 * j as f32, 0.25])
             .collect();
-        for isa in [Isa::Scalar, racelab::cpu::detected_isa()] {
+        for isa in [Isa::SCALAR, racelab::cpu::detected_isa()] {
             let (qh, kh, vh) = (
                 Heads::new(1, n, 2, &q),
                 Heads::new(1, n, 2, &k),

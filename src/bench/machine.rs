@@ -2,7 +2,7 @@
 //! parallel STREAM-style triad) and f32 FMA throughput (independent FMA chains in the
 //! dispatched SIMD frame). Also a fast counter-based input filler.
 
-use crate::cpu::simd::Isa;
+use crate::cpu::simd::{Isa, Level};
 use rayon::prelude::*;
 use std::time::Instant;
 
@@ -88,13 +88,14 @@ fn fma_chains(isa: Isa, iters: usize) -> (f64, f32) {
             _mm256_storeu_ps(out.as_mut_ptr(), s);
             out.iter().sum()
         }
-        match (isa, super::super::cpu::simd::best_supported()) {
-            // SAFETY: each branch runs only when `best_supported` (CPUID via
-            // `is_x86_feature_detected!`) reports the features the function is compiled for.
-            (Isa::Avx512, Isa::Avx512) => {
+        match isa.level() {
+            // SAFETY: each branch runs only for an `Isa` at its level, which only detection
+            // creates, after CPUID (`is_x86_feature_detected!`) reported the features the
+            // function is compiled for.
+            Level::Avx512 => {
                 return ((iters * 10 * 16 * 2) as f64, unsafe { z(iters) })
             }
-            (Isa::Avx512 | Isa::Avx2, Isa::Avx512 | Isa::Avx2) => {
+            Level::Avx2 => {
                 return ((iters * 10 * 8 * 2) as f64, unsafe { y8(iters) })
             }
             _ => {}

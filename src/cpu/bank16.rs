@@ -64,7 +64,7 @@ pub(crate) struct Update<'a> {
 
 /// Whether [`read_update`] runs for this ISA and bank width.
 pub(crate) fn applies(isa: super::simd::Isa, m: usize) -> bool {
-    cfg!(target_arch = "x86_64") && isa == super::simd::Isa::Avx512 && m <= 16
+    cfg!(target_arch = "x86_64") && isa.level() == super::simd::Level::Avx512 && m <= 16
 }
 
 /// Read `D = A S` then update `local += Bᵀ X` (and the mass column) for the state
@@ -372,7 +372,7 @@ unsafe fn step<const M: usize, const CH: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpu::simd::{best_supported, Isa};
+    use crate::cpu::simd::{Isa, Level};
 
     /// A small deterministic generator (tests only).
     fn values(seed: u64, n: usize) -> Vec<f32> {
@@ -400,11 +400,11 @@ mod tests {
     /// state's columns past `dv + 1` and the output's past `dv` must stay untouched.
     #[test]
     fn bank16_matches_its_definition() {
-        if best_supported() != Isa::Avx512 {
+        let isa = Isa::best();
+        if isa.level() != Level::Avx512 {
             eprintln!("skipped: no AVX-512 (bank16 runs only there)");
             return;
         }
-        let isa = Isa::Avx512;
         for m in 1..=16 {
             for dv in [1, 5, 16, 33, 128] {
                 for rows in [0, 1, 7, 16, 40] {

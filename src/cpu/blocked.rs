@@ -35,7 +35,9 @@ use super::features::{FeatureMap, SoftMap};
 use super::forward::Ctx;
 use super::gemm::{gemm, gemm_nt, transpose_into, Strided, Tri};
 use super::mem::{ABuf, Ahead, Out};
-use super::simd::{add_into_f64, dispatch, exp_f32, in_frame, tanh_f32, Isa, Simd, WithSimd};
+use super::simd::{
+    add_into_f64, dispatch, exp_f32, in_frame, tanh_f32, Isa, Level, Simd, WithSimd,
+};
 use super::state::{bank_width, plan_segments, split_out, Heads};
 use rayon::prelude::*;
 
@@ -492,12 +494,12 @@ impl Block {
             return self.backward_contrast(map, gphi, rows);
         }
         #[cfg(target_arch = "x86_64")]
-        if let (Isa::Avx512, Some(lanes)) = (isa, &self.lanes) {
+        if let (Level::Avx512, Some(lanes)) = (isa.level(), &self.lanes) {
             let n = rows * self.lp;
             assert!(self.phi.len() >= rows * 16 && gphi.len() >= rows * 16);
             assert!(self.z.len() >= n && self.dz.len() >= n);
             self.dz_rows = true;
-            // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F; every row
+            // SAFETY: an `Isa` at Avx512 exists only where the CPU has AVX-512F; every row
             // read or written is in bounds (asserted above; masked lanes past `lp` are not
             // accessed).
             return unsafe {
@@ -1031,10 +1033,10 @@ pub(crate) fn scaled_features(
     floor: f32,
 ) -> usize {
     #[cfg(target_arch = "x86_64")]
-    if mp == 16 && isa == Isa::Avx512 {
+    if mp == 16 && isa.level() == Level::Avx512 {
         let a16 = lanes16(&a[..m]);
         assert!(phi.len() >= rows * 16 && sphi.len() >= rows * 16 && den.len() >= rows);
-        // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F; the rows read and
+        // SAFETY: an `Isa` at Avx512 exists only where the CPU has AVX-512F; the rows read and
         // written are in bounds (asserted).
         return unsafe { scaled_rows16_avx512(phi, rows, &a16, scale, sphi, den, floor) };
     }
@@ -1320,11 +1322,11 @@ fn query_rows16(
     a: &[f32],
 ) -> Option<[f32; 16]> {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 && mp == 16 {
+    if isa.level() == Level::Avx512 && mp == 16 {
         assert!(phi.len() >= rows * 16 && gphi.len() >= rows * 16 && sphi.len() >= rows * 16);
         assert!(c.len() >= rows && s.len() >= rows && a.len() <= 16);
         let a16 = lanes16(a);
-        // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F; the rows are in
+        // SAFETY: an `Isa` at Avx512 exists only where the CPU has AVX-512F; the rows are in
         // bounds (asserted).
         return Some(unsafe { query_rows16_avx512((phi, gphi, sphi), rows, (c, s), &a16) });
     }

@@ -58,7 +58,7 @@ use super::features::{FeatureMap, SoftMap};
 use super::forward::{exclusive_scan, Ctx};
 use super::gemm::{gemm, gemm_nt, gemm_nt2, Gemm, Strided, Tri};
 use super::mem::{ABuf, Ahead, Out};
-use super::simd::{add_into_f64, dispatch, in_frame, Isa, Simd, WithSimd};
+use super::simd::{add_into_f64, dispatch, in_frame, Isa, Level, Simd, WithSimd};
 use super::state::{bank_width, plan_segments, split_out, Bank, Heads};
 use rayon::prelude::*;
 
@@ -419,13 +419,13 @@ fn query_intra16(
     a: &[f32],
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 && mp == 16 && m <= GRAM_T_MAX_M {
+    if isa.level() == Level::Avx512 && mp == 16 && m <= GRAM_T_MAX_M {
         assert!(rows <= TC && pq.len() >= rows * 16 && pk.len() >= rows * 16);
         assert!(gphi.len() >= rows * 16 && att.len() >= rows * TC && qk.len() >= rows * TC);
         assert!(c.len() >= rows && s.len() >= rows && a.len() == m);
         assert!(m == 0 || pkt.len() >= (m - 1) * tp + rows);
         let a16 = lanes16(a);
-        // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F; every row read or
+        // SAFETY: an `Isa` at Avx512 exists only where the CPU has AVX-512F; every row read or
         // written is in bounds (asserted).
         unsafe {
             query_intra16_avx512((pq, pk, (pkt, tp)), m, rows, (gphi, att, qk), (c, s), &a16)
@@ -598,12 +598,12 @@ fn lower_gram(
 ) {
     assert_eq!(a.len(), m, "lower_gram: one mass per feature");
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 && mp == 16 && m <= GRAM_T_MAX_M {
+    if isa.level() == Level::Avx512 && mp == 16 && m <= GRAM_T_MAX_M {
         assert!(rows <= TC && x.len() >= rows * 16 && att.len() >= rows * TC);
         assert!(m == 0 || yt.len() >= (m - 1) * ldt + rows);
         assert!(rows == 0 || den.len() > (rows - 1) * ldd);
         let a16 = lanes16(a);
-        // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F; every row read or
+        // SAFETY: an `Isa` at Avx512 exists only where the CPU has AVX-512F; every row read or
         // written is in bounds (asserted).
         unsafe { lower_gram16_avx512(x, (yt, ldt), m, rows, att, (den, ldd), &a16) };
         return;
@@ -670,11 +670,11 @@ fn key_intra(
     a: &[f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 && mp == 16 && a.len() <= 16 {
+    if isa.level() == Level::Avx512 && mp == 16 && a.len() <= 16 {
         assert!(rows <= TC && gphi.len() >= rows * 16 && pq.len() >= rows * 16);
         assert!(att.len() >= rows * TC);
         let a16 = lanes16(a);
-        // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F; every row read or
+        // SAFETY: an `Isa` at Avx512 exists only where the CPU has AVX-512F; every row read or
         // written is in bounds (asserted).
         unsafe { key_intra16_avx512(gphi, rows, att, pq, &a16) };
         return;

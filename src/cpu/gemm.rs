@@ -17,7 +17,7 @@
 //!
 //! [`Scalar`]: super::simd::Scalar
 
-use super::simd::{best_supported, dispatch, Isa, Simd, WithSimd};
+use super::simd::{dispatch, Isa, Level, Simd, WithSimd};
 
 const V: usize = 16;
 
@@ -368,8 +368,8 @@ pub fn transpose_into(
         "transpose: output too short"
     );
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 && best_supported() == Isa::Avx512 {
-        // SAFETY: AVX-512F confirmed by `best_supported()`; lengths asserted above.
+    if isa.level() == Level::Avx512 {
+        // SAFETY: an `Isa` at Avx512 exists only where CPUID reports AVX-512F; lengths asserted.
         unsafe { transpose_avx512(x, rows, cols, ld, out, ld_out) };
         return;
     }
@@ -515,8 +515,8 @@ pub fn gemm_nt2(
         "gemm_nt: B2 too short"
     );
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 && best_supported() == Isa::Avx512 && k.is_multiple_of(16) && k > 0 {
-        // SAFETY: `best_supported()` returned Avx512 only after CPUID confirmed AVX-512F; the
+    if isa.level() == Level::Avx512 && k.is_multiple_of(16) && k > 0 {
+        // SAFETY: an `Isa` at Avx512 exists only after CPUID confirmed AVX-512F; the
         // operand lengths were asserted above.
         unsafe {
             if b2.is_empty() {
@@ -744,7 +744,7 @@ mod tests {
     /// 16 × 16 tiles, with strides wider than the matrix, and never writes outside it.
     #[test]
     fn transpose_matches_its_definition() {
-        let isas = [Isa::Scalar, Isa::Avx2, Isa::Avx512];
+        let isas = [Level::Scalar, Level::Avx2, Level::Avx512].map(Isa::at_most);
         for (rows, cols) in [
             (1, 1),
             (16, 16),

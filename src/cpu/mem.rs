@@ -9,7 +9,7 @@
 //! streaming (non-temporal) stores write whole lines without reading them, but leave
 //! nothing in cache, which only pays when the output is larger than the caches.
 
-use super::simd::{best_supported, Isa};
+use super::simd::{Isa, Level};
 
 /// The next block's input rows, prefetched a few lines at a time by the [`drip`]s of the
 /// current block. Creating one arms this thread's drip with the rows and ends the previous
@@ -360,7 +360,7 @@ impl Out {
     /// The policy for an output of `len` floats: stream when it is at least
     /// [`STREAM_MIN_BYTES`] and the CPU has AVX-512 or AVX2.
     pub fn for_len(isa: Isa, len: usize) -> Self {
-        let vector = matches!(isa, Isa::Avx512 | Isa::Avx2) && best_supported() != Isa::Scalar;
+        let vector = isa.level() != Level::Scalar;
         Out {
             stream: vector && len * 4 >= STREAM_MIN_BYTES,
             queue: false,
@@ -748,10 +748,10 @@ mod tests {
         }
         // The policy streams only large outputs, and only with vector stores.
         assert!(!Out::for_len(isa, 1000).stream);
-        assert!(!Out::for_len(Isa::Scalar, STREAM_MIN_BYTES).stream);
+        assert!(!Out::for_len(Isa::SCALAR, STREAM_MIN_BYTES).stream);
         assert_eq!(
             Out::for_len(isa, STREAM_MIN_BYTES / 4).stream,
-            isa != Isa::Scalar
+            isa != Isa::SCALAR
         );
     }
 

@@ -10,58 +10,92 @@
 //!
 //! A kernel is a value implementing [`WithSimd`]; [`dispatch`] runs its `#[inline(always)]`
 //! `run::<S>` body inside a function compiled for the detected ISA, so every primitive is
-//! inlined and vectorised there. `RACELAB_ISA=scalar|avx2|avx512` overrides detection (tests
-//! use it to run both twins on the same inputs).
+//! inlined and vectorised there. An [`Isa`] is created only by runtime detection, so no safe
+//! call reaches a block the CPU cannot run. `RACELAB_ISA=scalar|avx2` lowers the detected
+//! level (tests use it to run both twins on the same inputs).
 
 use std::sync::OnceLock;
 
-/// Instruction-set level chosen at run time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Isa {
+/// An instruction-set level of the SIMD paths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
     Scalar,
     Avx2,
     Avx512,
 }
 
+/// An instruction set this CPU has. Only detection creates one ([`Isa::best`],
+/// [`Isa::at_most`], [`detected_isa`]; [`Isa::SCALAR`] runs everywhere), so holding an `Isa`
+/// at [`Level::Avx512`] proves the CPU has AVX-512F/DQ and FMA, and one at [`Level::Avx2`]
+/// that it has AVX2 and FMA: the `unsafe` SIMD blocks rely on this, and safe code cannot
+/// forge it.
+///
+/// ```compile_fail
+/// use racelab::cpu::simd::{Isa, Level};
+/// let forged = Isa(Level::Avx512); // the field is private
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Isa(Level);
+
 impl Isa {
+    /// The scalar paths, on every CPU.
+    pub const SCALAR: Isa = Isa(Level::Scalar);
+
+    /// The best instruction set this CPU has (CPUID, detected once).
+    pub fn best() -> Isa {
+        static BEST: OnceLock<Isa> = OnceLock::new();
+        *BEST.get_or_init(|| Isa(cpu_level()))
+    }
+
+    /// `level` where the CPU has it, else the best level it has below it.
+    pub fn at_most(level: Level) -> Isa {
+        Isa(level.min(Isa::best().0))
+    }
+
+    pub fn level(self) -> Level {
+        self.0
+    }
+
     pub fn name(&self) -> &'static str {
-        match self {
-            Isa::Scalar => "scalar",
-            Isa::Avx2 => "avx2+fma",
-            Isa::Avx512 => "avx512f",
+        match self.0 {
+            Level::Scalar => "scalar",
+            Level::Avx2 => "avx2+fma",
+            Level::Avx512 => "avx512f",
         }
     }
 }
 
-/// The best ISA this CPU supports (or `RACELAB_ISA`), detected once.
+/// The best ISA this CPU supports (or the lower one `RACELAB_ISA=scalar|avx2` asks for),
+/// detected once.
 pub fn detected_isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
-    *ISA.get_or_init(|| {
-        let best = best_supported();
-        match std::env::var("RACELAB_ISA").as_deref() {
-            Ok("scalar") => Isa::Scalar,
-            Ok("avx2") if best != Isa::Scalar => Isa::Avx2,
-            Ok("avx512") if best == Isa::Avx512 => Isa::Avx512,
-            _ => best,
-        }
+    *ISA.get_or_init(|| match std::env::var("RACELAB_ISA").as_deref() {
+        Ok("scalar") => Isa::SCALAR,
+        Ok("avx2") => Isa::at_most(Level::Avx2),
+        _ => Isa::best(),
     })
 }
 
-/// The best ISA this CPU supports, ignoring the environment.
+/// The best ISA this CPU supports, ignoring the environment ([`Isa::best`]).
 pub fn best_supported() -> Isa {
+    Isa::best()
+}
+
+/// The level CPUID reports.
+fn cpu_level() -> Level {
     #[cfg(target_arch = "x86_64")]
     {
         if is_x86_feature_detected!("avx512f")
             && is_x86_feature_detected!("avx512dq")
             && is_x86_feature_detected!("fma")
         {
-            return Isa::Avx512;
+            return Level::Avx512;
         }
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            return Isa::Avx2;
+            return Level::Avx2;
         }
     }
-    Isa::Scalar
+    Level::Scalar
 }
 
 /// The row primitives of the kernels.
@@ -438,32 +472,26 @@ pub trait WithSimd {
 
 /// Run `task` with the primitives for `isa`.
 pub fn dispatch<T: WithSimd>(isa: Isa, task: T) -> T::Output {
-    // Never run a frame the CPU cannot execute, whatever `isa` the caller built.
-    let isa = match (isa, best_supported()) {
-        (Isa::Avx512, Isa::Avx512) => Isa::Avx512,
-        (Isa::Avx512 | Isa::Avx2, Isa::Avx512 | Isa::Avx2) => Isa::Avx2,
-        _ => Isa::Scalar,
-    };
-    match isa {
+    match isa.level() {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => {
+        Level::Avx512 => {
             #[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
             unsafe fn frame<T: WithSimd>(t: T) -> T::Output {
                 t.run::<Lanes512>()
             }
-            // SAFETY: `isa` was clamped above to `best_supported()`, which returns Avx512 only
-            // after `is_x86_feature_detected!` confirmed avx512f, avx512dq and fma on this CPU, so the
+            // SAFETY: an `Isa` at Avx512 is only created by detection, after
+            // `is_x86_feature_detected!` confirmed avx512f, avx512dq and fma on this CPU, so the
             // instructions this frame is compiled with exist here.
             unsafe { frame(task) }
         }
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => {
+        Level::Avx2 => {
             #[target_feature(enable = "avx2,fma")]
             unsafe fn frame<T: WithSimd>(t: T) -> T::Output {
                 t.run::<Lanes>()
             }
-            // SAFETY: `isa` was clamped above to `best_supported()`, which is Avx2 or better only
-            // after `is_x86_feature_detected!` confirmed avx2 and fma on this CPU.
+            // SAFETY: an `Isa` at Avx2 is only created by detection, after
+            // `is_x86_feature_detected!` confirmed avx2 and fma on this CPU.
             unsafe { frame(task) }
         }
         _ => task.run::<Scalar>(),
@@ -534,5 +562,24 @@ pub fn tanh_f32(z: f32) -> f32 {
         small
     } else {
         big
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Asking for a level the CPU lacks gives the best one it has, never more; the scalar
+    /// level is always there.
+    #[test]
+    fn an_isa_never_exceeds_the_cpu() {
+        let best = Isa::best().level();
+        for level in [Level::Scalar, Level::Avx2, Level::Avx512] {
+            let isa = Isa::at_most(level);
+            assert_eq!(isa.level(), level.min(best), "{level:?}");
+            assert!(isa.level() <= cpu_level());
+        }
+        assert_eq!(Isa::at_most(Level::Scalar), Isa::SCALAR);
+        assert!(detected_isa().level() <= best);
     }
 }
