@@ -226,6 +226,9 @@ fn cli_bad_inputs_exit_nonzero_with_message() {
     assert!(cli_fail("p", &ok, &["--method", "soft", "--p", "30"]).contains("`p`"));
     assert!(cli_fail("l", &ok, &["--method", "hard", "--l", "0"]).contains("`l`"));
     assert!(cli_fail("beta", &ok, &["--method", "soft", "--beta=-1"]).contains("`beta`"));
+    // A negative number as its own word reaches the validation too, not the parser.
+    assert!(cli_fail("beta", &ok, &["--method", "soft", "--beta", "-1"]).contains("`beta`"));
+    assert!(cli_fail("gamma", &ok, &["--method", "angular", "--gamma", "-2"]).contains("`gamma`"));
     assert!(cli_fail("gamma", &ok, &["--method", "angular", "--gamma", "0"]).contains("`gamma`"));
     assert!(cli_fail("method", &ok, &["--method", "magic"]).contains("`method`"));
     let empty = vec![

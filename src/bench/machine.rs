@@ -92,12 +92,8 @@ fn fma_chains(isa: Isa, iters: usize) -> (f64, f32) {
             // SAFETY: each branch runs only for an `Isa` at its level, which only detection
             // creates, after CPUID (`is_x86_feature_detected!`) reported the features the
             // function is compiled for.
-            Level::Avx512 => {
-                return ((iters * 10 * 16 * 2) as f64, unsafe { z(iters) })
-            }
-            Level::Avx2 => {
-                return ((iters * 10 * 8 * 2) as f64, unsafe { y8(iters) })
-            }
+            Level::Avx512 => return ((iters * 10 * 16 * 2) as f64, unsafe { z(iters) }),
+            Level::Avx2 => return ((iters * 10 * 8 * 2) as f64, unsafe { y8(iters) }),
             _ => {}
         }
     }

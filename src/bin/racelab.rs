@@ -114,7 +114,7 @@ struct BenchArgs {
     heads: usize,
     #[arg(long, default_value_t = 128)]
     d: usize,
-    #[arg(long, default_value_t = 8.0)]
+    #[arg(long, default_value_t = 8.0, allow_negative_numbers = true)]
     beta: f64,
     #[arg(long)]
     causal: bool,
@@ -164,13 +164,13 @@ struct AttendArgs {
     #[arg(long, default_value_t = 2)]
     l: usize,
     /// Soft-hash inverse temperature.
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = 10.0, allow_negative_numbers = true)]
     beta: f64,
     /// Angular power.
-    #[arg(long, default_value_t = 2.0)]
+    #[arg(long, default_value_t = 2.0, allow_negative_numbers = true)]
     gamma: f64,
     /// Logit scale for softmax/Performer (default 1/sqrt(d)).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     scale: Option<f64>,
     /// Performer feature count.
     #[arg(long, default_value_t = 256)]
