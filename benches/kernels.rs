@@ -1,9 +1,10 @@
 //! criterion benches of the CPU kernels (absolute times are this machine's; compare runs,
 //! or use `racelab bench` for ratios against the bandwidth floor and exact attention).
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use racelab::backend::{Heads, PlanesF32};
 use racelab::bench::machine::fill;
 use racelab::cpu::exact::{exact_attention, Exact};
-use racelab::cpu::{detected_isa, forward, soft_backward, Heads, Isa, PlanesF32, SoftMap};
+use racelab::cpu::{detected_isa, token, Isa, SoftMap};
 use racelab::Planes;
 
 fn inputs(heads: usize, n: usize, d: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
@@ -45,8 +46,8 @@ fn bench_soft(c: &mut Criterion) {
                     );
                     group.bench_with_input(BenchmarkId::new(id, n), &n, |b, _| {
                         b.iter(|| {
-                            let f = forward(&map, qh, kh, vh, causal, isa);
-                            soft_backward(
+                            let f = token::forward(&map, qh, kh, vh, causal, isa);
+                            token::soft_backward(
                                 &map,
                                 &f.ctx,
                                 qh,

@@ -3,10 +3,8 @@
 //! `RAYON_NUM_THREADS=1 cargo run --release --example timing` (env: `N` tokens, default 2^16;
 //! `ENGINE=1` times the per-token engine instead of the production blocked paths; `PL=2|3|4`
 //! and `CAUSAL=0|1` pick one row, `REPS` the repeats; `VEC=1` uses plain, unaligned vectors).
-use racelab::cpu::{
-    detected_isa, forward_into, soft_backward_into, soft_forward_into, soft_grads_into, Ctx, Heads,
-    Isa, PlanesF32, SoftMap,
-};
+use racelab::backend::{Heads, PlanesF32};
+use racelab::cpu::{detected_isa, soft_backward_into, soft_forward_into, token, Ctx, Isa, SoftMap};
 use racelab::hashing::Planes;
 use std::time::Instant;
 
@@ -40,7 +38,7 @@ fn main() {
     let (mut o, mut dq, mut dk, mut dv) = (fill(5), fill(6), fill(7), fill(8));
     type Fwd = fn(&SoftMap, Heads, Heads, Heads, bool, Isa, &mut [f32], Ctx) -> (usize, Ctx);
     let fwd: Fwd = if engine {
-        |m, q, k, v, c, i, o, reuse| forward_into(m, q, k, v, c, i, o, reuse.den)
+        |m, q, k, v, c, i, o, reuse| token::forward_into(m, q, k, v, c, i, o, reuse.den)
     } else {
         soft_forward_into
     };
@@ -76,9 +74,9 @@ fn main() {
                 tf = tf.min(s.elapsed().as_secs_f64());
                 let s = Instant::now();
                 let bwd = if engine {
-                    soft_backward_into
+                    token::soft_backward_into
                 } else {
-                    soft_grads_into
+                    soft_backward_into
                 };
                 let db = bwd(
                     &map,

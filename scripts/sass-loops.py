@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Instruction counts of race.cu's loops, from the real CUDA compiler, on a machine with no GPU.
 
-Run 3 on the H200 (figures/bench/gpu/) found the tiled backward passes issue-bound at about
+An Nsight Compute profile on the H200 (docs/performance.md) found the tiled backward passes issue-bound at about
 5,100 warp instructions per token; this script is how the culprit was found without the card:
 a product loop issuing about 140 instructions per step for 20 FMAs. It compiles race.cu for
 sm_90 with NVRTC (ctypes, no Rust), disassembles the cubin with nvdisasm (with line info),

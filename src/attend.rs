@@ -1,6 +1,7 @@
 //! One entry point for every operator on `[B, H, N, d]` inputs: validate, lift each
 //! per-head reference estimator over batch × heads, and count empty rows.
 
+use crate::backend::{Device, Heads, PlanesF32};
 use crate::error::{RaceError, Result};
 use crate::hashing::Planes;
 use crate::params::{validate_beta, validate_gamma, validate_pl, Combine};
@@ -10,7 +11,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 /// The operators racelab computes side by side.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Method {
     Softmax,
@@ -79,6 +80,55 @@ pub struct AttendOptions {
     pub planes: Option<Planes>,
     /// Performer features `ω` (m × d) to use instead of drawing them from `seed`.
     pub omega: Option<Mat<f64>>,
+    /// Memory budget in bytes (`None`: what the machine has available); work whose
+    /// estimated buffers exceed it is refused before anything is allocated ([`crate::memory`]).
+    pub max_memory: Option<u64>,
+}
+
+impl AttendOptions {
+    /// The RACE parameters of these options.
+    pub fn race_params(&self) -> crate::params::RaceParams {
+        crate::params::RaceParams {
+            p: self.planes.as_ref().map_or(self.p, |pl| pl.p),
+            l: self.planes.as_ref().map_or(self.l, |pl| pl.l),
+            beta: self.beta,
+            combine: self.combine,
+            causal: self.causal,
+            seed: self.seed,
+        }
+    }
+
+    /// What this call asks of `device`, for its memory check.
+    pub fn work(&self, shape: &AttnShape, device: Device) -> crate::memory::Work {
+        let hashing = self.method.uses_planes();
+        crate::memory::Work {
+            method: self.method.name(),
+            device,
+            p: if hashing {
+                self.planes.as_ref().map_or(self.p, |pl| pl.p)
+            } else {
+                0
+            },
+            l: if hashing {
+                self.planes.as_ref().map_or(self.l, |pl| pl.l)
+            } else {
+                1
+            },
+            heads: shape.batch * shape.heads,
+            n: shape.n,
+            m: shape.m,
+            d: shape.d,
+            dv: shape.dv,
+            map_features: match self.method {
+                Method::Linear => shape.d,
+                Method::Performer => self.omega.as_ref().map_or(self.features, |o| o.rows),
+                _ => 0,
+            },
+            quadratic: matches!(self.method, Method::Softmax | Method::Angular),
+            backward: false,
+            causal: self.causal,
+        }
+    }
 }
 
 impl Default for AttendOptions {
@@ -88,7 +138,7 @@ impl Default for AttendOptions {
             causal: false,
             p: 2,
             l: 2,
-            beta: 10.0,
+            beta: crate::params::DEFAULT_BETA,
             gamma: 2.0,
             seed: 0,
             combine: Combine::Paper,
@@ -96,6 +146,7 @@ impl Default for AttendOptions {
             features: 256,
             planes: None,
             omega: None,
+            max_memory: None,
         }
     }
 }
@@ -112,6 +163,15 @@ pub struct AttendResult {
     /// Soft RACE on the CPU and CUDA kernels: the rows whose denominator f32 cannot hold,
     /// flagged by the kernel and recomputed exactly ([`crate::cpu::recompute`]).
     pub recomputed: crate::cpu::recompute::Recomputed,
+}
+
+/// Validate the table counts, then refuse work whose buffers cannot fit ([`crate::memory`]),
+/// before the planes or any buffer are allocated.
+fn check_memory(opts: &AttendOptions, shape: &AttnShape, device: Device) -> Result<()> {
+    if opts.method.uses_planes() && opts.planes.is_none() {
+        validate_pl(opts.p, opts.l)?;
+    }
+    crate::memory::check(&opts.work(shape, device), opts.max_memory)
 }
 
 /// Validate options against the input shape and resolve the planes.
@@ -163,6 +223,7 @@ pub fn attend(
             ));
         }
     }
+    check_memory(opts, &shape, Device::Reference)?;
     let planes = resolve_planes(opts, shape.d)?;
     let (qh, kh, vh) = (q.heads("q")?, k.heads("k")?, v.heads("v")?);
     if matches!(opts.method, Method::Angular | Method::Hard) {
@@ -240,33 +301,6 @@ pub fn attend(
     })
 }
 
-/// Which implementation runs an [`attend`] call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Backend {
-    /// The f64 reference estimators (default: exact to the last digit).
-    Reference,
-    /// The f32 production CPU kernels.
-    Cpu,
-    /// The CUDA kernels (soft RACE only).
-    Cuda,
-}
-
-impl std::str::FromStr for Backend {
-    type Err = RaceError;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "reference" | "ref" => Ok(Backend::Reference),
-            "cpu" => Ok(Backend::Cpu),
-            "cuda" => Ok(Backend::Cuda),
-            _ => Err(RaceError::param(
-                "device",
-                format!("`{s}` is not a device; use reference, cpu or cuda"),
-            )),
-        }
-    }
-}
-
 /// Run one operator with the chosen backend. `Reference` is [`attend`]; `Cpu` and `Cuda`
 /// compute in f32 (inputs rounded to f32) on the same planes / features.
 pub fn attend_with(
@@ -274,10 +308,10 @@ pub fn attend_with(
     k: &Tensor<f64>,
     v: &Tensor<f64>,
     opts: &AttendOptions,
-    backend: Backend,
+    device: Device,
 ) -> Result<AttendResult> {
-    use crate::cpu::{self, exact, features, Heads, PlanesF32};
-    if backend == Backend::Reference {
+    use crate::cpu::{self, exact, features};
+    if device == Device::Reference {
         return attend(q, k, v, opts);
     }
     let shape = check_qkv(q, k, v, opts.causal)?;
@@ -295,6 +329,7 @@ pub fn attend_with(
             check_nonzero_rows(&format!("k (head {h})"), *km)?;
         }
     }
+    check_memory(opts, &shape, device)?;
     let planes = resolve_planes(opts, shape.d)?;
     let hn = shape.batch * shape.heads;
     let (q32, k32, v32): (Vec<f32>, Vec<f32>, Vec<f32>) = (
@@ -310,33 +345,19 @@ pub fn attend_with(
     let p32 = planes.as_ref().map(PlanesF32::from_planes);
     let isa = cpu::detected_isa();
     let mut recomputed = crate::cpu::recompute::Recomputed::default();
-    let (o, empty_rows): (Vec<f32>, usize) = match (backend, opts.method) {
-        (Backend::Cuda, Method::Soft) => {
-            if shape.n != shape.m {
-                return Err(RaceError::shape(
-                    "k",
-                    "the CUDA kernels need as many keys as queries",
-                ));
-            }
-            let s = crate::cuda::GpuShape {
-                heads: hn,
-                n: shape.n,
-                d: shape.d,
-                dv: shape.dv,
-            };
-            let f = crate::cuda::soft_forward(
-                p32.as_ref().unwrap(),
-                opts.beta as f32,
-                crate::cuda::GpuInput::F32(&q32),
-                crate::cuda::GpuInput::F32(&k32),
-                crate::cuda::GpuInput::F32(&v32),
-                s,
-                opts.causal,
+    let (o, empty_rows): (Vec<f32>, usize) = match (device, opts.method) {
+        (_, Method::Soft) => {
+            let f = crate::backend::for_device(device)?.forward(
+                &opts.race_params(),
+                p32.as_ref().expect("soft RACE has planes"),
+                qh,
+                kh,
+                vh,
             )?;
             recomputed = f.recomputed;
             (f.o, f.empty_rows)
         }
-        (Backend::Cuda, m) => {
+        (Device::Cuda, m) => {
             return Err(RaceError::param(
                 "device",
                 format!(
@@ -345,23 +366,8 @@ pub fn attend_with(
                 ),
             ))
         }
-        (_, Method::Soft) => {
-            let f = cpu::soft_forward(
-                &cpu::SoftMap {
-                    planes: p32.as_ref().unwrap(),
-                    beta: opts.beta as f32,
-                },
-                qh,
-                kh,
-                vh,
-                opts.causal,
-                isa,
-            );
-            recomputed = f.ctx.recomputed;
-            (f.o, f.empty_rows)
-        }
         (_, Method::Hard) => {
-            let f = cpu::forward(
+            let f = cpu::token::forward(
                 &cpu::HardMap {
                     planes: p32.as_ref().unwrap(),
                 },
@@ -374,7 +380,8 @@ pub fn attend_with(
             (f.o, f.empty_rows)
         }
         (_, Method::Linear) => {
-            let f = cpu::forward(&cpu::LinearMap { d: shape.d }, qh, kh, vh, opts.causal, isa);
+            let f =
+                cpu::token::forward(&cpu::LinearMap { d: shape.d }, qh, kh, vh, opts.causal, isa);
             (f.o, f.empty_rows)
         }
         (_, Method::Performer) => {
@@ -399,7 +406,7 @@ pub fn attend_with(
                 kh,
                 isa,
             );
-            let f = cpu::forward(&map, qh, kh, vh, opts.causal, isa);
+            let f = cpu::token::forward(&map, qh, kh, vh, opts.causal, isa);
             (f.o, f.empty_rows)
         }
         (_, Method::Softmax) => (

@@ -40,6 +40,9 @@ pub enum RaceError {
     /// The CUDA backend was asked for but cannot run.
     #[error("no CUDA device: {0}")]
     NoCuda(String),
+    /// Work whose buffers would exceed the memory budget (see [`crate::memory`]).
+    #[error("too large for memory: {0}")]
+    TooLarge(String),
     /// A CUDA driver/NVRTC failure after a device was found.
     #[error("CUDA error: {0}")]
     Cuda(String),

@@ -23,6 +23,7 @@
 
 pub mod analysis;
 pub mod attend;
+pub mod backend;
 pub mod bench;
 pub mod cpu;
 pub mod cuda;
@@ -30,14 +31,17 @@ pub mod error;
 pub mod experiments;
 pub mod hashing;
 pub mod io;
+pub mod memory;
 pub mod params;
 pub mod plot;
 pub mod provenance;
 pub mod reference;
 pub mod rng;
+pub mod stats;
 pub mod tensor;
 
 pub use attend::{attend, AttendOptions, AttendResult, Method};
+pub use backend::{Device, SoftRace};
 pub use error::{RaceError, Result};
 pub use hashing::Planes;
 pub use params::{Combine, RaceParams};

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 pub const MAX_P: usize = 20;
 
 /// How tables are combined (DESIGN §1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Combine {
     /// Paper, Algorithm 1: ratio of table-averaged numerator and denominator.
@@ -34,14 +34,27 @@ impl std::str::FromStr for Combine {
     }
 }
 
-/// RACE hyper-parameters.
+/// The soft-hash inverse temperature β used wherever none is given (`attend`, `bench`, the
+/// kernel timings of `tradeoff`). Below [`crate::cpu::features::PROJ_F64_BETA`] the kernels'
+/// cost does not depend on β.
+pub const DEFAULT_BETA: f64 = 10.0;
+
+/// RACE hyper-parameters, carried as one value from the command line to every backend
+/// ([`crate::backend::SoftRace`]).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct RaceParams {
+    /// Bits per table (`R = 2^P` buckets).
     pub p: usize,
+    /// Tables.
     pub l: usize,
+    /// Soft-hash inverse temperature.
     pub beta: f64,
-    pub seed: u64,
+    /// How the tables are combined.
     pub combine: Combine,
+    /// Algorithm 2 (each query sees the keys at or before it) instead of Algorithm 1.
+    pub causal: bool,
+    /// Seed of the planes drawn for these parameters.
+    pub seed: u64,
 }
 
 impl Default for RaceParams {
@@ -49,21 +62,23 @@ impl Default for RaceParams {
         RaceParams {
             p: 2,
             l: 2,
-            beta: 10.0,
-            seed: 0,
+            beta: DEFAULT_BETA,
             combine: Combine::Paper,
+            causal: false,
+            seed: 0,
         }
     }
 }
 
 impl RaceParams {
+    /// Validated parameters (Algorithm 1, the paper's combine rule).
     pub fn new(p: usize, l: usize, beta: f64, seed: u64) -> Result<Self> {
         let s = RaceParams {
             p,
             l,
             beta,
             seed,
-            combine: Combine::Paper,
+            ..Default::default()
         };
         s.validate()?;
         Ok(s)
@@ -75,6 +90,10 @@ impl RaceParams {
     pub fn validate(&self) -> Result<()> {
         validate_pl(self.p, self.l)?;
         validate_beta(self.beta)
+    }
+    /// The planes these parameters draw (`[L, P, d]`, seeded by `seed`).
+    pub fn planes(&self, d: usize) -> Result<crate::hashing::Planes> {
+        crate::hashing::Planes::gaussian(self.l, self.p, d, self.seed)
     }
 }
 

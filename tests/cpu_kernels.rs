@@ -6,11 +6,9 @@
 mod common;
 use common::assert_close;
 use racelab::analysis::metrics::rel_max_err;
+use racelab::backend::{Heads, PlanesF32, SoftGrads};
 use racelab::cpu::decode::Decoder;
-use racelab::cpu::{
-    forward, soft_backward, soft_forward, soft_grads, HardMap, Heads, Isa, LinearMap, PlanesF32,
-    SoftGrads, SoftMap,
-};
+use racelab::cpu::{soft_backward, soft_forward, token, HardMap, Isa, LinearMap, SoftMap};
 use racelab::reference::backward::soft_race_backward;
 use racelab::reference::baselines::{linear_attention, performer_attention, performer_omega};
 use racelab::reference::race::{hard_lsh, soft_race};
@@ -188,7 +186,7 @@ fn soft_forward_matches_reference() {
                     let out = if production {
                         soft_forward(&map, qh, kh, vh, causal, isa)
                     } else {
-                        forward(&map, qh, kh, vh, causal, isa)
+                        token::forward(&map, qh, kh, vh, causal, isa)
                     };
                     let got: Vec<f64> = out.o.iter().map(|&x| x as f64).collect();
                     let err = rel_max_err(&got, &want);
@@ -243,14 +241,14 @@ fn soft_backward_matches_reference_gradients() {
                     let fwd = if fwd_prod {
                         soft_forward(&map, qh, kh, vh, causal, isa)
                     } else {
-                        forward(&map, qh, kh, vh, causal, isa)
+                        token::forward(&map, qh, kh, vh, causal, isa)
                     };
                     let oh = Heads::new(c.heads, c.n, c.dv, &fwd.o);
                     let gh = Heads::new(c.heads, c.n, c.dv, &gf);
                     let grads = if bwd_prod {
-                        soft_grads(&map, &fwd.ctx, qh, kh, vh, oh, gh, isa)
-                    } else {
                         soft_backward(&map, &fwd.ctx, qh, kh, vh, oh, gh, isa)
+                    } else {
+                        token::soft_backward(&map, &fwd.ctx, qh, kh, vh, oh, gh, isa)
                     };
                     let tag = format!(
                     "P={} L={} beta={} d={} n={} causal={causal} {isa:?} production fwd={fwd_prod} bwd={bwd_prod}",
@@ -366,8 +364,8 @@ fn reference_gradients_match_finite_differences() {
 /// row is flagged: output 0 and `den = 0`, for the exact recompute to finish.
 #[test]
 fn denominators_below_the_floor_are_flagged_not_guessed() {
-    use racelab::cpu::blocked::read_into;
     use racelab::cpu::recompute::den_floor;
+    use racelab::cpu::soft::read_into;
     let (p, l, d, dv, n) = (2, 2, 8, 4, 70);
     let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, 4).unwrap());
     let map = SoftMap {
@@ -459,7 +457,7 @@ fn large_beta_is_finite_and_correct() {
         )
         .o
         .data;
-        let out = forward(
+        let out = token::forward(
             &map,
             Heads::new(1, n, d, &qf),
             Heads::new(1, n, d, &kf),
@@ -469,7 +467,7 @@ fn large_beta_is_finite_and_correct() {
         );
         assert_fwd(&format!("beta=1e4 causal={causal}"), &out.o, &want);
         let (gf, _) = data(n * dv, 6, 1.0);
-        let gr = soft_backward(
+        let gr = token::soft_backward(
             &map,
             &out.ctx,
             Heads::new(1, n, d, &qf),
@@ -510,7 +508,7 @@ fn other_estimators_on_the_fast_path() {
                 Heads::new(heads, n, dv, &vf),
             );
             // Hard LSH.
-            let hard = forward(&HardMap { planes: &planes }, qh, kh, vh, causal, isa);
+            let hard = token::forward(&HardMap { planes: &planes }, qh, kh, vh, causal, isa);
             let (mut want, mut empty) = (Vec::new(), 0);
             for h in 0..heads {
                 let r = hard_lsh(
@@ -526,7 +524,7 @@ fn other_estimators_on_the_fast_path() {
             assert_fwd(&format!("hard causal={causal} {isa:?}"), &hard.o, &want);
             assert_eq!(hard.empty_rows, empty, "hard empty rows");
             // Linear.
-            let lin = forward(&LinearMap { d }, qh, kh, vh, causal, isa);
+            let lin = token::forward(&LinearMap { d }, qh, kh, vh, causal, isa);
             let want = per_head(heads, |h| {
                 linear_attention(
                     head(&q, h, n, d),
@@ -547,7 +545,7 @@ fn other_estimators_on_the_fast_path() {
                 kh,
                 isa,
             );
-            let perf = forward(&pm, qh, kh, vh, causal, isa);
+            let perf = token::forward(&pm, qh, kh, vh, causal, isa);
             let want = per_head(heads, |h| {
                 performer_attention(
                     head(&q, h, n, d),
@@ -576,7 +574,7 @@ fn decoder_equals_causal_forward_row_by_row() {
         planes: &planes,
         beta: 3.0,
     };
-    let fwd = forward(
+    let fwd = token::forward(
         &map,
         Heads::new(1, n, d, &qf),
         Heads::new(1, n, d, &kf),
@@ -745,11 +743,11 @@ fn streaming_stores_match_the_per_token_engine() {
         for causal in [false, true] {
             let label = format!("stream ({p},{l}) causal={causal}");
             let prod = soft_forward(&map, qh, kh, vh, causal, isa);
-            let twin = forward(&map, qh, kh, vh, causal, isa);
+            let twin = token::forward(&map, qh, kh, vh, causal, isa);
             assert_fwd(&format!("{label} o"), &prod.o, &f64s(&twin.o));
             let oh = Heads::new(heads, n, dv, &twin.o);
-            let gp = soft_grads(&map, &prod.ctx, qh, kh, vh, oh, gh, isa);
-            let gt = soft_backward(&map, &twin.ctx, qh, kh, vh, oh, gh, isa);
+            let gp = soft_backward(&map, &prod.ctx, qh, kh, vh, oh, gh, isa);
+            let gt = token::soft_backward(&map, &twin.ctx, qh, kh, vh, oh, gh, isa);
             assert_grads_close(&label, &gp, &gt, GRAD_TOL);
         }
     }
@@ -773,12 +771,12 @@ fn saved_features_are_used_only_when_they_fit() {
             let fwd = soft_forward(&map, qh, kh, vh, causal, isa);
             assert_eq!(fwd.ctx.uq.len(), heads * n * 9, "the forward saves u");
             let oh = Heads::new(heads, n, dv, &fwd.o);
-            let saved = soft_grads(&map, &fwd.ctx, qh, kh, vh, oh, gh, isa);
+            let saved = soft_backward(&map, &fwd.ctx, qh, kh, vh, oh, gh, isa);
             for stale in [0, 5] {
                 let mut ctx = fwd.ctx.clone();
                 ctx.uq.truncate(stale);
                 ctx.uk.truncate(stale);
-                let again = soft_grads(&map, &ctx, qh, kh, vh, oh, gh, isa);
+                let again = soft_backward(&map, &ctx, qh, kh, vh, oh, gh, isa);
                 let tag = format!("causal={causal} {isa:?} stale={stale}");
                 assert_grads_close(&tag, &again, &saved, 1e-6);
             }
@@ -848,14 +846,14 @@ fn causal_backward_one_pass_and_two_passes_match_reference() {
                         fwd.ctx.states.clear();
                     } else {
                         // One `m × w` state per block of TB tokens and head.
-                        let tb = racelab::cpu::blocked_causal::TB;
+                        let tb = racelab::cpu::soft::TB;
                         let w = racelab::cpu::state::bank_width(dv);
                         let want = heads * n.div_ceil(tb) * (l << p) * w;
                         assert_eq!(fwd.ctx.states.len(), want, "{tag}: saved states");
                     }
                     let oh = Heads::new(heads, n, dv, &fwd.o);
                     let gh = Heads::new(heads, n, dv, &gf);
-                    soft_grads(&map, &fwd.ctx, qh, kh, vh, oh, gh, isa)
+                    soft_backward(&map, &fwd.ctx, qh, kh, vh, oh, gh, isa)
                 });
                 for (name, got, want) in [
                     ("dq", &grads.dq, &want[0]),
@@ -902,7 +900,7 @@ fn causal_subnormal_denominators_give_finite_outputs() {
             );
             for (path, out) in [
                 ("blocked", soft_forward(&map, qh, kh, vh, true, isa)),
-                ("per-token", forward(&map, qh, kh, vh, true, isa)),
+                ("per-token", token::forward(&map, qh, kh, vh, true, isa)),
             ] {
                 assert_eq!(out.empty_rows, 0, "n={n} {isa:?} {path}: no row is empty");
                 for i in 0..n {

@@ -2,7 +2,8 @@
 //! compared with the CPU kernels on identical inputs and planes only where a device exists
 //! (`cfg(racelab_cuda_tests)`, set by build.rs). Without one those tests are *ignored* with
 //! "skipped: no CUDA device" — never counted as passed.
-use racelab::cpu::{forward, soft_backward, Heads, PlanesF32, SoftMap};
+use racelab::backend::{Heads, PlanesF32};
+use racelab::cpu::{token, SoftMap};
 use racelab::cuda::{self, from_bf16, to_bf16, GpuInput, GpuShape, KERNELS, RACE_CU};
 use racelab::rng::SeededRng;
 use racelab::{Planes, RaceError};
@@ -201,7 +202,7 @@ fn emulate(
     causal: bool,
     tiled: bool,
     reverse: bool,
-) -> (Vec<f32>, Vec<f32>, racelab::cpu::SoftGrads) {
+) -> (Vec<f32>, Vec<f32>, racelab::backend::SoftGrads) {
     let path = if tiled {
         cuda::KernelPath::Tiled
     } else {
@@ -288,7 +289,7 @@ fn emulate(
     (
         o,
         den,
-        racelab::cpu::SoftGrads {
+        racelab::backend::SoftGrads {
             dq,
             dk,
             dv: dvv,
@@ -343,8 +344,8 @@ fn check_device(device: &str) {
                 Heads::new(heads, n, d, &k),
                 Heads::new(heads, n, dv, &v),
             );
-            let cpu = forward(&map, qh, kh, vh, causal, racelab::cpu::detected_isa());
-            let cg = soft_backward(
+            let cpu = token::forward(&map, qh, kh, vh, causal, racelab::cpu::detected_isa());
+            let cg = token::soft_backward(
                 &map,
                 &cpu.ctx,
                 qh,
@@ -359,7 +360,7 @@ fn check_device(device: &str) {
             let (qb, kb, vb) = (to_bf16(&q), to_bf16(&k), to_bf16(&v));
             let check_bf16 = |ob: &[f32]| {
                 let (qw, kw, vw) = (from_bf16(&qb), from_bf16(&kb), from_bf16(&vb));
-                let cb = forward(
+                let cb = token::forward(
                     &map,
                     Heads::new(heads, n, d, &qw),
                     Heads::new(heads, n, d, &kw),
@@ -438,8 +439,9 @@ fn check_device(device: &str) {
                     (f.o, gr)
                 }
                 _ => {
-                    let again = forward(&map, qh, kh, vh, causal, racelab::cpu::detected_isa());
-                    let g2 = soft_backward(
+                    let again =
+                        token::forward(&map, qh, kh, vh, causal, racelab::cpu::detected_isa());
+                    let g2 = token::soft_backward(
                         &map,
                         &again.ctx,
                         qh,
@@ -750,7 +752,7 @@ fn large_beta_on_emulated_cuda() {
             );
             let cpu = racelab::cpu::soft_forward(&map, qh, kh, vh, causal, isa);
             let o = Heads::new(heads, n, d, &cpu.o);
-            let cg = racelab::cpu::soft_grads(
+            let cg = racelab::cpu::soft_backward(
                 &map,
                 &cpu.ctx,
                 qh,

@@ -230,7 +230,47 @@ fn cli_bad_inputs_exit_nonzero_with_message() {
     assert!(cli_fail("beta", &ok, &["--method", "soft", "--beta", "-1"]).contains("`beta`"));
     assert!(cli_fail("gamma", &ok, &["--method", "angular", "--gamma", "-2"]).contains("`gamma`"));
     assert!(cli_fail("gamma", &ok, &["--method", "angular", "--gamma", "0"]).contains("`gamma`"));
-    assert!(cli_fail("method", &ok, &["--method", "magic"]).contains("`method`"));
+    // Method, device and combine rule are parsed by clap, which names the flag and lists the
+    // values it takes.
+    for (tag, args, values) in [
+        ("method", vec!["--method", "magic"], "softmax"),
+        (
+            "device",
+            vec!["--method", "soft", "--device", "tpu"],
+            "reference",
+        ),
+        (
+            "combine",
+            vec!["--method", "soft", "--combine", "mean"],
+            "authors",
+        ),
+    ] {
+        let e = cli_fail(tag, &ok, &args);
+        assert!(
+            e.contains(&format!("--{tag}")) && e.contains(values),
+            "{tag}: {e}"
+        );
+    }
+    // Work that cannot fit is refused before allocating, naming P, L, N, the bytes and the
+    // fix (here: P = 20, L = 100 is 10^8 features per token, tens of GiB of state).
+    let (q3, k3, v3) = qkv(300, 4);
+    for device in ["cpu", "reference"] {
+        let e = cli_fail(
+            "memory",
+            &f(&q3, &k3, &v3),
+            &[
+                "--method", "soft", "--p", "20", "--l", "100", "--device", device,
+            ],
+        );
+        for part in ["P = 20", "L = 100", "N = 300", "bytes", "--max-memory"] {
+            assert!(e.contains(part), "{device}: {part} missing: {e}");
+        }
+    }
+    // A budget given on the command line is used, and a bad one is refused.
+    let e = cli_fail("budget", &ok, &["--method", "soft", "--max-memory", "1k"]);
+    assert!(e.contains("more than --max-memory"), "{e}");
+    let e = cli_fail("budget", &ok, &["--method", "soft", "--max-memory", "lots"]);
+    assert!(e.contains("--max-memory"), "{e}");
     let empty = vec![
         ("q", vec![0, 4], vec![]),
         ("k", vec![0, 4], vec![]),

@@ -133,7 +133,8 @@ fn cli_attend_matches_numpy_to_1e12() {
 /// outputs for every method it supports; the authors' rule is refused with a clear message.
 #[test]
 fn cpu_backend_matches_golden_in_f32() {
-    use racelab::attend::{attend_with, Backend};
+    use racelab::attend::attend_with;
+    use racelab::Device;
     let (q, k, v) = (load("q"), load("k"), load("v"));
     let planes = read_planes(&dir().join("planes.npy")).unwrap();
     let om = load("omega");
@@ -151,7 +152,7 @@ fn cpu_backend_matches_golden_in_f32() {
                 omega: Some(omega.clone()),
                 ..Default::default()
             };
-            let res = attend_with(&q, &k, &v, &opts, Backend::Cpu);
+            let res = attend_with(&q, &k, &v, &opts, Device::Cpu);
             if combine == Combine::Authors {
                 assert!(res.unwrap_err().to_string().contains("reference"));
                 continue;

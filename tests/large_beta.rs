@@ -2,7 +2,8 @@
 //! where f32 sums underflow. Rows whose denominator f32 cannot hold are flagged by the
 //! kernels and recomputed exactly (`racelab::cpu::recompute`); every row must then agree.
 use proptest::prelude::*;
-use racelab::cpu::{detected_isa, soft_forward, soft_grads, Heads, PlanesF32, SoftMap};
+use racelab::backend::{Heads, PlanesF32};
+use racelab::cpu::{detected_isa, soft_backward, soft_forward, SoftMap};
 use racelab::params::Combine;
 use racelab::reference::logdomain::{soft_race_backward_log, soft_race_log};
 use racelab::rng::SeededRng;
@@ -71,14 +72,14 @@ fn check(
     let isa = detected_isa();
     // The production kernels (blocked), or the per-token engine.
     let (f, gr) = if per_token {
-        let f = racelab::cpu::forward(&map, qh, kh, vh, causal, isa);
+        let f = racelab::cpu::token::forward(&map, qh, kh, vh, causal, isa);
         let o = Heads::new(heads, n, dv, &f.o);
-        let gr = racelab::cpu::soft_backward(&map, &f.ctx, qh, kh, vh, o, gh, isa);
+        let gr = racelab::cpu::token::soft_backward(&map, &f.ctx, qh, kh, vh, o, gh, isa);
         (f, gr)
     } else {
         let f = soft_forward(&map, qh, kh, vh, causal, isa);
         let o = Heads::new(heads, n, dv, &f.o);
-        let gr = soft_grads(&map, &f.ctx, qh, kh, vh, o, gh, isa);
+        let gr = soft_backward(&map, &f.ctx, qh, kh, vh, o, gh, isa);
         (f, gr)
     };
     let p64 = planes.to_planes();

@@ -5,7 +5,8 @@
 //! Relative error = `max_t |o_t − o_t^{f64}| / max_t |o_t^{f64}|`.
 
 use super::machine::fill;
-use crate::cpu::{detected_isa, soft_forward, Heads, PlanesF32, SoftMap};
+use crate::backend::{Heads, PlanesF32};
+use crate::cpu::{detected_isa, soft_forward, SoftMap};
 use crate::hashing::{soft_features, Planes};
 use serde::Serialize;
 use std::time::Instant;

@@ -13,35 +13,35 @@
 //! just before and just after the row's runs (consecutive rows share the probe between
 //! them), and their `ratio_to_floor` uses the larger of those two: this machine switches
 //! between about 42 and 73 GB/s within minutes, and a row a minute away from a probe can run
-//! in the other state (in paired runs 82 and 87 of `figures/bench/runs/paired-2e20/` the run-wide
-//! probes read 48–49 and 70–73 GB/s while the non-causal `(2, 2)` row ran at the slow
-//! state's speed). Rows without their own probes use the run-wide floor for both ratios.
+//! in the other state (run-wide probes of 48–49 and 70–73 GB/s have been seen around a
+//! non-causal `(2, 2)` row that ran at the slow state's speed). Rows without their own probes use the run-wide floor for both ratios.
 //!
 //! Afterwards: fitted scaling exponents (least squares of log t on log N) and the crossover
 //! N against exact softmax (only when softmax was timed).
 //!
 //! The CPU RACE rows run once untimed first ([`WARMUP_RUNS`]): their output and context
 //! buffers are reused across runs, and the first run is the one that faults their pages in
-//! and sizes the context (at N = 2^20, `(2, 2)`, paired runs 53–77: the first run took
-//! 0.44–0.69 s non-causal and 0.77–0.94 s causal, the later ones 0.37–0.49 and 0.53–0.65 s).
-//! Without the warm-up (paired runs before 78), the median of three runs was the
-//! slower of the two later ones. The references are not warmed up (one run of
+//! and sizes the context (at N = 2^20, `(2, 2)`, a first run takes 0.44–0.69 s non-causal
+//! and 0.77–0.94 s causal, the later ones 0.37–0.49 and 0.53–0.65 s; without the warm-up the
+//! median of three runs would be the slower of the two later ones). The references are not warmed up (one run of
 //! the largest takes about 30 s).
 //!
 //! With `causal_ratio` (`racelab bench --causal-ratio`) each `(P, L)` is timed causal and
 //! non-causal in one pass, their runs alternated (non-causal, causal, non-causal, …) after
 //! one warm-up of each, and the report adds [`CausalRatio`]: the ratio within each adjacent
 //! pair, their median (the headline), and the ratio of the two rows' medians. This machine's memory state drifts over minutes
-//! (the probes read 47–73 GB/s in one run; in the paired runs 54–89 the non-causal `(2, 2)`
-//! row took 0.37–0.49 s), so two rows timed a minute apart, as two separate invocations
+//! (the probes read 47–73 GB/s in one run, and the non-causal `(2, 2)` row takes 0.37–0.49
+//! s depending on it), so two rows timed a minute apart, as two separate invocations
 //! are, can compare a fast state with a slow one; alternated runs a second apart see the
 //! same state.
 
 pub mod accuracy;
+pub mod gpu;
 pub mod machine;
 
+use crate::backend::{Heads, PlanesF32};
 use crate::cpu::exact::{exact_attention, Exact};
-use crate::cpu::{self, soft_forward_into, soft_grads_into, Heads, PlanesF32, SoftMap};
+use crate::cpu::{self, soft_backward_into, soft_forward_into, SoftMap};
 use crate::error::{RaceError, Result};
 use crate::hashing::Planes;
 use crate::plot::{line_plot, LinePlot, Series};
@@ -50,27 +50,7 @@ use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Instant;
 
-/// Which backend runs the RACE kernels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Device {
-    Cpu,
-    Cuda,
-}
-
-impl std::str::FromStr for Device {
-    type Err = RaceError;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "cpu" => Ok(Device::Cpu),
-            "cuda" => Ok(Device::Cuda),
-            _ => Err(RaceError::param(
-                "device",
-                format!("`{s}` is not a device; use cpu or cuda"),
-            )),
-        }
-    }
-}
+pub use crate::backend::Device;
 
 /// What to benchmark.
 #[derive(Debug, Clone)]
@@ -195,7 +175,7 @@ pub struct BenchReport {
     pub fma_peak_gflops: f64,
     pub isa: String,
     /// With `--device cuda`: the GPU's measured ceilings, which floor the GPU rows.
-    pub gpu: Option<crate::cuda::DeviceCeilings>,
+    pub gpu: Option<gpu::DeviceCeilings>,
     pub rows: Vec<BenchRow>,
     pub fits: Vec<Fit>,
     pub crossovers: Vec<Crossover>,
@@ -216,7 +196,7 @@ pub struct BenchReport {
 /// denominator; the backward reads G, V (∂ℓ/∂k needs `v`), the saved values, and writes dQ, dK,
 /// dV. Q, K and O need not be read again (the kernels do not), so this is below the
 /// `4d + 4dv` backward of a re-reading implementation (24 KiB per token at the paper shape,
-/// against about 18.4 KiB here). `lp = 0` for the exact references' forward (Q, K, V, O).
+/// against about 18.4 KiB here). `lp = 0` for the exact references. forward (Q, K, V, O).
 pub fn bytes_per_token(d: usize, dv: usize, lp: usize, backward: bool) -> f64 {
     let saved = if lp > 0 { 2 * lp + 1 } else { 0 };
     let fwd = 2 * d + 2 * dv + saved;
@@ -235,23 +215,8 @@ pub fn race_flops_per_token(p: usize, l: usize, d: usize, dv: usize, backward: b
     2.0 * (l * if backward { fwd + bwd } else { fwd }) as f64
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
-}
-
-/// Least-squares slope of log y on log x.
-pub fn loglog_slope(pts: &[(f64, f64)]) -> f64 {
-    let n = pts.len() as f64;
-    let (sx, sy) = pts
-        .iter()
-        .fold((0.0, 0.0), |(a, b), (x, y)| (a + x.ln(), b + y.ln()));
-    let (mx, my) = (sx / n, sy / n);
-    let (num, den) = pts.iter().fold((0.0, 0.0), |(a, b), (x, y)| {
-        (a + (x.ln() - mx) * (y.ln() - my), b + (x.ln() - mx).powi(2))
-    });
-    num / den
-}
+pub use crate::stats::loglog_slope;
+use crate::stats::median;
 
 /// Untimed runs before a CPU RACE row's timed runs (see the module docs).
 pub const WARMUP_RUNS: usize = 1;
@@ -272,7 +237,7 @@ fn time_runs(runs: usize, mut f: impl FnMut()) -> (f64, Vec<f64>) {
     let mut ts = vec![first];
     ts.extend((1..runs_for(runs, first)).map(|_| once()));
     let all = ts.clone();
-    (median(&mut ts), all)
+    (median(&ts), all)
 }
 
 /// Timed runs of a row: at least `runs`, and for a short row as many as make
@@ -324,7 +289,7 @@ fn time_alternated(runs: usize, mut f: impl FnMut(bool)) -> (Timed, Timed) {
         i += 1;
     }
     let [a, b] = ts;
-    let (ma, mb) = (median(&mut a.clone()), median(&mut b.clone()));
+    let (ma, mb) = (median(&a), median(&b));
     ((ma, a), (mb, b))
 }
 
@@ -353,6 +318,12 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
         crate::params::validate_pl(p, l)?;
     }
     crate::params::validate_beta(cfg.beta)?;
+    if cfg.device == Device::Reference {
+        return Err(RaceError::param(
+            "device",
+            "bench times the kernels: use --device cpu or cuda (--reference also times the exact references)",
+        ));
+    }
     if cfg.causal_ratio && cfg.causal {
         return Err(RaceError::param(
             "causal",
@@ -369,7 +340,7 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
     let gpu = if cfg.device == Device::Cuda {
         crate::cuda::ensure_device()?;
         progress("measuring the GPU's copy bandwidth and FP32 FMA rate");
-        Some(crate::cuda::ceilings()?)
+        Some(gpu::ceilings()?)
     } else {
         None
     };
@@ -407,7 +378,16 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
                 }
             })
             .fold(0.0, f64::max);
-        let need = (4.0 * (floats as f64 + saved) * (n * h) as f64) as u64;
+        let state = cfg
+            .pl
+            .iter()
+            .map(|&(p, l)| {
+                let features = (l as u64).saturating_mul(1u64 << p);
+                crate::memory::kernel_state_bytes(features, h, dv)
+            })
+            .max()
+            .unwrap_or(0);
+        let need = ((4.0 * (floats as f64 + saved) * (n * h) as f64) as u64).saturating_add(state);
         // 90%: the estimate is the measured peak (the paper shape at N = 2^20, causal (4,4):
         // 17.65 GiB estimated and 17.65 GiB peak RSS, of 23.5 GiB here), and at 80% that row
         // was skipped whenever the machine had let its page cache grow.
@@ -479,7 +459,7 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
                 let (_, ctx) =
                     soft_forward_into(&map, qh, kh, vh, causal, isa, &mut o, std::mem::take(slot));
                 if cfg.backward {
-                    let db = soft_grads_into(
+                    let db = soft_backward_into(
                         &map,
                         &ctx,
                         qh,
@@ -510,7 +490,7 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
                 // On the GPU one mode after the other: `time_soft` times all of a mode's runs
                 // in one call (the alternation answers the host's memory-state drift, which
                 // was not measured on the GPU machine).
-                (Device::Cuda, pair) => {
+                (_, pair) => {
                     let modes = if pair {
                         vec![false, true]
                     } else {
@@ -520,7 +500,7 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
                         .into_iter()
                         .map(|causal| {
                             let gr = if cfg.backward { Some(&g[..]) } else { None };
-                            let (med, all, rec) = crate::cuda::time_soft(
+                            let (med, all, rec) = gpu::time_soft(
                                 &planes,
                                 cfg.beta as f32,
                                 qh,
@@ -557,7 +537,7 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
                     n,
                     p,
                     l,
-                    median_pair_ratio: median(&mut pair_ratios.clone()),
+                    median_pair_ratio: median(&pair_ratios),
                     ratio_of_medians: c / nc,
                     pair_ratios,
                 });
@@ -878,12 +858,12 @@ mod tests {
             assert!(!nc.causal && c.causal && nc.n == cr.n && c.n == cr.n);
             for r in pair {
                 assert!(r.runs.len() >= cfg.runs && r.runs.len() == pair[0].runs.len());
-                assert_eq!(r.seconds, median(&mut r.runs.clone()));
+                assert_eq!(r.seconds, median(&r.runs));
             }
             assert_eq!(cr.ratio_of_medians, c.seconds / nc.seconds);
             let want: Vec<f64> = c.runs.iter().zip(&nc.runs).map(|(a, b)| a / b).collect();
             assert_eq!(cr.pair_ratios, want);
-            assert_eq!(cr.median_pair_ratio, median(&mut want.clone()));
+            assert_eq!(cr.median_pair_ratio, median(&want));
         }
         let mut series: Vec<&str> = rep.fits.iter().map(|f| f.series.as_str()).collect();
         series.sort();

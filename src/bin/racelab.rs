@@ -2,8 +2,10 @@
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
+use racelab::experiments::registry;
 use racelab::io::{read_npy, read_planes, write_npy, write_planes, Dtype};
-use racelab::{experiments, AttendOptions, Combine, Method};
+use racelab::params::DEFAULT_BETA;
+use racelab::{experiments, AttendOptions, Combine, Device, Method};
 use serde_json::json;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -114,7 +116,8 @@ struct BenchArgs {
     heads: usize,
     #[arg(long, default_value_t = 128)]
     d: usize,
-    #[arg(long, default_value_t = 8.0, allow_negative_numbers = true)]
+    /// Soft-hash inverse temperature (the kernels' cost does not depend on it below 16).
+    #[arg(long, default_value_t = DEFAULT_BETA, allow_negative_numbers = true)]
     beta: f64,
     #[arg(long)]
     causal: bool,
@@ -127,9 +130,9 @@ struct BenchArgs {
     /// Also time the exact quadratic references (softmax, angular).
     #[arg(long)]
     reference: bool,
-    /// cpu | cuda
-    #[arg(long, default_value = "cpu")]
-    device: String,
+    /// Which kernels to time.
+    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    device: Device,
     /// Timed runs per row (median reported; at least 3; short rows get more, up to 0.25 s).
     #[arg(long, default_value_t = 3)]
     runs: usize,
@@ -154,9 +157,9 @@ struct AttendArgs {
     k: PathBuf,
     #[arg(long)]
     v: PathBuf,
-    /// softmax | angular | hard | soft | linear | performer
-    #[arg(long)]
-    method: String,
+    /// The operator.
+    #[arg(long, value_enum)]
+    method: Method,
     /// Bits per table (R = 2^P buckets).
     #[arg(long, default_value_t = 2)]
     p: usize,
@@ -164,7 +167,7 @@ struct AttendArgs {
     #[arg(long, default_value_t = 2)]
     l: usize,
     /// Soft-hash inverse temperature.
-    #[arg(long, default_value_t = 10.0, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = DEFAULT_BETA, allow_negative_numbers = true)]
     beta: f64,
     /// Angular power.
     #[arg(long, default_value_t = 2.0, allow_negative_numbers = true)]
@@ -186,17 +189,25 @@ struct AttendArgs {
     /// Save the planes used to this .npy file.
     #[arg(long)]
     save_planes: Option<PathBuf>,
-    /// paper (Algorithm 1) | authors (per-bucket means)
-    #[arg(long, default_value = "paper")]
-    combine: String,
+    /// How the tables are combined: paper (Algorithm 1) or authors (per-bucket means).
+    #[arg(long, value_enum, default_value_t = Combine::Paper)]
+    combine: Combine,
     /// Output dtype: f32 or f64 (default: that of --q).
     #[arg(long)]
     dtype: Option<String>,
-    /// reference (f64, default) | cpu (f32 kernels) | cuda (f32, soft only)
-    #[arg(long, default_value = "reference")]
-    device: String,
+    /// Where to compute: reference (f64, exact), cpu (f32 kernels) or cuda (f32, soft only).
+    #[arg(long, value_enum, default_value_t = Device::Reference)]
+    device: Device,
+    /// Memory budget (e.g. 8G, 512M; default: what the machine has available). Work whose
+    /// buffers would exceed it is refused before anything is allocated.
+    #[arg(long, value_parser = parse_memory)]
+    max_memory: Option<u64>,
     #[command(flatten)]
     common: Common,
+}
+
+fn parse_memory(s: &str) -> std::result::Result<u64, String> {
+    racelab::memory::parse_bytes(s).map_err(|e| e.to_string())
 }
 
 #[derive(Args)]
@@ -215,32 +226,26 @@ fn main() {
         Cmd::Reproduce(a) => run_reproduce(a),
         Cmd::Bench(a) => run_bench(a),
         Cmd::Fig3(a) => {
-            let user = match (&a.q, &a.k, &a.exp.data) {
-                (Some(q), Some(k), _) => Some(load_qk(q, k)),
-                (_, _, Some(dir)) => Some(real_qk(dir)),
+            let user = match (&a.q, &a.k) {
+                (Some(q), Some(k)) => Some(registry::user_fig3_inputs(q, k)),
                 _ => None,
             };
             match user.transpose() {
-                Ok(u) => run_exp(&a.exp, |ctx| experiments::fig3::run(ctx, u)),
-                Err(e) => Err(e),
+                Ok(Some(u)) => run_exp(&a.exp, |ctx| experiments::fig3::run(ctx, Some(u))),
+                Ok(None) => run_exp(&a.exp, |ctx| registry::run("fig3", ctx)),
+                Err(e) => Err(e.into()),
             }
         }
-        Cmd::Bias(a) => no_data(&a, "bias").and_then(|_| run_exp(&a, experiments::bias::run)),
-        Cmd::Variance(a) => {
-            no_data(&a, "variance").and_then(|_| run_exp(&a, experiments::variance::run))
-        }
-        Cmd::Theorem(a) => run_exp(&a, experiments::theorem::run),
-        Cmd::Causal(a) => no_data(&a, "causal").and_then(|_| run_exp(&a, experiments::causal::run)),
-        Cmd::Authors(a) => {
-            no_data(&a, "authors").and_then(|_| run_exp(&a, experiments::authors::run))
-        }
-        Cmd::Rank(a) => no_data(&a, "rank").and_then(|_| run_exp(&a, experiments::rank::run)),
-        Cmd::Lemma10(a) => {
-            no_data(&a, "lemma10").and_then(|_| run_exp(&a, experiments::lemma10::run))
-        }
-        Cmd::Limit(a) => no_data(&a, "limit").and_then(|_| run_exp(&a, experiments::limit::run)),
-        Cmd::Tradeoff(a) => run_exp(&a, experiments::tradeoff::run),
-        Cmd::Combine(a) => run_exp(&a, experiments::combine::run),
+        Cmd::Bias(a) => run_exp(&a, |c| registry::run("bias", c)),
+        Cmd::Variance(a) => run_exp(&a, |c| registry::run("variance", c)),
+        Cmd::Theorem(a) => run_exp(&a, |c| registry::run("theorem", c)),
+        Cmd::Causal(a) => run_exp(&a, |c| registry::run("causal", c)),
+        Cmd::Authors(a) => run_exp(&a, |c| registry::run("authors", c)),
+        Cmd::Rank(a) => run_exp(&a, |c| registry::run("rank", c)),
+        Cmd::Lemma10(a) => run_exp(&a, |c| registry::run("lemma10", c)),
+        Cmd::Limit(a) => run_exp(&a, |c| registry::run("limit", c)),
+        Cmd::Tradeoff(a) => run_exp(&a, |c| registry::run("tradeoff", c)),
+        Cmd::Combine(a) => run_exp(&a, |c| registry::run("combine", c)),
         Cmd::Real(a) => {
             let dir = a.data.clone().or_else(experiments::real::bundled);
             match dir {
@@ -256,8 +261,7 @@ fn main() {
 }
 
 fn run_attend(a: AttendArgs) -> Result<()> {
-    let method: Method = a.method.parse()?;
-    let combine: Combine = a.combine.parse()?;
+    let (method, combine) = (a.method, a.combine);
     let q = read_npy(&a.q)?;
     let k = read_npy(&a.k)?;
     let v = read_npy(&a.v)?;
@@ -282,9 +286,10 @@ fn run_attend(a: AttendArgs) -> Result<()> {
         features: a.features,
         planes,
         omega: match &a.omega {
-            Some(p) => Some(read_matrix(p, "omega")?),
+            Some(p) => Some(registry::read_matrix(p, "omega")?),
             None => None,
         },
+        max_memory: a.max_memory,
     };
     let out = a
         .common
@@ -297,9 +302,8 @@ fn run_attend(a: AttendArgs) -> Result<()> {
         Some("f64") => Dtype::F64,
         Some(other) => anyhow::bail!("invalid parameter `dtype`: `{other}`; use f32 or f64"),
     };
-    let backend: racelab::attend::Backend = a.device.parse()?;
     let t0 = Instant::now();
-    let res = racelab::attend::attend_with(&q.tensor, &k.tensor, &v.tensor, &opts, backend)?;
+    let res = racelab::attend::attend_with(&q.tensor, &k.tensor, &v.tensor, &opts, a.device)?;
     let seconds = t0.elapsed().as_secs_f64();
     write_npy(&out, &res.o.shape, &res.o.data, dtype)?;
     if let (Some(path), Some(pl)) = (&a.save_planes, &res.planes) {
@@ -312,10 +316,10 @@ fn run_attend(a: AttendArgs) -> Result<()> {
         "p": method.uses_planes().then_some(p), "l": method.uses_planes().then_some(l),
         "beta": (method == Method::Soft).then_some(a.beta),
         "gamma": (method == Method::Angular).then_some(a.gamma),
-        "combine": (method == Method::Soft).then_some(a.combine.as_str()),
+        "combine": (method == Method::Soft).then_some(combine),
         "features": (method == Method::Performer).then_some(a.features),
         "seed": a.common.seed,
-        "device": backend,
+        "device": a.device,
         "planes": a.planes.as_ref().map(|p| p.display().to_string()),
         "seconds": seconds,
         "empty_rows": res.empty_rows,
@@ -360,65 +364,6 @@ fn run_attend(a: AttendArgs) -> Result<()> {
                  --device reference"
             }
         );
-    }
-    Ok(())
-}
-
-/// Read a 2-D `.npy` as a matrix.
-fn read_matrix(path: &std::path::Path, arg: &str) -> Result<racelab::Mat<f64>> {
-    let arr = read_npy(path)?;
-    match arr.tensor.shape.as_slice() {
-        [r, c] => Ok(racelab::Mat::from_vec(*r, *c, arr.tensor.data)),
-        s => anyhow::bail!(
-            "`{arg}` ({}) must be 2-D [m, d], got shape {s:?}",
-            path.display()
-        ),
-    }
-}
-
-/// First head of a `[N,d]`, `[H,N,d]` or `[B,H,N,d]` .npy as a matrix.
-fn first_head(path: &std::path::Path) -> Result<racelab::Mat<f64>> {
-    let arr = read_npy(path)?;
-    let [_, _, n, d] = arr.tensor.bhnd(&path.display().to_string())?;
-    if n == 0 || d == 0 {
-        anyhow::bail!("`{}` is empty: N = {n}, d = {d}", path.display());
-    }
-    Ok(racelab::Mat::from_vec(
-        n,
-        d,
-        arr.tensor.data[..n * d].to_vec(),
-    ))
-}
-
-fn load_qk(q: &std::path::Path, k: &std::path::Path) -> Result<experiments::fig3::FigInputs> {
-    Ok(experiments::fig3::FigInputs {
-        q: first_head(q)?,
-        k: first_head(k)?,
-        label: format!("user Q {} / K {}", q.display(), k.display()),
-        stem: "fig3_user".into(),
-        softmax_scale: None,
-    })
-}
-
-/// Raw Q/K of the middle stored layer, head 0, of a real-data directory, with the model's
-/// softmax scale from its `meta.json`.
-fn real_qk(dir: &std::path::Path) -> Result<experiments::fig3::FigInputs> {
-    let rd = experiments::real::RealData::open(dir)?;
-    let layer = rd.mid_layer();
-    let (q, k, _) = rd.head(layer, 0)?;
-    let n = q.rows.min(96);
-    Ok(experiments::fig3::FigInputs {
-        q: experiments::real::take_rows(&q, n),
-        k: experiments::real::take_rows(&k, n),
-        label: format!("{} layer {layer} head 0, first {n} tokens", rd.model),
-        stem: "fig3_real".into(),
-        softmax_scale: Some(rd.scale),
-    })
-}
-
-fn no_data(a: &ExpArgs, name: &str) -> Result<()> {
-    if a.data.is_some() {
-        anyhow::bail!("invalid parameter `data`: `{name}` runs on its own synthetic inputs (the theory's setting) and does not take --data");
     }
     Ok(())
 }
@@ -503,85 +448,24 @@ fn run_reproduce(a: ReproduceArgs) -> Result<()> {
         config: None,
         data: None,
     };
-    type Step = (
-        &'static str,
-        fn(&experiments::Ctx) -> racelab::Result<experiments::ExpResult>,
-    );
-    let mut steps: Vec<Step> = vec![
-        ("factorisation", experiments::report::factorisation),
-        ("rank", experiments::rank::run),
-        ("lemma10", experiments::lemma10::run),
-        ("limit", experiments::limit::run),
-        ("bias", experiments::bias::run),
-        ("combine", experiments::combine::run),
-        ("fig3", |c| experiments::fig3::run(c, None)),
-        ("variance", experiments::variance::run),
-        ("theorem", experiments::theorem::run),
-        ("causal", experiments::causal::run),
-        ("authors", experiments::authors::run),
-        ("tradeoff", experiments::tradeoff::run),
-        ("scaling", experiments::report::scaling),
-    ];
-    // The real-data section, on the bundled sample (committed; no download).
-    let real_dir = experiments::real::bundled();
-    if real_dir.is_some() {
-        steps.extend([
-            (
-                "fig3 (real)",
-                (|c: &experiments::Ctx| {
-                    let dir = experiments::real::bundled().expect("checked");
-                    let inputs = real_qk(&dir).map_err(|e| racelab::RaceError::Config {
-                        path: dir.display().to_string(),
-                        msg: e.to_string(),
-                    })?;
-                    experiments::fig3::run(c, Some(inputs))
-                })
-                    as fn(&experiments::Ctx) -> racelab::Result<experiments::ExpResult>,
-            ),
-            ("real", |c| {
-                experiments::real::run(c, &experiments::real::bundled().expect("checked"))
-            }),
-            ("theorem (real)", |c| {
-                experiments::theorem::run(&experiments::Ctx {
-                    data: experiments::real::bundled(),
-                    ..c.clone()
-                })
-            }),
-            ("tradeoff (real)", |c| {
-                experiments::tradeoff::run(&experiments::Ctx {
-                    data: experiments::real::bundled(),
-                    ..c.clone()
-                })
-            }),
-            ("combine (real)", |c| {
-                experiments::combine::run(&experiments::Ctx {
-                    data: experiments::real::bundled(),
-                    ..c.clone()
-                })
-            }),
-        ]);
-    }
-    let t0 = Instant::now();
-    let bar = indicatif::ProgressBar::new(steps.len() as u64);
+    let bar = indicatif::ProgressBar::new(registry::reproduce_steps().len() as u64);
     bar.set_style(
         indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    let mut results = Vec::new();
-    for (name, step) in steps {
-        bar.set_message(name.to_string());
-        let r = step(&ctx).with_context(|| format!("experiment `{name}` failed"))?;
-        bar.println(format!(
-            "{name}: {:.1} s, {} claims",
-            r.seconds,
-            r.claims.len()
-        ));
-        results.push(r);
-        bar.inc(1);
-    }
+    let (results, report, total) = registry::reproduce(
+        &ctx,
+        &|name| bar.set_message(name.to_string()),
+        &|name, r| {
+            bar.println(format!(
+                "{name}: {:.1} s, {} claims",
+                r.seconds,
+                r.claims.len()
+            ));
+            bar.inc(1);
+        },
+    )?;
     bar.finish_and_clear();
-    let total = t0.elapsed().as_secs_f64();
-    let report = experiments::report::write_report(&ctx, &results, total)?;
     if a.common.json {
         let claims: Vec<_> = results.iter().flat_map(|r| r.claims.clone()).collect();
         println!(
@@ -675,7 +559,7 @@ fn run_bench(a: BenchArgs) -> Result<()> {
         causal: a.causal,
         backward: a.backward,
         reference: a.reference,
-        device: a.device.parse()?,
+        device: a.device,
         beta: a.beta,
         seed: a.common.seed,
         runs: a.runs.max(3),

@@ -22,15 +22,11 @@
 //! its accuracy. Features `f ≥ m` are padding: the rows `a`, `b` have stride 16 and zeros
 //! there.
 //!
-//! Measured (nominal 4 GHz cycles): read and update of a 16-token
-//! sub-block at `m = 8`, in cache, 1551–1572 cycles with one chunk per step, 1192–1198 with
-//! two (read 635, update 592). In the causal `(2, 2)` kernels at N = 2^16 (one core, per
-//! token and head): the forward's read and update 154 → 97 cycles, the keys' read, update and
-//! intra-sub-block product 178 → 139, the queries' update 56 → 29. In the non-causal
-//! `(2, 2)` passes (rows in groups of 16, so a group stays in L1 over the chunks; a drip per
-//! step, as `gemm`'s tiles do, without which the prefetch and the write-behind stalled and
-//! the forward was 10% slower): forward 321 → 303, backward 421 → 413 (medians, N = 2^16);
-//! `racelab bench` `(2, 2)` in the slow memory state 0.437–0.447 → 0.432–0.442 s.
+//! Why: with the state's chunks held in registers across the sub-block, a read and update of
+//! a 16-token sub-block at `m = 8` takes about 1200 cycles in cache (nominal 4 GHz) against
+//! about 1560 with one chunk per step. In the non-causal passes rows go in groups of 16, so a
+//! group stays in L1 over the chunks, with a drip per step as `gemm`'s tiles have (without
+//! it the prefetch and the write-behind stall).
 
 /// The mass column's weights `ω_j` for [`read_update`]'s update.
 #[derive(Clone, Copy)]

@@ -3,8 +3,9 @@
 //! exactly Algorithm 2's row t (update before read). The state is kept in f64, so a decoder
 //! never drifts however long it runs; features are the fast path's f32 features.
 
-use super::features::{FeatureMap, PlanesF32, SoftMap};
+use super::features::{FeatureMap, SoftMap};
 use super::simd::{detected_isa, dispatch, Isa, Simd, WithSimd};
+use crate::backend::PlanesF32;
 use crate::error::{RaceError, Result};
 use crate::params::validate_beta;
 
@@ -134,5 +135,14 @@ impl Decoder {
             ));
         }
         Ok(acc[..self.dv].iter().map(|a| (a / den) as f32).collect())
+    }
+}
+
+impl crate::backend::Decode for Decoder {
+    fn step(&mut self, q: &[f32], k: &[f32], v: &[f32]) -> Result<Vec<f32>> {
+        Decoder::step(self, q, k, v)
+    }
+    fn len(&self) -> usize {
+        Decoder::len(self)
     }
 }

@@ -11,7 +11,8 @@
 //! Parallel over (head, query block); causal runs skip key blocks entirely above the diagonal.
 
 use super::simd::{dispatch, exp_f32, Isa, Simd, WithSimd};
-use super::state::{split_out, Heads};
+use super::state::split_out;
+use crate::backend::Heads;
 use faer::linalg::matmul::matmul;
 use faer::{Accum, MatMut, MatRef, Par};
 use rayon::prelude::*;

@@ -10,45 +10,8 @@
 //!   row, keys one global `c` (measured by a pre-pass), both cancel in the ratio.
 
 use super::simd::{exp_f32, tanh_f32, Simd};
-use crate::hashing::Planes;
+use crate::backend::{Heads, PlanesF32};
 use crate::params::MAX_P;
-
-/// Planes rounded to f32, `[L, P, d]`.
-#[derive(Debug, Clone)]
-pub struct PlanesF32 {
-    pub l: usize,
-    pub p: usize,
-    pub d: usize,
-    pub w: Vec<f32>,
-}
-
-impl PlanesF32 {
-    pub fn from_planes(p: &Planes) -> Self {
-        PlanesF32 {
-            l: p.l,
-            p: p.p,
-            d: p.d,
-            w: p.w.iter().map(|&x| x as f32).collect(),
-        }
-    }
-    /// The f64 planes holding exactly these f32 values (for references on the same planes).
-    pub fn to_planes(&self) -> Planes {
-        Planes {
-            l: self.l,
-            p: self.p,
-            d: self.d,
-            w: self.w.iter().map(|&x| x as f64).collect(),
-        }
-    }
-    #[inline(always)]
-    pub fn row(&self, l: usize, p: usize) -> &[f32] {
-        let o = (l * self.p + p) * self.d;
-        &self.w[o..o + self.d]
-    }
-    pub fn r(&self) -> usize {
-        1 << self.p
-    }
-}
 
 /// A feature map usable by the fast forward engine.
 pub trait FeatureMap: Sync {
@@ -297,7 +260,7 @@ impl FeatureMap for PerformerMap {
 
 struct KeyShiftTask<'a> {
     map: &'a PerformerMap,
-    k: super::state::Heads<'a>,
+    k: Heads<'a>,
 }
 
 impl super::simd::WithSimd for KeyShiftTask<'_> {
@@ -322,7 +285,7 @@ pub fn performer_map(
     m: usize,
     d: usize,
     scale: f32,
-    keys: super::state::Heads,
+    keys: Heads,
     isa: super::simd::Isa,
 ) -> PerformerMap {
     let mut map = PerformerMap {

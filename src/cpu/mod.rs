@@ -1,15 +1,18 @@
 //! Production f32 kernels: rayon over (batch × heads × segments), SIMD with runtime dispatch
 //! and an always-tested scalar twin ([`simd`]), two-level f32/f64 accumulation ([`state`]).
 //!
-//! - [`blocked`], [`blocked_causal`]: the production soft-RACE paths ([`soft_forward`],
-//!   [`soft_grads`]): blocks of tokens as small register-tiled products ([`gemm`], bank read
-//!   once per block), an AVX-512 projection kernel, the next block prefetched; causal as
-//!   chunked linear attention; forward and backward, both ISAs tested against the reference;
+//! - [`soft`]: the production soft-RACE paths ([`soft_forward`], [`soft_backward`]): blocks
+//!   of tokens as small register-tiled products ([`gemm`], bank read once per block), an
+//!   AVX-512 projection kernel, the next block prefetched; causal as chunked linear attention;
+//!   split by phase (bit probabilities, block workspace, banks, forward, backward, causal
+//!   forward, causal backward);
+//! - [`token`]: the per-token engine for every "features, then sums over keys" estimator:
+//!   the production path of hard LSH, linear attention and Performer, and the soft-RACE
+//!   *twin* ([`token::forward`], [`token::soft_backward`]) that checks [`soft`];
+//! - [`saved`]: what a forward keeps for its backward ([`Ctx`]), shared by both engines;
+//! - [`recompute`]: exact log-domain finish of the rows whose denominator f32 cannot hold;
 //! - [`gemm`]: `D (=|+=) α A B` with strided `A` (so `Φᵀ` is free), written once over the
 //!   [`simd::Simd`] primitives (AVX-512/AVX2 register tiles; the scalar twin);
-//! - [`forward`]: the per-token engine for every "features, then sums over keys" estimator
-//!   (soft RACE, hard LSH, linear, Performer), non-causal and causal (chunked scan), with the
-//!   scalar/SIMD twins; [`backward`]: its soft-RACE gradients;
 //! - [`decode`]: recurrent state with `step(q, k, v) -> o`;
 //! - [`exact`]: blocked, SIMD, parallel softmax and angular attention (quadratic baselines);
 //! - [`mem`]: prefetch of the next block, streaming stores of large outputs, aligned
@@ -21,29 +24,30 @@
 //! `N × R × d` intermediate. Every kernel is tested against [`crate::reference`] on the same
 //! (f32-rounded) planes.
 
-pub mod backward;
 pub mod bank16;
-pub mod blocked;
-pub mod blocked_causal;
 pub mod decode;
 pub mod exact;
 pub mod features;
-pub mod forward;
 pub mod gemm;
 pub mod mem;
 pub mod recompute;
+pub mod saved;
 pub mod simd;
+pub mod soft;
 pub mod state;
 pub mod stream;
+pub mod token;
 
-pub use backward::{soft_backward, soft_backward_into, SoftGrads};
-pub use features::{FeatureMap, HardMap, LinearMap, PerformerMap, PlanesF32, SoftMap};
-pub use forward::{forward, forward_into, Ctx, ForwardOut};
+pub use features::{FeatureMap, HardMap, LinearMap, PerformerMap, SoftMap};
+pub use saved::{Ctx, ForwardOut};
 pub use simd::{detected_isa, Isa};
-pub use state::Heads;
 
-/// Production soft-RACE forward: blocked GEMMs, [`blocked`] (non-causal) or
-/// [`blocked_causal`] (chunked linear attention); rows whose denominator f32 cannot hold are
+use crate::backend::{Decode, Device, Forward, Heads, PlanesF32, RaceParams, SoftGrads, SoftRace};
+use crate::error::{RaceError, Result};
+use crate::params::Combine;
+
+/// Production soft-RACE forward: blocked GEMMs, [`soft::forward_into`] (non-causal) or
+/// [`soft::causal_forward_into`] (chunked linear attention); rows whose denominator f32 cannot hold are
 /// flagged by the kernel and recomputed exactly ([`recompute`], listed in
 /// [`Ctx::recomputed`]); the returned count is the rows with no key at all. `reuse` is a previous context whose
 /// buffers are recycled (`Ctx::default()` for none): a training loop or a benchmark then
@@ -60,9 +64,9 @@ pub fn soft_forward_into(
     reuse: Ctx,
 ) -> (usize, Ctx) {
     let (flagged, mut ctx) = if causal {
-        blocked_causal::forward_into(map, isa, q, k, v, o, reuse)
+        soft::causal_forward_into(map, isa, q, k, v, o, reuse)
     } else {
-        blocked::forward_into(map, isa, q, k, v, o, reuse)
+        soft::forward_into(map, isa, q, k, v, o, reuse)
     };
     let empty = recompute::finish_forward(map, q, k, v, causal, flagged, o, &mut ctx);
     (empty, ctx)
@@ -85,7 +89,7 @@ pub fn soft_forward(
 /// Production soft-RACE backward for a context from either forward path; the rows the
 /// forward recomputed get their exact share of every gradient ([`recompute`]).
 #[allow(clippy::too_many_arguments)]
-pub fn soft_grads_into(
+pub fn soft_backward_into(
     map: &SoftMap,
     ctx: &Ctx,
     q: Heads,
@@ -99,16 +103,16 @@ pub fn soft_grads_into(
     dv: &mut [f32],
 ) -> f64 {
     let dbeta = if ctx.causal {
-        blocked_causal::backward_into(map, isa, ctx, q, k, v, o, g, dq, dk, dv)
+        soft::causal_backward_into(map, isa, ctx, q, k, v, o, g, dq, dk, dv)
     } else {
-        blocked::backward_into(map, isa, ctx, q, k, v, o, g, dq, dk, dv)
+        soft::backward_into(map, isa, ctx, q, k, v, o, g, dq, dk, dv)
     };
     dbeta + recompute::finish_backward(map, ctx, q, k, v, g, dq, dk, dv)
 }
 
-/// [`soft_grads_into`] allocating its outputs.
+/// [`soft_backward_into`] allocating its outputs.
 #[allow(clippy::too_many_arguments)]
-pub fn soft_grads(
+pub fn soft_backward(
     map: &SoftMap,
     ctx: &Ctx,
     q: Heads,
@@ -119,8 +123,103 @@ pub fn soft_grads(
     isa: Isa,
 ) -> SoftGrads {
     let mut gr = SoftGrads::zeros(q, k, v);
-    gr.dbeta = soft_grads_into(
+    gr.dbeta = soft_backward_into(
         map, ctx, q, k, v, o, g, isa, &mut gr.dq, &mut gr.dk, &mut gr.dv,
     );
     gr
+}
+
+/// The production CPU kernels behind the backend contract ([`crate::backend::SoftRace`]),
+/// at one ISA (detected at run time).
+#[derive(Debug, Clone, Copy)]
+pub struct CpuRace {
+    pub isa: Isa,
+}
+
+impl CpuRace {
+    /// The kernels at the ISA detection chose ([`detected_isa`]).
+    pub fn detected() -> Self {
+        CpuRace {
+            isa: detected_isa(),
+        }
+    }
+
+    fn map<'a>(params: &RaceParams, planes: &'a PlanesF32) -> Result<SoftMap<'a>> {
+        if params.combine != Combine::Paper {
+            return Err(RaceError::param(
+                "combine",
+                "the authors' combine rule has no kernel; use --device reference or --combine paper",
+            ));
+        }
+        Ok(SoftMap {
+            planes,
+            beta: params.beta as f32,
+        })
+    }
+}
+
+impl SoftRace for CpuRace {
+    fn device(&self) -> Device {
+        Device::Cpu
+    }
+
+    fn forward(
+        &self,
+        params: &RaceParams,
+        planes: &PlanesF32,
+        q: Heads,
+        k: Heads,
+        v: Heads,
+    ) -> Result<Forward> {
+        crate::backend::check(params, planes, &q, &k, &v, None)?;
+        let f = soft_forward(
+            &Self::map(params, planes)?,
+            q,
+            k,
+            v,
+            params.causal,
+            self.isa,
+        );
+        Ok(Forward {
+            o: f.o,
+            empty_rows: f.empty_rows,
+            recomputed: f.ctx.recomputed,
+        })
+    }
+
+    fn forward_backward(
+        &self,
+        params: &RaceParams,
+        planes: &PlanesF32,
+        q: Heads,
+        k: Heads,
+        v: Heads,
+        g: Heads,
+    ) -> Result<(Forward, SoftGrads)> {
+        crate::backend::check(params, planes, &q, &k, &v, Some(&g))?;
+        let map = Self::map(params, planes)?;
+        let f = soft_forward(&map, q, k, v, params.causal, self.isa);
+        let o = Heads::new(q.heads, q.n, v.cols, &f.o);
+        let grads = soft_backward(&map, &f.ctx, q, k, v, o, g, self.isa);
+        let fwd = Forward {
+            o: f.o,
+            empty_rows: f.empty_rows,
+            recomputed: f.ctx.recomputed,
+        };
+        Ok((fwd, grads))
+    }
+
+    fn decoder(
+        &self,
+        params: &RaceParams,
+        planes: &PlanesF32,
+        dv: usize,
+    ) -> Result<Box<dyn Decode>> {
+        Self::map(params, planes)?;
+        Ok(Box::new(decode::Decoder::new(
+            planes.clone(),
+            params.beta as f32,
+            dv,
+        )?))
+    }
 }

@@ -28,9 +28,10 @@
 //! which is cheaper than a scan when such rows are rare), plus the keys' log-features. The
 //! seconds spent are reported with the row count.
 
-use super::features::{PlanesF32, SoftMap};
-use super::forward::Ctx;
-use super::state::Heads;
+use super::features::SoftMap;
+use super::saved::Ctx;
+use crate::backend::{Heads, PlanesF32};
+
 use crate::reference::logdomain::soft_race_rows_log;
 use crate::tensor::Mat;
 use rayon::prelude::*;

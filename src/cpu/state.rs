@@ -147,32 +147,6 @@ impl Bank {
     }
 }
 
-/// `[heads, n, cols]` row-major f32 input.
-#[derive(Debug, Clone, Copy)]
-pub struct Heads<'a> {
-    pub heads: usize,
-    pub n: usize,
-    pub cols: usize,
-    pub data: &'a [f32],
-}
-
-impl<'a> Heads<'a> {
-    pub fn new(heads: usize, n: usize, cols: usize, data: &'a [f32]) -> Self {
-        assert_eq!(data.len(), heads * n * cols, "Heads: len != heads*n*cols");
-        Heads {
-            heads,
-            n,
-            cols,
-            data,
-        }
-    }
-    #[inline(always)]
-    pub fn row(&self, h: usize, i: usize) -> &'a [f32] {
-        let o = (h * self.n + i) * self.cols;
-        &self.data[o..o + self.cols]
-    }
-}
-
 /// Split `n` tokens into contiguous segments so that heads × segments keeps every thread busy
 /// (one segment per head when there are at least twice as many heads as threads).
 pub fn plan_segments(n: usize, heads: usize) -> Vec<(usize, usize)> {

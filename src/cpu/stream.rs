@@ -7,9 +7,10 @@
 //! regenerated → `∂ℓ/∂k`, `∂ℓ/∂v`. Gradients are consumed into
 //! checksums too: the point is throughput and peak memory at 10^8 tokens.
 
-use super::blocked::{key_banks, key_grads, query_grads, read_into};
-use super::state::{plan_segments, Heads};
-use super::{PlanesF32, SoftMap};
+use super::soft::{key_banks, key_grads, query_grads, read_into};
+use super::state::plan_segments;
+use super::SoftMap;
+use crate::backend::{Heads, PlanesF32};
 use crate::error::{RaceError, Result};
 use crate::hashing::Planes;
 use crate::provenance::{peak_rss_bytes, reset_peak_rss};
@@ -255,7 +256,7 @@ mod tests {
             Default::default(),
         );
         let (mut dq, mut dk, mut dv) = (o.clone(), o.clone(), o.clone());
-        let dbeta = super::super::soft_grads_into(
+        let dbeta = crate::cpu::soft_backward_into(
             &map,
             &ctx,
             h(&q, heads, n, d),

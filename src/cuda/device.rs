@@ -1,17 +1,16 @@
 //! The cudarc driver side: device discovery without panics, NVRTC compilation, launches.
 
 use super::{
-    check_problem, finish_backward, finish_forward, geometry, DeviceCeilings, Geometry, GpuForward,
-    GpuInput, GpuShape, RACE_CU,
+    check_problem, finish_backward, finish_forward, geometry, Geometry, GpuForward, GpuInput,
+    GpuShape, RACE_CU,
 };
-use crate::cpu::recompute::Recomputed;
-use crate::cpu::{Heads, PlanesF32, SoftGrads};
+use crate::backend::{PlanesF32, SoftGrads};
+
 use crate::error::{RaceError, Result};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
 
 struct Kernels {
     partial: CudaFunction,
@@ -687,148 +686,8 @@ pub fn soft_backward(
     })
 }
 
-/// Time forward (and backward with `g`) on device-resident f32 inputs: median of `runs`.
-#[allow(clippy::too_many_arguments)]
-pub fn time_soft(
-    planes: &PlanesF32,
-    beta: f32,
-    q: Heads,
-    k: Heads,
-    v: Heads,
-    gr: Option<&[f32]>,
-    causal: bool,
-    runs: usize,
-) -> Result<(f64, Vec<f64>, Recomputed)> {
-    let s = GpuShape {
-        heads: q.heads,
-        n: q.n,
-        d: q.cols,
-        dv: v.cols,
-    };
-    check_problem(
-        planes,
-        beta,
-        &GpuInput::F32(q.data),
-        &GpuInput::F32(k.data),
-        &GpuInput::F32(v.data),
-        s,
-    )?;
-    let g = gpu()?;
-    let dm = dims(planes, beta, s)?;
-    let kn = &g.f32k;
-    allow_shared(kn, &dm.geo)?;
-    let dev = upload(&g.stream, planes, q.data, k.data, v.data)?;
-    let gd = match gr {
-        Some(x) => Some(
-            g.stream
-                .clone_htod(x)
-                .map_err(|e| cuda_err("copying g", e))?,
-        ),
-        None => None,
-    };
-    // Buffers are allocated once and reused by every run (see `Bufs`).
-    let mut bf = Bufs::new(&g.stream, &dm, gd.is_some())?;
-    let mut once = || -> Result<()> {
-        fwd_dev(g, kn, &dev, &dm, causal, &mut bf)?;
-        if let Some(gd) = &gd {
-            bwd_dev(g, kn, &dev, &dm, causal, gd, &mut bf)?;
-        }
-        g.stream
-            .synchronize()
-            .map_err(|e| cuda_err("synchronize", e))
-    };
-    once()?; // warm-up (first launches, page mapping of the buffers)
-    let mut ts = Vec::new();
-    for _ in 0..runs.max(1) {
-        let t = Instant::now();
-        once()?;
-        ts.push(t.elapsed().as_secs_f64());
-    }
-    let mut sorted = ts.clone();
-    sorted.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    // The rows the kernels flagged, and the host's exact recompute of them timed once
-    // (forward, and backward with `gr`), outside the kernels' runs.
-    let t = Instant::now();
-    let qkv = [
-        &GpuInput::F32(q.data),
-        &GpuInput::F32(k.data),
-        &GpuInput::F32(v.data),
-    ];
-    let (o, den) = (host(&g.stream, &bf.o)?, host(&g.stream, &bf.den)?);
-    let mut fwd = finish_forward(o, den, planes, beta, qkv, s, causal);
-    if let Some(x) = gr {
-        let mut grads = SoftGrads {
-            dq: host(&g.stream, &bf.dq)?,
-            dk: host(&g.stream, &bf.dk)?,
-            dv: host(&g.stream, &bf.dv)?,
-            dbeta: 0.0,
-        };
-        finish_backward(&fwd, planes, beta, qkv, x, s, causal, &mut grads);
-    }
-    if !fwd.recomputed.rows.is_empty() {
-        fwd.recomputed.seconds = t.elapsed().as_secs_f64();
-    }
-    Ok((sorted[sorted.len() / 2], ts, fwd.recomputed))
-}
-
-/// Measure the device's copy bandwidth and FP32 FMA rate (see [`DeviceCeilings`]).
-pub fn ceilings() -> Result<DeviceCeilings> {
-    let g = gpu()?;
-    let st = &g.stream;
-    let sync = || st.synchronize().map_err(|e| cuda_err("synchronize", e));
-    let name = g.ctx.name().map_err(|e| cuda_err("device name", e))?;
-    // Bandwidth: a 2 GiB device-to-device copy counts 4 GiB moved.
-    let len = 1usize << 29;
-    let src = st
-        .alloc_zeros::<f32>(len)
-        .map_err(|e| cuda_err("alloc copy source", e))?;
-    let mut dst = out_buf(st, len, "alloc copy target")?;
-    let mut bw = 0.0f64;
-    for i in 0..6 {
-        sync()?;
-        let t = Instant::now();
-        st.memcpy_dtod(&src, &mut dst)
-            .map_err(|e| cuda_err("device copy", e))?;
-        sync()?;
-        let s = t.elapsed().as_secs_f64();
-        if i > 0 {
-            bw = bw.max(2.0 * 4.0 * len as f64 / s / 1e9);
-        }
-    }
-    drop((src, dst));
-    // FMA rate: 8 chains × iters FMAs per thread, enough blocks to fill any current GPU.
-    let (blocks, threads, iters) = (16384u32, 256u32, 16384i32);
-    let mut out = out_buf(st, (blocks * threads) as usize, "alloc fma probe")?;
-    let mut flops = 0.0f64;
-    for i in 0..6 {
-        sync()?;
-        let t = Instant::now();
-        let mut b = st.launch_builder(&g.f32k.fma_peak);
-        b.arg(&mut out).arg(&iters);
-        let c = LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (threads, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: matches `race_fma_peak`; `out` holds one float per launched thread.
-        unsafe { b.launch(c) }.map_err(|e| cuda_err("race_fma_peak", e))?;
-        sync()?;
-        let s = t.elapsed().as_secs_f64();
-        if i > 0 {
-            let n = 2.0 * 8.0 * iters as f64 * (blocks * threads) as f64;
-            flops = flops.max(n / s / 1e9);
-        }
-    }
-    let probe = host(st, &out)?;
-    if probe.iter().any(|x| !x.is_finite()) {
-        return Err(RaceError::Cuda(
-            "the FMA probe produced non-finite values".into(),
-        ));
-    }
-    Ok(DeviceCeilings {
-        name,
-        bandwidth_gbs: bw,
-        fp32_gflops: flops,
-        switches: super::switches(),
-    })
-}
+// The resident problem and the probes a benchmark times: a child module, so it reaches the
+// context, buffers and launches above without widening their visibility.
+#[path = "resident.rs"]
+mod resident;
+pub use resident::{copy_seconds, device_name, fma_seconds, Resident};

@@ -10,7 +10,7 @@
 //!   of [`TILE`] tokens, every step block-parallel (coalesced row loads, split projections,
 //!   one thread per element for the nonlinear steps, register-blocked products: columns over
 //!   lanes for the wide ones, a block of outputs per thread for the narrow ones). On an H200
-//!   (run 4, `figures/bench/gpu/`) it beat warp-per-chunk on every measured row, e.g.
+//!   (`docs/performance.md`) it beat warp-per-chunk on every measured row, e.g.
 //!   forward+backward at (2,2), 2^20 per head: 15.0 ms against 32.4 ms;
 //! - **warp-per-chunk**: one warp walks one chunk of one head token by token with warp-level
 //!   steps only; a block holds up to 8 such warps, as many as the shared memory allows when
@@ -27,8 +27,9 @@
 //! and recomputed exactly on the host ([`finish_forward`], [`finish_backward`]): the GPU
 //! never returns such a row unflagged.
 
+use crate::backend::{Decode, Device, Forward, Heads, PlanesF32, RaceParams, SoftGrads, SoftRace};
 use crate::cpu::recompute::{self, Recomputed};
-use crate::cpu::{Heads, PlanesF32, SoftGrads};
+
 use crate::error::{RaceError, Result};
 
 /// The CUDA C source of all kernels (compiled with NVRTC at run time).
@@ -70,21 +71,6 @@ pub const KERNELS: [&str; 14] = [
     "race_bwd_k_tile_causal",
     "race_fma_peak",
 ];
-
-/// The device's measured limits, against which GPU benchmark rows are floored.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct DeviceCeilings {
-    /// The device's name as the driver reports it.
-    pub name: String,
-    /// Device-to-device copy bandwidth, bytes read plus bytes written, GB/s (best of 5 copies
-    /// of 2 GiB).
-    pub bandwidth_gbs: f64,
-    /// FP32 FMA rate, GFLOP/s (best of 5 launches of `race_fma_peak`).
-    pub fp32_gflops: f64,
-    /// The kernel switches in force (`RACELAB_CUDA_PATH`, `RACELAB_CUDA_CHUNK`,
-    /// `RACELAB_CUDA_DEFINES`; empty when none is set), so a GPU row says which kernels made it.
-    pub switches: Vec<String>,
-}
 
 /// The CUDA environment switches that are set, as `NAME=value`.
 pub fn switches() -> Vec<String> {
@@ -494,6 +480,7 @@ fn check_input_finite(name: &str, x: &GpuInput) -> Result<()> {
 }
 
 /// [`check_input_finite`] for the upstream gradient `g`.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) fn check_grad_finite(g: &[f32]) -> Result<()> {
     check_input_finite("g", &GpuInput::F32(g))
 }
@@ -501,9 +488,114 @@ pub(crate) fn check_grad_finite(g: &[f32]) -> Result<()> {
 #[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
-pub use device::{ceilings, ensure_device, soft_backward, soft_forward, time_soft};
+pub use device::{
+    copy_seconds, device_name, ensure_device, fma_seconds, soft_backward, soft_forward, Resident,
+};
 
 #[cfg(not(feature = "cuda"))]
 mod stub;
 #[cfg(not(feature = "cuda"))]
-pub use stub::{ceilings, ensure_device, soft_backward, soft_forward, time_soft};
+pub use stub::{
+    copy_seconds, device_name, ensure_device, fma_seconds, soft_backward, soft_forward, Resident,
+};
+
+/// The CUDA kernels behind the backend contract ([`crate::backend::SoftRace`]): f32 inputs
+/// copied to the device, the rows the kernels flag recomputed exactly on the host. Built
+/// without the `cuda` feature every call returns the no-device error. The kernels have no
+/// recurrent decoder (one token per launch would leave the card idle): [`SoftRace::decoder`]
+/// says so and names the backends that have one.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CudaRace;
+
+impl CudaRace {
+    fn shape(params: &RaceParams, q: &Heads, k: &Heads, v: &Heads) -> Result<GpuShape> {
+        if params.combine != crate::params::Combine::Paper {
+            return Err(RaceError::param(
+                "combine",
+                "the authors' combine rule has no kernel; use --device reference or --combine paper",
+            ));
+        }
+        if q.n != k.n {
+            return Err(RaceError::shape(
+                "k",
+                "the CUDA kernels need as many keys as queries",
+            ));
+        }
+        Ok(GpuShape {
+            heads: q.heads,
+            n: q.n,
+            d: q.cols,
+            dv: v.cols,
+        })
+    }
+}
+
+impl SoftRace for CudaRace {
+    fn device(&self) -> Device {
+        Device::Cuda
+    }
+
+    fn forward(
+        &self,
+        params: &RaceParams,
+        planes: &PlanesF32,
+        q: Heads,
+        k: Heads,
+        v: Heads,
+    ) -> Result<Forward> {
+        crate::backend::check(params, planes, &q, &k, &v, None)?;
+        let s = Self::shape(params, &q, &k, &v)?;
+        let f = soft_forward(
+            planes,
+            params.beta as f32,
+            GpuInput::F32(q.data),
+            GpuInput::F32(k.data),
+            GpuInput::F32(v.data),
+            s,
+            params.causal,
+        )?;
+        Ok(Forward {
+            o: f.o,
+            empty_rows: f.empty_rows,
+            recomputed: f.recomputed,
+        })
+    }
+
+    fn forward_backward(
+        &self,
+        params: &RaceParams,
+        planes: &PlanesF32,
+        q: Heads,
+        k: Heads,
+        v: Heads,
+        g: Heads,
+    ) -> Result<(Forward, SoftGrads)> {
+        crate::backend::check(params, planes, &q, &k, &v, Some(&g))?;
+        let s = Self::shape(params, &q, &k, &v)?;
+        let (f, grads) = soft_backward(
+            planes,
+            params.beta as f32,
+            GpuInput::F32(q.data),
+            GpuInput::F32(k.data),
+            GpuInput::F32(v.data),
+            g.data,
+            s,
+            params.causal,
+        )?;
+        let fwd = Forward {
+            o: f.o,
+            empty_rows: f.empty_rows,
+            recomputed: f.recomputed,
+        };
+        Ok((fwd, grads))
+    }
+
+    fn decoder(&self, _: &RaceParams, _: &PlanesF32, _: usize) -> Result<Box<dyn Decode>> {
+        ensure_device()?;
+        Err(RaceError::param(
+            "device",
+            "the CUDA backend has no recurrent decoder (one token per launch leaves the card idle); \
+             decode with --device cpu or reference",
+        ))
+    }
+}

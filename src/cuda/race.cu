@@ -554,8 +554,8 @@ extern "C" __global__ void race_bwd_k(const in_t* Q, const in_t* K, const in_t* 
 
 // The k loop of tile_mma for NA row blocks and NB column blocks, both known at compile time,
 // so the loop body is straight loads and FMAs: no per-step branches, and offsets into sh
-// rather than generic pointers, so no address-space conversions inside the loop (run 3's
-// profile: a step of the old loop issued about 140 instructions for 20 FMAs).
+// rather than generic pointers, so no address-space conversions inside the loop (a generic
+// loop issues about 140 instructions per step for 20 FMAs).
 template <int RM, int NA, int NB>
 __device__ __forceinline__ void tile_mma_k(float (&acc)[RM][TC], int ao, int ars, int aks, int b0, int bcs, int nc,
                                            int bks, int nk) {

@@ -1,7 +1,8 @@
 //! Built without the `cuda` feature: every entry point says so.
 
 use super::{GpuForward, GpuInput, GpuShape};
-use crate::cpu::{Heads, PlanesF32, SoftGrads};
+use crate::backend::{Heads, PlanesF32, SoftGrads};
+
 use crate::error::{RaceError, Result};
 
 fn off() -> RaceError {
@@ -40,20 +41,36 @@ pub fn soft_backward(
     Err(off())
 }
 
-#[allow(clippy::too_many_arguments)]
-pub fn time_soft(
-    _: &PlanesF32,
-    _: f32,
-    _: Heads,
-    _: Heads,
-    _: Heads,
-    _: Option<&[f32]>,
-    _: bool,
-    _: usize,
-) -> Result<(f64, Vec<f64>, crate::cpu::recompute::Recomputed)> {
+/// Built without the `cuda` feature: no problem can be made resident.
+pub struct Resident<'a>(std::marker::PhantomData<&'a ()>);
+
+impl<'a> Resident<'a> {
+    pub fn new(
+        _: &'a PlanesF32,
+        _: f32,
+        _: Heads<'a>,
+        _: Heads<'a>,
+        _: Heads<'a>,
+        _: Option<&'a [f32]>,
+    ) -> Result<Self> {
+        Err(off())
+    }
+    pub fn run(&mut self, _: bool) -> Result<()> {
+        Err(off())
+    }
+    pub fn recompute(&self, _: bool) -> Result<crate::cpu::recompute::Recomputed> {
+        Err(off())
+    }
+}
+
+pub fn device_name() -> Result<String> {
     Err(off())
 }
 
-pub fn ceilings() -> Result<super::DeviceCeilings> {
+pub fn copy_seconds(_: usize, _: usize) -> Result<Vec<f64>> {
+    Err(off())
+}
+
+pub fn fma_seconds(_: u32, _: u32, _: i32, _: usize) -> Result<Vec<f64>> {
     Err(off())
 }

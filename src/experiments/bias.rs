@@ -6,10 +6,10 @@
 //! seeded Monte Carlo and by panel refinement. See `proofs-notes/soft-bias.md`.
 
 use super::{f, fig, load_config, read_csv, write_csv, Claim, Ctx, ExpResult, Measure};
-use crate::bench::loglog_slope;
 use crate::error::Result;
 use crate::plot::{line_plot, LinePlot, Series};
 use crate::reference::expected::{expected_g, monte_carlo_g, GTable};
+use crate::stats::loglog_slope;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::f64::consts::PI;

@@ -14,13 +14,13 @@ use super::{
     data, f, fig, load_config, quantile, read_csv, write_csv, Claim, Ctx, ExpResult, Measure,
 };
 use crate::analysis::metrics::frob;
-use crate::bench::loglog_slope;
 use crate::error::Result;
 use crate::hashing::Planes;
 use crate::params::Combine;
 use crate::plot::{line_plot, LinePlot, Series};
 use crate::reference::angular::angular_attention;
 use crate::reference::expected::GTable;
+use crate::stats::loglog_slope;
 use crate::tensor::Mat;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};

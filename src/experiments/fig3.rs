@@ -7,12 +7,12 @@
 //! leaving the soft-hash bias `‖g^P − κ^P‖_F/‖κ^P‖_F`, reported as the floor.
 
 use super::{claim_id, data, f, load_config, write_csv, Claim, Ctx, ExpResult, Measure};
-use crate::bench::loglog_slope;
 use crate::error::Result;
 use crate::hashing::{soft_feature_bank, Planes};
 use crate::reference::angular::{angular_matrix, kappa};
 use crate::reference::expected::GTable;
 use crate::reference::kernels::{hard_matrix, soft_matrix};
+use crate::stats::loglog_slope;
 use crate::tensor::Mat;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};

@@ -13,6 +13,7 @@ pub mod lemma10;
 pub mod limit;
 pub mod rank;
 pub mod real;
+pub mod registry;
 pub mod report;
 pub mod theorem;
 pub mod tradeoff;
@@ -205,18 +206,7 @@ pub fn fig(ctx: &Ctx, stem: &str) -> PathBuf {
     ctx.out.join(stem)
 }
 
-/// Quantile (linear interpolation) of unsorted data.
-pub fn quantile(v: &[f64], q: f64) -> f64 {
-    let mut s: Vec<f64> = v.iter().cloned().filter(|x| x.is_finite()).collect();
-    if s.is_empty() {
-        return f64::NAN;
-    }
-    s.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let t = q * (s.len() - 1) as f64;
-    let i = t.floor() as usize;
-    let j = (i + 1).min(s.len() - 1);
-    s[i] + (t - i as f64) * (s[j] - s[i])
-}
+pub use crate::stats::quantile;
 
 /// The relative path used in REPORT.md for a figure stem.
 pub fn rel(out: &Path, stem: &str) -> String {

@@ -22,7 +22,6 @@ use super::{
     Measure,
 };
 use crate::analysis::metrics::{frob, rms_row_err};
-use crate::bench::loglog_slope;
 use crate::error::Result;
 use crate::hashing::Planes;
 use crate::params::Combine;
@@ -30,6 +29,7 @@ use crate::plot::{line_plot, LinePlot, Series};
 use crate::reference::angular::{angular_attention, kappa};
 use crate::reference::expected::GTable;
 use crate::reference::kernels::kernel_attention;
+use crate::stats::loglog_slope;
 use crate::tensor::Mat;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};

@@ -18,7 +18,8 @@ use super::{
     ExpResult, Measure,
 };
 use crate::analysis::metrics::{frob, rms_row_err};
-use crate::cpu::{detected_isa, soft_forward, Heads, PlanesF32, SoftMap};
+use crate::backend::{Heads, PlanesF32};
+use crate::cpu::{detected_isa, soft_forward, SoftMap};
 use crate::error::Result;
 use crate::hashing::Planes;
 use crate::params::Combine;

@@ -239,19 +239,7 @@ pub fn judge(test: &Test, m: &Measure) -> Result<(Verdict, String)> {
     })
 }
 
-/// Mean and standard error of the mean.
-pub fn mean_se(x: &[f64]) -> (f64, f64) {
-    let n = x.len() as f64;
-    if x.is_empty() {
-        return (f64::NAN, f64::NAN);
-    }
-    let m = x.iter().sum::<f64>() / n;
-    if x.len() < 2 {
-        return (m, f64::INFINITY);
-    }
-    let v = x.iter().map(|y| (y - m).powi(2)).sum::<f64>() / (n - 1.0);
-    (m, (v / n).sqrt())
-}
+pub use crate::stats::mean_se;
 
 /// One claim as stated in `experiments/claims.toml`.
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -13,6 +13,7 @@
 #![allow(clippy::needless_range_loop)]
 
 pub mod angular;
+pub mod backend;
 pub mod backward;
 pub mod baselines;
 pub mod expected;
@@ -20,6 +21,8 @@ pub mod kernels;
 pub mod logdomain;
 pub mod race;
 pub mod softmax;
+
+pub use backend::ReferenceRace;
 
 use crate::tensor::Mat;
 

@@ -1,0 +1,88 @@
+//! The types every backend shares: inputs as `[heads, n, cols]` f32 rows ([`Heads`]), planes
+//! rounded to f32 ([`PlanesF32`]) and the gradients of a scalar loss ([`SoftGrads`]).
+
+use crate::hashing::Planes;
+
+/// `[heads, n, cols]` row-major f32 input.
+#[derive(Debug, Clone, Copy)]
+pub struct Heads<'a> {
+    pub heads: usize,
+    pub n: usize,
+    pub cols: usize,
+    pub data: &'a [f32],
+}
+
+impl<'a> Heads<'a> {
+    pub fn new(heads: usize, n: usize, cols: usize, data: &'a [f32]) -> Self {
+        assert_eq!(data.len(), heads * n * cols, "Heads: len != heads*n*cols");
+        Heads {
+            heads,
+            n,
+            cols,
+            data,
+        }
+    }
+    #[inline(always)]
+    pub fn row(&self, h: usize, i: usize) -> &'a [f32] {
+        let o = (h * self.n + i) * self.cols;
+        &self.data[o..o + self.cols]
+    }
+}
+
+/// Planes rounded to f32, `[L, P, d]`.
+#[derive(Debug, Clone)]
+pub struct PlanesF32 {
+    pub l: usize,
+    pub p: usize,
+    pub d: usize,
+    pub w: Vec<f32>,
+}
+
+impl PlanesF32 {
+    pub fn from_planes(p: &Planes) -> Self {
+        PlanesF32 {
+            l: p.l,
+            p: p.p,
+            d: p.d,
+            w: p.w.iter().map(|&x| x as f32).collect(),
+        }
+    }
+    /// The f64 planes holding exactly these f32 values (for references on the same planes).
+    pub fn to_planes(&self) -> Planes {
+        Planes {
+            l: self.l,
+            p: self.p,
+            d: self.d,
+            w: self.w.iter().map(|&x| x as f64).collect(),
+        }
+    }
+    #[inline(always)]
+    pub fn row(&self, l: usize, p: usize) -> &[f32] {
+        let o = (l * self.p + p) * self.d;
+        &self.w[o..o + self.d]
+    }
+    pub fn r(&self) -> usize {
+        1 << self.p
+    }
+}
+
+/// Gradients of a scalar loss with respect to the soft-RACE inputs.
+#[derive(Debug, Clone)]
+pub struct SoftGrads {
+    pub dq: Vec<f32>,
+    pub dk: Vec<f32>,
+    pub dv: Vec<f32>,
+    pub dbeta: f64,
+}
+
+impl SoftGrads {
+    /// Zeroed gradient buffers shaped like `q`, `k`, `v`.
+    pub fn zeros(q: Heads, k: Heads, v: Heads) -> Self {
+        SoftGrads {
+            dq: vec![0.0; q.data.len()],
+            dk: vec![0.0; k.data.len()],
+            dv: vec![0.0; v.data.len()],
+            dbeta: 0.0,
+        }
+    }
+}

@@ -1,0 +1,573 @@
+//! Machinery shared by the causal passes: block ([`TB`]) and sub-block ([`TC`]) sizes, the
+//! two-level state (f64 base plus f32 block-local sum), masks, Gram products and the
+//! per-thread scratch.
+
+use crate::backend::Heads;
+use crate::cpu::bank16::{self, Mass, Read, Update};
+use crate::cpu::features::{FeatureMap, SoftMap};
+use crate::cpu::gemm::{gemm, gemm_nt, gemm_nt2, Gemm, Strided, Tri};
+use crate::cpu::mem::{ABuf, Ahead};
+use crate::cpu::simd::{dispatch, in_frame, Isa, Simd, WithSimd};
+use crate::cpu::soft::backward::GFactors;
+use crate::cpu::soft::banks::{gemm_ext, inv_den, rows_of, saved_rows};
+use crate::cpu::soft::block::Block;
+use crate::cpu::soft::causal_backward::query_intra16;
+use crate::cpu::soft::probs::pad16;
+use crate::cpu::state::Bank;
+
+/// Tokens per causal block: the features, their backward and the input gradients are computed
+/// for a block at once (measured: 128 is 5–9% faster than 64, the non-causal block); the
+/// state is read and updated per sub-block inside it, and its f32 part still moves into f64
+/// every `TB` tokens (measured: a fold every 64 tokens cost about 100 cycles per token and
+/// head at `(4, 4)`, about 70 every 128; the f32 part then sums at most 128 tokens).
+pub const TB: usize = 128;
+
+/// Tokens per causal sub-block (the intra-block products are `TC × TC`, stored with row
+/// stride `TC`). They cost about `TC·dv` per token and the per-sub-block work (state read
+/// and update) about `m·w/TC`; measured with blocks of [`TB`] (when the state
+/// was still read through a refreshed copy), 16 is fastest for every `(P, L)` of the paper
+/// (8 and 32 are 3–12% slower).
+pub const TC: usize = 16;
+
+/// How [`mask`] scales the entries it keeps.
+#[derive(Clone, Copy)]
+pub(crate) enum Scale<'a> {
+    None,
+    /// Column `j` by `x[j]`.
+    Cols(&'a [f32]),
+    /// Row `i` by `x[i]`.
+    Rows(&'a [f32]),
+}
+
+/// Zero the entries above (`lower = true`: keep `j ≤ i`) or below (keep `j ≥ i`) the diagonal
+/// of a `rows × rows` matrix with row stride [`TC`], and scale the kept entries.
+pub(crate) fn mask(isa: Isa, a: &mut [f32], rows: usize, lower: bool, scale: Scale) {
+    let ones = [1.0f32; TC];
+    let (c, r) = match scale {
+        Scale::None => (&ones[..rows], &ones[..rows]),
+        Scale::Cols(x) => (&x[..rows], &ones[..rows]),
+        Scale::Rows(x) => (&ones[..rows], &x[..rows]),
+    };
+    in_frame(
+        isa,
+        #[inline(always)]
+        || {
+            for (i, &ri) in r.iter().enumerate() {
+                let row = &mut a[i * TC..i * TC + rows];
+                for (j, (x, &cj)) in row.iter_mut().zip(c).enumerate() {
+                    let off = if lower { j > i } else { j < i };
+                    *x = if off { 0.0 } else { *x * cj * ri };
+                }
+            }
+        },
+    )
+}
+
+/// The two-level [`Bank`] (f64 base, f32 block-local part). Products read the state as
+/// `base32 + local` inside their tiles ([`Gemm::b2`], [`gemm_nt2`]): a refreshed copy of the sum
+/// per sub-block cost about 170 cycles per token and head at `(4, 4)` in each pass, measured.
+///
+/// After [`TwoLevel::restart`] at a saved block-start state it is one f32 matrix (`local`,
+/// the saved state plus the block's tokens so far): it is only needed within the block, so at
+/// most `TB/TC − 1` f32 additions at the state's scale round it before the next restart, and
+/// the products read half the bytes.
+pub(crate) struct TwoLevel {
+    pub(crate) isa: Isa,
+    pub(crate) bank: Bank,
+    /// Restarted: `local` is the whole state, and there is no f64 part.
+    pub(crate) single: bool,
+}
+
+impl TwoLevel {
+    pub(crate) fn new(isa: Isa, m: usize, w: usize, base: &[f64]) -> Self {
+        TwoLevel {
+            isa,
+            bank: Bank::new(m, w, Some(base)),
+            single: false,
+        }
+    }
+    /// Restart at a block-start state saved by the forward ([`Ctx::states`]), copied into
+    /// `local` as the whole state. Tokens are then added but never folded (no
+    /// [`TwoLevel::tick`]).
+    pub(crate) fn restart(&mut self, saved: &[f32]) {
+        self.bank.local.copy_from_slice(saved);
+        self.single = true;
+    }
+    /// The two parts `(f32(base), local)` whose sum is the state (after a restart: `local`
+    /// alone, as the first part, and an empty second part).
+    pub(crate) fn parts(&self) -> (&[f32], &[f32]) {
+        if self.single {
+            (&self.bank.local, &[])
+        } else {
+            (&self.bank.base32, &self.bank.local)
+        }
+    }
+    /// Whether [`TwoLevel::read_update`] runs ([`bank16::applies`]: AVX-512, at most 16
+    /// features, so feature rows are 16 floats).
+    pub(crate) fn fused(&self) -> bool {
+        bank16::applies(self.isa, self.bank.m)
+    }
+    /// [`bank16::read_update`] on this state (`f32(base) + local`, or `local` alone after a
+    /// restart); only when [`TwoLevel::fused`].
+    pub(crate) fn read_update(&mut self, dv: usize, read: Option<Read>, update: Option<Update>) {
+        let (isa, m, w) = (self.isa, self.bank.m, self.bank.w);
+        let bank = &mut self.bank;
+        let base: &[f32] = if self.single { &[] } else { &bank.base32 };
+        bank16::read_update(isa, m, dv, (base, &mut bank.local, w), read, update);
+    }
+    /// `local (+)= Φᵀ X̂` for a sub-block's feature rows `phi` (row stride `mp`) and value rows
+    /// `x` (stride `dv`), the ones column included ([`gemm_ext`], or [`bank16`]).
+    pub(crate) fn add_tokens(&mut self, phi: &[f32], mp: usize, rows: usize, x: &[f32], dv: usize) {
+        let (m, w) = (self.bank.m, self.bank.w);
+        if self.fused() {
+            let (b, mass) = (phi, Mass::Ones);
+            let update = Update {
+                b,
+                rows,
+                x,
+                ldx: dv,
+                mass,
+            };
+            return self.read_update(dv, None, Some(update));
+        }
+        let pt = Strided::transposed(phi, mp);
+        gemm_ext(
+            self.isa,
+            &mut self.bank.local,
+            w,
+            m,
+            rows,
+            pt,
+            x,
+            dv,
+            1.0,
+            true,
+        );
+    }
+    /// `D = X S` for `rows` rows of `x` (`rows × m`, row stride `ldx`) and the state `S`
+    /// (`m × w`), into `d` (row stride `w`, first `cols` columns).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn product(
+        &self,
+        d: &mut [f32],
+        rows: usize,
+        cols: usize,
+        x: &[f32],
+        ldx: usize,
+        ldd: usize,
+    ) {
+        let (b, b2) = self.parts();
+        Gemm {
+            d,
+            ldd,
+            rows,
+            cols,
+            k: self.bank.m,
+            a: Strided::rows(x, ldx),
+            b,
+            b2: Some(b2).filter(|x| !x.is_empty()),
+            ldb: self.bank.w,
+            alpha: 1.0,
+            accumulate: false,
+            tri: Tri::Full,
+        }
+        .run(self.isa)
+    }
+    /// `out[i·ldo + f] = x_i · B_f` for `rows` rows `x` (stride `dv`) and the state's value rows.
+    pub(crate) fn dots(&self, out: &mut [f32], ldo: usize, rows: usize, x: &[f32], dv: usize) {
+        let (isa, m, w) = (self.isa, self.bank.m, self.bank.w);
+        gemm_nt2(
+            isa,
+            Tri::Full,
+            out,
+            ldo,
+            rows,
+            m,
+            dv,
+            x,
+            dv,
+            self.parts(),
+            w,
+        );
+    }
+    /// The state's mass column `A_f = S[f][dv]` (contiguous).
+    pub(crate) fn masses(&self, dv: usize, out: &mut Vec<f32>) {
+        let (b, b2) = self.parts();
+        let w = self.bank.w;
+        let local = |f: usize| b2.get(f * w + dv).copied().unwrap_or(0.0);
+        out.clear();
+        out.extend((0..self.bank.m).map(|f| b[f * w + dv] + local(f)));
+    }
+    /// Count `rows` tokens; fold the f32 part into f64 every [`TB`] tokens.
+    pub(crate) fn tick(&mut self, rows: usize) {
+        debug_assert!(!self.single, "a restarted state is never folded");
+        let bank = &mut self.bank;
+        in_frame(
+            self.isa,
+            #[inline(always)]
+            || bank.tick_rows(rows, TB),
+        );
+    }
+}
+
+/// Scratch for one block of [`TB`] tokens (features, `∂ℓ/∂φ`, `c`, `s`) and its sub-blocks.
+pub(crate) struct Scratch {
+    pub(crate) kb: Block,
+    pub(crate) qb: Block,
+    pub(crate) att: ABuf,      // TC × TC
+    pub(crate) qk: ABuf,       // TC × TC: Φ_Q Φ_Kᵀ (backward, for s)
+    pub(crate) attb: ABuf, // TB × TC: the block's scaled `tril(Ĝ X̂ᵀ)`, one TC × TC per sub-block
+    pub(crate) qkb: ABuf,  // TB × TC: the block's `c ⊙ tril(Φ_Q Φ_Kᵀ)`, likewise
+    pub(crate) acc: ABuf,  // TC × w
+    pub(crate) gphi: ABuf, // TB × mp
+    pub(crate) sphi: Vec<f32>, // TC × m
+    pub(crate) c: Vec<f32>, // TB
+    pub(crate) s: Vec<f32>, // TB
+    pub(crate) mass: Vec<f32>, // m: the state's mass column
+}
+
+impl Scratch {
+    pub(crate) fn new(map: &SoftMap, isa: Isa, w: usize) -> Self {
+        let (m, mp) = (map.width(), pad16(map.width()));
+        Scratch {
+            kb: Block::with_rows(map, isa, TB),
+            qb: Block::with_rows(map, isa, TB),
+            att: ABuf::zeroed(TC * TC),
+            qk: ABuf::zeroed(TC * TC),
+            attb: ABuf::zeroed(TB * TC),
+            qkb: ABuf::zeroed(TB * TC),
+            acc: ABuf::zeroed(TC * w),
+            gphi: ABuf::zeroed(TB * mp),
+            sphi: vec![0.0; TC * m],
+            c: vec![0.0; TB],
+            s: vec![0.0; TB],
+            mass: Vec::with_capacity(m),
+        }
+    }
+}
+
+/// The inputs of the causal backward passes (`uq`, `uk`: the forward's saved `u`, or empty).
+pub(crate) struct Io<'a> {
+    pub(crate) map: &'a SoftMap<'a>,
+    pub(crate) q: Heads<'a>,
+    pub(crate) k: Heads<'a>,
+    pub(crate) v: Heads<'a>,
+    pub(crate) g: Heads<'a>,
+    pub(crate) den: &'a [f32],
+    pub(crate) uq: &'a [f32],
+    pub(crate) uk: &'a [f32],
+}
+
+impl Scratch {
+    /// Start block `a..b` of head `h`: both feature blocks (from the saved `u` when there is
+    /// one) and `c`; with `s_all` (`[heads, n]`, the query pass's `s_i = g_i·ô_i`) also `s`.
+    /// Returns the [`Ahead`] drip armed with the rows of `next`.
+    pub(crate) fn load<'a>(
+        &mut self,
+        io: &Io<'a>,
+        h: usize,
+        (a, b): (usize, usize),
+        next: (usize, usize),
+        s_all: Option<&[f32]>,
+        extra: &'a [f32],
+    ) -> Ahead<'a> {
+        let (n, lp) = (io.q.n, io.map.planes.l * io.map.planes.p);
+        let (uq, uk) = (
+            saved_rows(io.uq, n, lp, h, a, b),
+            saved_rows(io.uk, n, lp, h, a, b),
+        );
+        let ahead_of = |x: &Heads<'a>| rows_of(x, h, next.0, next.1);
+        let mut parts: [&[f32]; 5] = [ahead_of(&io.v), ahead_of(&io.g), &[], &[], extra];
+        if uq.is_none() {
+            parts[2] = ahead_of(&io.q);
+        }
+        if uk.is_none() {
+            parts[3] = ahead_of(&io.k);
+        }
+        let mut ahead = Ahead::new(&parts);
+        ahead.step();
+        self.kb
+            .features_of(io.map, rows_of(&io.k, h, a, b), uk, b - a);
+        self.qb
+            .features_of(io.map, rows_of(&io.q, h, a, b), uq, b - a);
+        let m = io.map.width();
+        if m <= GRAM_T_MAX_M {
+            self.kb.features_t(m, b - a);
+            self.qb.features_t(m, b - a);
+        }
+        let inv_l = 1.0 / io.map.planes.l as f32;
+        inv_den(&io.den[h * n + a..h * n + b], inv_l, &mut self.c);
+        if let Some(s) = s_all {
+            self.s[..b - a].copy_from_slice(&s[h * n + a..h * n + b]);
+        }
+        ahead
+    }
+
+    /// The queries' half of the loaded block's sub-block `off..off + r2` (value and gradient
+    /// rows `vb`, `gb`, `dv` wide) against the prefix state `st`: `∂ℓ/∂φ_q = Ĝ Sᵀ + tril(Ĝ X̂ᵀ) Φ_K`
+    /// into `gphi` and `s_i` into `s`. From `g_i·S_f`, `g_i·v_j` and `φ(q_i)·φ(k_j)`,
+    /// `ô_i = (Φ_Q S + tril(Φ_Q Φ_Kᵀ) X̂)_i / Den_i` gives
+    /// `s_i = c_i (Σ_f φ_if (g_i·S_f) + Σ_{j≤i} (φ_i·φ_j)(g_i·v_j))`. The scaled `tril(Ĝ X̂ᵀ)`
+    /// and `c ⊙ tril(Φ_Q Φ_Kᵀ)` (zeros above the diagonal) are left in `att` and `qk`, or
+    /// with `keep = Some(j)` in slot `j` of `attb` and `qkb`, for the keys' half. With
+    /// AVX-512 and at most 16 features the steps after `g·S` and `G Vᵀ` are one row pass
+    /// ([`query_intra16`]).
+    pub(crate) fn query_sub_block(
+        &mut self,
+        isa: Isa,
+        st: &TwoLevel,
+        (off, r2): (usize, usize),
+        (vb, gb, dv): (&[f32], &[f32], usize),
+        keep: Option<usize>,
+    ) {
+        let (mp, m) = (self.kb.mp, st.bank.m);
+        let (att, qk) = match keep {
+            Some(j) => (
+                &mut self.attb[j * TC * TC..(j + 1) * TC * TC],
+                &mut self.qkb[j * TC * TC..(j + 1) * TC * TC],
+            ),
+            None => (&mut self.att[..], &mut self.qk[..]),
+        };
+        let (pq, pk) = (&self.qb.phi[off * mp..], &self.kb.phi[off * mp..]);
+        let gphi = &mut self.gphi[off * mp..];
+        st.dots(gphi, mp, r2, gb, dv);
+        gram(isa, att, gb, dv, vb, dv, r2, dv, true);
+        st.masses(dv, &mut self.mass);
+        let pkt = (&self.kb.phit()[off..], self.kb.tp());
+        let (c, s) = (&self.c[off..off + r2], &mut self.s[off..off + r2]);
+        let rows16 = (pq, pk, pkt, mp);
+        if query_intra16(isa, rows16, m, r2, (gphi, att, qk), (c, s), &self.mass) {
+            return;
+        }
+        feature_gram(isa, qk, (pq, pk, pkt, mp), m, r2, true);
+        let (qk_r, gphi_r, att_r) = (&*qk, &*gphi, &*att);
+        dispatch(
+            isa,
+            CausalS {
+                pq,
+                gphi: gphi_r,
+                mp,
+                m,
+                qk: qk_r,
+                att: att_r,
+                c,
+                s,
+            },
+        );
+        let f = GFactors::of(c, s, gb, dv);
+        f.scale_phi_grads(isa, gphi, mp, r2, &self.mass);
+        scale_gv(isa, att, r2, f.c, f.s, true);
+        tri_gemm(isa, gphi, mp, r2, mp, sub(att), pk, mp, 1.0, true);
+        mask(isa, qk, r2, true, Scale::Rows(f.c));
+    }
+}
+
+/// A sub-block's feature rows `x`, `y` (row stride `mp`), `y` transposed with its row
+/// stride, and `mp`: `(x, y, (yt, ldt), mp)`.
+pub(crate) type FeatureRows<'a> = (&'a [f32], &'a [f32], (&'a [f32], usize), usize);
+
+/// The sub-blocks of `a..b` of at most `tc` tokens, in order or (`rev`) from the end.
+pub(crate) fn sub_blocks(a: usize, b: usize, tc: usize, rev: bool) -> Vec<(usize, usize)> {
+    let mut out: Vec<(usize, usize)> = (a..b).step_by(tc).map(|x| (x, (x + tc).min(b))).collect();
+    if rev {
+        // From the end: the short sub-block (if any) comes last.
+        out = (0..out.len())
+            .map(|i| (b.saturating_sub((i + 1) * tc).max(a), b - i * tc))
+            .collect();
+    }
+    out
+}
+
+/// The blocks of [`TB`] tokens of a segment, in order or (`rev`) from the end.
+pub(crate) fn blocks(start: usize, end: usize, rev: bool) -> Vec<(usize, usize)> {
+    sub_blocks(start, end, TB, rev)
+}
+
+/// `att[i][j] = x_i · y_j` (row stride [`TC`]) on the triangle that is kept (`lower`:
+/// `j ≤ i`, else `j ≥ i`); entries off it may be written too, and [`mask`] clears them.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gram(
+    isa: Isa,
+    att: &mut [f32],
+    x: &[f32],
+    ldx: usize,
+    y: &[f32],
+    ldy: usize,
+    rows: usize,
+    k: usize,
+    lower: bool,
+) {
+    let tri = if lower { Tri::Lower } else { Tri::Upper };
+    gemm_nt(isa, tri, att, TC, rows, rows, k, x, ldx, y, ldy);
+}
+
+/// Banks of at most this many features take their `Φ Φᵀ` grams from a transposed copy of
+/// the block's features ([`feature_gram`]).
+pub(crate) const GRAM_T_MAX_M: usize = 16;
+
+/// `att[i][j] = φ_i · ψ_j` for a sub-block's feature rows `x`, `y` (row stride `mp`) on the
+/// triangle kept (`lower` as in [`gram`]; entries off it may be written too). For at most
+/// [`GRAM_T_MAX_M`] features, a register-tiled product with `yt`, `ψ` transposed (row stride
+/// `ldt`, the sub-block's first token in column 0): there the dot products do one 16-lane
+/// step per tile and then a 16-way reduction, which costs more than the arithmetic. Measured
+/// (one core, medians of alternated runs): causal forward+backward at `(2, 2)` 1613 → 1576
+/// cycles per token and head; at `(3, 3)` (`m = 24`) no change, at `(4, 4)` slower, hence
+/// the limit. Else [`gram`].
+pub(crate) fn feature_gram(
+    isa: Isa,
+    att: &mut [f32],
+    (x, y, (yt, ldt), mp): FeatureRows,
+    m: usize,
+    rows: usize,
+    lower: bool,
+) {
+    if m > GRAM_T_MAX_M {
+        return gram(isa, att, x, mp, y, mp, rows, mp, lower);
+    }
+    gemm(
+        isa,
+        att,
+        TC,
+        rows,
+        rows,
+        m,
+        Strided::rows(x, mp),
+        yt,
+        ldt,
+        1.0,
+        false,
+    );
+}
+
+/// `D += α A B` for a masked `rows × rows` block `A` (a sub-block matrix with row stride
+/// [`TC`], or its transpose), lower- or upper-triangular (the [`Gemm`] tiles skip the zero
+/// triangle).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn tri_gemm(
+    isa: Isa,
+    d: &mut [f32],
+    ldd: usize,
+    rows: usize,
+    cols: usize,
+    att: Strided,
+    b: &[f32],
+    ldb: usize,
+    alpha: f32,
+    lower: bool,
+) {
+    Gemm {
+        d,
+        ldd,
+        rows,
+        cols,
+        k: rows,
+        a: att,
+        b,
+        b2: None,
+        ldb,
+        alpha,
+        accumulate: true,
+        tri: if lower { Tri::Lower } else { Tri::Upper },
+    }
+    .run(isa)
+}
+
+/// A sub-block matrix (row stride [`TC`]) as a product operand.
+pub(crate) fn sub(att: &[f32]) -> Strided<'_> {
+    Strided::rows(att, TC)
+}
+
+/// The transpose of a sub-block matrix (row stride [`TC`]) as a product operand.
+pub(crate) fn sub_t(att: &[f32]) -> Strided<'_> {
+    Strided::transposed(att, TC)
+}
+
+/// Floats of [`Ctx::states`] per head: one `m × w` state per block of [`TB`] tokens.
+pub(crate) fn state_len(n: usize, m: usize, w: usize) -> usize {
+    n.div_ceil(TB) * m * w
+}
+
+/// `att_ij (=) c_i (g_i·v_j − s_i)` for `j ≤ i` (queries `i`, keys `j`, both in the
+/// sub-block) from `att = G Vᵀ`, when `by_row`; else `att_ji = c_i (v_j·g_i − s_i)` for
+/// `i ≥ j` from `att = V Gᵀ`; 0 off the triangle.
+pub(crate) fn scale_gv(isa: Isa, att: &mut [f32], rows: usize, c: &[f32], s: &[f32], by_row: bool) {
+    // Fused with the triangular mask (`by_row`: keep j ≤ i; else keep columns ≥ the row);
+    // branch-free per row, so each row is a few vector selects (in the SIMD frame).
+    in_frame(
+        isa,
+        #[inline(always)]
+        || {
+            for r in 0..rows {
+                let row = &mut att[r * TC..r * TC + rows];
+                if by_row {
+                    let (cr, sr) = (c[r], s[r]);
+                    for (col, x) in row.iter_mut().enumerate() {
+                        *x = if col <= r { cr * (*x - sr) } else { 0.0 };
+                    }
+                } else {
+                    for (col, x) in row.iter_mut().enumerate() {
+                        *x = if col >= r {
+                            c[col] * (*x - s[col])
+                        } else {
+                            0.0
+                        };
+                    }
+                }
+            }
+        },
+    )
+}
+
+/// `s_i = c_i (Σ_f φ_if (g_i·S_f) + Σ_{j≤i} (φ_i·φ_j)(g_i·v_j))` for a sub-block's rows from
+/// `gphi` (`g_i·S_f`), `qk` (`φ_i·φ_j`) and `att` (`g_i·v_j`), each sum a 16-lane
+/// [`Simd::dot`] (a plain `f32` sum is one serial chain per row).
+struct CausalS<'a> {
+    pub(crate) pq: &'a [f32],
+    pub(crate) gphi: &'a [f32],
+    pub(crate) mp: usize,
+    pub(crate) m: usize,
+    pub(crate) qk: &'a [f32],
+    pub(crate) att: &'a [f32],
+    pub(crate) c: &'a [f32],
+    pub(crate) s: &'a mut [f32],
+}
+
+impl WithSimd for CausalS<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn run<S: Simd>(self) {
+        let (mp, m) = (self.mp, self.m);
+        for (i, si) in self.s.iter_mut().enumerate() {
+            let bank = S::dot(&self.pq[i * mp..i * mp + m], &self.gphi[i * mp..i * mp + m]);
+            let row = i * TC..i * TC + i + 1;
+            let intra = S::dot(&self.qk[row.clone()], &self.att[row]);
+            *si = self.c[i] * (bank + intra);
+        }
+    }
+}
+
+/// `Σ_f x_f t_f` for the `m ≤ 16` floats at `x` and 16-lane rows `t` (two chains).
+///
+/// # Safety
+/// The CPU must support AVX-512F; `x` points at `m` readable floats.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) unsafe fn feature_row16(
+    x: *const f32,
+    t: &[std::arch::x86_64::__m512; 16],
+    m: usize,
+) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    let (mut q0, mut q1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    let mut f = 0;
+    while f + 1 < m {
+        q0 = _mm512_fmadd_ps(_mm512_set1_ps(*x.add(f)), t[f], q0);
+        q1 = _mm512_fmadd_ps(_mm512_set1_ps(*x.add(f + 1)), t[f + 1], q1);
+        f += 2;
+    }
+    if f < m {
+        q0 = _mm512_fmadd_ps(_mm512_set1_ps(*x.add(f)), t[f], q0);
+    }
+    _mm512_add_ps(q0, q1)
+}

@@ -1,0 +1,519 @@
+//! Causal backward: queries in forward order `∂ℓ/∂Φ_Q = Ĝ Sᵀ + tril(Ĝ X̂ᵀ) Φ_K`, keys in
+//! reverse order with the suffix `dS`: `∂ℓ/∂Φ_K = X̂ dSᵀ + triu(X̂ Ĝᵀ) Φ_Q`,
+//! `∂ℓ/∂V = Φ_K dS_B + triu(Φ_K Φ_Qᵀ) (c ⊙ G)`; one reverse pass when each head is one segment
+//! (from the saved block-start states), else the two-pass form.
+
+use crate::backend::Heads;
+use crate::cpu::bank16::{Mass, Read, Update};
+use crate::cpu::features::{FeatureMap, SoftMap};
+use crate::cpu::gemm::Strided;
+use crate::cpu::mem::{ABuf, Out};
+use crate::cpu::saved::{exclusive_scan, Ctx};
+use crate::cpu::simd::{add_into_f64, Isa, Level};
+use crate::cpu::soft::backward::GFactors;
+use crate::cpu::soft::banks::{add_rows, inv_den, rows_of, saved_rows};
+use crate::cpu::soft::block::{Block, T};
+use crate::cpu::soft::causal::{
+    blocks, feature_gram, feature_row16, gram, mask, scale_gv, state_len, sub, sub_blocks, sub_t,
+    tri_gemm, FeatureRows, Io, Scale, Scratch, TwoLevel, GRAM_T_MAX_M, TB, TC,
+};
+use crate::cpu::soft::probs::lanes16;
+use crate::cpu::state::{bank_width, split_out};
+use rayon::prelude::*;
+
+/// [`query_intra16_avx512`] when it applies (AVX-512, feature rows of 16 floats, at most
+/// [`GRAM_T_MAX_M`] features, so the keys' transposed features are there); `false`
+/// otherwise, for the general sequence in [`Scratch::query_sub_block`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn query_intra16(
+    isa: Isa,
+    (pq, pk, (pkt, tp), mp): FeatureRows,
+    m: usize,
+    rows: usize,
+    (gphi, att, qk): (&mut [f32], &mut [f32], &mut [f32]),
+    (c, s): (&[f32], &mut [f32]),
+    a: &[f32],
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if isa.level() == Level::Avx512 && mp == 16 && m <= GRAM_T_MAX_M {
+        assert!(rows <= TC && pq.len() >= rows * 16 && pk.len() >= rows * 16);
+        assert!(gphi.len() >= rows * 16 && att.len() >= rows * TC && qk.len() >= rows * TC);
+        assert!(c.len() >= rows && s.len() >= rows && a.len() == m);
+        assert!(m == 0 || pkt.len() >= (m - 1) * tp + rows);
+        let a16 = lanes16(a);
+        // SAFETY: an `Isa` at Avx512 exists only where the CPU has AVX-512F; every row read or
+        // written is in bounds (asserted).
+        unsafe {
+            query_intra16_avx512((pq, pk, (pkt, tp)), m, rows, (gphi, att, qk), (c, s), &a16)
+        };
+        return true;
+    }
+    let _ = (isa, pq, pk, pkt, tp, mp, m, rows, gphi, att, qk, c, s, a);
+    false
+}
+
+/// The queries' sub-block work after `g·S_f` and `G Vᵀ`, one row per step, for banks of at
+/// most 16 features with AVX-512 (row `i`'s `φ(q_i)·φ(k_j)` is one 16-lane vector over the
+/// sub-block's keys `j`): with `gphi_i = (g_i·S_f)_f` and `att_ij = g_i·v_j` in,
+///
+/// - `qk_ij = c_i φ(q_i)·φ(k_j)` for `j ≤ i` (0 above the diagonal);
+/// - `s_i = c_i (Σ_f φ_if gphi_if + Σ_{j≤i} (φ_i·φ_j) att_ij)`;
+/// - `att_ij = c_i (att_ij − s_i)` for `j ≤ i` (0 above), the scaled `tril(Ĝ X̂ᵀ)`;
+/// - `∂ℓ/∂φ_i = c_i (gphi_i − s_i A) + Σ_{j≤i} att_ij φ(k_j)` over `gphi`.
+///
+/// The same sums as [`feature_gram`], [`CausalS`], [`GFactors::scale_phi_grads`],
+/// [`scale_gv`], [`tri_gemm`] and [`mask`], which take six passes over the sub-block.
+///
+/// # Safety
+/// The CPU must support AVX-512F; `pq`, `pk`, `gphi` hold `rows ≤ 16` rows of 16 floats,
+/// `att` and `qk` `rows` rows of [`TC`], `pkt` `m ≤ 16` rows of `rows` (stride `tp`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn query_intra16_avx512(
+    (pq, pk, (pkt, tp)): (&[f32], &[f32], (&[f32], usize)),
+    m: usize,
+    rows: usize,
+    (gphi, att, qk): (&mut [f32], &mut [f32], &mut [f32]),
+    (c, s): (&[f32], &mut [f32]),
+    a: &[f32; 16],
+) {
+    use std::arch::x86_64::*;
+    let (kr, kf) = (((1u32 << rows) - 1) as u16, ((1u32 << m) - 1) as u16);
+    let mut kt = [_mm512_setzero_ps(); 16];
+    for (f, t) in kt.iter_mut().enumerate().take(m) {
+        *t = _mm512_maskz_loadu_ps(kr, pkt.as_ptr().add(f * tp));
+    }
+    let av = _mm512_loadu_ps(a.as_ptr());
+    // Σ_{j≤i} φ(k_j), so that Σ_{j≤i} c_i (att_ij − s_i) φ(k_j) = c_i (Σ_{j≤i} att_ij φ(k_j) −
+    // s_i Σ_{j≤i} φ(k_j)): the product over the row does not wait for s_i (and does not
+    // read back the scaled row just stored, which would stall on store forwarding).
+    let mut pre = _mm512_setzero_ps();
+    for i in 0..rows {
+        // Row i keeps the keys j ≤ i.
+        let ki = ((2u32 << i) - 1) as u16;
+        let arow = att.as_mut_ptr().add(i * TC);
+        let krow = |j: usize| _mm512_loadu_ps(pk.as_ptr().add(j * 16));
+        // Σ_{j≤i} (g_i·v_j) φ(k_j), two chains (even and odd j).
+        let (mut t0, mut t1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        let mut j = 0;
+        while j < i {
+            t0 = _mm512_fmadd_ps(_mm512_set1_ps(*arow.add(j)), krow(j), t0);
+            t1 = _mm512_fmadd_ps(_mm512_set1_ps(*arow.add(j + 1)), krow(j + 1), t1);
+            j += 2;
+        }
+        if j == i {
+            t0 = _mm512_fmadd_ps(_mm512_set1_ps(*arow.add(j)), krow(j), t0);
+        }
+        pre = _mm512_add_ps(pre, krow(i));
+        let prow = pq.as_ptr().add(i * 16);
+        let q = _mm512_maskz_mov_ps(ki, feature_row16(prow, &kt, m));
+        let ph = _mm512_maskz_loadu_ps(kf, prow);
+        let g = _mm512_maskz_loadu_ps(kf, gphi.as_ptr().add(i * 16));
+        let at = _mm512_maskz_loadu_ps(ki, arow);
+        let ci = c[i];
+        let si = ci * _mm512_reduce_add_ps(_mm512_fmadd_ps(q, at, _mm512_mul_ps(ph, g)));
+        s[i] = si;
+        let (cv, sv) = (_mm512_set1_ps(ci), _mm512_set1_ps(si));
+        // Only the sub-block's columns (a row is `TC` floats).
+        let at = _mm512_maskz_mul_ps(ki, cv, _mm512_sub_ps(at, sv));
+        _mm512_mask_storeu_ps(arow, kr, at);
+        _mm512_mask_storeu_ps(qk.as_mut_ptr().add(i * TC), kr, _mm512_mul_ps(q, cv));
+        // c_i (g_i·S + Σ_j (g_i·v_j) φ(k_j) − s_i (A + Σ_{j≤i} φ(k_j))).
+        let gsum = _mm512_add_ps(g, _mm512_add_ps(t0, t1));
+        let gout = _mm512_mul_ps(cv, _mm512_fnmadd_ps(sv, _mm512_add_ps(av, pre), gsum));
+        _mm512_storeu_ps(gphi.as_mut_ptr().add(i * 16), gout);
+    }
+}
+
+/// The keys' `∂ℓ/∂φ_k` from `gphi_j = (x̂_j·dS_f)_f` without the mass column: adds `dA`
+/// (`a`, the suffix state's mass column) and `tril(Ĝ X̂ᵀ)ᵀ Φ_Q` (`att`, the queries' scaled
+/// sub-block matrix, row stride [`TC`]; `Σ_{i≥j} att_ij φ(q_i)` into row `j`). With AVX-512
+/// and rows of 16 floats, one pass ([`key_intra16_avx512`]); else [`add_rows`] and
+/// [`tri_gemm`].
+fn key_intra(
+    isa: Isa,
+    gphi: &mut [f32],
+    mp: usize,
+    rows: usize,
+    att: &[f32],
+    pq: &[f32],
+    a: &[f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if isa.level() == Level::Avx512 && mp == 16 && a.len() <= 16 {
+        assert!(rows <= TC && gphi.len() >= rows * 16 && pq.len() >= rows * 16);
+        assert!(att.len() >= rows * TC);
+        let a16 = lanes16(a);
+        // SAFETY: an `Isa` at Avx512 exists only where the CPU has AVX-512F; every row read or
+        // written is in bounds (asserted).
+        unsafe { key_intra16_avx512(gphi, rows, att, pq, &a16) };
+        return;
+    }
+    add_rows(isa, gphi, mp, rows, a);
+    tri_gemm(isa, gphi, mp, rows, mp, sub_t(att), pq, mp, 1.0, false);
+}
+
+/// [`key_intra`] for rows of 16 floats: row `j` is `gphi_j + a + Σ_{i≥j} att_ij φ(q_i)`, the
+/// `att_ij` broadcast from memory, two chains.
+///
+/// # Safety
+/// The CPU must support AVX-512F; `gphi` and `pq` hold `rows ≤ 16` rows of 16 floats, `att`
+/// `rows` rows of [`TC`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn key_intra16_avx512(
+    gphi: &mut [f32],
+    rows: usize,
+    att: &[f32],
+    pq: &[f32],
+    a: &[f32; 16],
+) {
+    use std::arch::x86_64::*;
+    let av = _mm512_loadu_ps(a.as_ptr());
+    let (at, q) = (att.as_ptr(), pq.as_ptr());
+    for j in 0..rows {
+        let out = gphi.as_mut_ptr().add(j * 16);
+        let mut g0 = _mm512_add_ps(_mm512_loadu_ps(out), av);
+        let mut g1 = _mm512_setzero_ps();
+        let mut i = j;
+        while i + 1 < rows {
+            let x0 = _mm512_set1_ps(*at.add(i * TC + j));
+            g0 = _mm512_fmadd_ps(x0, _mm512_loadu_ps(q.add(i * 16)), g0);
+            let x1 = _mm512_set1_ps(*at.add((i + 1) * TC + j));
+            g1 = _mm512_fmadd_ps(x1, _mm512_loadu_ps(q.add((i + 1) * 16)), g1);
+            i += 2;
+        }
+        if i < rows {
+            let x0 = _mm512_set1_ps(*at.add(i * TC + j));
+            g0 = _mm512_fmadd_ps(x0, _mm512_loadu_ps(q.add(i * 16)), g0);
+        }
+        _mm512_storeu_ps(out, _mm512_add_ps(g0, g1));
+    }
+}
+
+/// Each `(head, segment)`'s own `[dB | dA] = Σ φ(q_i) ĝ_iᵀ` (for the suffix scan of the causal
+/// backward; all zero with one segment per head, where no scan is needed). `s_all` holds
+/// `s_i = g_i·ô_i` (`[heads, n]`), `uq` the saved `u` of the queries (or is empty).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn suffix_totals(
+    map: &SoftMap,
+    isa: Isa,
+    q: Heads,
+    uq: &[f32],
+    g: Heads,
+    den: &[f32],
+    s_all: &[f32],
+    segs: &[(usize, usize)],
+    heads: usize,
+) -> Vec<Vec<f64>> {
+    let (n, dv, m, w) = (q.n, g.cols, map.width(), bank_width(g.cols));
+    let (ns, lp) = (segs.len(), map.planes.l * map.planes.p);
+    let inv_l = 1.0 / map.planes.l as f32;
+    if ns <= 1 {
+        return vec![vec![0.0; m * w]; heads * ns];
+    }
+    (0..heads * ns)
+        .into_par_iter()
+        .map(|i| {
+            let (h, (start, end)) = (i / ns, segs[i % ns]);
+            let mut qb = Block::new(map, isa);
+            let mp = qb.mp;
+            let (mut c, mut sphi) = (vec![0.0f32; T], vec![0.0f32; T * m]);
+            let (mut d32, mut d64) = (ABuf::zeroed(m * w), vec![0.0f64; m * w]);
+            let mut a = start;
+            while a < end {
+                let b = (a + T).min(end);
+                let rows = b - a;
+                let gb = rows_of(&g, h, a, b);
+                let u = saved_rows(uq, n, lp, h, a, b);
+                qb.features_of(map, rows_of(&q, h, a, b), u, rows);
+                inv_den(&den[h * n + a..h * n + b], inv_l, &mut c);
+                let f = GFactors::of(&c, &s_all[h * n + a..h * n + b], gb, dv);
+                f.dbank(isa, &qb.phi, mp, m, rows, &mut sphi, &mut d32, w, false);
+                add_into_f64(isa, &mut d64, &d32);
+                a = b;
+            }
+            d64
+        })
+        .collect()
+}
+
+/// A keys' sub-block: `∂ℓ/∂V = Φ_K dS_B + T G` into `x` (`T`: the sub-block's
+/// upper-triangular matrix as a product operand), then `dS += Φ_Qᵀ Ĝ` (value columns and
+/// masses; `sphi` is scratch for `c ⊙ Φ_Q`). With [`TwoLevel::fused`] the read of `dS` and
+/// its update are one [`bank16`] pass.
+#[allow(clippy::too_many_arguments)]
+fn key_values(
+    isa: Isa,
+    sk: &mut TwoLevel,
+    x: &mut [f32],
+    (pk, pq, mp): (&[f32], &[f32], usize),
+    rows: usize,
+    tri: Strided,
+    f: &GFactors,
+    sphi: &mut [f32],
+) {
+    let (dv, m, w) = (f.dv, sk.bank.m, sk.bank.w);
+    if !sk.fused() {
+        sk.product(x, rows, dv, pk, mp, dv);
+        tri_gemm(isa, x, dv, rows, dv, tri, f.g, dv, 1.0, false);
+        f.dbank(isa, pq, mp, m, rows, sphi, &mut sk.bank.local, w, true);
+        return;
+    }
+    // c ⊙ Φ_Q in rows of 16 (the features' padding lanes are zero).
+    let mut b = [0.0f32; TC * 16];
+    for (j, row) in b.chunks_exact_mut(16).take(rows).enumerate() {
+        let src = &pq[j * mp..j * mp + 16];
+        row.iter_mut().zip(src).for_each(|(y, &p)| *y = f.c[j] * p);
+    }
+    let read = Read {
+        a: pk,
+        rows,
+        d: &mut *x,
+        ldd: dv,
+    };
+    let (mass, g) = (Mass::NegS(f.s), f.g);
+    let update = Update {
+        b: &b,
+        rows,
+        x: g,
+        ldx: dv,
+        mass,
+    };
+    sk.read_update(dv, Some(read), Some(update));
+    tri_gemm(isa, x, dv, rows, dv, tri, g, dv, 1.0, false);
+}
+
+/// Causal backward from a causal [`Ctx`] (either causal forward's); writes every entry of
+/// `dq`, `dk`, `dv`; returns `∂ℓ/∂beta`.
+#[allow(clippy::too_many_arguments)]
+pub fn causal_backward_into(
+    map: &SoftMap,
+    isa: Isa,
+    ctx: &Ctx,
+    q: Heads,
+    k: Heads,
+    v: Heads,
+    o: Heads,
+    g: Heads,
+    dq: &mut [f32],
+    dk: &mut [f32],
+    dvv: &mut [f32],
+) -> f64 {
+    assert!(ctx.causal, "blocked causal backward needs a causal context");
+    let (heads, n, d, dv, m, w) = (
+        q.heads,
+        q.n,
+        q.cols,
+        v.cols,
+        map.width(),
+        bank_width(v.cols),
+    );
+    let (segs, ns, den) = (&ctx.segs, ctx.segs.len(), &ctx.den);
+    let _ = o; // not read: `s_i = g_i·ô_i` is recomputed by the query pass
+    let (uq, uk) = ctx.saved_u(&q, &k, map.planes.l * map.planes.p);
+    let io = Io {
+        map,
+        q,
+        k,
+        v,
+        g,
+        den,
+        uq,
+        uk,
+    };
+    if ns == 1 && ctx.states.len() == heads * state_len(n, m, w) {
+        let outs = (dq, dk, dvv);
+        return one_pass(&io, isa, &ctx.states, outs);
+    }
+    // Queries, in order, with the prefix state rebuilt from the segment bases; each row's
+    // `s_i = g_i·ô_i` into `s_all` for the suffix totals and the key pass.
+    let mut s_all = vec![0.0f32; heads * n];
+    let (out_q, out_k, out_v) = (
+        Out::for_len(isa, dq.len()),
+        Out::for_len(isa, dk.len()),
+        Out::for_len(isa, dvv.len()),
+    );
+    let dbeta_q: f64 = split_out(dq, n, d, segs)
+        .into_par_iter()
+        .zip(split_out(&mut s_all, n, 1, segs).into_par_iter())
+        .map(|((h, s, dqp), (_, _, sp))| {
+            let mut st = TwoLevel::new(isa, m, w, &ctx.banks[h * ns + s]);
+            let mut sc = Scratch::new(map, isa, w);
+            let mut scratch = ABuf::zeroed(TB * d.max(dv));
+            let (mp, tc) = (sc.kb.mp, TC);
+            let (start, end) = segs[s];
+            let mut dbeta = 0.0f64;
+            for (a, b) in blocks(start, end, false) {
+                let next = (b, (b + TB).min(end));
+                let mut ahead = sc.load(&io, h, (a, b), next, None, &[]);
+                for (a2, b2) in sub_blocks(a, b, tc, false) {
+                    let (r2, off) = (b2 - a2, a2 - a);
+                    let (vb, gb) = (rows_of(&v, h, a2, b2), rows_of(&g, h, a2, b2));
+                    sc.query_sub_block(isa, &st, (off, r2), (vb, gb, dv), None);
+                    st.add_tokens(&sc.kb.phi[off * mp..], mp, r2, vb, dv);
+                    st.tick(r2);
+                    ahead.step();
+                }
+                let (rows, t0) = (b - a, a - start);
+                sp[t0..t0 + rows].copy_from_slice(&sc.s[..rows]);
+                dbeta += sc.qb.backward(map, &sc.gphi, rows);
+                let (qb, dqb) = (&sc.qb, &mut dqp[t0 * d..(t0 + rows) * d]);
+                out_q.produce(dqb, &mut scratch, |x| qb.input_grads(map, rows, x));
+            }
+            out_q.fence();
+            dbeta
+        })
+        .sum();
+    // Suffix [dB | dA] entering each segment from the right.
+    let totals = suffix_totals(map, isa, q, uq, g, den, &s_all, segs, heads);
+    let dbases = exclusive_scan(&totals, heads, ns, true);
+    // Keys and values, in reverse.
+    let dbeta_k: f64 = split_out(dk, k.n, d, segs)
+        .into_par_iter()
+        .zip(split_out(dvv, k.n, dv, segs).into_par_iter())
+        .map(|((h, s, dkp), (_, _, dvp))| {
+            let mut st = TwoLevel::new(isa, m, w, &dbases[h * ns + s]);
+            let mut sc = Scratch::new(map, isa, w);
+            let mut scratch = ABuf::zeroed(TB * d.max(dv));
+            let (mp, tc) = (sc.kb.mp, TC);
+            let (start, end) = segs[s];
+            let mut dbeta = 0.0f64;
+            for (a, b) in blocks(start, end, true) {
+                let next = (a.saturating_sub(TB).max(start), a);
+                let mut ahead = sc.load(&io, h, (a, b), next, Some(&s_all), &[]);
+                for (a2, b2) in sub_blocks(a, b, tc, true) {
+                    let (r2, off) = (b2 - a2, a2 - a);
+                    let (vb, gb) = (rows_of(&v, h, a2, b2), rows_of(&g, h, a2, b2));
+                    let (pq, pk) = (&sc.qb.phi[off * mp..], &sc.kb.phi[off * mp..]);
+                    let (c, s) = (&sc.c[off..off + r2], &sc.s[off..off + r2]);
+                    let f = GFactors::of(c, s, gb, dv);
+                    // ∂ℓ/∂φ_k = X̂ dSᵀ + triu(X̂ Ĝᵀ) Φ_Q.
+                    let gphi = &mut sc.gphi[off * mp..];
+                    st.dots(gphi, mp, r2, vb, dv);
+                    st.masses(dv, &mut sc.mass);
+                    add_rows(isa, gphi, mp, r2, &sc.mass);
+                    gram(isa, &mut sc.att, vb, dv, gb, dv, r2, dv, false);
+                    scale_gv(isa, &mut sc.att, r2, f.c, f.s, false);
+                    tri_gemm(isa, gphi, mp, r2, mp, sub(&sc.att), pq, mp, 1.0, false);
+                    // ∂ℓ/∂v = Φ_K dS_B + triu(Φ_K Φ_Qᵀ) (c ⊙ G).
+                    let pqt = (&sc.qb.phit()[off..], sc.qb.tp());
+                    feature_gram(isa, &mut sc.att, (pk, pq, pqt, mp), m, r2, false);
+                    mask(isa, &mut sc.att, r2, false, Scale::Cols(c));
+                    let t0 = a2 - start;
+                    let (att, st_m, sphi) = (sub(&sc.att), &mut st, &mut sc.sphi);
+                    let dv_out = &mut dvp[t0 * dv..(t0 + r2) * dv];
+                    out_v.produce(dv_out, &mut scratch, |x| {
+                        key_values(isa, st_m, x, (pk, pq, mp), r2, att, &f, sphi);
+                    });
+                    st.tick(r2);
+                    ahead.step();
+                }
+                let (rows, t0) = (b - a, a - start);
+                dbeta += sc.kb.backward(map, &sc.gphi, rows);
+                let (kb, dkb) = (&sc.kb, &mut dkp[t0 * d..(t0 + rows) * d]);
+                out_k.produce(dkb, &mut scratch, |x| kb.input_grads(map, rows, x));
+            }
+            out_k.fence();
+            out_v.fence();
+            dbeta
+        })
+        .sum();
+    dbeta_q + dbeta_k
+}
+
+/// The causal backward in one reverse pass over each head's blocks, when the forward saved
+/// the state entering every block ([`Ctx::states`], one segment per head). Per block, the
+/// features are formed once; then
+///
+/// - queries, sub-blocks in order, the prefix state rebuilt from the block's saved start:
+///   `∂ℓ/∂Φ_Q = Ĝ Sᵀ + tril(Ĝ X̂ᵀ) Φ_K` and `s_i` exactly as in the two-pass form; each
+///   sub-block keeps its scaled `tril(Ĝ X̂ᵀ)` and `c ⊙ tril(Φ_Q Φ_Kᵀ)`;
+/// - keys, sub-blocks in reverse, `dS` the suffix from the end of the head:
+///   `∂ℓ/∂Φ_K = X̂ dSᵀ + tril(Ĝ X̂ᵀ)ᵀ Φ_Q`, `∂ℓ/∂V = Φ_K dS_B + (c ⊙ tril(Φ_Q Φ_Kᵀ))ᵀ G`:
+///   the two intra-sub-block matrices are the queries' own, transposed, not formed again.
+///
+/// Against the two passes this saves forming the features of every block a second time,
+/// reading V and G from memory a second time (the key half reads them from cache), two
+/// `TC × TC` grams per sub-block, the `s` round trip through memory, and the state update
+/// after each block's last sub-block.
+fn one_pass(io: &Io, isa: Isa, states: &[f32], outs: (&mut [f32], &mut [f32], &mut [f32])) -> f64 {
+    let (map, q, v, g) = (io.map, io.q, io.v, io.g);
+    let (n, d, dv, m, w) = (q.n, q.cols, v.cols, map.width(), bank_width(v.cols));
+    let (dq, dk, dvv) = outs;
+    let segs = [(0, n)];
+    let (out_q, out_k, out_v) = (
+        Out::for_len(isa, dq.len()),
+        Out::for_len(isa, dk.len()),
+        Out::for_len(isa, dvv.len()),
+    );
+    let (mw, per_head) = (m * w, state_len(n, m, w));
+    let zero = vec![0.0f64; mw];
+    let dbeta: f64 = split_out(dq, n, d, &segs)
+        .into_par_iter()
+        .zip(split_out(dk, n, d, &segs).into_par_iter())
+        .zip(split_out(dvv, n, dv, &segs).into_par_iter())
+        .map(|(((h, _, dqp), (_, _, dkp)), (_, _, dvp))| {
+            let snaps = &states[h * per_head..(h + 1) * per_head];
+            // The queries' prefix state (restarted per block) and the keys' suffix `dS`.
+            let (mut sq, mut sk) = (
+                TwoLevel::new(isa, m, w, &zero),
+                TwoLevel::new(isa, m, w, &zero),
+            );
+            let mut sc = Scratch::new(map, isa, w);
+            let mut scratch = ABuf::zeroed(TB * d.max(dv));
+            let mp = sc.kb.mp;
+            let mut dbeta = 0.0f64;
+            for (a, b) in blocks(0, n, false).into_iter().rev() {
+                let (next, bi) = ((a.saturating_sub(TB), a), a / TB);
+                // Prefetched with the next rows: the state entering the next block.
+                let next_snap = &snaps[bi.saturating_sub(1) * mw..bi * mw];
+                let mut ahead = sc.load(io, h, (a, b), next, None, next_snap);
+                let subs = sub_blocks(a, b, TC, false);
+                sq.restart(&snaps[bi * mw..(bi + 1) * mw]);
+                for (j, &(a2, b2)) in subs.iter().enumerate() {
+                    let (r2, off) = (b2 - a2, a2 - a);
+                    let (vb, gb) = (rows_of(&v, h, a2, b2), rows_of(&g, h, a2, b2));
+                    sc.query_sub_block(isa, &sq, (off, r2), (vb, gb, dv), Some(j));
+                    if j + 1 < subs.len() {
+                        sq.add_tokens(&sc.kb.phi[off * mp..], mp, r2, vb, dv);
+                    }
+                    ahead.step();
+                }
+                let rows = b - a;
+                dbeta += sc.qb.backward(map, &sc.gphi, rows);
+                let (qb, dqb) = (&sc.qb, &mut dqp[a * d..b * d]);
+                out_q.produce(dqb, &mut scratch, |x| qb.input_grads(map, rows, x));
+                for (j, &(a2, b2)) in subs.iter().enumerate().rev() {
+                    let (r2, off) = (b2 - a2, a2 - a);
+                    let (vb, gb) = (rows_of(&v, h, a2, b2), rows_of(&g, h, a2, b2));
+                    let (pq, pk) = (&sc.qb.phi[off * mp..], &sc.kb.phi[off * mp..]);
+                    let (c, s) = (&sc.c[off..off + r2], &sc.s[off..off + r2]);
+                    let f = GFactors::of(c, s, gb, dv);
+                    let att = &sc.attb[j * TC * TC..(j + 1) * TC * TC];
+                    let qk = &sc.qkb[j * TC * TC..(j + 1) * TC * TC];
+                    // ∂ℓ/∂φ_k = X̂ dSᵀ + tril(Ĝ X̂ᵀ)ᵀ Φ_Q.
+                    let gphi = &mut sc.gphi[off * mp..];
+                    sk.dots(gphi, mp, r2, vb, dv);
+                    sk.masses(dv, &mut sc.mass);
+                    key_intra(isa, gphi, mp, r2, att, pq, &sc.mass);
+                    // ∂ℓ/∂v = Φ_K dS_B + (c ⊙ tril(Φ_Q Φ_Kᵀ))ᵀ G, then dS += Φ_Qᵀ Ĝ.
+                    let (sk_m, sphi) = (&mut sk, &mut sc.sphi);
+                    out_v.produce(&mut dvp[a2 * dv..b2 * dv], &mut scratch, |x| {
+                        key_values(isa, sk_m, x, (pk, pq, mp), r2, sub_t(qk), &f, sphi);
+                    });
+                    sk.tick(r2);
+                    ahead.step();
+                }
+                dbeta += sc.kb.backward(map, &sc.gphi, rows);
+                let (kb, dkb) = (&sc.kb, &mut dkp[a * d..b * d]);
+                out_k.produce(dkb, &mut scratch, |x| kb.input_grads(map, rows, x));
+            }
+            out_q.fence();
+            out_k.fence();
+            out_v.fence();
+            dbeta
+        })
+        .sum();
+    dbeta
+}

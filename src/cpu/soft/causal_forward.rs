@@ -1,0 +1,241 @@
+//! Causal forward (Algorithm 2 as chunked linear attention): per sub-block
+//! `[Num | Den] = Φ_Q S + tril(Φ_Q Φ_Kᵀ) X̂`, then `S += Φ_Kᵀ X̂`; segments start from f64
+//! exclusive scans of their totals, and with one segment per head the state entering every
+//! block of [`super::causal::TB`] tokens is saved for the one-pass backward.
+
+use crate::backend::Heads;
+use crate::cpu::bank16::{Mass, Read, Update};
+use crate::cpu::features::{FeatureMap, SoftMap};
+use crate::cpu::mem::{ABuf, Ahead, Out};
+use crate::cpu::saved::{exclusive_scan, Ctx};
+use crate::cpu::simd::{Isa, Level};
+use crate::cpu::soft::banks::{rows_of, saved_pieces};
+use crate::cpu::soft::causal::{
+    blocks, feature_gram, feature_row16, mask, state_len, sub, sub_blocks, tri_gemm, FeatureRows,
+    Scale, Scratch, TwoLevel, GRAM_T_MAX_M, TB, TC,
+};
+use crate::cpu::soft::forward::{key_bank, normalise};
+use crate::cpu::soft::probs::lanes16;
+use crate::cpu::state::{bank_width, plan_segments, split_out};
+use rayon::prelude::*;
+
+/// `att = tril(Φ_Q Φ_Kᵀ)` for a sub-block's feature rows (row stride [`TC`], 0 above the
+/// diagonal), and the causal forward's `Den_i = φ_i·A + Σ_{j≤i} att_ij` into `den[i·ldd]`
+/// (`A`: the mass column of the state entering the sub-block; the product with the state
+/// covers the value columns only). With AVX-512 and at most [`GRAM_T_MAX_M`] features (rows
+/// of 16 floats), one pass of 16-lane rows ([`lower_gram16_avx512`]); else
+/// [`feature_gram`], [`mask`] and row sums.
+fn lower_gram(
+    isa: Isa,
+    att: &mut [f32],
+    (x, y, (yt, ldt), mp): FeatureRows,
+    m: usize,
+    rows: usize,
+    (den, ldd, a): (&mut [f32], usize, &[f32]),
+) {
+    assert_eq!(a.len(), m, "lower_gram: one mass per feature");
+    #[cfg(target_arch = "x86_64")]
+    if isa.level() == Level::Avx512 && mp == 16 && m <= GRAM_T_MAX_M {
+        assert!(rows <= TC && x.len() >= rows * 16 && att.len() >= rows * TC);
+        assert!(m == 0 || yt.len() >= (m - 1) * ldt + rows);
+        assert!(rows == 0 || den.len() > (rows - 1) * ldd);
+        let a16 = lanes16(a);
+        // SAFETY: an `Isa` at Avx512 exists only where the CPU has AVX-512F; every row read or
+        // written is in bounds (asserted).
+        unsafe { lower_gram16_avx512(x, (yt, ldt), m, rows, att, (den, ldd), &a16) };
+        return;
+    }
+    feature_gram(isa, att, (x, y, (yt, ldt), mp), m, rows, true);
+    mask(isa, att, rows, true, Scale::None);
+    for i in 0..rows {
+        let bank: f32 = x[i * mp..i * mp + m]
+            .iter()
+            .zip(a)
+            .map(|(p, q)| p * q)
+            .sum();
+        den[i * ldd] = bank + att[i * TC..i * TC + i + 1].iter().sum::<f32>();
+    }
+}
+
+/// [`lower_gram`] for banks of at most 16 features with AVX-512: row `i` of `Φ_Q Φ_Kᵀ` is
+/// `Σ_f φ_if (φ_f)ᵀ` over the transposed key features (one 16-lane vector per feature, loaded
+/// once per sub-block), masked to `j ≤ i` and stored; `Den_i` is one 16-lane sum of that row
+/// plus `φ_i ⊙ A`.
+///
+/// # Safety
+/// The CPU must support AVX-512F; `x` holds `rows ≤ 16` rows of 16 floats, `att` `rows` rows
+/// of [`TC`], `yt` `m ≤ 16` rows of `rows` (stride `ldt`), `den` `rows` entries of stride `ldd`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn lower_gram16_avx512(
+    x: &[f32],
+    (yt, ldt): (&[f32], usize),
+    m: usize,
+    rows: usize,
+    att: &mut [f32],
+    (den, ldd): (&mut [f32], usize),
+    a: &[f32; 16],
+) {
+    use std::arch::x86_64::*;
+    let kr = ((1u32 << rows) - 1) as u16;
+    let av = _mm512_loadu_ps(a.as_ptr());
+    let mut kt = [_mm512_setzero_ps(); 16];
+    for (f, t) in kt.iter_mut().enumerate().take(m) {
+        *t = _mm512_maskz_loadu_ps(kr, yt.as_ptr().add(f * ldt));
+    }
+    for i in 0..rows {
+        let ki = ((2u32 << i) - 1) as u16;
+        let row = x.as_ptr().add(i * 16);
+        let q = _mm512_maskz_mov_ps(ki, feature_row16(row, &kt, m));
+        _mm512_mask_storeu_ps(att.as_mut_ptr().add(i * TC), kr, q);
+        den[i * ldd] = _mm512_reduce_add_ps(_mm512_fmadd_ps(_mm512_loadu_ps(row), av, q));
+    }
+}
+
+/// The segments of a causal pass and the bank entering each `(head, segment)`: f64
+/// exclusive scans of the segments' key banks (all zero with one segment per head).
+pub(crate) fn forward_bases(
+    map: &SoftMap,
+    isa: Isa,
+    k: Heads,
+    v: Heads,
+) -> (Vec<(usize, usize)>, Vec<Vec<f64>>) {
+    let (heads, m, w) = (k.heads, map.width(), bank_width(v.cols));
+    let segs = plan_segments(k.n, heads);
+    let ns = segs.len();
+    let totals: Vec<Vec<f64>> = if ns > 1 {
+        (0..heads * ns)
+            .into_par_iter()
+            .map(|i| key_bank(map, isa, k, v, i / ns, segs[i % ns], None))
+            .collect()
+    } else {
+        vec![vec![0.0; m * w]; heads * ns]
+    };
+    let bases = exclusive_scan(&totals, heads, ns, false);
+    (segs, bases)
+}
+
+/// Causal forward; same contract as [`crate::cpu::soft_forward_into`] with `causal = true`.
+pub fn causal_forward_into(
+    map: &SoftMap,
+    isa: Isa,
+    q: Heads,
+    k: Heads,
+    v: Heads,
+    o: &mut [f32],
+    mut reuse: Ctx,
+) -> (usize, Ctx) {
+    let (heads, n, dv, m, w) = (q.heads, q.n, v.cols, map.width(), bank_width(v.cols));
+    let lp = map.planes.l * map.planes.p;
+    let mut states = std::mem::take(&mut reuse.states);
+    let (mut den, mut uq, mut uk) = reuse.recycle(map, &q, &k);
+    let (segs, bases) = forward_bases(map, isa, k, v);
+    let ns = segs.len();
+    // One segment per head: the state entering each block, for the one-pass backward.
+    let per_head = state_len(n, m, w);
+    let snaps: Vec<Option<&mut [f32]>> = if ns == 1 {
+        states.resize(heads * per_head, 0.0);
+        states.chunks_mut(per_head.max(1)).map(Some).collect()
+    } else {
+        states.clear();
+        (0..heads * ns).map(|_| None).collect()
+    };
+    let (den_scale, floor) = (map.den_scale(), crate::cpu::recompute::den_floor(m, k.n));
+    let out = Out::for_len(isa, o.len());
+    let empty: usize = split_out(o, n, dv, &segs)
+        .into_par_iter()
+        .zip(split_out(&mut den, n, 1, &segs).into_par_iter())
+        .zip(saved_pieces(&mut uq, n, lp, &segs, heads).into_par_iter())
+        .zip(saved_pieces(&mut uk, n, lp, &segs, heads).into_par_iter())
+        .zip(snaps.into_par_iter())
+        .map(
+            |(((((h, s, op), (_, _, dp)), mut suq), mut suk), mut snap)| {
+                let mut st = TwoLevel::new(isa, m, w, &bases[h * ns + s]);
+                let mut sc = Scratch::new(map, isa, w);
+                let (mp, tc) = (sc.kb.mp, TC);
+                let (start, end) = segs[s];
+                let (mut empty, mut ob) = (0usize, ABuf::zeroed(TC * dv));
+                // Features per block of TB tokens; the state is read and updated per sub-block.
+                for (a, b) in blocks(start, end, false) {
+                    let (rows, next) = (b - a, (b + TB).min(end));
+                    let parts = [&q, &k, &v].map(|x| rows_of(x, h, b, next));
+                    let mut ahead = Ahead::new(&parts);
+                    ahead.step();
+                    sc.kb.features(map, rows_of(&k, h, a, b), rows);
+                    sc.qb.features(map, rows_of(&q, h, a, b), rows);
+                    if m <= GRAM_T_MAX_M {
+                        sc.kb.features_t(m, rows);
+                    }
+                    let t0 = a - start;
+                    if let Some(sn) = snap.as_deref_mut() {
+                        // Blocks start at multiples of TB, where the f32 part has just folded.
+                        let mw = m * w;
+                        sn[t0 / TB * mw..(t0 / TB + 1) * mw].copy_from_slice(st.parts().0);
+                    }
+                    for (blk, save) in [(&sc.qb, &mut suq), (&sc.kb, &mut suk)] {
+                        if let Some(u) = save.as_deref_mut() {
+                            u[t0 * lp..(t0 + rows) * lp].copy_from_slice(blk.u(rows));
+                        }
+                    }
+                    for (a2, b2) in sub_blocks(a, b, tc, false) {
+                        let (r2, off) = (b2 - a2, a2 - a);
+                        let vb = rows_of(&v, h, a2, b2);
+                        let (pq, pk) = (&sc.qb.phi[off * mp..], &sc.kb.phi[off * mp..]);
+                        // Num = Φ_Q S (+ the intra-sub-block terms below), then S += Φ_Kᵀ X̂:
+                        // one pass over the state where it fits in registers.
+                        st.masses(dv, &mut sc.mass);
+                        let fused = st.fused();
+                        if fused {
+                            let read = Read {
+                                a: pq,
+                                rows: r2,
+                                d: &mut sc.acc,
+                                ldd: w,
+                            };
+                            let (b, x, mass) = (pk, vb, Mass::Ones);
+                            let update = Update {
+                                b,
+                                rows: r2,
+                                x,
+                                ldx: dv,
+                                mass,
+                            };
+                            st.read_update(dv, Some(read), Some(update));
+                        } else {
+                            st.product(&mut sc.acc, r2, dv, pq, mp, w);
+                        }
+                        let pkt = (&sc.kb.phit()[off..], sc.kb.tp());
+                        let den = (&mut sc.acc[dv..], w, &sc.mass[..]);
+                        lower_gram(isa, &mut sc.att, (pq, pk, pkt, mp), m, r2, den);
+                        tri_gemm(isa, &mut sc.acc, w, r2, dv, sub(&sc.att), vb, dv, 1.0, true);
+                        let t2 = a2 - start;
+                        let (ot, dt) = (&mut op[t2 * dv..(t2 + r2) * dv], &mut dp[t2..t2 + r2]);
+                        out.produce(ot, &mut ob, |x| {
+                            empty += normalise(isa, &sc.acc, w, r2, dv, den_scale, x, dt, floor);
+                        });
+                        if !fused {
+                            st.add_tokens(pk, mp, r2, vb, dv);
+                        }
+                        st.tick(r2);
+                        ahead.step();
+                    }
+                }
+                out.fence();
+                empty
+            },
+        )
+        .sum();
+    (
+        empty,
+        Ctx {
+            causal: true,
+            segs,
+            banks: bases,
+            den,
+            uq,
+            uk,
+            states,
+            recomputed: Default::default(),
+        },
+    )
+}

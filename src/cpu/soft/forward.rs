@@ -1,0 +1,308 @@
+//! Non-causal forward: keys `𝔅 += Φ_Kᵀ X̂` per block (f32 within a block, f64 across
+//! blocks), then queries `Den = Φ_Q A`, `O = (Φ_Q / Den) B` straight into the output rows.
+//! A row whose `Den` is below the floor is flagged for [`crate::cpu::recompute`].
+
+use crate::backend::Heads;
+use crate::cpu::bank16::{self, Read};
+use crate::cpu::features::{FeatureMap, SoftMap};
+use crate::cpu::gemm::{gemm, Strided};
+use crate::cpu::mem::{ABuf, Ahead, Out};
+use crate::cpu::saved::Ctx;
+use crate::cpu::simd::{add_into_f64, in_frame, Isa, Level};
+use crate::cpu::soft::banks::{assign_bank, mass_columns, rows_of, saved_pieces, to_f32};
+use crate::cpu::soft::block::{block_rows, Block};
+use crate::cpu::soft::probs::lanes16;
+use crate::cpu::state::{bank_width, plan_segments, split_out};
+use rayon::prelude::*;
+
+/// `Σ_j φ(k_j)[v_j, 1]` over `range` of head `h` (f64); with `save`, also the keys'
+/// `u = tanh(W k_j)` into it (`len × LP` for the range).
+pub(crate) fn key_bank(
+    map: &SoftMap,
+    isa: Isa,
+    k: Heads,
+    v: Heads,
+    h: usize,
+    range: (usize, usize),
+    mut save: Option<&mut [f32]>,
+) -> Vec<f64> {
+    let (m, dv, w) = (map.width(), v.cols, bank_width(v.cols));
+    let tb = block_rows(m);
+    let mut blk = Block::new(map, isa);
+    let (mut b32, mut b64) = (ABuf::zeroed(m * w), vec![0.0f64; m * w]);
+    let mut a = range.0;
+    while a < range.1 {
+        let b = (a + tb).min(range.1);
+        let rows = b - a;
+        let next = (b + tb).min(range.1);
+        let mut ahead = Ahead::new(&[rows_of(&k, h, b, next), rows_of(&v, h, b, next)]);
+        ahead.step();
+        blk.features(map, rows_of(&k, h, a, b), rows);
+        if let Some(u) = save.as_deref_mut() {
+            let o = (a - range.0) * blk.lp;
+            u[o..o + rows * blk.lp].copy_from_slice(blk.u(rows));
+        }
+        ahead.step();
+        let vb = rows_of(&v, h, a, b);
+        assign_bank(
+            isa,
+            m,
+            dv,
+            (&mut b32, w),
+            (&blk.phi, blk.mp),
+            rows,
+            vb,
+            true,
+        );
+        ahead.step();
+        add_into_f64(isa, &mut b64, &b32);
+        a = b;
+    }
+    b64
+}
+
+/// Non-causal pass 1, blocked: `[B | A] = Σ_j φ(k_j)[v_j, 1]` per head (f64); the keys'
+/// `u = tanh(Wk)` into `uk` (`[heads, n, L·P]`) unless it is empty.
+pub fn key_banks(map: &SoftMap, isa: Isa, k: Heads, v: Heads, uk: &mut [f32]) -> Vec<Vec<f64>> {
+    let (heads, m, w) = (k.heads, map.width(), bank_width(v.cols));
+    let kseg = plan_segments(k.n, heads);
+    let parts: Vec<Vec<f64>> = saved_pieces(uk, k.n, map.planes.l * map.planes.p, &kseg, heads)
+        .into_par_iter()
+        .enumerate()
+        .map(|(i, u)| key_bank(map, isa, k, v, i / kseg.len(), kseg[i % kseg.len()], u))
+        .collect();
+    parts
+        .chunks(kseg.len())
+        .map(|c| {
+            c.iter().fold(vec![0.0f64; m * w], |mut acc, p| {
+                acc.iter_mut().zip(p).for_each(|(a, b)| *a += b);
+                acc
+            })
+        })
+        .collect()
+}
+
+/// Non-causal pass 2, blocked: `o = Num/Den` from the per-head banks into `o` and `den`
+/// (`[heads, n]`, the Algorithm-1 denominator), and the queries' `u = tanh(Wq)` into `uq`
+/// (`[heads, n, L·P]`) unless it is empty; returns (empty rows, segments used).
+///
+/// The division is folded into the features: `Den_i = φ_i·A` first ([`scaled_features`]),
+/// then `o = (c ⊙ Φ) B` with `c_i = 1/Den_i` straight into the output rows, so no
+/// `T × (dv + 1)` accumulator is stored and read back.
+#[allow(clippy::too_many_arguments)]
+pub fn read_into(
+    map: &SoftMap,
+    isa: Isa,
+    q: Heads,
+    banks: &[Vec<f64>],
+    dv: usize,
+    o: &mut [f32],
+    den: &mut [f32],
+    uq: &mut [f32],
+    floor: f32,
+) -> (usize, Vec<(usize, usize)>) {
+    let (heads, n, m, w) = (q.heads, q.n, map.width(), bank_width(dv));
+    let banks32 = to_f32(banks);
+    let am = mass_columns(&banks32, m, w, dv);
+    let segs = plan_segments(n, heads);
+    let tb = block_rows(m);
+    let inv_l = map.den_scale();
+    let lp = map.planes.l * map.planes.p;
+    let out = Out::for_len(isa, o.len()).queued(m <= 16);
+    let empty: usize = split_out(o, n, dv, &segs)
+        .into_par_iter()
+        .zip(split_out(den, n, 1, &segs).into_par_iter())
+        .zip(saved_pieces(uq, n, lp, &segs, heads).into_par_iter())
+        .map(|(((h, s, op), (_, _, dp)), mut save)| {
+            let mut blk = Block::new(map, isa);
+            let mut sphi = ABuf::zeroed(tb * blk.mp);
+            let (mut a, end, mut empty) = (segs[s].0, segs[s].1, 0usize);
+            out.behind(op, tb * dv, |ob| {
+                while a < end {
+                    let b = (a + tb).min(end);
+                    let rows = b - a;
+                    let next = (b + tb).min(end);
+                    let mut ahead = Ahead::new(&[rows_of(&q, h, b, next)]);
+                    ahead.step();
+                    blk.features(map, rows_of(&q, h, a, b), rows);
+                    let t0 = a - segs[s].0;
+                    if let Some(u) = save.as_deref_mut() {
+                        u[t0 * lp..(t0 + rows) * lp].copy_from_slice(blk.u(rows));
+                    }
+                    ahead.step();
+                    let dt = &mut dp[t0..t0 + rows];
+                    let mp = blk.mp;
+                    empty += scaled_features(
+                        isa, &blk.phi, mp, m, rows, &am[h], inv_l, &mut sphi, dt, floor,
+                    );
+                    ahead.step();
+                    ob.produce(t0 * dv, rows * dv, |x| {
+                        if bank16::applies(isa, m) {
+                            let r = Read {
+                                a: &sphi,
+                                rows,
+                                d: &mut *x,
+                                ldd: dv,
+                            };
+                            bank16::read(isa, m, dv, (&banks32[h], w), r);
+                        } else {
+                            let sp = Strided::rows(&sphi, mp);
+                            gemm(isa, x, dv, rows, dv, m, sp, &banks32[h], w, 1.0, false);
+                        }
+                    });
+                    a = b;
+                }
+            });
+            empty
+        })
+        .sum();
+    (empty, segs)
+}
+
+/// `Den_i = φ_i·A` for the rows of `phi` (`rows × m`, stride `mp`) and the bank's mass
+/// column `a`; `den_i = Den_i·scale`, and `sphi_i = φ_i / Den_i` (stride `mp`). A row with
+/// `Den` below `floor` ([`crate::cpu::recompute::den_floor`]) or not finite is flagged: `den_i = 0`
+/// and `sphi_i = 0`, so its output is 0. Returns the number of flagged rows.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn scaled_features(
+    isa: Isa,
+    phi: &[f32],
+    mp: usize,
+    m: usize,
+    rows: usize,
+    a: &[f32],
+    scale: f32,
+    sphi: &mut [f32],
+    den: &mut [f32],
+    floor: f32,
+) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if mp == 16 && isa.level() == Level::Avx512 {
+        let a16 = lanes16(&a[..m]);
+        assert!(phi.len() >= rows * 16 && sphi.len() >= rows * 16 && den.len() >= rows);
+        // SAFETY: an `Isa` at Avx512 exists only where the CPU has AVX-512F; the rows read and
+        // written are in bounds (asserted).
+        return unsafe { scaled_rows16_avx512(phi, rows, &a16, scale, sphi, den, floor) };
+    }
+    let mut empty = 0;
+    in_frame(
+        isa,
+        #[inline(always)]
+        || {
+            for i in 0..rows {
+                let row = &phi[i * mp..i * mp + m];
+                let d = row.iter().zip(a).fold(0.0f32, |s, (&x, &y)| s + x * y);
+                let c = den_factor(d, scale, &mut den[i], &mut empty, floor);
+                let out = &mut sphi[i * mp..i * mp + m];
+                out.iter_mut().zip(row).for_each(|(y, &x)| *y = x * c);
+            }
+        },
+    );
+    empty
+}
+
+/// `1/d` for a row of [`scaled_features`] with `den = d·scale`; or 0 for a flagged row
+/// (`d` below `floor` or not finite: `den = 0`, counted in `flagged`).
+#[inline(always)]
+fn den_factor(d: f32, scale: f32, den: &mut f32, flagged: &mut usize, floor: f32) -> f32 {
+    if !(d >= floor && d.is_finite()) {
+        *flagged += 1;
+        *den = 0.0;
+        return 0.0;
+    }
+    *den = d * scale;
+    1.0 / d
+}
+
+/// [`scaled_features`] for rows of 16 floats with AVX-512: per row one vector product, a
+/// horizontal sum, one division and one scaled store (as a plain loop the compiler made it
+/// scalar code, 4× slower).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn scaled_rows16_avx512(
+    phi: &[f32],
+    rows: usize,
+    a: &[f32; 16],
+    scale: f32,
+    sphi: &mut [f32],
+    den: &mut [f32],
+    floor: f32,
+) -> usize {
+    use std::arch::x86_64::*;
+    let av = _mm512_loadu_ps(a.as_ptr());
+    let mut empty = 0;
+    for (i, de) in den[..rows].iter_mut().enumerate() {
+        let row = _mm512_loadu_ps(phi.as_ptr().add(i * 16));
+        let d = _mm512_reduce_add_ps(_mm512_mul_ps(row, av));
+        let c = den_factor(d, scale, de, &mut empty, floor);
+        _mm512_storeu_ps(
+            sphi.as_mut_ptr().add(i * 16),
+            _mm512_mul_ps(row, _mm512_set1_ps(c)),
+        );
+    }
+    empty
+}
+
+/// `o_i = Num_i / Den_i` from `[Num | Den]` rows (stride `w`) and `den_i = Den_i·scale`; a
+/// flagged row (`Den` below `floor` or not finite, see [`crate::cpu::saved::finish_row`]) is
+/// written as 0 and counted.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn normalise(
+    isa: Isa,
+    acc: &[f32],
+    w: usize,
+    rows: usize,
+    dv: usize,
+    scale: f32,
+    o: &mut [f32],
+    den: &mut [f32],
+    floor: f32,
+) -> usize {
+    in_frame(
+        isa,
+        #[inline(always)]
+        || {
+            // A plain loop: as `(0..rows).filter(..).count()` the body was compiled outside the
+            // frame, as SSE code in an uninlined `Filter::count` (9% of the causal (2, 2)
+            // time in cache).
+            let mut empty = 0;
+            for (i, de) in den[..rows].iter_mut().enumerate() {
+                crate::cpu::mem::drip();
+                let out = &mut o[i * dv..(i + 1) * dv];
+                let acc = &acc[i * w..i * w + dv + 1];
+                empty += crate::cpu::saved::finish_row(acc, out, de, scale, floor) as usize;
+            }
+            empty
+        },
+    )
+}
+
+/// Non-causal soft-RACE forward, blocked. Same contract as [`crate::cpu::soft_forward_into`]
+/// (`reuse`: a previous context whose buffers are recycled).
+pub fn forward_into(
+    map: &SoftMap,
+    isa: Isa,
+    q: Heads,
+    k: Heads,
+    v: Heads,
+    o: &mut [f32],
+    reuse: Ctx,
+) -> (usize, Ctx) {
+    let (mut den, mut uq, mut uk) = reuse.recycle(map, &q, &k);
+    let banks = key_banks(map, isa, k, v, &mut uk);
+    let floor = crate::cpu::recompute::den_floor(map.width(), k.n);
+    let (empty, segs) = read_into(map, isa, q, &banks, v.cols, o, &mut den, &mut uq, floor);
+    (
+        empty,
+        Ctx {
+            causal: false,
+            segs,
+            banks,
+            den,
+            uq,
+            uk,
+            states: Vec::new(),
+            recomputed: Default::default(),
+        },
+    )
+}

@@ -1,0 +1,293 @@
+//! The experiments, by name: what each command runs, which take real data (`--data`), and
+//! the sequence `racelab reproduce` runs (the synthetic studies, then the real-data section
+//! on the bundled MiniLM sample when it is present). The command line only parses arguments
+//! and prints; everything it runs is reachable from here, and so from tests.
+
+use super::{fig3, real, Ctx, ExpResult};
+use crate::error::{RaceError, Result};
+use crate::io::read_npy;
+use crate::tensor::Mat;
+use std::path::{Path, PathBuf};
+
+/// An experiment run on a context.
+pub type Run = fn(&Ctx) -> Result<ExpResult>;
+
+/// One experiment as the command line and `reproduce` know it.
+#[derive(Clone, Copy)]
+pub struct Entry {
+    pub name: &'static str,
+    pub run: Run,
+    /// Whether it accepts `--data DIR` (real Q/K/V instead of its synthetic inputs).
+    pub takes_data: bool,
+}
+
+/// Every experiment a subcommand runs by name (`fig3` and `real` take their inputs
+/// separately: [`fig3_on`], [`real::run`]).
+pub const ENTRIES: &[Entry] = &[
+    Entry {
+        name: "factorisation",
+        run: super::report::factorisation,
+        takes_data: false,
+    },
+    Entry {
+        name: "rank",
+        run: super::rank::run,
+        takes_data: false,
+    },
+    Entry {
+        name: "lemma10",
+        run: super::lemma10::run,
+        takes_data: false,
+    },
+    Entry {
+        name: "limit",
+        run: super::limit::run,
+        takes_data: false,
+    },
+    Entry {
+        name: "bias",
+        run: super::bias::run,
+        takes_data: false,
+    },
+    Entry {
+        name: "combine",
+        run: super::combine::run,
+        takes_data: true,
+    },
+    Entry {
+        name: "fig3",
+        run: |c| fig3_on(c, c.data.as_deref()),
+        takes_data: true,
+    },
+    Entry {
+        name: "variance",
+        run: super::variance::run,
+        takes_data: false,
+    },
+    Entry {
+        name: "theorem",
+        run: super::theorem::run,
+        takes_data: true,
+    },
+    Entry {
+        name: "causal",
+        run: super::causal::run,
+        takes_data: false,
+    },
+    Entry {
+        name: "authors",
+        run: super::authors::run,
+        takes_data: false,
+    },
+    Entry {
+        name: "tradeoff",
+        run: super::tradeoff::run,
+        takes_data: true,
+    },
+    Entry {
+        name: "scaling",
+        run: super::report::scaling,
+        takes_data: false,
+    },
+];
+
+/// The entry called `name`.
+pub fn entry(name: &str) -> Result<Entry> {
+    ENTRIES
+        .iter()
+        .copied()
+        .find(|e| e.name == name)
+        .ok_or_else(|| {
+            RaceError::param(
+                "experiment",
+                format!(
+                    "`{name}` is not an experiment; use one of {}",
+                    ENTRIES
+                        .iter()
+                        .map(|e| e.name)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )
+        })
+}
+
+/// Run the experiment `name` on `ctx`, refusing `--data` where it does not apply.
+pub fn run(name: &str, ctx: &Ctx) -> Result<ExpResult> {
+    let e = entry(name)?;
+    if ctx.data.is_some() && !e.takes_data {
+        return Err(RaceError::param(
+            "data",
+            format!(
+                "`{name}` runs on its own synthetic inputs (the theory's setting) and does not take --data"
+            ),
+        ));
+    }
+    (e.run)(ctx)
+}
+
+/// Fig. 3 on the synthetic inputs, or on a real-data directory's middle layer.
+pub fn fig3_on(ctx: &Ctx, data: Option<&Path>) -> Result<ExpResult> {
+    let inputs = data.map(real_fig3_inputs).transpose()?;
+    fig3::run(ctx, inputs)
+}
+
+/// A step's run, which may carry its own inputs (a real-data directory).
+pub type BoxedRun = Box<dyn Fn(&Ctx) -> Result<ExpResult>>;
+
+/// One step of `reproduce`: a name and how to run it on the report's context.
+pub struct Step {
+    pub name: &'static str,
+    pub run: BoxedRun,
+}
+
+/// What `racelab reproduce` runs, in order: every entry, then (when the bundled real-data
+/// sample is present; it is tracked, so no download) Fig. 3, the real-data study, the
+/// theorem, the trade-offs and the combine rules on it.
+pub fn reproduce_steps() -> Vec<Step> {
+    let mut steps: Vec<Step> = ENTRIES
+        .iter()
+        .map(|e| {
+            let run = e.run;
+            Step {
+                name: e.name,
+                run: Box::new(move |c: &Ctx| {
+                    run(&Ctx {
+                        data: None,
+                        ..c.clone()
+                    })
+                }),
+            }
+        })
+        .collect();
+    if let Some(dir) = real::bundled() {
+        let on_real = |name: &'static str, run: Run, dir: &PathBuf| {
+            let dir = dir.clone();
+            Step {
+                name,
+                run: Box::new(move |c: &Ctx| {
+                    run(&Ctx {
+                        data: Some(dir.clone()),
+                        ..c.clone()
+                    })
+                }),
+            }
+        };
+        let d2 = dir.clone();
+        steps.push(Step {
+            name: "fig3 (real)",
+            run: Box::new(move |c: &Ctx| fig3_on(c, Some(&d2))),
+        });
+        let d3 = dir.clone();
+        steps.push(Step {
+            name: "real",
+            run: Box::new(move |c: &Ctx| real::run(c, &d3)),
+        });
+        steps.push(on_real("theorem (real)", super::theorem::run, &dir));
+        steps.push(on_real("tradeoff (real)", super::tradeoff::run, &dir));
+        steps.push(on_real("combine (real)", super::combine::run, &dir));
+    }
+    steps
+}
+
+/// Run every step of [`reproduce_steps`] on `ctx` and write `REPORT.md`: returns the results,
+/// the report's path and the total seconds. `started(name)` and `finished(name, result)` are
+/// called around each step (for a progress display); a failing step stops the run with its
+/// name in the error.
+pub fn reproduce(
+    ctx: &Ctx,
+    started: &dyn Fn(&str),
+    finished: &dyn Fn(&str, &ExpResult),
+) -> Result<(Vec<ExpResult>, PathBuf, f64)> {
+    let t0 = std::time::Instant::now();
+    let mut results = Vec::new();
+    for step in reproduce_steps() {
+        started(step.name);
+        let r = (step.run)(ctx).map_err(|e| RaceError::Config {
+            path: format!("experiment `{}`", step.name),
+            msg: e.to_string(),
+        })?;
+        finished(step.name, &r);
+        results.push(r);
+    }
+    let total = t0.elapsed().as_secs_f64();
+    let report = super::report::write_report(ctx, &results, total)?;
+    Ok((results, report, total))
+}
+
+/// A 2-D `.npy` as a matrix (`arg` names it in errors).
+pub fn read_matrix(path: &Path, arg: &str) -> Result<Mat<f64>> {
+    let arr = read_npy(path)?;
+    match arr.tensor.shape.as_slice() {
+        [r, c] => Ok(Mat::from_vec(*r, *c, arr.tensor.data)),
+        s => Err(RaceError::shape(
+            arg,
+            format!("`{}` must be 2-D [m, d], got shape {s:?}", path.display()),
+        )),
+    }
+}
+
+/// The first head of a `[N,d]`, `[H,N,d]` or `[B,H,N,d]` `.npy` as a matrix.
+pub fn first_head(path: &Path) -> Result<Mat<f64>> {
+    let arr = read_npy(path)?;
+    let label = path.display().to_string();
+    let [_, _, n, d] = arr.tensor.bhnd(&label)?;
+    if n == 0 || d == 0 {
+        return Err(RaceError::empty(&label, format!("N = {n}, d = {d}")));
+    }
+    Ok(Mat::from_vec(n, d, arr.tensor.data[..n * d].to_vec()))
+}
+
+/// Fig. 3's inputs from user `.npy` files (first head of each).
+pub fn user_fig3_inputs(q: &Path, k: &Path) -> Result<fig3::FigInputs> {
+    Ok(fig3::FigInputs {
+        q: first_head(q)?,
+        k: first_head(k)?,
+        label: format!("user Q {} / K {}", q.display(), k.display()),
+        stem: "fig3_user".into(),
+        softmax_scale: None,
+    })
+}
+
+/// Fig. 3's inputs from a real-data directory: raw Q/K of the middle stored layer, head 0,
+/// the first 96 tokens, with the model's softmax scale from its `meta.json`.
+pub fn real_fig3_inputs(dir: &Path) -> Result<fig3::FigInputs> {
+    let rd = real::RealData::open(dir)?;
+    let layer = rd.mid_layer();
+    let (q, k, _) = rd.head(layer, 0)?;
+    let n = q.rows.min(96);
+    Ok(fig3::FigInputs {
+        q: real::take_rows(&q, n),
+        k: real::take_rows(&k, n),
+        label: format!("{} layer {layer} head 0, first {n} tokens", rd.model),
+        stem: "fig3_real".into(),
+        softmax_scale: Some(rd.scale),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_resolve_and_data_is_refused_where_it_does_not_apply() {
+        assert!(entry("bias").is_ok());
+        let e = entry("nope").err().unwrap().to_string();
+        assert!(e.contains("`experiment`") && e.contains("tradeoff"), "{e}");
+        let ctx = Ctx {
+            out: std::env::temp_dir(),
+            seed: 0,
+            quick: true,
+            config: None,
+            data: Some(PathBuf::from("somewhere")),
+        };
+        let e = run("bias", &ctx).err().unwrap().to_string();
+        assert!(e.contains("`data`"), "{e}");
+        // Every entry has a distinct name, and reproduce runs each of them.
+        let steps = reproduce_steps();
+        for e in ENTRIES {
+            assert_eq!(ENTRIES.iter().filter(|x| x.name == e.name).count(), 1);
+            assert!(steps.iter().any(|s| s.name == e.name), "{}", e.name);
+        }
+    }
+}

@@ -1,0 +1,285 @@
+//! Refuse work that cannot fit, before allocating it.
+//!
+//! Every operator's dominant buffers are estimated from the shape and parameters (the
+//! estimate counts what the operator allocates beyond its inputs, so it is a lower bound of
+//! the peak within a small factor): with `m_f = L·2^P` features per token, `w` the padded
+//! bank width (`dv + 1` rounded up to 16), `H` heads, `n` queries, `m` keys and `t` threads,
+//!
+//! - the f32 kernels: the f32 copies of the inputs and output, one f64 bank `m_f × w` per
+//!   (head, segment) plus its f32 views per thread, a block workspace of `128 × m_f` floats
+//!   (features, their gradients, products) per thread, and what the forward keeps for the
+//!   backward ([`crate::cpu::Ctx::floats_per_token`]);
+//! - the f64 reference: soft RACE's log-feature banks `(n + m) × m_f` and its `m_f × (dv+1)`
+//!   scaled states, hard LSH's bucket sums, exact attention's `n × m` score matrix, per head,
+//!   for as many heads as run at once;
+//!
+//! and compared with the memory the machine has available (`MemAvailable`) or a given
+//! `--max-memory`. A refusal names P, L, N, the bytes needed and the fix.
+
+use crate::backend::Device;
+use crate::error::{RaceError, Result};
+
+/// What an operator is asked to compute, for its memory estimate.
+#[derive(Debug, Clone, Copy)]
+pub struct Work {
+    /// Operator name for the message (`soft`, `hard`, …).
+    pub method: &'static str,
+    pub device: Device,
+    /// Features per token and table `2^P` (1 for methods without tables) and tables `L`.
+    pub p: usize,
+    pub l: usize,
+    /// Heads (batch × heads), queries, keys, key dimension, value dimension.
+    pub heads: usize,
+    pub n: usize,
+    pub m: usize,
+    pub d: usize,
+    pub dv: usize,
+    /// Features per token of a non-hashing feature map (linear: d, Performer: its count).
+    pub map_features: usize,
+    /// Whether the operator materialises an `n × m` score matrix per head (exact attention).
+    pub quadratic: bool,
+    /// Whether the backward runs too.
+    pub backward: bool,
+    pub causal: bool,
+}
+
+fn sat_mul(xs: &[u64]) -> u64 {
+    xs.iter().fold(1u64, |a, &x| a.saturating_mul(x))
+}
+
+impl Work {
+    /// Features per token: `L·2^P` for the hashing methods (saturating), else the map's.
+    pub fn features(&self) -> u64 {
+        if self.p > 0 {
+            (self.l as u64).saturating_mul(1u64.checked_shl(self.p as u32).unwrap_or(u64::MAX))
+        } else {
+            self.map_features as u64
+        }
+    }
+
+    /// Estimated bytes the operator allocates beyond its inputs.
+    pub fn bytes(&self) -> u64 {
+        let threads = rayon::current_num_threads().max(1) as u64;
+        let (h, n, m, d, dv) = (
+            self.heads as u64,
+            self.n as u64,
+            self.m as u64,
+            self.d as u64,
+            self.dv as u64,
+        );
+        let mf = self.features();
+        // The planes, f64 and their f32 copy.
+        let planes = sat_mul(&[self.l as u64, self.p as u64, d, 12]);
+        let at_once = h.min(threads);
+        match self.device {
+            Device::Reference => {
+                let per_head = if self.quadratic {
+                    sat_mul(&[n, m, 8])
+                } else {
+                    // Log-feature banks of queries and keys, states, the output.
+                    sat_mul(&[n + m, mf, 8]).saturating_add(sat_mul(&[mf, dv + 2, 8 * 2]))
+                };
+                let grads = if self.backward { 2 } else { 1 };
+                sat_mul(&[at_once, per_head, grads])
+                    .saturating_add(sat_mul(&[h, n, dv, 8]))
+                    .saturating_add(planes)
+            }
+            Device::Cpu | Device::Cuda => {
+                let copies = sat_mul(&[h, 4]).saturating_mul(
+                    (n * d + m * d + m * dv + n * dv) * if self.backward { 2 } else { 1 },
+                );
+                if self.quadratic {
+                    // Blocked exact attention: a tile of scores per thread.
+                    return copies.saturating_add(sat_mul(&[threads, 256, m.max(1), 4]));
+                }
+                let state = kernel_state_bytes(mf, self.heads, self.dv);
+                let saved = if self.p > 0 {
+                    let per_token =
+                        crate::cpu::Ctx::floats_per_token(self.l, self.p, self.dv, self.causal);
+                    // Causal states grow with m_f: floats_per_token counts them per token.
+                    let f = per_token * (h * n) as f64 * 4.0;
+                    if f >= u64::MAX as f64 {
+                        u64::MAX
+                    } else {
+                        f as u64
+                    }
+                } else {
+                    0
+                };
+                copies
+                    .saturating_add(state)
+                    .saturating_add(saved)
+                    .saturating_add(planes)
+            }
+        }
+    }
+}
+
+/// The f32 kernels' state for `features` per token (`L·2^P`, or a feature map's width):
+/// one f64 bank `features × w` per (head, segment) plus its f32 views per thread, and a block
+/// workspace of `128 × features` floats (features, their gradients, products) per thread.
+pub fn kernel_state_bytes(features: u64, heads: usize, dv: usize) -> u64 {
+    let threads = rayon::current_num_threads().max(1) as u64;
+    let h = heads as u64;
+    let w = (dv as u64 + 1).next_multiple_of(16);
+    let segments = (2 * threads).div_ceil(h.max(1)).max(1);
+    sat_mul(&[h, segments, features, w, 8])
+        .saturating_add(sat_mul(&[threads, features, w, 4 * 3]))
+        .saturating_add(sat_mul(&[threads, 128, features, 4 * 6]))
+}
+
+/// The memory budget: `max_memory` when given, else what the machine has available.
+pub fn budget(max_memory: Option<u64>) -> (u64, &'static str) {
+    match max_memory {
+        Some(b) => (b, "--max-memory"),
+        None => (
+            crate::provenance::available_memory_bytes(),
+            "the memory this machine has available",
+        ),
+    }
+}
+
+/// Refuse `work` if its estimate exceeds the budget.
+pub fn check(work: &Work, max_memory: Option<u64>) -> Result<()> {
+    let need = work.bytes();
+    let (limit, source) = budget(max_memory);
+    if limit == 0 || need <= limit {
+        return Ok(());
+    }
+    let tables = if work.p > 0 {
+        format!(
+            "P = {}, L = {} (L·2^P = {} features per token), ",
+            work.p,
+            work.l,
+            work.features()
+        )
+    } else {
+        String::new()
+    };
+    let fix = if work.p > 0 {
+        "use a smaller P (the state doubles with each bit) or L, fewer tokens or heads"
+    } else if work.quadratic {
+        "use fewer tokens (exact attention's scores grow as N²) or a linear-time method"
+    } else {
+        "use fewer tokens or heads"
+    };
+    Err(RaceError::TooLarge(format!(
+        "`{}` on {} with {tables}N = {} queries, {} keys, {} heads, d = {}, dv = {} needs about {} \
+         ({} bytes), more than {source} ({}); {fix}, or set --max-memory if more is available",
+        work.method,
+        work.device.name(),
+        work.n,
+        work.m,
+        work.heads,
+        work.d,
+        work.dv,
+        human(need),
+        need,
+        human(limit)
+    )))
+}
+
+/// Bytes as `12.3 GiB`.
+pub fn human(b: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let mut x = b as f64;
+    let mut u = 0;
+    while x >= 1024.0 && u + 1 < units.len() {
+        x /= 1024.0;
+        u += 1;
+    }
+    format!("{x:.1} {}", units[u])
+}
+
+/// Parse a byte count: `1000000`, `512M`, `8G`, `8GiB`, `1.5T` (binary units).
+pub fn parse_bytes(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => {
+            return Err(RaceError::param(
+                "max-memory",
+                format!("`{s}` is not a byte count; use e.g. 8G, 512M or 1000000"),
+            ))
+        }
+    };
+    match num.parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 => Ok((x * scale as f64) as u64),
+        _ => Err(RaceError::param(
+            "max-memory",
+            format!("`{s}` is not a positive byte count; use e.g. 8G, 512M or 1000000"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn soft(p: usize, l: usize, n: usize) -> Work {
+        Work {
+            method: "soft",
+            device: Device::Cpu,
+            p,
+            l,
+            heads: 1,
+            n,
+            m: n,
+            d: 64,
+            dv: 64,
+            map_features: 0,
+            quadratic: false,
+            backward: false,
+            causal: false,
+        }
+    }
+
+    #[test]
+    fn the_issue_case_is_refused_with_p_l_n_and_bytes() {
+        let e = check(&soft(20, 100, 300), Some(8 << 30))
+            .unwrap_err()
+            .to_string();
+        for part in [
+            "P = 20",
+            "L = 100",
+            "N = 300",
+            "bytes",
+            "--max-memory",
+            "smaller P",
+        ] {
+            assert!(e.contains(part), "{part} missing from: {e}");
+        }
+        // Its state alone is L·2^P·w·8 bytes: at least 100·2^20·80·8.
+        assert!(soft(20, 100, 300).bytes() >= 100 * (1 << 20) * 80 * 8);
+    }
+
+    #[test]
+    fn ordinary_work_fits_and_estimates_grow_with_the_work() {
+        assert!(check(&soft(2, 2, 4096), Some(1 << 30)).is_ok());
+        assert!(soft(3, 2, 4096).bytes() > soft(2, 2, 4096).bytes());
+        assert!(soft(2, 2, 8192).bytes() > soft(2, 2, 4096).bytes());
+        // Absurd parameters saturate instead of overflowing.
+        assert_eq!(soft(63, usize::MAX, 1).features(), u64::MAX);
+        assert!(check(&soft(63, usize::MAX, 1), None).is_err());
+    }
+
+    #[test]
+    fn byte_counts_parse_and_bad_ones_name_the_argument() {
+        assert_eq!(parse_bytes("1000").unwrap(), 1000);
+        assert_eq!(parse_bytes("8G").unwrap(), 8 << 30);
+        assert_eq!(parse_bytes("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_bytes("1.5k").unwrap(), 1536);
+        for bad in ["", "-3G", "8Q", "G"] {
+            let e = parse_bytes(bad).unwrap_err().to_string();
+            assert!(e.contains("max-memory"), "{bad}: {e}");
+        }
+    }
+}

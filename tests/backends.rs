@@ -1,0 +1,312 @@
+//! The backend contract (`racelab::backend::SoftRace`): every backend on the same inputs,
+//! planes and parameters. The CPU kernels and the f64 reference must agree (forward ≤ 1e-5,
+//! gradients ≤ 1e-4 of each tensor's largest entry; dβ ≤ 1e-4 relative), their decoders must
+//! reproduce the causal forward row by row, and the CUDA backend must either agree or refuse
+//! with the no-device error ("skipped: no CUDA device", never counted as passed).
+//!
+//! Also the sweep of input magnitudes (in the manner of faer's): Q, K and V scaled by
+//! 10^-20 … 10^20, the kernels against the reference on the scaled inputs: the outputs must
+//! agree (gradients up to f32's resolution of their natural scale, see the test), or the call
+//! must fail with a clear error; never a silent NaN.
+mod common;
+
+use racelab::backend::{for_device, Device, Heads, PlanesF32, RaceParams, SoftRace};
+use racelab::hashing::Planes;
+use racelab::params::Combine;
+use racelab::rng::SeededRng;
+
+fn data(len: usize, seed: u64, scale: f64) -> Vec<f32> {
+    let mut rng = SeededRng::new(seed, 7);
+    rng.normals(len)
+        .iter()
+        .map(|x| (x * scale) as f32)
+        .collect()
+}
+
+/// Largest |a − b| over the largest |b| (1 where `b` is all zero).
+fn rel(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    assert!(a.iter().all(|x| x.is_finite()), "non-finite output");
+    let scale = b
+        .iter()
+        .fold(0.0f64, |m, &x| m.max(x.abs() as f64))
+        .max(1e-300);
+    let err = a
+        .iter()
+        .zip(b)
+        .fold(0.0f64, |m, (&x, &y)| m.max((x as f64 - y as f64).abs()));
+    err / scale
+}
+
+struct Case {
+    heads: usize,
+    n: usize,
+    d: usize,
+    dv: usize,
+    params: RaceParams,
+}
+
+struct Inputs {
+    planes: PlanesF32,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    g: Vec<f32>,
+}
+
+impl Case {
+    fn inputs(&self, scale: f64) -> Inputs {
+        let planes = Planes::gaussian(self.params.l, self.params.p, self.d, 11).unwrap();
+        let (h, n, d, dv) = (self.heads, self.n, self.d, self.dv);
+        Inputs {
+            planes: PlanesF32::from_planes(&planes),
+            q: data(h * n * d, 1, scale),
+            k: data(h * n * d, 2, scale),
+            v: data(h * n * dv, 3, scale),
+            g: data(h * n * dv, 4, 1.0),
+        }
+    }
+}
+
+fn heads<'a>(c: &Case, x: &'a Inputs) -> [Heads<'a>; 4] {
+    [
+        Heads::new(c.heads, c.n, c.d, &x.q),
+        Heads::new(c.heads, c.n, c.d, &x.k),
+        Heads::new(c.heads, c.n, c.dv, &x.v),
+        Heads::new(c.heads, c.n, c.dv, &x.g),
+    ]
+}
+
+/// `backend` against the reference: forward, gradients and (causal) the decoder.
+fn agree(backend: &dyn SoftRace, c: &Case) {
+    let x = c.inputs(1.0);
+    let [q, k, v, g] = heads(c, &x);
+    let reference = for_device(Device::Reference).unwrap();
+    let tag = format!(
+        "{:?} P={} L={} causal={}",
+        backend.device(),
+        c.params.p,
+        c.params.l,
+        c.params.causal
+    );
+    let want = reference.forward(&c.params, &x.planes, q, k, v).unwrap();
+    let got = backend.forward(&c.params, &x.planes, q, k, v).unwrap();
+    let e = rel(&got.o, &want.o);
+    assert!(e <= 1e-5, "{tag}: forward {e:.2e}");
+    let (wf, wg) = reference
+        .forward_backward(&c.params, &x.planes, q, k, v, g)
+        .unwrap();
+    let (gf, gg) = backend
+        .forward_backward(&c.params, &x.planes, q, k, v, g)
+        .unwrap();
+    assert!(
+        rel(&gf.o, &wf.o) <= 1e-5,
+        "{tag}: forward of forward_backward"
+    );
+    for (name, a, b) in [
+        ("dq", &gg.dq, &wg.dq),
+        ("dk", &gg.dk, &wg.dk),
+        ("dv", &gg.dv, &wg.dv),
+    ] {
+        let e = rel(a, b);
+        assert!(e <= 1e-4, "{tag}: {name} {e:.2e}");
+    }
+    let eb = (gg.dbeta - wg.dbeta).abs() / wg.dbeta.abs().max(1e-12);
+    assert!(eb <= 1e-4, "{tag}: dbeta {} vs {}", gg.dbeta, wg.dbeta);
+    if c.params.causal {
+        // The decoder, token by token, is the causal forward's rows (head 0).
+        let mut dec = backend.decoder(&c.params, &x.planes, c.dv).unwrap();
+        for t in 0..c.n {
+            let row = |y: &[f32], w: usize| y[t * w..(t + 1) * w].to_vec();
+            let o = dec
+                .step(&row(&x.q, c.d), &row(&x.k, c.d), &row(&x.v, c.dv))
+                .unwrap();
+            let e = rel(&o, &row(&want.o, c.dv));
+            assert!(e <= 1e-5, "{tag}: decoder row {t}: {e:.2e}");
+        }
+        assert_eq!(dec.len(), c.n);
+    }
+}
+
+fn cases() -> Vec<Case> {
+    let mut out = Vec::new();
+    for (p, l) in [(1, 1), (2, 2), (3, 2), (2, 4)] {
+        for causal in [false, true] {
+            out.push(Case {
+                heads: 2,
+                n: 37,
+                d: 8,
+                dv: 5,
+                params: RaceParams {
+                    p,
+                    l,
+                    beta: 3.0,
+                    causal,
+                    ..Default::default()
+                },
+            });
+        }
+    }
+    out
+}
+
+#[test]
+fn cpu_backend_agrees_with_the_reference_backend() {
+    let cpu = for_device(Device::Cpu).unwrap();
+    for c in cases() {
+        agree(cpu.as_ref(), &c);
+    }
+    // The reference's own decoder reproduces its causal forward.
+    let reference = for_device(Device::Reference).unwrap();
+    for c in cases().into_iter().filter(|c| c.params.causal) {
+        agree(reference.as_ref(), &c);
+    }
+}
+
+#[test]
+fn cuda_backend_agrees_or_says_there_is_no_device() {
+    match for_device(Device::Cuda) {
+        Ok(cuda) => {
+            for c in cases() {
+                let x = c.inputs(1.0);
+                let [q, k, v, _] = heads(&c, &x);
+                let want = for_device(Device::Reference)
+                    .unwrap()
+                    .forward(&c.params, &x.planes, q, k, v)
+                    .unwrap();
+                let got = cuda.forward(&c.params, &x.planes, q, k, v).unwrap();
+                assert!(rel(&got.o, &want.o) <= 1e-5);
+            }
+        }
+        Err(e) => {
+            let msg = e.to_string();
+            assert!(msg.contains("no CUDA device"), "{msg}");
+            println!("skipped: no CUDA device ({msg})");
+        }
+    }
+}
+
+#[test]
+fn every_backend_refuses_mismatched_arguments_by_name() {
+    let c = &cases()[2];
+    let x = c.inputs(1.0);
+    let [q, k, v, g] = heads(c, &x);
+    for device in [Device::Reference, Device::Cpu] {
+        let b = for_device(device).unwrap();
+        let wrong_p = RaceParams { p: 3, ..c.params };
+        let e = b.forward(&wrong_p, &x.planes, q, k, v).unwrap_err();
+        assert!(e.to_string().contains("planes"), "{device:?}: {e}");
+        let bad_beta = RaceParams {
+            beta: -1.0,
+            ..c.params
+        };
+        let e = b.forward(&bad_beta, &x.planes, q, k, v).unwrap_err();
+        assert!(e.to_string().contains("beta"), "{device:?}: {e}");
+        let short_g = Heads::new(
+            c.heads,
+            c.n,
+            c.dv - 1,
+            &g.data[..c.heads * c.n * (c.dv - 1)],
+        );
+        let e = b
+            .forward_backward(&c.params, &x.planes, q, k, v, short_g)
+            .unwrap_err();
+        assert!(e.to_string().contains("`g`"), "{device:?}: {e}");
+        let mut nan = x.k.clone();
+        nan[5] = f32::NAN;
+        let kn = Heads::new(c.heads, c.n, c.d, &nan);
+        let e = b.forward(&c.params, &x.planes, q, kn, v).unwrap_err();
+        assert!(e.to_string().contains("`k`"), "{device:?}: {e}");
+    }
+    // The authors' combine rule: forward in the reference, refused by the kernels' backend.
+    let authors = RaceParams {
+        combine: Combine::Authors,
+        ..c.params
+    };
+    assert!(for_device(Device::Reference)
+        .unwrap()
+        .forward(&authors, &x.planes, q, k, v)
+        .is_ok());
+    let e = for_device(Device::Cpu)
+        .unwrap()
+        .forward(&authors, &x.planes, q, k, v)
+        .unwrap_err();
+    assert!(e.to_string().contains("combine"), "{e}");
+}
+
+/// Q, K and V scaled by 10^-20 … 10^20 (10^±20 squared is outside f32's range, so products
+/// of raw inputs would overflow or underflow; the kernels project onto unit planes through
+/// tanh, so they must stay right). Forward and gradients against the reference on the same
+/// scaled f32 inputs; an error is allowed only if it is a clear one, and a NaN never.
+#[test]
+fn magnitude_sweep_kernels_match_the_reference_or_refuse_clearly() {
+    let reference = for_device(Device::Reference).unwrap();
+    let cpu = for_device(Device::Cpu).unwrap();
+    let mut checked = 0;
+    for exp in (-20..=20).step_by(5) {
+        let scale = 10f64.powi(exp);
+        for causal in [false, true] {
+            let c = Case {
+                heads: 2,
+                n: 24,
+                d: 8,
+                dv: 4,
+                params: RaceParams {
+                    p: 2,
+                    l: 3,
+                    beta: 4.0,
+                    causal,
+                    ..Default::default()
+                },
+            };
+            let x = c.inputs(scale);
+            let [q, k, v, g] = heads(&c, &x);
+            let tag = format!("scale 1e{exp} causal={causal}");
+            let want = reference.forward(&c.params, &x.planes, q, k, v);
+            let got = cpu.forward(&c.params, &x.planes, q, k, v);
+            match (got, want) {
+                (Ok(got), Ok(want)) => {
+                    let e = rel(&got.o, &want.o);
+                    assert!(e <= 1e-5, "{tag}: forward {e:.2e}");
+                }
+                (Err(e), _) | (_, Err(e)) => {
+                    let msg = e.to_string();
+                    assert!(msg.contains('`'), "{tag}: unclear error {msg}");
+                    continue;
+                }
+            }
+            let (_, wg) = reference
+                .forward_backward(&c.params, &x.planes, q, k, v, g)
+                .unwrap();
+            let (_, gg) = cpu
+                .forward_backward(&c.params, &x.planes, q, k, v, g)
+                .unwrap();
+            // dq and dk flow through the features' contrasts `Σ_r ±φ_r ∂ℓ/∂φ_r`; for inputs
+            // far below unit norm every `∂ℓ/∂φ_r` is nearly the same and their differences,
+            // the gradient, fall below what f32 resolves in them. The stated floor: errors
+            // over the larger of the gradient's own largest entry and its natural scale
+            // `β·max|G|·max|V|·max|W|` (the size of each `∂ℓ/∂φ_r` through the planes).
+            let amax = |x: &[f32]| x.iter().fold(0.0f64, |m, &y| m.max(y.abs() as f64));
+            let natural = c.params.beta * amax(&x.g) * amax(&x.v) * amax(&x.planes.w);
+            for (name, a, b, floor) in [
+                ("dq", &gg.dq, &wg.dq, natural),
+                ("dk", &gg.dk, &wg.dk, natural),
+                ("dv", &gg.dv, &wg.dv, 0.0),
+            ] {
+                assert!(a.iter().all(|x| x.is_finite()), "{tag}: {name} not finite");
+                let err = a
+                    .iter()
+                    .zip(b.iter())
+                    .fold(0.0f64, |m, (&p, &q)| m.max((p as f64 - q as f64).abs()));
+                let e = err / amax(b).max(floor).max(1e-300);
+                assert!(e <= 1e-4, "{tag}: {name} {e:.2e}");
+            }
+            assert!(gg.dbeta.is_finite(), "{tag}: dbeta");
+            checked += 1;
+        }
+    }
+    assert_eq!(
+        checked, 18,
+        "every magnitude was checked against the reference"
+    );
+}
