@@ -1,7 +1,7 @@
 //! criterion benches of the CPU kernels (absolute times are this machine's; compare runs,
 //! or use `racelab bench` for ratios against the bandwidth floor and exact attention).
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use racelab::backend::{Heads, PlanesF32};
+use racelab::backend::{BackwardInputs, Heads, PlanesF32};
 use racelab::bench::machine::fill;
 use racelab::cpu::exact::{exact_attention, Exact};
 use racelab::cpu::{detected_isa, token, Isa, SoftMap};
@@ -50,11 +50,13 @@ fn bench_soft(c: &mut Criterion) {
                             token::soft_backward(
                                 &map,
                                 &f.ctx,
-                                qh,
-                                kh,
-                                vh,
-                                Heads::new(heads, n, d, &f.o),
-                                Heads::new(heads, n, d, &g),
+                                BackwardInputs::new(
+                                    qh,
+                                    kh,
+                                    vh,
+                                    Heads::new(heads, n, d, &f.o),
+                                    Heads::new(heads, n, d, &g),
+                                ),
                                 isa,
                             )
                         })

@@ -3,7 +3,7 @@
 //! `RAYON_NUM_THREADS=1 cargo run --release --example timing` (env: `N` tokens, default 2^16;
 //! `ENGINE=1` times the per-token engine instead of the production blocked paths; `PL=2|3|4`
 //! and `CAUSAL=0|1` pick one row, `REPS` the repeats; `VEC=1` uses plain, unaligned vectors).
-use racelab::backend::{Heads, PlanesF32};
+use racelab::backend::{BackwardInputs, GradsMut, Heads, PlanesF32};
 use racelab::cpu::{detected_isa, soft_backward_into, soft_forward_into, token, Ctx, Isa, SoftMap};
 use racelab::hashing::Planes;
 use std::time::Instant;
@@ -81,15 +81,19 @@ fn main() {
                 let db = bwd(
                     &map,
                     &ctx,
-                    h(&q, hd, n, d),
-                    h(&k, hd, n, d),
-                    h(&v, hd, n, d),
-                    h(&o, hd, n, d),
-                    h(&g, hd, n, d),
+                    BackwardInputs::new(
+                        h(&q, hd, n, d),
+                        h(&k, hd, n, d),
+                        h(&v, hd, n, d),
+                        h(&o, hd, n, d),
+                        h(&g, hd, n, d),
+                    ),
                     isa,
-                    &mut dq,
-                    &mut dk,
-                    &mut dv,
+                    GradsMut {
+                        dq: &mut dq,
+                        dk: &mut dk,
+                        dv: &mut dv,
+                    },
                 );
                 tb = tb.min(s.elapsed().as_secs_f64());
                 std::hint::black_box(db);

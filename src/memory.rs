@@ -8,7 +8,7 @@
 //! - the f32 kernels: the f32 copies of the inputs and output, one f64 bank `m_f × w` per
 //!   (head, segment) plus its f32 views per thread, a block workspace of `128 × m_f` floats
 //!   (features, their gradients, products) per thread, and what the forward keeps for the
-//!   backward ([`crate::cpu::Ctx::floats_per_token`]);
+//!   backward ([`crate::cpu::soft::saved_floats_per_token`]);
 //! - the f64 reference: soft RACE's log-feature banks `(n + m) × m_f` and its `m_f × (dv+1)`
 //!   scaled states, hard LSH's bucket sums, exact attention's `n × m` score matrix, per head,
 //!   for as many heads as run at once;
@@ -94,8 +94,12 @@ impl Work {
                 }
                 let state = kernel_state_bytes(mf, self.heads, self.dv);
                 let saved = if self.p > 0 {
-                    let per_token =
-                        crate::cpu::Ctx::floats_per_token(self.l, self.p, self.dv, self.causal);
+                    let per_token = crate::cpu::soft::saved_floats_per_token(
+                        self.l,
+                        self.p,
+                        self.dv,
+                        self.causal,
+                    );
                     // Causal states grow with m_f: floats_per_token counts them per token.
                     let f = per_token * (h * n) as f64 * 4.0;
                     if f >= u64::MAX as f64 {

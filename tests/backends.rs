@@ -310,3 +310,34 @@ fn magnitude_sweep_kernels_match_the_reference_or_refuse_clearly() {
         "every magnitude was checked against the reference"
     );
 }
+
+/// Work that cannot fit is refused before anything is allocated, naming P, L and the bytes:
+/// P = 20, L = 100 is 10^8 features per token: the forward's banks and workspaces need
+/// about a TiB, a decoder with dv = 1000 keeps 840 GB of state.
+#[test]
+fn every_backend_refuses_work_that_cannot_fit() {
+    let params = RaceParams {
+        p: 20,
+        l: 100,
+        ..Default::default()
+    };
+    let planes = PlanesF32::from_planes(&Planes::gaussian(100, 20, 8, 1).unwrap());
+    let (q, v) = (data(3 * 8, 1, 1.0), data(3 * 4, 2, 1.0));
+    let (qh, vh) = (Heads::new(1, 3, 8, &q), Heads::new(1, 3, 4, &v));
+    for device in [Device::Reference, Device::Cpu] {
+        let b = for_device(device).unwrap();
+        let e = b
+            .forward(&params, &planes, qh, qh, vh)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("P = 20") && e.contains("L = 100") && e.contains("bytes"),
+            "{e}"
+        );
+        let e = b.decoder(&params, &planes, 1000).err().unwrap().to_string();
+        assert!(
+            e.contains("P = 20") && e.contains("bytes"),
+            "{device:?}: {e}"
+        );
+    }
+}

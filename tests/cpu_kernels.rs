@@ -6,7 +6,7 @@
 mod common;
 use common::assert_close;
 use racelab::analysis::metrics::rel_max_err;
-use racelab::backend::{Heads, PlanesF32, SoftGrads};
+use racelab::backend::{BackwardInputs, Heads, PlanesF32, SoftGrads};
 use racelab::cpu::decode::Decoder;
 use racelab::cpu::{soft_backward, soft_forward, token, HardMap, Isa, LinearMap, SoftMap};
 use racelab::reference::backward::soft_race_backward;
@@ -246,9 +246,14 @@ fn soft_backward_matches_reference_gradients() {
                     let oh = Heads::new(c.heads, c.n, c.dv, &fwd.o);
                     let gh = Heads::new(c.heads, c.n, c.dv, &gf);
                     let grads = if bwd_prod {
-                        soft_backward(&map, &fwd.ctx, qh, kh, vh, oh, gh, isa)
+                        soft_backward(&map, &fwd.ctx, BackwardInputs::new(qh, kh, vh, oh, gh), isa)
                     } else {
-                        token::soft_backward(&map, &fwd.ctx, qh, kh, vh, oh, gh, isa)
+                        token::soft_backward(
+                            &map,
+                            &fwd.ctx,
+                            BackwardInputs::new(qh, kh, vh, oh, gh),
+                            isa,
+                        )
                     };
                     let tag = format!(
                     "P={} L={} beta={} d={} n={} causal={causal} {isa:?} production fwd={fwd_prod} bwd={bwd_prod}",
@@ -470,11 +475,13 @@ fn large_beta_is_finite_and_correct() {
         let gr = token::soft_backward(
             &map,
             &out.ctx,
-            Heads::new(1, n, d, &qf),
-            Heads::new(1, n, d, &kf),
-            Heads::new(1, n, dv, &vf),
-            Heads::new(1, n, dv, &out.o),
-            Heads::new(1, n, dv, &gf),
+            BackwardInputs::new(
+                Heads::new(1, n, d, &qf),
+                Heads::new(1, n, d, &kf),
+                Heads::new(1, n, dv, &vf),
+                Heads::new(1, n, dv, &out.o),
+                Heads::new(1, n, dv, &gf),
+            ),
             racelab::cpu::detected_isa(),
         );
         assert!(
@@ -746,8 +753,18 @@ fn streaming_stores_match_the_per_token_engine() {
             let twin = token::forward(&map, qh, kh, vh, causal, isa);
             assert_fwd(&format!("{label} o"), &prod.o, &f64s(&twin.o));
             let oh = Heads::new(heads, n, dv, &twin.o);
-            let gp = soft_backward(&map, &prod.ctx, qh, kh, vh, oh, gh, isa);
-            let gt = token::soft_backward(&map, &twin.ctx, qh, kh, vh, oh, gh, isa);
+            let gp = soft_backward(
+                &map,
+                &prod.ctx,
+                BackwardInputs::new(qh, kh, vh, oh, gh),
+                isa,
+            );
+            let gt = token::soft_backward(
+                &map,
+                &twin.ctx,
+                BackwardInputs::new(qh, kh, vh, oh, gh),
+                isa,
+            );
             assert_grads_close(&label, &gp, &gt, GRAD_TOL);
         }
     }
@@ -771,12 +788,12 @@ fn saved_features_are_used_only_when_they_fit() {
             let fwd = soft_forward(&map, qh, kh, vh, causal, isa);
             assert_eq!(fwd.ctx.uq.len(), heads * n * 9, "the forward saves u");
             let oh = Heads::new(heads, n, dv, &fwd.o);
-            let saved = soft_backward(&map, &fwd.ctx, qh, kh, vh, oh, gh, isa);
+            let saved = soft_backward(&map, &fwd.ctx, BackwardInputs::new(qh, kh, vh, oh, gh), isa);
             for stale in [0, 5] {
                 let mut ctx = fwd.ctx.clone();
                 ctx.uq.truncate(stale);
                 ctx.uk.truncate(stale);
-                let again = soft_backward(&map, &ctx, qh, kh, vh, oh, gh, isa);
+                let again = soft_backward(&map, &ctx, BackwardInputs::new(qh, kh, vh, oh, gh), isa);
                 let tag = format!("causal={causal} {isa:?} stale={stale}");
                 assert_grads_close(&tag, &again, &saved, 1e-6);
             }
@@ -853,7 +870,7 @@ fn causal_backward_one_pass_and_two_passes_match_reference() {
                     }
                     let oh = Heads::new(heads, n, dv, &fwd.o);
                     let gh = Heads::new(heads, n, dv, &gf);
-                    soft_backward(&map, &fwd.ctx, qh, kh, vh, oh, gh, isa)
+                    soft_backward(&map, &fwd.ctx, BackwardInputs::new(qh, kh, vh, oh, gh), isa)
                 });
                 for (name, got, want) in [
                     ("dq", &grads.dq, &want[0]),

@@ -2,7 +2,7 @@
 //! compared with the CPU kernels on identical inputs and planes only where a device exists
 //! (`cfg(racelab_cuda_tests)`, set by build.rs). Without one those tests are *ignored* with
 //! "skipped: no CUDA device" — never counted as passed.
-use racelab::backend::{Heads, PlanesF32};
+use racelab::backend::{BackwardInputs, Heads, PlanesF32};
 use racelab::cpu::{token, SoftMap};
 use racelab::cuda::{self, from_bf16, to_bf16, GpuInput, GpuShape, KERNELS, RACE_CU};
 use racelab::rng::SeededRng;
@@ -348,11 +348,13 @@ fn check_device(device: &str) {
             let cg = token::soft_backward(
                 &map,
                 &cpu.ctx,
-                qh,
-                kh,
-                vh,
-                Heads::new(heads, n, dv, &cpu.o),
-                Heads::new(heads, n, dv, &g),
+                BackwardInputs::new(
+                    qh,
+                    kh,
+                    vh,
+                    Heads::new(heads, n, dv, &cpu.o),
+                    Heads::new(heads, n, dv, &g),
+                ),
                 racelab::cpu::detected_isa(),
             );
             let s = GpuShape { heads, n, d, dv };
@@ -444,11 +446,13 @@ fn check_device(device: &str) {
                     let g2 = token::soft_backward(
                         &map,
                         &again.ctx,
-                        qh,
-                        kh,
-                        vh,
-                        Heads::new(heads, n, dv, &again.o),
-                        Heads::new(heads, n, dv, &g),
+                        BackwardInputs::new(
+                            qh,
+                            kh,
+                            vh,
+                            Heads::new(heads, n, dv, &again.o),
+                            Heads::new(heads, n, dv, &g),
+                        ),
                         racelab::cpu::detected_isa(),
                     );
                     (again.o, g2)
@@ -755,11 +759,7 @@ fn large_beta_on_emulated_cuda() {
             let cg = racelab::cpu::soft_backward(
                 &map,
                 &cpu.ctx,
-                qh,
-                kh,
-                vh,
-                o,
-                Heads::new(heads, n, d, &g),
+                BackwardInputs::new(qh, kh, vh, o, Heads::new(heads, n, d, &g)),
                 isa,
             );
             let tag = format!("beta={beta} causal={causal}");

@@ -2,7 +2,7 @@
 //! where f32 sums underflow. Rows whose denominator f32 cannot hold are flagged by the
 //! kernels and recomputed exactly (`racelab::cpu::recompute`); every row must then agree.
 use proptest::prelude::*;
-use racelab::backend::{Heads, PlanesF32};
+use racelab::backend::{BackwardInputs, Heads, PlanesF32};
 use racelab::cpu::{detected_isa, soft_backward, soft_forward, SoftMap};
 use racelab::params::Combine;
 use racelab::reference::logdomain::{soft_race_backward_log, soft_race_log};
@@ -74,12 +74,17 @@ fn check(
     let (f, gr) = if per_token {
         let f = racelab::cpu::token::forward(&map, qh, kh, vh, causal, isa);
         let o = Heads::new(heads, n, dv, &f.o);
-        let gr = racelab::cpu::token::soft_backward(&map, &f.ctx, qh, kh, vh, o, gh, isa);
+        let gr = racelab::cpu::token::soft_backward(
+            &map,
+            &f.ctx,
+            BackwardInputs::new(qh, kh, vh, o, gh),
+            isa,
+        );
         (f, gr)
     } else {
         let f = soft_forward(&map, qh, kh, vh, causal, isa);
         let o = Heads::new(heads, n, dv, &f.o);
-        let gr = soft_backward(&map, &f.ctx, qh, kh, vh, o, gh, isa);
+        let gr = soft_backward(&map, &f.ctx, BackwardInputs::new(qh, kh, vh, o, gh), isa);
         (f, gr)
     };
     let p64 = planes.to_planes();

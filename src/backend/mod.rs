@@ -21,7 +21,7 @@
 pub mod types;
 
 pub use crate::params::RaceParams;
-pub use types::{Heads, PlanesF32, SoftGrads};
+pub use types::{BackwardInputs, GradsMut, Heads, PlanesF32, SoftGrads};
 
 use crate::cpu::recompute::Recomputed;
 use crate::error::{RaceError, Result};
@@ -107,7 +107,8 @@ pub trait SoftRace: Send + Sync {
         v: Heads,
         g: Heads,
     ) -> Result<(Forward, SoftGrads)>;
-    /// A decoder with empty state for values of width `dv`.
+    /// A decoder with empty state for values of width `dv` (refused, naming P, L and the bytes,
+    /// when its `L·2^P × (dv + 1)` state cannot fit: [`decoder_fits`]).
     fn decoder(
         &self,
         params: &RaceParams,
@@ -128,8 +129,9 @@ pub fn for_device(device: Device) -> Result<Box<dyn SoftRace>> {
     })
 }
 
-/// The checks every backend makes before it computes: parameters, planes against them, and
-/// the shapes of `q`, `k`, `v` (and `g`).
+/// The checks every backend makes before it computes: parameters, planes against them, the
+/// shapes of `q`, `k`, `v` (and `g`), finiteness, and whether the work fits in memory
+/// ([`crate::memory`], estimated for the f32 kernels: the reference needs less per head).
 pub fn check(
     params: &RaceParams,
     planes: &PlanesF32,
@@ -189,8 +191,45 @@ pub fn check(
     for (name, x) in [("q", q), ("k", k), ("v", v)] {
         crate::tensor::check_finite(name, x.data)?;
     }
+    crate::memory::check(
+        &crate::memory::Work {
+            method: "soft",
+            device: Device::Cpu,
+            p: params.p,
+            l: params.l,
+            heads: q.heads,
+            n: q.n,
+            m: k.n,
+            d: q.cols,
+            dv: v.cols,
+            map_features: 0,
+            quadratic: false,
+            backward: g.is_some(),
+            causal: params.causal,
+        },
+        None,
+    )?;
     if let Some(g) = g {
         crate::tensor::check_finite("g", g.data)?;
+    }
+    Ok(())
+}
+
+/// Refuse a decoder whose f64 state `L·2^P × (dv + 1)` exceeds the memory available.
+pub fn decoder_fits(params: &RaceParams, dv: usize) -> Result<()> {
+    params.validate()?;
+    let features = (params.l as u64).saturating_mul(1u64 << params.p);
+    let need = features.saturating_mul(dv as u64 + 1).saturating_mul(8);
+    let (limit, source) = crate::memory::budget(None);
+    if need > limit {
+        return Err(RaceError::TooLarge(format!(
+            "a decoder with P = {}, L = {} (L·2^P = {features} features) and dv = {dv} keeps {} \
+             ({need} bytes) of state, more than {source} ({}); use a smaller P or L",
+            params.p,
+            params.l,
+            crate::memory::human(need),
+            crate::memory::human(limit)
+        )));
     }
     Ok(())
 }

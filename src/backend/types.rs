@@ -86,3 +86,50 @@ impl SoftGrads {
         }
     }
 }
+
+/// What a backward reads: the inputs `q`, `k`, `v`, the forward's output `o` and the upstream
+/// gradient `g = ∂ℓ/∂Ô` (`[heads, n, dv]`).
+#[derive(Debug, Clone, Copy)]
+pub struct BackwardInputs<'a> {
+    pub q: Heads<'a>,
+    pub k: Heads<'a>,
+    pub v: Heads<'a>,
+    pub o: Heads<'a>,
+    pub g: Heads<'a>,
+}
+
+impl<'a> BackwardInputs<'a> {
+    pub fn new(q: Heads<'a>, k: Heads<'a>, v: Heads<'a>, o: Heads<'a>, g: Heads<'a>) -> Self {
+        BackwardInputs { q, k, v, o, g }
+    }
+}
+
+/// The gradient buffers a backward writes, shaped like `q`, `k`, `v` (overwritten).
+#[derive(Debug)]
+pub struct GradsMut<'a> {
+    pub dq: &'a mut [f32],
+    pub dk: &'a mut [f32],
+    pub dv: &'a mut [f32],
+}
+
+impl GradsMut<'_> {
+    /// The same buffers, borrowed again (to hand to one pass and keep for the next).
+    pub fn reborrow(&mut self) -> GradsMut<'_> {
+        GradsMut {
+            dq: &mut *self.dq,
+            dk: &mut *self.dk,
+            dv: &mut *self.dv,
+        }
+    }
+}
+
+impl SoftGrads {
+    /// These gradients' buffers, to be written by a backward.
+    pub fn as_mut(&mut self) -> GradsMut<'_> {
+        GradsMut {
+            dq: &mut self.dq,
+            dk: &mut self.dk,
+            dv: &mut self.dv,
+        }
+    }
+}

@@ -38,17 +38,15 @@
 pub mod accuracy;
 pub mod gpu;
 pub mod machine;
+mod output;
+mod rows;
+mod timing;
 
-use crate::backend::{Heads, PlanesF32};
-use crate::cpu::exact::{exact_attention, Exact};
-use crate::cpu::{self, soft_backward_into, soft_forward_into, SoftMap};
+use crate::cpu::{self};
 use crate::error::{RaceError, Result};
-use crate::hashing::Planes;
-use crate::plot::{line_plot, LinePlot, Series};
-use crate::provenance::{available_memory_bytes, peak_rss_bytes, reset_peak_rss, Provenance};
+use crate::provenance::{available_memory_bytes, Provenance};
 use serde::Serialize;
 use std::path::PathBuf;
-use std::time::Instant;
 
 pub use crate::backend::Device;
 
@@ -88,7 +86,7 @@ impl Default for BenchConfig {
             backward: false,
             reference: false,
             device: Device::Cpu,
-            beta: 8.0,
+            beta: crate::params::DEFAULT_BETA,
             seed: 0,
             runs: 3,
             ref_budget_s: 30.0,
@@ -204,7 +202,7 @@ pub fn bytes_per_token(d: usize, dv: usize, lp: usize, backward: bool) -> f64 {
     4.0 * (if backward { fwd + bwd } else { fwd }) as f64
 }
 
-/// FMA count of soft RACE per token and head, times 2 flops (see `cpu::backward` docs):
+/// FMA count of soft RACE per token and head, times 2 flops (see `cpu::token::backward` docs):
 /// forward `2Pd + 2R(dv+1)` per table (projections of q and k, bank update and read),
 /// backward `2Pd + 4R(dv+1)` (the projections are saved, not recomputed: `∂ℓ/∂q`, `∂ℓ/∂k`
 /// through `W`, and four bank-sized products).
@@ -216,95 +214,15 @@ pub fn race_flops_per_token(p: usize, l: usize, d: usize, dv: usize, backward: b
 }
 
 pub use crate::stats::loglog_slope;
-use crate::stats::median;
-
-/// Untimed runs before a CPU RACE row's timed runs (see the module docs).
-pub const WARMUP_RUNS: usize = 1;
+pub use timing::{MAX_RUNS, SHORT_ROW_SECONDS, WARMUP_RUNS};
 
 /// CPU RACE rows moving at least this many bytes (a floor of about 0.1 s here) get their own
 /// bandwidth probes, about half a second each: at the paper shape forward+backward (4.6 KB
 /// per token and head), N ≥ 2^18.
 pub const ADJACENT_PROBE_BYTES: f64 = 4e9;
 
-/// Time `f` `runs` times; returns (median, all).
-fn time_runs(runs: usize, mut f: impl FnMut()) -> (f64, Vec<f64>) {
-    let mut once = || {
-        let t = Instant::now();
-        f();
-        t.elapsed().as_secs_f64()
-    };
-    let first = once();
-    let mut ts = vec![first];
-    ts.extend((1..runs_for(runs, first)).map(|_| once()));
-    let all = ts.clone();
-    (median(&ts), all)
-}
-
-/// Timed runs of a row: at least `runs`, and for a short row as many as make
-/// [`SHORT_ROW_SECONDS`] (at most [`MAX_RUNS`]), from the first run's time `first`. The
-/// median of three millisecond runs is at the mercy of one interruption: in a quick
-/// `racelab reproduce` at its earlier sizes (two heads, d = 64, N ≤ 8192) one
-/// such row once took 2.2 ms instead of about 1.1 and turned the fitted exponent of `(2, 2)`
-/// from 0.9 into 1.99.
-fn runs_for(runs: usize, first: f64) -> usize {
-    let runs = runs.max(1);
-    if first * runs as f64 >= SHORT_ROW_SECONDS {
-        return runs;
-    }
-    ((SHORT_ROW_SECONDS / first.max(1e-9)).ceil() as usize).clamp(runs, MAX_RUNS)
-}
-
-/// See [`runs_for`].
-pub const SHORT_ROW_SECONDS: f64 = 0.25;
-/// See [`runs_for`].
-pub const MAX_RUNS: usize = 101;
-
-/// [`time_runs`] after [`WARMUP_RUNS`] untimed calls of `f`.
-fn time_runs_warm(runs: usize, mut f: impl FnMut()) -> (f64, Vec<f64>) {
-    (0..WARMUP_RUNS).for_each(|_| f());
-    time_runs(runs, f)
-}
-
-/// `f(false)` and `f(true)` timed alternately `runs` times each (more for a short pair, see
-/// [`runs_for`]), after [`WARMUP_RUNS`] untimed calls of both; returns (median, all) for
-/// `false`, then for `true`.
-type Timed = (f64, Vec<f64>);
-fn time_alternated(runs: usize, mut f: impl FnMut(bool)) -> (Timed, Timed) {
-    for _ in 0..WARMUP_RUNS {
-        f(false);
-        f(true);
-    }
-    let mut ts = [Vec::new(), Vec::new()];
-    let mut pairs = runs.max(1);
-    let mut i = 0;
-    while i < pairs {
-        for (which, t) in ts.iter_mut().enumerate() {
-            let t0 = Instant::now();
-            f(which == 1);
-            t.push(t0.elapsed().as_secs_f64());
-        }
-        if i == 0 {
-            pairs = runs_for(runs, ts[0][0] + ts[1][0]);
-        }
-        i += 1;
-    }
-    let [a, b] = ts;
-    let (ma, mb) = (median(&a), median(&b));
-    ((ma, a), (mb, b))
-}
-
-/// The series a row belongs to in the fits, the crossovers and the plot: `race (P,L)` (with
-/// ` causal` for the causal rows of a `causal_ratio` run) or the reference's name.
-fn series_name(r: &BenchRow, causal_ratio: bool) -> String {
-    match (r.p, r.l) {
-        (Some(p), Some(l)) if causal_ratio && r.causal => format!("race ({p},{l}) causal"),
-        (Some(p), Some(l)) => format!("race ({p},{l})"),
-        _ => r.method.clone(),
-    }
-}
-
-/// Run the benchmark.
-pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
+/// Refuse configurations that cannot run, naming the argument.
+fn validate(cfg: &BenchConfig) -> Result<()> {
     if cfg.ns.is_empty() || cfg.pl.is_empty() {
         return Err(RaceError::param(
             "n",
@@ -336,6 +254,13 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
             "--causal-ratio times the RACE kernels only; time the references in a separate run",
         ));
     }
+    Ok(())
+}
+
+/// Run the benchmark: measure the machine's limits, time every row ([`rows::Recorder`]),
+/// probe the bandwidth again and floor every row, summarise and write the outputs.
+pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
+    validate(cfg)?;
     // GPU rows are floored against the GPU's own measured copy bandwidth and FMA rate.
     let gpu = if cfg.device == Device::Cuda {
         crate::cuda::ensure_device()?;
@@ -348,342 +273,34 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
     progress("measuring memory bandwidth and FMA peak");
     let bw_start = machine::bandwidth_gbs();
     let peak = machine::fma_peak_gflops(isa);
-    // Floors are set below with the larger of this and a second probe after the rows.
-    let bw = bw_start;
-    let (h, d, dv) = (cfg.heads, cfg.d, cfg.d);
-    let mut rows = Vec::new();
-    let mut causal_ratios = Vec::new();
-    let mut skipped = Vec::new();
-    let mut ref_alive = [cfg.reference, cfg.reference];
-    let mut ref_last: [Option<(usize, f64)>; 2] = [None, None];
+    let mut s = rows::Recorder::new(cfg, progress, isa, bw_start, peak, gpu);
     let mut ns = cfg.ns.clone();
     ns.sort_unstable();
     for &n in &ns {
-        let floats = (if cfg.backward {
-            4 * d + 4 * dv + 1
-        } else {
-            2 * d + 2 * dv + 1
-        }) as u64;
-        // Plus what the forward keeps for the backward, for the largest (P, L) (both
-        // contexts with `causal_ratio`: they are alive together).
-        let saved = cfg
-            .pl
-            .iter()
-            .map(|&(p, l)| {
-                let ctx = |c| cpu::Ctx::floats_per_token(l, p, dv, c);
-                if cfg.causal_ratio {
-                    ctx(false) + ctx(true)
-                } else {
-                    ctx(cfg.causal)
-                }
-            })
-            .fold(0.0, f64::max);
-        let state = cfg
-            .pl
-            .iter()
-            .map(|&(p, l)| {
-                let features = (l as u64).saturating_mul(1u64 << p);
-                crate::memory::kernel_state_bytes(features, h, dv)
-            })
-            .max()
-            .unwrap_or(0);
-        let need = ((4.0 * (floats as f64 + saved) * (n * h) as f64) as u64).saturating_add(state);
+        let need = s.need_bytes(n);
         // 90%: the estimate is the measured peak (the paper shape at N = 2^20, causal (4,4):
         // 17.65 GiB estimated and 17.65 GiB peak RSS, of 23.5 GiB here), and at 80% that row
         // was skipped whenever the machine had let its page cache grow.
         if need > available_memory_bytes() * 9 / 10 {
-            skipped.push(format!(
+            s.skipped.push(format!(
                 "N = {n}: needs {:.1} GiB, more than 90% of available memory",
                 need as f64 / (1u64 << 30) as f64
             ));
             continue;
         }
-        let mut q = cpu::mem::ABuf::zeroed(h * n * d);
-        let mut k = cpu::mem::ABuf::zeroed(h * n * d);
-        let mut v = cpu::mem::ABuf::zeroed(h * n * dv);
-        machine::fill(&mut q, cfg.seed, 0);
-        machine::fill(&mut k, cfg.seed + 1, 0);
-        machine::fill(&mut v, cfg.seed + 2, 0);
-        let g = if cfg.backward {
-            let mut g = cpu::mem::ABuf::zeroed(h * n * dv);
-            machine::fill(&mut g, cfg.seed + 3, 0);
-            g
-        } else {
-            cpu::mem::ABuf::zeroed(0)
-        };
-        let (qh, kh, vh) = (
-            Heads::new(h, n, d, &q),
-            Heads::new(h, n, d, &k),
-            Heads::new(h, n, dv, &v),
-        );
-        // The probe after the previous row, which serves as this row's probe before.
-        let mut last_probe: Option<f64> = None;
-        for &(p, l) in &cfg.pl {
-            let bytes = bytes_per_token(d, dv, l * p, cfg.backward) * (n * h) as f64;
-            let own_probes = cfg.device == Device::Cpu && bytes >= cfg.row_probe_bytes;
-            let probe_before = if own_probes {
-                Some(last_probe.take().unwrap_or_else(|| {
-                    progress("measuring memory bandwidth before the row");
-                    machine::bandwidth_gbs()
-                }))
-            } else {
-                None
-            };
-            progress(&format!("race (P,L)=({p},{l}) N={n}"));
-            let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, cfg.seed)?);
-            let map = SoftMap {
-                planes: &planes,
-                beta: cfg.beta as f32,
-            };
-            reset_peak_rss();
-            // Output and gradient buffers are allocated once per row and reused across runs,
-            // as a caching allocator would; runs time the kernels, not page faults.
-            let mut o = cpu::mem::ABuf::zeroed(h * n * dv);
-            let (mut dq, mut dk, mut dvb) = if cfg.backward {
-                (
-                    cpu::mem::ABuf::zeroed(h * n * d),
-                    cpu::mem::ABuf::zeroed(h * n * d),
-                    cpu::mem::ABuf::zeroed(h * n * dv),
-                )
-            } else {
-                let z = || cpu::mem::ABuf::zeroed(0);
-                (z(), z(), z())
-            };
-            // The context's buffers (denominators, saved `u`) are recycled the same way, one
-            // context per mode.
-            let mut reuse = [cpu::Ctx::default(), cpu::Ctx::default()];
-            // What the last run of each mode recomputed (the context holds it).
-            let mut recomputed = [cpu::recompute::Recomputed::default(), Default::default()];
-            let mut once = |causal: bool| {
-                let slot = &mut reuse[causal as usize];
-                let (_, ctx) =
-                    soft_forward_into(&map, qh, kh, vh, causal, isa, &mut o, std::mem::take(slot));
-                if cfg.backward {
-                    let db = soft_backward_into(
-                        &map,
-                        &ctx,
-                        qh,
-                        kh,
-                        vh,
-                        Heads::new(h, n, dv, &o),
-                        Heads::new(h, n, dv, &g),
-                        isa,
-                        &mut dq,
-                        &mut dk,
-                        &mut dvb,
-                    );
-                    std::hint::black_box(db);
-                }
-                *slot = ctx;
-            };
-            let timed: Vec<(bool, Timed)> = match (cfg.device, cfg.causal_ratio) {
-                (Device::Cpu, false) => {
-                    let t = time_runs_warm(cfg.runs, || once(cfg.causal));
-                    recomputed[cfg.causal as usize] = reuse[cfg.causal as usize].recomputed.clone();
-                    vec![(cfg.causal, t)]
-                }
-                (Device::Cpu, true) => {
-                    let (nc, c) = time_alternated(cfg.runs, &mut once);
-                    recomputed = reuse.clone().map(|c| c.recomputed);
-                    vec![(false, nc), (true, c)]
-                }
-                // On the GPU one mode after the other: `time_soft` times all of a mode's runs
-                // in one call (the alternation answers the host's memory-state drift, which
-                // was not measured on the GPU machine).
-                (_, pair) => {
-                    let modes = if pair {
-                        vec![false, true]
-                    } else {
-                        vec![cfg.causal]
-                    };
-                    modes
-                        .into_iter()
-                        .map(|causal| {
-                            let gr = if cfg.backward { Some(&g[..]) } else { None };
-                            let (med, all, rec) = gpu::time_soft(
-                                &planes,
-                                cfg.beta as f32,
-                                qh,
-                                kh,
-                                vh,
-                                gr,
-                                causal,
-                                cfg.runs,
-                            )?;
-                            recomputed[causal as usize] = rec;
-                            Ok((causal, (med, all)))
-                        })
-                        .collect::<Result<_>>()?
-                }
-            };
-            let flops = race_flops_per_token(p, l, d, dv, cfg.backward) * (n * h) as f64;
-            let (row_bw, row_peak) = match &gpu {
-                Some(c) => (c.bandwidth_gbs, c.fp32_gflops),
-                None => (bw, peak),
-            };
-            // Before the probe below, which allocates three arrays of 256 MiB.
-            let rss = peak_rss_bytes();
-            let probes = probe_before.map(|b| {
-                progress("measuring memory bandwidth after the row");
-                let a = machine::bandwidth_gbs();
-                last_probe = Some(a);
-                [b, a]
-            });
-            let floor = bytes / (row_bw * 1e9);
-            if let [(false, (nc, nc_all)), (true, (c, c_all))] = &timed[..] {
-                let pair_ratios: Vec<f64> =
-                    c_all.iter().zip(nc_all).map(|(c, nc)| c / nc).collect();
-                causal_ratios.push(CausalRatio {
-                    n,
-                    p,
-                    l,
-                    median_pair_ratio: median(&pair_ratios),
-                    ratio_of_medians: c / nc,
-                    pair_ratios,
-                });
-            }
-            for (causal, (secs, all)) in timed {
-                rows.push(BenchRow {
-                    method: "race".into(),
-                    device: cfg.device,
-                    n,
-                    p: Some(p),
-                    l: Some(l),
-                    heads: h,
-                    d,
-                    causal,
-                    backward: cfg.backward,
-                    seconds: secs,
-                    tokens_per_s: n as f64 / secs,
-                    peak_rss_bytes: rss,
-                    bytes_moved: bytes,
-                    floor_seconds: floor,
-                    ratio_to_floor: secs / floor,
-                    bandwidth_probes_gbs: probes,
-                    ratio_to_run_floor: secs / floor,
-                    flops: Some(flops),
-                    flop_floor_seconds: Some(flops / (row_peak * 1e9)),
-                    recomputed_rows: Some(recomputed[causal as usize].rows.len()),
-                    recompute_seconds: Some(recomputed[causal as usize].seconds),
-                    runs: all,
-                });
-            }
-        }
-        for (ri, name) in ["softmax", "angular"].iter().enumerate() {
-            if !ref_alive[ri] {
-                continue;
-            }
-            if let Some((n0, t0)) = ref_last[ri] {
-                let predicted = t0 * (n as f64 / n0 as f64).powi(2);
-                if predicted > cfg.ref_budget_s {
-                    ref_alive[ri] = false;
-                    skipped.push(format!("{name} reference from N = {n}: predicted {predicted:.0} s per run > {} s budget", cfg.ref_budget_s));
-                    continue;
-                }
-            }
-            progress(&format!("{name} reference N={n}"));
-            let kind = if ri == 0 {
-                Exact::Softmax {
-                    scale: 1.0 / (d as f32).sqrt(),
-                }
-            } else {
-                Exact::Angular { gamma: 2.0 }
-            };
-            reset_peak_rss();
-            let runs = if ref_last[ri].map(|(_, t)| t * 4.0 > 10.0).unwrap_or(false) {
-                1.max(cfg.runs.min(3))
-            } else {
-                cfg.runs
-            };
-            let (secs, all) = time_runs(runs, || {
-                std::hint::black_box(exact_attention(kind, qh, kh, vh, cfg.causal, isa));
-            });
-            ref_last[ri] = Some((n, secs));
-            let rbytes = bytes_per_token(d, dv, 0, false) * (n * h) as f64;
-            let floor = rbytes / (bw * 1e9);
-            let flops = 4.0
-                * (n as f64)
-                * (n as f64)
-                * (d as f64)
-                * h as f64
-                * if cfg.causal { 0.5 } else { 1.0 };
-            rows.push(BenchRow {
-                method: name.to_string(),
-                device: Device::Cpu,
-                n,
-                p: None,
-                l: None,
-                heads: h,
-                d,
-                causal: cfg.causal,
-                backward: false,
-                seconds: secs,
-                tokens_per_s: n as f64 / secs,
-                peak_rss_bytes: peak_rss_bytes(),
-                bytes_moved: rbytes,
-                floor_seconds: floor,
-                ratio_to_floor: secs / floor,
-                bandwidth_probes_gbs: None,
-                ratio_to_run_floor: secs / floor,
-                flops: Some(flops),
-                flop_floor_seconds: Some(flops / (peak * 1e9)),
-                recomputed_rows: None,
-                recompute_seconds: None,
-                runs: all,
-            });
-        }
+        let inputs = rows::Inputs::new(cfg, n);
+        s.race_rows(&inputs)?;
+        s.reference_rows(&inputs);
     }
-    let name = |r: &BenchRow| series_name(r, cfg.causal_ratio);
-    let mut names: Vec<String> = rows.iter().map(name).collect();
-    names.dedup();
-    names.sort();
-    names.dedup();
-    let fits: Vec<Fit> = names
-        .iter()
-        .filter_map(|s| {
-            let pts: Vec<(f64, f64)> = rows
-                .iter()
-                .filter(|r| &name(r) == s)
-                .map(|r| (r.n as f64, r.seconds))
-                .collect();
-            // Fit the upper half of the sizes, where fixed costs no longer dominate.
-            let tail: Vec<(f64, f64)> = pts.iter().skip(pts.len() / 2).cloned().collect();
-            (tail.len() >= 2).then(|| Fit {
-                series: s.clone(),
-                exponent: loglog_slope(&tail),
-                points: tail.len(),
-            })
-        })
-        .collect();
-    // Only against a timed softmax reference (without one there is nothing to cross).
-    let softmax_timed = rows.iter().any(|x| x.method == "softmax");
-    let crossovers: Vec<Crossover> = names
-        .iter()
-        .filter(|s| softmax_timed && s.starts_with("race"))
-        .map(|s| {
-            let hit = rows.iter().filter(|r| &name(r) == s).find(|r| {
-                rows.iter()
-                    .any(|x| x.method == "softmax" && x.n == r.n && x.seconds > r.seconds)
-            });
-            let note = if cfg.backward {
-                "kernel forward+backward vs exact softmax forward only (conservative)"
-            } else {
-                "forward vs forward"
-            };
-            Crossover {
-                series: s.clone(),
-                n: hit.map(|r| r.n),
-                note: note.to_string(),
-            }
-        })
-        .collect();
+    let fits = output::fits(&s.rows, cfg);
+    let crossovers = output::crossovers(&s.rows, cfg);
     // The memory bandwidth is probed again after the rows (a shared machine's bandwidth drifts
     // over minutes) and the floors use the larger reading: the stricter floor.
     progress("measuring memory bandwidth again");
     let bw_end = machine::bandwidth_gbs();
     let bw = bw_start.max(bw_end);
-    for r in &mut rows {
-        let (run_bw, own_bw) = match (&gpu, r.device, r.bandwidth_probes_gbs) {
+    for r in &mut s.rows {
+        let (run_bw, own_bw) = match (&s.gpu, r.device, r.bandwidth_probes_gbs) {
             (Some(c), Device::Cuda, _) => (c.bandwidth_gbs, c.bandwidth_gbs),
             (_, _, Some([b, a])) => (bw, b.max(a)),
             _ => (bw, bw),
@@ -697,12 +314,12 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
         bandwidth_probes_gbs: [bw_start, bw_end],
         fma_peak_gflops: peak,
         isa: isa.name().to_string(),
-        gpu,
-        rows,
+        gpu: s.gpu,
+        rows: s.rows,
         fits,
         crossovers,
-        causal_ratios,
-        skipped,
+        causal_ratios: s.causal_ratios,
+        skipped: s.skipped,
         provenance: Provenance::collect(),
         out_dir: None,
         seed: cfg.seed,
@@ -710,108 +327,17 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
         warmup_runs: WARMUP_RUNS,
     };
     if let Some(dir) = &cfg.out {
-        write_outputs(dir, &report, cfg)?;
+        output::write_outputs(dir, &report, cfg)?;
         report.out_dir = Some(dir.display().to_string());
     }
     Ok(report)
 }
 
-fn write_outputs(dir: &std::path::Path, rep: &BenchReport, cfg: &BenchConfig) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(|e| RaceError::io(dir, e))?;
-    let mut csv = String::from("method,device,n,p,l,heads,d,causal,backward,seconds,tokens_per_s,peak_rss_bytes,bytes_moved,floor_seconds,ratio_to_floor,flop_floor_seconds,ratio_to_run_floor\n");
-    for r in &rep.rows {
-        csv += &format!(
-            "{},{:?},{},{},{},{},{},{},{},{:.6e},{:.6e},{},{:.6e},{:.6e},{:.4},{},{:.4}\n",
-            r.method,
-            r.device,
-            r.n,
-            r.p.map(|x| x.to_string()).unwrap_or_default(),
-            r.l.map(|x| x.to_string()).unwrap_or_default(),
-            r.heads,
-            r.d,
-            r.causal,
-            r.backward,
-            r.seconds,
-            r.tokens_per_s,
-            r.peak_rss_bytes,
-            r.bytes_moved,
-            r.floor_seconds,
-            r.ratio_to_floor,
-            r.flop_floor_seconds
-                .map(|x| format!("{x:.6e}"))
-                .unwrap_or_default(),
-            r.ratio_to_run_floor
-        );
-    }
-    let p = dir.join("bench.csv");
-    std::fs::write(&p, csv).map_err(|e| RaceError::io(&p, e))?;
-    let p = dir.join("bench.json");
-    std::fs::write(&p, serde_json::to_string_pretty(rep).unwrap_or_default())
-        .map_err(|e| RaceError::io(&p, e))?;
-    let cmd: Vec<String> = std::env::args().collect();
-    let p = dir.join("COMMAND.txt");
-    std::fs::write(
-        &p,
-        format!("{}\n{}\n", cmd.join(" "), rep.provenance.line()),
-    )
-    .map_err(|e| RaceError::io(&p, e))?;
-    let name = |r: &BenchRow| series_name(r, cfg.causal_ratio);
-    let mut names: Vec<String> = rep.rows.iter().map(name).collect();
-    names.sort();
-    names.dedup();
-    let mut series: Vec<Series> = names
-        .iter()
-        .map(|s| {
-            let pts = rep
-                .rows
-                .iter()
-                .filter(|r| &name(r) == s)
-                .map(|r| (r.n as f64, r.seconds))
-                .collect();
-            Series::new(s.clone(), pts)
-        })
-        .collect();
-    if let Some(first) = rep
-        .rows
-        .iter()
-        .find(|r| r.method == "race" && r.p == Some(cfg.pl[0].0))
-    {
-        let pts = rep
-            .rows
-            .iter()
-            .filter(|r| r.method == "race" && name(r) == name(first))
-            .map(|r| (r.n as f64, r.floor_seconds))
-            .collect();
-        series.push(Series::dashed("bandwidth floor (race, first (P,L))", pts));
-    }
-    let title = format!(
-        "time vs N ({}{}, {} heads, d={}, {})",
-        match (cfg.causal_ratio, cfg.causal) {
-            (true, _) => "causal and non-causal ",
-            (false, true) => "causal ",
-            (false, false) => "",
-        },
-        if cfg.backward { "fwd+bwd" } else { "fwd" },
-        cfg.heads,
-        cfg.d,
-        rep.provenance.cpu
-    );
-    line_plot(
-        &dir.join("time_vs_n"),
-        &LinePlot {
-            title: &title,
-            xlabel: "N (tokens)",
-            ylabel: "seconds",
-            logx: true,
-            logy: true,
-        },
-        &series,
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::stats::median;
+    use timing::{runs_for, time_alternated};
 
     /// The alternation itself: warm-ups of both modes, then non-causal and causal in turn.
     #[test]

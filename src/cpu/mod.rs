@@ -42,7 +42,10 @@ pub use features::{FeatureMap, HardMap, LinearMap, PerformerMap, SoftMap};
 pub use saved::{Ctx, ForwardOut};
 pub use simd::{detected_isa, Isa};
 
-use crate::backend::{Decode, Device, Forward, Heads, PlanesF32, RaceParams, SoftGrads, SoftRace};
+use crate::backend::{
+    BackwardInputs, Decode, Device, Forward, GradsMut, Heads, PlanesF32, RaceParams, SoftGrads,
+    SoftRace,
+};
 use crate::error::{RaceError, Result};
 use crate::params::Combine;
 
@@ -88,44 +91,26 @@ pub fn soft_forward(
 
 /// Production soft-RACE backward for a context from either forward path; the rows the
 /// forward recomputed get their exact share of every gradient ([`recompute`]).
-#[allow(clippy::too_many_arguments)]
 pub fn soft_backward_into(
     map: &SoftMap,
     ctx: &Ctx,
-    q: Heads,
-    k: Heads,
-    v: Heads,
-    o: Heads,
-    g: Heads,
+    x: BackwardInputs,
     isa: Isa,
-    dq: &mut [f32],
-    dk: &mut [f32],
-    dv: &mut [f32],
+    out: GradsMut,
 ) -> f64 {
+    let mut out = out;
     let dbeta = if ctx.causal {
-        soft::causal_backward_into(map, isa, ctx, q, k, v, o, g, dq, dk, dv)
+        soft::causal_backward_into(map, isa, ctx, x, out.reborrow())
     } else {
-        soft::backward_into(map, isa, ctx, q, k, v, o, g, dq, dk, dv)
+        soft::backward_into(map, isa, ctx, x, out.reborrow())
     };
-    dbeta + recompute::finish_backward(map, ctx, q, k, v, g, dq, dk, dv)
+    dbeta + recompute::finish_backward(map, ctx, x, out)
 }
 
 /// [`soft_backward_into`] allocating its outputs.
-#[allow(clippy::too_many_arguments)]
-pub fn soft_backward(
-    map: &SoftMap,
-    ctx: &Ctx,
-    q: Heads,
-    k: Heads,
-    v: Heads,
-    o: Heads,
-    g: Heads,
-    isa: Isa,
-) -> SoftGrads {
-    let mut gr = SoftGrads::zeros(q, k, v);
-    gr.dbeta = soft_backward_into(
-        map, ctx, q, k, v, o, g, isa, &mut gr.dq, &mut gr.dk, &mut gr.dv,
-    );
+pub fn soft_backward(map: &SoftMap, ctx: &Ctx, x: BackwardInputs, isa: Isa) -> SoftGrads {
+    let mut gr = SoftGrads::zeros(x.q, x.k, x.v);
+    gr.dbeta = soft_backward_into(map, ctx, x, isa, gr.as_mut());
     gr
 }
 
@@ -200,7 +185,7 @@ impl SoftRace for CpuRace {
         let map = Self::map(params, planes)?;
         let f = soft_forward(&map, q, k, v, params.causal, self.isa);
         let o = Heads::new(q.heads, q.n, v.cols, &f.o);
-        let grads = soft_backward(&map, &f.ctx, q, k, v, o, g, self.isa);
+        let grads = soft_backward(&map, &f.ctx, BackwardInputs::new(q, k, v, o, g), self.isa);
         let fwd = Forward {
             o: f.o,
             empty_rows: f.empty_rows,
@@ -216,6 +201,7 @@ impl SoftRace for CpuRace {
         dv: usize,
     ) -> Result<Box<dyn Decode>> {
         Self::map(params, planes)?;
+        crate::backend::decoder_fits(params, dv)?;
         Ok(Box::new(decode::Decoder::new(
             planes.clone(),
             params.beta as f32,

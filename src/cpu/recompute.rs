@@ -30,7 +30,7 @@
 
 use super::features::SoftMap;
 use super::saved::Ctx;
-use crate::backend::{Heads, PlanesF32};
+use crate::backend::{BackwardInputs, GradsMut, Heads, PlanesF32};
 
 use crate::reference::logdomain::soft_race_rows_log;
 use crate::tensor::Mat;
@@ -44,12 +44,7 @@ pub fn den_floor(m: usize, keys: usize) -> f32 {
     (m as f32) * (keys.max(1) as f32) * f32::powi(2.0, -100)
 }
 
-/// Rows recomputed by [`forward`] (flat indices `head·n + i`) and the seconds it took.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Recomputed {
-    pub rows: Vec<usize>,
-    pub seconds: f64,
-}
+pub use super::saved::Recomputed;
 
 /// The rows a kernel flagged: saved denominator 0.
 pub fn flagged(den: &[f32]) -> Vec<usize> {
@@ -240,22 +235,13 @@ pub(crate) fn finish_forward(
 }
 
 /// After a soft-RACE backward kernel: add the exact share of the rows `ctx` recomputed.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn finish_backward(
-    map: &SoftMap,
-    ctx: &Ctx,
-    q: Heads,
-    k: Heads,
-    v: Heads,
-    g: Heads,
-    dq: &mut [f32],
-    dk: &mut [f32],
-    dv: &mut [f32],
-) -> f64 {
+pub(crate) fn finish_backward(map: &SoftMap, ctx: &Ctx, x: BackwardInputs, out: GradsMut) -> f64 {
     let rows = &ctx.recomputed.rows;
     if rows.is_empty() {
         return 0.0;
     }
+    let BackwardInputs { q, k, v, g, .. } = x;
+    let GradsMut { dq, dk, dv } = out;
     backward(
         map.planes, map.beta, q, k, v, g, ctx.causal, rows, dq, dk, dv,
     )

@@ -28,7 +28,7 @@ pub struct Ctx {
     pub states: Vec<f32>,
     /// The rows the kernel flagged (denominator below [`crate::cpu::recompute::den_floor`]) and
     /// [`crate::cpu::recompute`] finished exactly; the backward adds their exact share.
-    pub recomputed: crate::cpu::recompute::Recomputed,
+    pub recomputed: Recomputed,
 }
 
 impl Ctx {
@@ -48,20 +48,6 @@ impl Ctx {
         (den, uq, uk)
     }
 
-    /// Floats per token and head the production forwards keep: the denominator, the saved
-    /// `u` of queries and keys (`L·P` each) and, causal, the block-start states
-    /// ([`Ctx::states`], `m·w` per block of [`crate::cpu::soft::causal::TB`] tokens; at most,
-    /// since they are kept only with one segment per head).
-    pub fn floats_per_token(l: usize, p: usize, dv: usize, causal: bool) -> f64 {
-        let (m, w) = ((l << p) as f64, crate::cpu::state::bank_width(dv) as f64);
-        let states = if causal {
-            m * w / crate::cpu::soft::causal::TB as f64
-        } else {
-            0.0
-        };
-        1.0 + 2.0 * (l * p) as f64 + states
-    }
-
     /// The saved `u` of the queries and of the keys when they match `[heads, n, lp]` for
     /// these inputs, else empty slices (the backward then recomputes the features from Q
     /// and K, so a context from another engine or of another shape is never misread).
@@ -71,6 +57,14 @@ impl Ctx {
         let uk: &[f32] = if fits(&self.uk, k) { &self.uk } else { &[] };
         (uq, uk)
     }
+}
+
+/// Rows recomputed exactly after a forward (flat indices `head·n + i`; see
+/// [`crate::cpu::recompute`]) and the seconds it took.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Recomputed {
+    pub rows: Vec<usize>,
+    pub seconds: f64,
 }
 
 /// Output of the forward pass.

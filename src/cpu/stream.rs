@@ -221,6 +221,7 @@ pub fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::{BackwardInputs, GradsMut};
 
     /// The streamed pipeline (three passes over chunks, inputs regenerated) against the
     /// in-memory kernels on the same generated tensors: the checksum of o, dq, dk, dv and
@@ -259,15 +260,19 @@ mod tests {
         let dbeta = crate::cpu::soft_backward_into(
             &map,
             &ctx,
-            h(&q, heads, n, d),
-            h(&k, heads, n, d),
-            h(&v, heads, n, d),
-            h(&o, heads, n, d),
-            h(&g, heads, n, d),
+            BackwardInputs::new(
+                h(&q, heads, n, d),
+                h(&k, heads, n, d),
+                h(&v, heads, n, d),
+                h(&o, heads, n, d),
+                h(&g, heads, n, d),
+            ),
             isa,
-            &mut dq,
-            &mut dk,
-            &mut dv,
+            GradsMut {
+                dq: &mut dq,
+                dk: &mut dk,
+                dv: &mut dv,
+            },
         );
         let want = checksum_of(&o) + checksum_of(&dq) + checksum_of(&dk) + checksum_of(&dv) + dbeta;
         let scale: f64 = [&o, &dq, &dk, &dv]

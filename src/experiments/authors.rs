@@ -101,15 +101,9 @@ fn fitted_c(cfg: &Config) -> f64 {
         .reduce(|| 0.0, f64::max)
 }
 
-pub fn run(ctx: &Ctx) -> Result<ExpResult> {
-    let t0 = std::time::Instant::now();
-    let cfg: Config = load_config(
-        ctx,
-        include_str!("../../experiments/authors.toml"),
-        "authors",
-    )?;
-    let inputs = inputs(ctx, &cfg)?;
-    let c = fitted_c(&cfg);
+/// Compute → CSV `authors`: per input instance, P and t (beta = e^t/√d), raw and unit Q/K and
+/// both combine rules, the median error against angular-P and against the uniform average.
+fn compute_csv(ctx: &Ctx, cfg: &Config, inputs: &[super::Instance], c: f64) -> Result<String> {
     let mut jobs = Vec::new();
     for i in 0..inputs.len() {
         for &p in &cfg.ps {
@@ -163,7 +157,7 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
             out
         })
         .collect();
-    let csv = write_csv(
+    write_csv(
         ctx,
         "authors",
         &[
@@ -180,48 +174,76 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
         ],
         &rows,
         &cfg,
-    )?;
-    let (h, r) = read_csv(ctx, "authors")?;
-    let s = |name: &str| super::col_s(&h, &r, name);
-    let c_ = |name: &str| super::col(&h, &r, name);
-    let (fam, kind, comb) = (s("inputs"), s("qk"), s("combine"));
-    let (inst, pc, tc, ea, eu) = (
-        c_("instance"),
-        c_("p"),
-        c_("t"),
-        c_("err_vs_angular"),
-        c_("err_vs_uniform"),
-    );
-    let p0 = cfg.ps[0];
-    let med = |fm: &str, k: &str, cb: &str, t: f64, y: &[f64]| {
+    )
+}
+
+/// The CSV's columns, and the median of a column over seeds for one setting at the grid's
+/// first P.
+struct Table {
+    fam: Vec<String>,
+    kind: Vec<String>,
+    comb: Vec<String>,
+    inst: Vec<f64>,
+    pc: Vec<f64>,
+    tc: Vec<f64>,
+    ea: Vec<f64>,
+    eu: Vec<f64>,
+    len: usize,
+    p0: usize,
+}
+
+impl Table {
+    fn read(ctx: &Ctx, cfg: &Config) -> Result<Table> {
+        let (h, r) = read_csv(ctx, "authors")?;
+        let s = |name: &str| super::col_s(&h, &r, name);
+        let c_ = |name: &str| super::col(&h, &r, name);
+        Ok(Table {
+            fam: s("inputs"),
+            kind: s("qk"),
+            comb: s("combine"),
+            inst: c_("instance"),
+            pc: c_("p"),
+            tc: c_("t"),
+            ea: c_("err_vs_angular"),
+            eu: c_("err_vs_uniform"),
+            len: r.len(),
+            p0: cfg.ps[0],
+        })
+    }
+    fn med(&self, fm: &str, k: &str, cb: &str, t: f64, y: &[f64]) -> f64 {
         quantile(
-            &(0..r.len())
+            &(0..self.len)
                 .filter(|&i| {
-                    fam[i] == fm
-                        && kind[i] == k
-                        && comb[i] == cb
-                        && tc[i] == t
-                        && pc[i] == p0 as f64
+                    self.fam[i] == fm
+                        && self.kind[i] == k
+                        && self.comb[i] == cb
+                        && self.tc[i] == t
+                        && self.pc[i] == self.p0 as f64
                 })
                 .map(|i| y[i])
                 .collect::<Vec<_>>(),
             0.5,
         )
-    };
+    }
+}
+
+/// Figure, from the CSV: the MiniLM errors against e^t.
+fn figures(ctx: &Ctx, cfg: &Config, tb: &Table) -> Result<Vec<String>> {
+    let p0 = tb.p0;
     let mut series = Vec::new();
     for (k, cb) in [("raw", "authors"), ("raw", "paper"), ("unit", "paper")] {
         series.push(Series::new(
             format!("MiniLM {k} Q/K, {cb}: vs angular"),
             cfg.ts
                 .iter()
-                .map(|&t| (t.exp(), med("minilm", k, cb, t, &ea)))
+                .map(|&t| (t.exp(), tb.med("minilm", k, cb, t, &tb.ea)))
                 .collect(),
         ));
         series.push(Series::dashed(
             format!("MiniLM {k} Q/K, {cb}: vs uniform"),
             cfg.ts
                 .iter()
-                .map(|&t| (t.exp(), med("minilm", k, cb, t, &eu)))
+                .map(|&t| (t.exp(), tb.med("minilm", k, cb, t, &tb.eu)))
                 .collect(),
         ));
     }
@@ -239,6 +261,18 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
         },
         &series,
     )?;
+    Ok(vec!["authors".into()])
+}
+
+/// The claims: the bias term's vacuity at the authors' start, and near-uniform outputs at
+/// t = 0 (one paired difference per input instance).
+fn claims(
+    cfg: &Config,
+    inputs: &[super::Instance],
+    c: f64,
+    tb: &Table,
+) -> Result<(Vec<Claim>, serde_json::Value)> {
+    let p0 = tb.p0;
     // The claim's bias term at the authors' start, and where it stops being vacuous.
     let beta0 = 1.0 / (cfg.claim_d_head as f64).sqrt();
     let term0 = c * 2.0 / beta0;
@@ -249,18 +283,18 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
     let per_inst: Vec<f64> = inst_keys
         .iter()
         .map(|(fm, ix)| {
-            let idx: Vec<usize> = (0..r.len())
-                .filter(|&i| &fam[i] == fm && inst[i] == *ix as f64 && tc[i] == 0.0)
+            let idx: Vec<usize> = (0..tb.len)
+                .filter(|&i| &tb.fam[i] == fm && tb.inst[i] == *ix as f64 && tb.tc[i] == 0.0)
                 .collect();
-            idx.iter().map(|&i| ea[i] - eu[i]).sum::<f64>() / idx.len().max(1) as f64
+            idx.iter().map(|&i| tb.ea[i] - tb.eu[i]).sum::<f64>() / idx.len().max(1) as f64
         })
         .collect();
     let (diff, se) = mean_se(&per_inst);
     let at0 = |fm: &str, k: &str, cb: &str| {
         format!(
             "{:.3}/{:.3}",
-            med(fm, k, cb, 0.0, &ea),
-            med(fm, k, cb, 0.0, &eu)
+            tb.med(fm, k, cb, 0.0, &tb.ea),
+            tb.med(fm, k, cb, 0.0, &tb.eu)
         )
     };
     let has_t0 = cfg.ts.contains(&0.0);
@@ -288,13 +322,26 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
         )?,
     ];
     let headline = serde_json::json!({"c": c, "bias_term_t0": term0, "near_uniform_diff": diff, "near_uniform_se": se});
-    Ok(ExpResult {
-        name: "authors".into(),
-        claims,
-        figures: vec!["authors".into()],
-        csv: vec![csv],
-        headline,
-        seconds: t0.elapsed().as_secs_f64(),
-        seed: ctx.seed,
-    })
+    Ok((claims, headline))
+}
+
+pub fn run(ctx: &Ctx) -> Result<ExpResult> {
+    let t0 = std::time::Instant::now();
+    let cfg: Config = load_config(
+        ctx,
+        include_str!("../../experiments/authors.toml"),
+        "authors",
+    )?;
+    let inputs = inputs(ctx, &cfg)?;
+    let c = fitted_c(&cfg);
+    let csv = compute_csv(ctx, &cfg, &inputs, c)?;
+    let table = Table::read(ctx, &cfg)?;
+    let figures = figures(ctx, &cfg, &table)?;
+    Ok(ExpResult::assemble(
+        "authors",
+        ctx,
+        t0,
+        (vec![csv], figures),
+        claims(&cfg, &inputs, c, &table)?,
+    ))
 }

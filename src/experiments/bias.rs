@@ -14,6 +14,9 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::f64::consts::PI;
 
+/// The columns of `bias_angles.csv`.
+const ANGLE_COLUMNS: [&str; 4] = ["theta", "beta", "p", "bias"];
+
 /// Angles of the fixed-angle study; [`INTERIOR`] are those tested for the 1/beta² rate.
 const ANGLES: [f64; 5] = [0.0, 0.1, 0.3, 1.2, 2.0];
 const INTERIOR: [f64; 3] = [0.3, 1.2, 2.0];
@@ -33,9 +36,9 @@ pub struct Config {
     pub mc_draws: usize,
 }
 
-pub fn run(ctx: &Ctx) -> Result<ExpResult> {
-    let t0 = std::time::Instant::now();
-    let cfg: Config = load_config(ctx, include_str!("../../experiments/bias.toml"), "bias")?;
+/// Compute → CSV `bias`: the sup over θ of `|g^P − κ^P|` per (beta, P), where it sits, and
+/// `bias·beta/P`.
+fn sup_csv(ctx: &Ctx, cfg: &Config) -> Result<String> {
     let tables: Vec<GTable> = cfg
         .betas
         .iter()
@@ -63,13 +66,18 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
             ]);
         }
     }
-    let csv1 = write_csv(
+    write_csv(
         ctx,
         "bias",
         &["beta", "p", "sup_bias", "bias_beta_over_p", "theta_at_sup"],
         &rows,
         &cfg,
-    )?;
+    )
+}
+
+/// Compute → CSV `bias_norms`: the sup bias at P = 2 for non-unit Q/K (the theorem assumes unit
+/// Q/K; tanh saturation depends on the norms).
+fn norms_csv(ctx: &Ctx, cfg: &Config) -> Result<String> {
     // Non-unit norms (P = 2): the theorem assumes unit Q/K; tanh saturation depends on norms.
     let norm_rows: Vec<Vec<String>> = cfg
         .norm_betas
@@ -87,13 +95,18 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
             vec![f(beta), f(r), f(sup)]
         })
         .collect();
-    let csv2 = write_csv(
+    write_csv(
         ctx,
         "bias_norms",
         &["beta", "norm", "sup_bias_p2"],
         &norm_rows,
         &cfg,
-    )?;
+    )
+}
+
+/// Compute → CSV `bias_quadrature_check`: the quadrature against seeded Monte Carlo (z-scores)
+/// and against its own panel refinement.
+fn quadrature_csv(ctx: &Ctx, cfg: &Config) -> Result<String> {
     // Quadrature validation: Monte Carlo and refinement.
     let mc_rows: Vec<Vec<String>> = cfg
         .mc_points
@@ -114,7 +127,7 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
             ]
         })
         .collect();
-    let csv3 = write_csv(
+    write_csv(
         ctx,
         "bias_quadrature_check",
         &[
@@ -128,8 +141,12 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
         ],
         &mc_rows,
         &cfg,
-    )?;
+    )
+}
 
+/// Compute → CSV `bias_angles`: the per-pair bias `|g(θ)^P − κ(θ)^P|` at fixed angles over
+/// beta (ties at θ = 0).
+fn angles_csv(ctx: &Ctx, cfg: &Config) -> Result<String> {
     // Fixed angles: the per-pair bias |g(θ)^P − κ(θ)^P| over beta (ties at θ = 0).
     let angle_jobs: Vec<(f64, f64, usize)> = ANGLES
         .iter()
@@ -152,22 +169,27 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
             ]
         })
         .collect();
-    let csv4 = write_csv(
+    write_csv(
         ctx,
         "bias_angles",
         &["theta", "beta", "p", "bias"],
         &angle_rows,
         &cfg,
-    )?;
-    let (ha, ra) = read_csv(ctx, "bias_angles")?;
-    let (at, ab, ap, av) = (
-        super::col(&ha, &ra, "theta"),
-        super::col(&ha, &ra, "beta"),
-        super::col(&ha, &ra, "p"),
-        super::col(&ha, &ra, "bias"),
-    );
+    )
+}
+
+/// What the CSVs give: the fitted slopes of the sup bias per P and of the fixed-angle bias per
+/// (θ, P), and the columns the figures and claims read.
+struct Fits {
+    slopes: Vec<(usize, f64)>,
+    angle_slopes: Vec<(f64, f64, f64)>,
+    interior: Vec<f64>,
+}
+
+fn fits(ctx: &Ctx, cfg: &Config) -> Result<Fits> {
+    let [at, ab, ap, av] = super::read_cols(ctx, "bias_angles", ANGLE_COLUMNS)?;
     let angle_slope = |theta: f64, p: f64| {
-        let pts: Vec<(f64, f64)> = (0..ra.len())
+        let pts: Vec<(f64, f64)> = (0..at.len())
             .filter(|&i| at[i] == theta && ap[i] == p && ab[i] >= INTERIOR_FROM_BETA)
             .map(|i| (ab[i], av[i]))
             .collect();
@@ -186,6 +208,34 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
         .filter(|(t, ..)| INTERIOR.contains(t))
         .map(|x| x.2)
         .collect();
+    let [bc, pc, sc] = super::read_cols(ctx, "bias", ["beta", "p", "sup_bias"])?;
+    let slopes = cfg
+        .ps
+        .iter()
+        .map(|&p| {
+            let tail: Vec<(f64, f64)> = (0..bc.len())
+                .filter(|&i| pc[i] == p as f64 && bc[i] >= cfg.fit_from_beta)
+                .map(|i| (bc[i], sc[i]))
+                .collect();
+            let slope = if tail.len() >= 2 {
+                loglog_slope(&tail)
+            } else {
+                f64::NAN
+            };
+            (p, slope)
+        })
+        .collect();
+    Ok(Fits {
+        slopes,
+        angle_slopes,
+        interior,
+    })
+}
+
+/// Figures, from the CSVs: the sup bias against beta (with each P's slope), `bias·beta/P`, the
+/// non-unit norms, and the fixed angles.
+fn figures(ctx: &Ctx, cfg: &Config, fits: &Fits) -> Result<Vec<String>> {
+    let [at, ab, ap, av] = super::read_cols(ctx, "bias_angles", ANGLE_COLUMNS)?;
     line_plot(
         &fig(ctx, "bias_angles"),
         &LinePlot {
@@ -200,7 +250,7 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
             .map(|&t| {
                 Series::new(
                     format!("theta={t}"),
-                    (0..ra.len())
+                    (0..at.len())
                         .filter(|&i| at[i] == t && ap[i] == 1.0 && av[i] > 0.0)
                         .map(|i| (ab[i], av[i]))
                         .collect(),
@@ -208,38 +258,19 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
             })
             .collect::<Vec<_>>(),
     )?;
-
-    // Figures and fits from the CSV.
-    let (h, r) = read_csv(ctx, "bias")?;
-    let (bc, pc, sc, nc) = (
-        super::col(&h, &r, "beta"),
-        super::col(&h, &r, "p"),
-        super::col(&h, &r, "sup_bias"),
-        super::col(&h, &r, "bias_beta_over_p"),
-    );
+    let [bc, pc, sc, nc] =
+        super::read_cols(ctx, "bias", ["beta", "p", "sup_bias", "bias_beta_over_p"])?;
     let mut series = Vec::new();
     let mut series2 = Vec::new();
-    let mut slopes = Vec::new();
-    for &p in &cfg.ps {
-        let pts: Vec<(f64, f64)> = (0..r.len())
+    for &(p, slope) in &fits.slopes {
+        let pts: Vec<(f64, f64)> = (0..bc.len())
             .filter(|&i| pc[i] == p as f64)
             .map(|i| (bc[i], sc[i]))
             .collect();
-        let tail: Vec<(f64, f64)> = pts
-            .iter()
-            .cloned()
-            .filter(|(b, _)| *b >= cfg.fit_from_beta)
-            .collect();
-        let slope = if tail.len() >= 2 {
-            loglog_slope(&tail)
-        } else {
-            f64::NAN
-        };
-        slopes.push((p, slope));
         series.push(Series::new(format!("P={p} (slope {slope:.2})"), pts));
         series2.push(Series::new(
             format!("P={p}"),
-            (0..r.len())
+            (0..bc.len())
                 .filter(|&i| pc[i] == p as f64)
                 .map(|i| (bc[i], nc[i]))
                 .collect(),
@@ -302,7 +333,30 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
         },
         &norm_series,
     )?;
+    Ok(vec![
+        "bias_vs_beta".into(),
+        "bias_beta_over_p".into(),
+        "bias_norms".into(),
+        "bias_angles".into(),
+    ])
+}
 
+/// The claims, from the CSVs and fits: the sup bias's slope, the fixed-angle rate, the
+/// constant `1/√(2π)`, and the quadrature's checks.
+fn claims(ctx: &Ctx, cfg: &Config, fits: &Fits) -> Result<(Vec<Claim>, serde_json::Value)> {
+    let Fits {
+        slopes,
+        angle_slopes,
+        interior,
+    } = fits;
+    let interior = interior.clone();
+    let [bc, pc, nc] = super::read_cols(ctx, "bias", ["beta", "p", "bias_beta_over_p"])?;
+    let [at, ab, ap, av] = super::read_cols(ctx, "bias_angles", ANGLE_COLUMNS)?;
+    let (hq, rq) = read_csv(ctx, "bias_quadrature_check")?;
+    let (zc, rc) = (
+        super::col(&hq, &rq, "z"),
+        super::col(&hq, &rq, "refinement_diff"),
+    );
     let max_bbp = nc.iter().cloned().fold(0.0, f64::max);
     // bias·beta/P·√(2π) at the largest beta, per P (the limit is 1).
     let bmax = cfg.betas.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -310,7 +364,7 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
         .ps
         .iter()
         .map(|&p| {
-            let x = (0..r.len())
+            let x = (0..bc.len())
                 .find(|&i| pc[i] == p as f64 && bc[i] == bmax)
                 .map(|i| nc[i])
                 .unwrap_or(f64::NAN);
@@ -321,14 +375,8 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
         .iter()
         .map(|(_, x)| (x * (2.0 * PI).sqrt() - 1.0).abs())
         .fold(0.0, f64::max);
-    let max_z = mc_rows
-        .iter()
-        .map(|r| r[5].parse::<f64>().unwrap_or(f64::NAN).abs())
-        .fold(0.0, f64::max);
-    let max_ref = mc_rows
-        .iter()
-        .map(|r| r[6].parse::<f64>().unwrap_or(f64::NAN))
-        .fold(0.0, f64::max);
+    let max_z = zc.iter().map(|z| z.abs()).fold(0.0, f64::max);
+    let max_ref = rc.iter().cloned().fold(0.0, f64::max);
     let slope_txt: Vec<String> = slopes
         .iter()
         .map(|(p, s)| format!("P={p}: {s:.3}"))
@@ -341,7 +389,7 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
     let consts: Vec<String> = INTERIOR
         .iter()
         .map(|&t| {
-            let x = (0..ra.len())
+            let x = (0..at.len())
                 .find(|&i| at[i] == t && ap[i] == 1.0 && ab[i] == bmax)
                 .map(|i| av[i] * bmax * bmax * 12.0 / (PI * (t.cos() / t.sin()).abs()))
                 .unwrap_or(f64::NAN);
@@ -385,18 +433,25 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
         )?,
     ];
     let headline = serde_json::json!({"slopes": slopes.iter().map(|(p, s)| serde_json::json!({"p": p, "slope": s})).collect::<Vec<_>>(), "max_bias_beta_over_p": max_bbp, "angle_slopes": angle_slopes.iter().map(|(t, p, s)| serde_json::json!({"theta": t, "p": p, "slope": s})).collect::<Vec<_>>(), "mc_max_abs_z": max_z, "refinement_max_diff": max_ref});
-    Ok(ExpResult {
-        name: "bias".into(),
-        claims,
-        figures: vec![
-            "bias_vs_beta".into(),
-            "bias_beta_over_p".into(),
-            "bias_norms".into(),
-            "bias_angles".into(),
-        ],
-        csv: vec![csv1, csv2, csv3, csv4],
-        headline,
-        seconds: t0.elapsed().as_secs_f64(),
-        seed: ctx.seed,
-    })
+    Ok((claims, headline))
+}
+
+pub fn run(ctx: &Ctx) -> Result<ExpResult> {
+    let t0 = std::time::Instant::now();
+    let cfg: Config = load_config(ctx, include_str!("../../experiments/bias.toml"), "bias")?;
+    let csv = vec![
+        sup_csv(ctx, &cfg)?,
+        norms_csv(ctx, &cfg)?,
+        quadrature_csv(ctx, &cfg)?,
+        angles_csv(ctx, &cfg)?,
+    ];
+    let fits = fits(ctx, &cfg)?;
+    let figures = figures(ctx, &cfg, &fits)?;
+    Ok(ExpResult::assemble(
+        "bias",
+        ctx,
+        t0,
+        (csv, figures),
+        claims(ctx, &cfg, &fits)?,
+    ))
 }

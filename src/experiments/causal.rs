@@ -64,13 +64,13 @@ pub fn position_bins(n: usize) -> Vec<(usize, usize)> {
     b
 }
 
-pub fn run(ctx: &Ctx) -> Result<ExpResult> {
-    let t0 = std::time::Instant::now();
-    let cfg: Config = load_config(ctx, include_str!("../../experiments/causal.toml"), "causal")?;
+/// Compute → CSVs `causal` (per L and prefix-position bin: the median error against causal
+/// angular attention and against the causal L = ∞ limit, and the limit's own bias) and
+/// `causal_summary` (per L: causal and non-causal error, sampling error, short-prefix ratio).
+fn compute_csvs(ctx: &Ctx, cfg: &Config) -> Result<Vec<String>> {
     let n = cfg.n;
-    let q = data::clustered_unit(n, cfg.d, cfg.clusters, cfg.noise, ctx.seed, 81);
-    let k = data::clustered_unit(n, cfg.d, cfg.clusters, cfg.noise, ctx.seed, 82);
-    let v = data::values_from_keys(&k, cfg.dv, ctx.seed + 83);
+    let (q, k, v) =
+        data::clustered_qkv((n, cfg.d, cfg.dv), (cfg.clusters, cfg.noise), ctx.seed, 81);
     let p = cfg.p;
     let target = angular_attention(q.view(), k.view(), v.view(), p as f64, true).o;
     let target_full = angular_attention(q.view(), k.view(), v.view(), p as f64, false).o;
@@ -148,7 +148,7 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
             ]);
         }
     }
-    let csv = write_csv(
+    let csv1 = write_csv(
         ctx,
         "causal",
         &[
@@ -190,6 +190,12 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
         &summary,
         &cfg,
     )?;
+    Ok(vec![csv1, csv2])
+}
+
+/// Figure, from `causal.csv`: the error against prefix position.
+fn figures(ctx: &Ctx, cfg: &Config) -> Result<Vec<String>> {
+    let (p, n) = (cfg.p, cfg.n);
     let (h, r) = read_csv(ctx, "causal")?;
     let (lc, lo, hi, ea, el, ba) = (
         super::col(&h, &r, "l"),
@@ -231,6 +237,12 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
         },
         &series,
     )?;
+    Ok(vec!["causal_vs_position".into()])
+}
+
+/// The claims, from `causal_summary.csv`.
+fn claims(ctx: &Ctx, cfg: &Config) -> Result<(Vec<Claim>, serde_json::Value)> {
+    let (p, n, short) = (cfg.p, cfg.n, cfg.short_prefix.min(cfg.n));
     let (hs, rs) = read_csv(ctx, "causal_summary")?;
     let srr = super::col(&hs, &rs, "short_over_long_relative");
     let (sl, sc, sf, ss, sr) = (
@@ -271,15 +283,21 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
         "sampling_slope": samp_slope,
         "rows": (0..rs.len()).map(|i| serde_json::json!({"l": sl[i], "causal_err": sc[i], "noncausal_err": sf[i], "sampling_err": ss[i], "short_over_long": sr[i]})).collect::<Vec<_>>(),
     });
-    Ok(ExpResult {
-        name: "causal".into(),
-        claims,
-        figures: vec!["causal_vs_position".into()],
-        csv: vec![csv, csv2],
-        headline,
-        seconds: t0.elapsed().as_secs_f64(),
-        seed: ctx.seed,
-    })
+    Ok((claims, headline))
+}
+
+pub fn run(ctx: &Ctx) -> Result<ExpResult> {
+    let t0 = std::time::Instant::now();
+    let cfg: Config = load_config(ctx, include_str!("../../experiments/causal.toml"), "causal")?;
+    let csv = compute_csvs(ctx, &cfg)?;
+    let figures = figures(ctx, &cfg)?;
+    Ok(ExpResult::assemble(
+        "causal",
+        ctx,
+        t0,
+        (csv, figures),
+        claims(ctx, &cfg)?,
+    ))
 }
 
 #[cfg(test)]

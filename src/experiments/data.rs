@@ -60,6 +60,20 @@ pub fn with_norm(m: &Mat<f64>, r: f64) -> Mat<f64> {
 
 /// Values that depend on the keys: `v_j = sqrt(d)·M k_j + 0.1·z_j` with `M ∈ R^{dv×d}` i.i.d.
 /// N(0, 1/d). Attention outputs then vary with the query direction (i.i.d. values would
+/// The synthetic inputs of the studies on clustered unit Q/K: queries and keys drawn with
+/// salts `s` and `s + 1` of `seed`, values from the keys with seed `seed + s + 2`.
+pub fn clustered_qkv(
+    (n, d, dv): (usize, usize, usize),
+    (clusters, noise): (usize, f64),
+    seed: u64,
+    s: u64,
+) -> (Mat<f64>, Mat<f64>, Mat<f64>) {
+    let q = clustered_unit(n, d, clusters, noise, seed, s);
+    let k = clustered_unit(n, d, clusters, noise, seed, s + 1);
+    let v = values_from_keys(&k, dv, seed + s + 2);
+    (q, k, v)
+}
+
 /// average to ~0 whenever the kernel is spread out, hiding every error).
 pub fn values_from_keys(k: &Mat<f64>, dv: usize, seed: u64) -> Mat<f64> {
     let d = k.cols;

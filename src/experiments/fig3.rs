@@ -127,9 +127,8 @@ fn expected_matrix(q: &Mat<f64>, k: &Mat<f64>, table: &GTable, p: usize) -> Mat<
 /// Run on the built-in structured inputs, or on given Q/K (`[N, d]` each). The angular and
 /// RACE panels use unit-normalised Q/K (the theory's setting: angular attention ignores
 /// norms, and raw norms saturate the soft hash); softmax uses Q/K as given.
-pub fn run(ctx: &Ctx, user: Option<FigInputs>) -> Result<ExpResult> {
-    let t0 = std::time::Instant::now();
-    let cfg: Config = load_config(ctx, include_str!("../../experiments/fig3.toml"), "fig3")?;
+/// The inputs for `user` (or the synthetic clusters), checked: finite, non-zero rows, one d.
+fn inputs(ctx: &Ctx, cfg: &Config, user: Option<FigInputs>) -> Result<FigInputs> {
     let inp = match user {
         Some(u) => u,
         None => FigInputs {
@@ -143,20 +142,35 @@ pub fn run(ctx: &Ctx, user: Option<FigInputs>) -> Result<ExpResult> {
             softmax_scale: None,
         },
     };
-    let FigInputs {
-        q, k, label, stem, ..
-    } = &inp;
-    let stem = stem.clone();
-    for (name, m) in [("q", q), ("k", k)] {
+    for (name, m) in [("q", &inp.q), ("k", &inp.k)] {
         crate::tensor::check_finite(name, &m.data)?;
         crate::tensor::check_nonzero_rows(name, m.view())?;
     }
-    if q.cols != k.cols {
+    if inp.q.cols != inp.k.cols {
         return Err(crate::RaceError::shape(
             "k",
-            format!("q has d = {} but k has d = {}", q.cols, k.cols),
+            format!("q has d = {} but k has d = {}", inp.q.cols, inp.k.cols),
         ));
     }
+    Ok(inp)
+}
+
+/// One soft panel's distances: to its target `κ^P`, to its L = ∞ limit `g^P`, the limit's own
+/// bias (the floor), and the share of saturated soft-hash bits.
+struct PanelStats {
+    p: usize,
+    l: usize,
+    beta: f64,
+    e_kappa: f64,
+    e_limit: f64,
+    floor: f64,
+    sat: f64,
+}
+
+/// Compute → CSV → figure `{stem}`: the heatmap panels (softmax, angular, each soft panel
+/// beside its target, hard beside its target), with each soft panel's distances.
+fn heatmaps(ctx: &Ctx, cfg: &Config, inp: &FigInputs) -> Result<(String, Vec<PanelStats>)> {
+    let (q, k) = (&inp.q, &inp.k);
     let d = q.cols;
     let (qu, ku) = (super::real::unit_rows(q), super::real::unit_rows(k));
     let scale = inp.softmax_scale.unwrap_or(cfg.softmax_scale);
@@ -179,23 +193,23 @@ pub fn run(ctx: &Ctx, user: Option<FigInputs>) -> Result<ExpResult> {
         ));
         groups.push(1 + gi);
     }
-    // Each soft panel beside its target κ^P, on one colour scale; and its convergence in L.
-    let mut rows = Vec::new();
-    let mut slopes = Vec::new();
-    let mut summary = Vec::new();
+    // Each soft panel beside its target κ^P, on one colour scale.
+    let mut stats = Vec::new();
     for (i, &(p, l, beta)) in cfg.soft.iter().enumerate() {
-        let group = 100 + i;
         let planes = Planes::gaussian(l, p, d, ctx.seed + 100 + i as u64)?;
         let s = soft_matrix(qu.view(), ku.view(), &planes, beta);
         let target = angular_matrix(qu.view(), ku.view(), p as f64);
-        let table = GTable::new(beta, 256);
-        let limit = expected_matrix(&qu, &ku, &table, p);
+        let limit = expected_matrix(&qu, &ku, &GTable::new(beta, 256), p);
         let sat = saturated_share(&planes, &[&qu, &ku]);
-        let (e_kappa, e_limit, floor) = (
-            rel_frob(&s, &target),
-            rel_frob(&s, &limit),
-            rel_frob(&limit, &target),
-        );
+        stats.push(PanelStats {
+            p,
+            l,
+            beta,
+            e_kappa: rel_frob(&s, &target),
+            e_limit: rel_frob(&s, &limit),
+            floor: rel_frob(&limit, &target),
+            sat,
+        });
         panels.push((
             format!(
                 "soft P={p} L={l} beta={beta} ({:.0}% bits sat.)",
@@ -204,8 +218,46 @@ pub fn run(ctx: &Ctx, user: Option<FigInputs>) -> Result<ExpResult> {
             s,
         ));
         panels.push((format!("target kappa^{p}"), target));
-        groups.extend([group, group]);
-        // Convergence over the config's L values, mean over seeds.
+        groups.extend([100 + i, 100 + i]);
+    }
+    let (hp, hl) = cfg.hard;
+    let planes = Planes::gaussian(hl, hp, d, ctx.seed + 99)?;
+    panels.push((
+        format!("hard P={hp} L={hl}"),
+        hard_matrix(qu.view(), ku.view(), &planes),
+    ));
+    panels.push((
+        format!("target kappa^{hp}"),
+        angular_matrix(qu.view(), ku.view(), hp as f64),
+    ));
+    groups.extend([99, 99]);
+    let csv = super::heatmaps_via_csv(
+        ctx,
+        &inp.stem,
+        &format!(
+            "Fig. 3 style: rows = queries (0 at the top), columns = keys; each RACE panel beside its target kappa^P on one colour scale\nInputs: {}; angular and RACE panels on unit-normalised Q/K. These are not the paper's inputs or model.",
+            inp.label
+        ),
+        &panels,
+        Some(&groups),
+        5,
+        cfg,
+    )?;
+    Ok((csv, stats))
+}
+
+/// Compute → CSV `{stem}_convergence`: each soft panel's distance to its L = ∞ limit over the
+/// config's L values (planes of the largest L, read by prefixes), mean over plane seeds.
+fn convergence_csv(ctx: &Ctx, cfg: &Config, inp: &FigInputs) -> Result<String> {
+    let d = inp.q.cols;
+    let (qu, ku) = (
+        super::real::unit_rows(&inp.q),
+        super::real::unit_rows(&inp.k),
+    );
+    let mut rows = Vec::new();
+    for (i, &(p, _, beta)) in cfg.soft.iter().enumerate() {
+        let limit = expected_matrix(&qu, &ku, &GTable::new(beta, 256), p);
+        let floor = rel_frob(&limit, &angular_matrix(qu.view(), ku.view(), p as f64));
         let ls = cfg.convergence_ls.clone();
         let per_seed: Vec<Vec<f64>> = (0..CONVERGENCE_SEEDS)
             .into_par_iter()
@@ -224,22 +276,45 @@ pub fn run(ctx: &Ctx, user: Option<FigInputs>) -> Result<ExpResult> {
                     .collect()
             })
             .collect();
-        let mean: Vec<f64> = (0..ls.len())
-            .map(|j| per_seed.iter().map(|v| v[j]).sum::<f64>() / per_seed.len() as f64)
-            .collect();
         for (j, &lv) in ls.iter().enumerate() {
+            let mean = per_seed.iter().map(|v| v[j]).sum::<f64>() / per_seed.len() as f64;
             rows.push(vec![
                 p.to_string(),
                 beta.to_string(),
                 lv.to_string(),
-                f(mean[j]),
+                f(mean),
                 f(floor),
             ]);
         }
-        let pts: Vec<(f64, f64)> = ls
-            .iter()
-            .map(|&x| x as f64)
-            .zip(mean.iter().cloned())
+    }
+    write_csv(
+        ctx,
+        &format!("{}_convergence", inp.stem),
+        &["p", "beta", "l", "rel_frob_vs_limit", "limit_vs_kappa_p"],
+        &rows,
+        cfg,
+    )
+}
+
+/// The claim: each soft panel's slope in L towards its limit, fitted from the convergence CSV.
+fn claims(
+    ctx: &Ctx,
+    inp: &FigInputs,
+    stats: &[PanelStats],
+) -> Result<(Vec<Claim>, serde_json::Value)> {
+    let (h, r) = super::read_csv(ctx, &format!("{}_convergence", inp.stem))?;
+    let (pc, bc, lc, ec) = (
+        super::col(&h, &r, "p"),
+        super::col(&h, &r, "beta"),
+        super::col(&h, &r, "l"),
+        super::col(&h, &r, "rel_frob_vs_limit"),
+    );
+    let mut slopes = Vec::new();
+    let mut summary = Vec::new();
+    for st in stats {
+        let pts: Vec<(f64, f64)> = (0..r.len())
+            .filter(|&i| pc[i] == st.p as f64 && bc[i] == st.beta)
+            .map(|i| (lc[i], ec[i]))
             .collect();
         let slope = if pts.len() >= 2 {
             loglog_slope(&pts)
@@ -248,56 +323,33 @@ pub fn run(ctx: &Ctx, user: Option<FigInputs>) -> Result<ExpResult> {
         };
         slopes.push(slope);
         summary.push(format!(
-            "({p},{l},{beta}): vs κ^P {e_kappa:.3}, vs g^P {e_limit:.3}, bias floor ‖g^P − κ^P‖ {floor:.3}, slope in L {slope:.2}, {:.1}% bits saturated",
-            100.0 * sat
+            "({},{},{}): vs κ^P {:.3}, vs g^P {:.3}, bias floor ‖g^P − κ^P‖ {:.3}, slope in L {slope:.2}, {:.1}% bits saturated",
+            st.p, st.l, st.beta, st.e_kappa, st.e_limit, st.floor, 100.0 * st.sat
         ));
     }
-    let (hp, hl) = cfg.hard;
-    let planes = Planes::gaussian(hl, hp, d, ctx.seed + 99)?;
-    panels.push((
-        format!("hard P={hp} L={hl}"),
-        hard_matrix(qu.view(), ku.view(), &planes),
-    ));
-    panels.push((
-        format!("target kappa^{hp}"),
-        angular_matrix(qu.view(), ku.view(), hp as f64),
-    ));
-    groups.extend([99, 99]);
-    let csv = super::heatmaps_via_csv(
-        ctx,
-        &stem,
-        &format!(
-            "Fig. 3 style: rows = queries (0 at the top), columns = keys; each RACE panel beside its target kappa^P on one colour scale\nInputs: {label}; angular and RACE panels on unit-normalised Q/K. These are not the paper's inputs or model."
-        ),
-        &panels,
-        Some(&groups),
-        5,
-        &cfg,
-    )?;
-    let conv_stem = format!("{stem}_convergence");
-    let csv2 = write_csv(
-        ctx,
-        &conv_stem,
-        &["p", "beta", "l", "rel_frob_vs_limit", "limit_vs_kappa_p"],
-        &rows,
-        &cfg,
-    )?;
     let claims = vec![Claim::judged(
-        &claim_id("fig3-race-target", stem != "fig3"),
-        format!("[{label}] {}", summary.join("; ")),
+        &claim_id("fig3-race-target", inp.stem != "fig3"),
+        format!("[{}] {}", inp.label, summary.join("; ")),
         Measure::Values(slopes.clone()),
         format!("mean over {CONVERGENCE_SEEDS} plane seeds"),
     )?];
     let headline = serde_json::json!({"race_panels": summary, "slopes_in_l": slopes});
-    Ok(ExpResult {
-        name: stem.clone(),
-        claims,
-        figures: vec![stem],
-        csv: vec![csv, csv2],
-        headline,
-        seconds: t0.elapsed().as_secs_f64(),
-        seed: ctx.seed,
-    })
+    Ok((claims, headline))
+}
+
+pub fn run(ctx: &Ctx, user: Option<FigInputs>) -> Result<ExpResult> {
+    let t0 = std::time::Instant::now();
+    let cfg: Config = load_config(ctx, include_str!("../../experiments/fig3.toml"), "fig3")?;
+    let inp = inputs(ctx, &cfg, user)?;
+    let (csv, stats) = heatmaps(ctx, &cfg, &inp)?;
+    let csv2 = convergence_csv(ctx, &cfg, &inp)?;
+    Ok(ExpResult::assemble(
+        inp.stem.clone(),
+        ctx,
+        t0,
+        (vec![csv, csv2], vec![inp.stem.clone()]),
+        claims(ctx, &inp, &stats)?,
+    ))
 }
 
 /// Plane seeds averaged in the convergence study.

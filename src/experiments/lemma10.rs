@@ -37,18 +37,17 @@ pub struct Config {
     pub n_theta: usize,
 }
 
-pub fn run(ctx: &Ctx) -> Result<ExpResult> {
-    let t0 = std::time::Instant::now();
-    let cfg: Config = load_config(
-        ctx,
-        include_str!("../../experiments/lemma10.toml"),
-        "lemma10",
-    )?;
+/// `Ŝ_ij` of the counterexample is at most `max_r φ_r ≤ e^{0.4}/4` (P = 2, beta = 0.1).
+fn bound() -> f64 {
+    (0.4f64).exp() / 4.0
+}
+
+/// Compute → CSV `lemma10_counterexample`: all Q/K equal one unit vector; per L, the largest
+/// `Ŝ_ij` (per table, cross-checked on the explicit matrix) and `‖E‖₂/N = 1 − Ŝ`.
+fn counterexample_csv(ctx: &Ctx, cfg: &Config) -> Result<String> {
     // Part 1: the counterexample.
     let x = data::concentrated_unit(1, cfg.d, 0.0, ctx.seed, 7);
-    let bound = (0.4f64).exp() / 4.0;
     let mut rows = Vec::new();
-    let mut max_shat_all = 0.0f64;
     for &l in &cfg.ls {
         let planes = Planes::gaussian(l, cfg.p, cfg.d, ctx.seed + l as u64)?;
         let r = planes.r();
@@ -62,23 +61,27 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
         let xs = crate::tensor::Mat::from_vec(cfg.n.min(64), cfg.d, x.data.repeat(cfg.n.min(64)));
         let shat = soft_matrix(xs.view(), xs.view(), &planes, cfg.beta);
         let max_shat = shat.data.iter().cloned().fold(0.0, f64::max);
-        assert!(
-            (max_shat - s).abs() < 1e-12,
-            "explicit and per-table Ŝ disagree"
-        );
-        max_shat_all = max_shat_all.max(max_shat);
+        if (max_shat - s).abs() >= 1e-12 {
+            return Err(crate::RaceError::Config {
+                path: "lemma10".into(),
+                msg: format!("the explicit Ŝ ({max_shat}) and the per-table one ({s}) disagree"),
+            });
+        }
         rows.push(vec![l.to_string(), f(max_shat), f(1.0 - s)]);
     }
-    let csv1 = write_csv(
+    write_csv(
         ctx,
         "lemma10_counterexample",
         &["l", "max_shat", "e_norm_over_n"],
         &rows,
         &cfg,
-    )?;
-    let g0 = GTable::new(cfg.beta, 8).values[0];
-    let expected_limit = g0.powi(cfg.p as i32);
+    )
+}
 
+/// Compute → CSV `lemma10_repair`: over (beta, N, L, seed), the repaired bound
+/// `b + sqrt(log(2N²/δ)/(2L))`, the measured `‖E‖₂/N`, and whether the conclusion and the
+/// sufficient condition hold.
+fn repair_csv(ctx: &Ctx, cfg: &Config) -> Result<String> {
     // Part 2: the repaired condition over a grid.
     let mut grid = Vec::new();
     for &beta in &cfg.grid_betas {
@@ -165,9 +168,12 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
         "actual_holds",
         "sufficient_holds",
     ];
-    let csv2 = write_csv(ctx, "lemma10_repair", &header, &grid, &cfg)?;
+    write_csv(ctx, "lemma10_repair", &header, &grid, &cfg)
+}
 
-    // Figures from the CSVs.
+/// Figures, from the CSVs.
+fn figures(ctx: &Ctx, cfg: &Config) -> Result<Vec<String>> {
+    let bound = bound();
     let (h, r) = read_csv(ctx, "lemma10_counterexample")?;
     let ls = super::col(&h, &r, "l");
     let e = super::col(&h, &r, "e_norm_over_n");
@@ -199,9 +205,6 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
     )?;
     let (h2, r2) = read_csv(ctx, "lemma10_repair")?;
     let e2 = super::col(&h2, &r2, "e_norm_over_n");
-    let hp = super::col(&h2, &r2, "hp_bound");
-    let act = super::col(&h2, &r2, "actual_holds");
-    let suf = super::col(&h2, &r2, "sufficient_holds");
     let lcol = super::col(&h2, &r2, "l");
     let bcol = super::col(&h2, &r2, "beta");
     let mut series = Vec::new();
@@ -230,7 +233,30 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
         },
         &series,
     )?;
+    Ok(vec![
+        "lemma10_counterexample".into(),
+        "lemma10_repair".into(),
+    ])
+}
 
+/// The claims, from the CSVs: the counterexample, its beta range, the repaired bound and the
+/// sufficient condition.
+fn claims(ctx: &Ctx, cfg: &Config) -> Result<(Vec<Claim>, serde_json::Value)> {
+    let bound = bound();
+    let (h, r) = read_csv(ctx, "lemma10_counterexample")?;
+    let (ls, e, ms) = (
+        super::col(&h, &r, "l"),
+        super::col(&h, &r, "e_norm_over_n"),
+        super::col(&h, &r, "max_shat"),
+    );
+    let max_shat_all = ms.iter().cloned().fold(0.0, f64::max);
+    let (h2, r2) = read_csv(ctx, "lemma10_repair")?;
+    let e2 = super::col(&h2, &r2, "e_norm_over_n");
+    let hp = super::col(&h2, &r2, "hp_bound");
+    let act = super::col(&h2, &r2, "actual_holds");
+    let suf = super::col(&h2, &r2, "sufficient_holds");
+    let g0 = GTable::new(cfg.beta, 8).values[0];
+    let expected_limit = g0.powi(cfg.p as i32);
     let all_e = e.iter().cloned().fold(f64::INFINITY, f64::min);
     // Only points where the repaired bound is below 1 test anything: ‖E‖₂/N ≤ 1 always.
     let informative: Vec<usize> = (0..e2.len()).filter(|&i| hp[i] < 1.0).collect();
@@ -286,20 +312,30 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
     let headline = serde_json::json!({
         "max_shat": max_shat_all,
         "bound_0_373": bound,
-        "rows": rows.iter().map(|r| serde_json::json!({"l": r[0].parse::<usize>().unwrap_or(0), "max_shat": r[1].parse::<f64>().unwrap_or(0.0), "e_norm_over_n": r[2].parse::<f64>().unwrap_or(0.0)})).collect::<Vec<_>>(),
+        "rows": (0..ls.len()).map(|i| serde_json::json!({"l": ls[i] as usize, "max_shat": ms[i], "e_norm_over_n": e[i]})).collect::<Vec<_>>(),
         "expected_limit_shat": expected_limit,
         "repair": {"points": e2.len(), "non_vacuous_points": informative.len(), "hp_bound_held": bound_ok, "sufficient_met": suff_true, "sufficient_held": suff_ok, "actual_held": act_true},
         "beta_range": ranges.iter().map(|r| serde_json::json!({"p": r.0, "beta_max_over_0_627": r.1, "beta_max_over_half": r.2})).collect::<Vec<_>>(),
     });
-    Ok(ExpResult {
-        name: "lemma10".into(),
-        claims,
-        figures: vec!["lemma10_counterexample".into(), "lemma10_repair".into()],
-        csv: vec![csv1, csv2],
-        headline,
-        seconds: t0.elapsed().as_secs_f64(),
-        seed: ctx.seed,
-    })
+    Ok((claims, headline))
+}
+
+pub fn run(ctx: &Ctx) -> Result<ExpResult> {
+    let t0 = std::time::Instant::now();
+    let cfg: Config = load_config(
+        ctx,
+        include_str!("../../experiments/lemma10.toml"),
+        "lemma10",
+    )?;
+    let csv = vec![counterexample_csv(ctx, &cfg)?, repair_csv(ctx, &cfg)?];
+    let figures = figures(ctx, &cfg)?;
+    Ok(ExpResult::assemble(
+        "lemma10",
+        ctx,
+        t0,
+        (csv, figures),
+        claims(ctx, &cfg)?,
+    ))
 }
 
 /// The β at which the decreasing function `f` crosses `level`, by bisection in log β over

@@ -228,9 +228,10 @@ fn instance(cfg: &Config, seed: u64) -> (Mat<f64>, Mat<f64>, Mat<f64>) {
     )
 }
 
-pub fn run(ctx: &Ctx) -> Result<ExpResult> {
-    let t0 = std::time::Instant::now();
-    let cfg: Config = load_config(ctx, include_str!("../../experiments/limit.toml"), "limit")?;
+/// Compute → CSVs `limit` (per row: its kind, winners, predicted rate `g`, the errors at the
+/// two fit points and their rate ratio `ρ`) and `limit_curves` (each row's error against
+/// `x = 2βg`); also the largest gap between a shared row's limit and hard LSH.
+fn compute_csvs(ctx: &Ctx, cfg: &Config) -> Result<(Vec<String>, f64)> {
     let mut rows = Vec::new();
     let mut curves = Vec::new();
     let mut hard_gap = 0.0f64;
@@ -238,11 +239,21 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
         for inst in 0..cfg.instances {
             let seed = ctx.seed.wrapping_mul(1000) + (p * 100 + l * 10) as u64 * 1000 + inst as u64;
             let planes = Planes::gaussian(l, p, cfg.d, seed)?;
-            let (q, k, v) = instance(&cfg, seed);
+            let (q, k, v) = instance(cfg, seed);
             let (uq, uk) = (tanh_bank(&planes, &q), tanh_bank(&planes, &k));
             for i in 0..q.rows {
                 let mut lim = row_limit(&uq[i * l * p..(i + 1) * l * p], &uk, v.view(), p);
                 let kind = if lim.shared { "shared" } else { "unshared" };
+                let head = [p, l, inst, i].map(|x| x.to_string());
+                let winners = lim.winners.len().to_string();
+                // One limit.csv row: (P, L, instance, row, kind, winners) and its measures.
+                let row = |tail: [String; 4]| -> Vec<String> {
+                    head.iter()
+                        .cloned()
+                        .chain([kind.to_string(), winners.clone()])
+                        .chain(tail)
+                        .collect()
+                };
                 if lim.shared {
                     // The limit is the library's hard-LSH output itself (and must agree with
                     // the winners' weighted mean).
@@ -256,18 +267,8 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
                 if !lim.rate.is_finite() {
                     // Nothing decays: the row must equal its limit at any beta.
                     let err = row_error(q.row(i), k.view(), v.view(), &planes, 1.0, &lim.limit);
-                    rows.push(vec![
-                        p.to_string(),
-                        l.to_string(),
-                        inst.to_string(),
-                        i.to_string(),
-                        kind.into(),
-                        lim.winners.len().to_string(),
-                        "inf".into(),
-                        f(err),
-                        f(err),
-                        if err < RESOLVED { "exact" } else { "wrong" }.into(),
-                    ]);
+                    let verdict = if err < RESOLVED { "exact" } else { "wrong" };
+                    rows.push(row(["inf".into(), f(err), f(err), verdict.into()]));
                     continue;
                 }
                 let errs: Vec<(f64, f64)> = cfg
@@ -296,18 +297,8 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
                 }
                 let (a, b) = (errs[nx], errs[nx + 1]);
                 let rho = rate_ratio(a, b);
-                rows.push(vec![
-                    p.to_string(),
-                    l.to_string(),
-                    inst.to_string(),
-                    i.to_string(),
-                    kind.into(),
-                    lim.winners.len().to_string(),
-                    f(lim.rate),
-                    f(a.1),
-                    f(b.1),
-                    rho.map(f).unwrap_or_else(|| "unresolved".into()),
-                ]);
+                let rho = rho.map(f).unwrap_or_else(|| "unresolved".into());
+                rows.push(row([f(lim.rate), f(a.1), f(b.1), rho]));
             }
         }
     }
@@ -322,6 +313,11 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
         &curves,
         &cfg,
     )?;
+    Ok((vec![csv1, csv2], hard_gap))
+}
+
+/// Figure, from `limit_curves.csv`: the first rows of each kind against `e^{-x}`.
+fn figures(ctx: &Ctx, cfg: &Config) -> Result<Vec<String>> {
     // Figure: the first rows of each kind, err(x)/err(x₀)·e^{−x₀} against x, beside e^{−x}.
     let (_, cr) = read_csv(ctx, "limit_curves")?;
     let mut series = Vec::new();
@@ -368,9 +364,15 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
         },
         &series,
     )?;
+    Ok(vec!["limit_decay".into()])
+}
+
+/// The claims, from `limit.csv`: one per kind of row ([`judge_kind`]).
+fn claims(ctx: &Ctx, cfg: &Config, hard_gap: f64) -> Result<(Vec<Claim>, serde_json::Value)> {
+    let (_, rows) = read_csv(ctx, "limit")?;
     let claims = ["shared", "unshared"]
         .into_iter()
-        .map(|kind| judge_kind(&rows, kind, &cfg, hard_gap))
+        .map(|kind| judge_kind(&rows, kind, cfg, hard_gap))
         .collect::<Result<Vec<_>>>()?;
     let count = |kind: &str| rows.iter().filter(|r| r[4] == kind).count();
     let headline = serde_json::json!({
@@ -378,15 +380,21 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
         "unshared_rows": count("unshared"),
         "tied_unshared_rows": rows.iter().filter(|r| r[4] == "unshared" && r[5] != "1").count(),
     });
-    Ok(ExpResult {
-        name: "limit".into(),
-        claims,
-        figures: vec!["limit_decay".into()],
-        csv: vec![csv1, csv2],
-        headline,
-        seconds: t0.elapsed().as_secs_f64(),
-        seed: ctx.seed,
-    })
+    Ok((claims, headline))
+}
+
+pub fn run(ctx: &Ctx) -> Result<ExpResult> {
+    let t0 = std::time::Instant::now();
+    let cfg: Config = load_config(ctx, include_str!("../../experiments/limit.toml"), "limit")?;
+    let (csv, hard_gap) = compute_csvs(ctx, &cfg)?;
+    let figures = figures(ctx, &cfg)?;
+    Ok(ExpResult::assemble(
+        "limit",
+        ctx,
+        t0,
+        (csv, figures),
+        claims(ctx, &cfg, hard_gap)?,
+    ))
 }
 
 /// The claim of one kind of row from the `limit.csv` rows: every resolved row's `ρ` (an

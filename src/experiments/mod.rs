@@ -88,6 +88,28 @@ pub struct ExpResult {
     pub seed: u64,
 }
 
+impl ExpResult {
+    /// An experiment's result from its parts: the CSVs and figures it wrote, its judged claims
+    /// and headline figures, timed from `t0`.
+    pub fn assemble(
+        name: impl Into<String>,
+        ctx: &Ctx,
+        t0: std::time::Instant,
+        (csv, figures): (Vec<String>, Vec<String>),
+        (claims, headline): (Vec<Claim>, serde_json::Value),
+    ) -> ExpResult {
+        ExpResult {
+            name: name.into(),
+            claims,
+            figures,
+            csv,
+            headline,
+            seconds: t0.elapsed().as_secs_f64(),
+            seed: ctx.seed,
+        }
+    }
+}
+
 /// `[quick]` and `[full]` variants of one experiment's config.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Modes<C> {
@@ -194,6 +216,12 @@ pub fn col_s(header: &[String], rows: &[Vec<String>], name: &str) -> Vec<String>
     rows.iter()
         .map(|r| i.and_then(|i| r.get(i)).cloned().unwrap_or_default())
         .collect()
+}
+
+/// Several numeric columns of the CSV `name` this run wrote.
+pub fn read_cols<const K: usize>(ctx: &Ctx, name: &str, names: [&str; K]) -> Result<[Vec<f64>; K]> {
+    let (h, r) = read_csv(ctx, name)?;
+    Ok(names.map(|n| col(&h, &r, n)))
 }
 
 /// `x` formatted for CSV (full precision).

@@ -43,9 +43,9 @@ fn stacked(planes: &Planes, x: &Mat<f64>, soft: bool, beta: f64) -> Mat<f64> {
     out
 }
 
-pub fn run(ctx: &Ctx) -> Result<ExpResult> {
-    let t0 = std::time::Instant::now();
-    let cfg: Config = load_config(ctx, include_str!("../../experiments/rank.toml"), "rank")?;
+/// Compute → CSVs `rank` (per (P, L) and soft/hard: the numerical rank of the explicit `Ŝ`,
+/// `LR`, the sharp bound `L(R−1)+1`, the feature matrix's rank) and `rank_spectra`.
+fn compute_csvs(ctx: &Ctx, cfg: &Config) -> Result<Vec<String>> {
     let (n, d) = (cfg.n_explicit, cfg.d);
     let q = data::clustered_unit(n, d, 8, 0.8, ctx.seed, 1);
     let k = data::clustered_unit(n, d, 8, 0.8, ctx.seed, 2);
@@ -108,8 +108,13 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
         &spectra,
         &cfg,
     )?;
+    Ok(vec![csv1, csv2])
+}
+
+/// Figure, from `rank_spectra.csv`.
+fn figures(ctx: &Ctx, cfg: &Config) -> Result<Vec<String>> {
     // Figure from the CSV.
-    let (h, r) = read_csv(ctx, "rank_spectra")?;
+    let (_, r) = read_csv(ctx, "rank_spectra")?;
     let mut series = Vec::new();
     for &[p, l] in &cfg.pl {
         let pts: Vec<(f64, f64)> = r
@@ -127,7 +132,6 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
             pts,
         ));
     }
-    let _ = h;
     line_plot(
         &fig(ctx, "rank_spectra"),
         &LinePlot {
@@ -139,6 +143,13 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
         },
         &series,
     )?;
+    Ok(vec!["rank_spectra".into()])
+}
+
+/// The claims, from `rank.csv`: the sharp bound holds with equality, and `LR` is loose.
+fn claims(ctx: &Ctx, cfg: &Config) -> Result<(Vec<Claim>, serde_json::Value)> {
+    let n = cfg.n_explicit;
+    let (_, rows) = read_csv(ctx, "rank")?;
     // A configuration passes when its soft rank and feature rank equal L(R−1)+1 and its hard
     // rank does not exceed it.
     let configs: Vec<(&str, &str)> = rows
@@ -206,13 +217,19 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
     let headline = serde_json::json!({
         "rows": rows.iter().map(|r| serde_json::json!({"kind": r[0], "p": r[1].parse::<usize>().unwrap_or(0), "l": r[2].parse::<usize>().unwrap_or(0), "n": n, "rank": r[4].parse::<usize>().unwrap_or(0), "lr": r[5].parse::<usize>().unwrap_or(0), "sharp_bound": r[6].parse::<usize>().unwrap_or(0), "feature_rank": r[8].parse::<usize>().unwrap_or(0)})).collect::<Vec<_>>()
     });
-    Ok(ExpResult {
-        name: "rank".into(),
-        claims,
-        figures: vec!["rank_spectra".into()],
-        csv: vec![csv1, csv2],
-        headline,
-        seconds: t0.elapsed().as_secs_f64(),
-        seed: ctx.seed,
-    })
+    Ok((claims, headline))
+}
+
+pub fn run(ctx: &Ctx) -> Result<ExpResult> {
+    let t0 = std::time::Instant::now();
+    let cfg: Config = load_config(ctx, include_str!("../../experiments/rank.toml"), "rank")?;
+    let csv = compute_csvs(ctx, &cfg)?;
+    let figures = figures(ctx, &cfg)?;
+    Ok(ExpResult::assemble(
+        "rank",
+        ctx,
+        t0,
+        (csv, figures),
+        claims(ctx, &cfg)?,
+    ))
 }

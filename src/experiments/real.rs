@@ -166,11 +166,27 @@ fn saturation(planes: &Planes, x: &Mat<f64>) -> f64 {
     sat as f64 / tot as f64
 }
 
-/// The `real` experiment on a directory of activations.
-pub fn run(ctx: &Ctx, dir: &Path) -> Result<ExpResult> {
-    let t0 = std::time::Instant::now();
-    let rd = RealData::open(dir)?;
-    let configs = [(2usize, 4usize, 8.0f64), (4, 4, 8.0), (4, 16, 8.0)];
+/// The soft-RACE settings `(P, L, beta)` of the error study.
+const CONFIGS: [(usize, usize, f64); 3] = [(2, 4, 8.0), (4, 4, 8.0), (4, 16, 8.0)];
+
+/// The heads of the error study (every third with `--quick`) and its (layer, head) jobs.
+fn study_jobs(ctx: &Ctx, rd: &RealData) -> (Vec<usize>, Vec<(usize, usize)>) {
+    let heads: Vec<usize> = if ctx.quick {
+        (0..rd.heads).step_by(3).collect()
+    } else {
+        (0..rd.heads).collect()
+    };
+    let jobs = rd
+        .layers
+        .iter()
+        .flat_map(|&l| heads.iter().map(move |&h| (l, h)))
+        .collect();
+    (heads, jobs)
+}
+
+/// Compute → CSV → figure `real_heatmaps`: softmax, angular and soft RACE (raw and unit Q/K)
+/// for 4 heads of the middle layer, first tokens.
+fn heatmaps_csv(ctx: &Ctx, rd: &RealData, dir: &Path) -> Result<String> {
     // 1. Heatmaps: 4 heads of the middle layer, first tokens.
     let show = if ctx.quick { 48 } else { 96 };
     let layer = rd.mid_layer();
@@ -196,7 +212,7 @@ pub fn run(ctx: &Ctx, dir: &Path) -> Result<ExpResult> {
             soft_matrix(unit_rows(&q).view(), unit_rows(&k).view(), &planes, 8.0),
         ));
     }
-    let csv1 = super::heatmaps_via_csv(
+    super::heatmaps_via_csv(
         ctx,
         "real_heatmaps",
         &format!(
@@ -207,30 +223,25 @@ pub fn run(ctx: &Ctx, dir: &Path) -> Result<ExpResult> {
         None,
         4,
         &serde_json::json!({"dir": dir.display().to_string(), "layer": layer, "tokens_shown": show}),
-    )?;
+    )
+}
 
-    // 2. Errors on every stored layer and head, raw vs unit Q/K.
-    let heads: Vec<usize> = if ctx.quick {
-        (0..rd.heads).step_by(3).collect()
-    } else {
-        (0..rd.heads).collect()
-    };
-    let jobs: Vec<(usize, usize)> = rd
-        .layers
-        .iter()
-        .flat_map(|&l| heads.iter().map(move |&h| (l, h)))
-        .collect();
+/// Compute → CSV `real_errors`: every stored layer and head, each setting, raw and unit Q/K:
+/// the errors against angular-P and softmax (over the RMS row norm of V), the tanh saturation
+/// and the mean norms.
+fn errors_csv(ctx: &Ctx, rd: &RealData, dir: &Path) -> Result<String> {
+    let (_, jobs) = study_jobs(ctx, rd);
     let err_rows: Vec<Vec<String>> = jobs
         .par_iter()
-        .flat_map_iter(|&(l, h)| {
-            let (q, k, v) = rd.head(l, h).expect("validated above");
+        .map(|&(l, h)| -> Result<Vec<Vec<String>>> {
+            let (q, k, v) = rd.head(l, h)?;
             let n = q.rows;
             let soft = softmax_attention(q.view(), k.view(), v.view(), Some(rd.scale), false).o;
             // One scale for every error: the RMS row norm of V (outputs are averages of V rows).
             let v_scale = frob(&v.data) / (n as f64).sqrt();
             let (qu, ku) = (unit_rows(&q), unit_rows(&k));
             let (nq, nk) = (mean_norm(&q), mean_norm(&k));
-            configs
+            let rows = CONFIGS
                 .iter()
                 .flat_map(|&(p, lt, beta)| {
                     let ang = angular_attention(q.view(), k.view(), v.view(), p as f64, false).o;
@@ -260,8 +271,12 @@ pub fn run(ctx: &Ctx, dir: &Path) -> Result<ExpResult> {
                         })
                         .collect::<Vec<_>>()
                 })
-                .collect::<Vec<_>>()
+                .collect::<Vec<_>>();
+            Ok(rows)
         })
+        .collect::<Result<Vec<_>>>()?
+        .into_iter()
+        .flatten()
         .collect();
     let header = [
         "layer",
@@ -277,13 +292,18 @@ pub fn run(ctx: &Ctx, dir: &Path) -> Result<ExpResult> {
         "mean_q_norm",
         "mean_k_norm",
     ];
-    let csv2 = write_csv(
+    write_csv(
         ctx,
         "real_errors",
         &header,
         &err_rows,
-        &serde_json::json!({"dir": dir.display().to_string(), "configs": configs}),
-    )?;
+        &serde_json::json!({"dir": dir.display().to_string(), "configs": CONFIGS}),
+    )
+}
+
+/// The claims, from `real_errors.csv` (one paired difference per (layer, head)).
+fn claims(ctx: &Ctx, rd: &RealData) -> Result<(Vec<Claim>, serde_json::Value)> {
+    let (heads, jobs) = study_jobs(ctx, rd);
     let (h2, r2) = read_csv(ctx, "real_errors")?;
     let kind = super::col_s(&h2, &r2, "qk");
     let (ea, es, asm, sat) = (
@@ -338,15 +358,21 @@ pub fn run(ctx: &Ctx, dir: &Path) -> Result<ExpResult> {
         )?,
     ];
     let headline = serde_json::json!({"model": rd.model, "tokens": rd.tokens, "median_err_vs_angular_raw": med(&ea, "raw"), "median_err_vs_angular_unit": med(&ea, "unit"), "median_err_vs_softmax_raw": med(&es, "raw"), "saturation_raw": med(&sat, "raw"), "saturation_unit": med(&sat, "unit")});
-    Ok(ExpResult {
-        name: "real".into(),
-        claims,
-        figures: vec!["real_heatmaps".into()],
-        csv: vec![csv1, csv2],
-        headline,
-        seconds: t0.elapsed().as_secs_f64(),
-        seed: ctx.seed,
-    })
+    Ok((claims, headline))
+}
+
+/// The `real` experiment on a directory of activations.
+pub fn run(ctx: &Ctx, dir: &Path) -> Result<ExpResult> {
+    let t0 = std::time::Instant::now();
+    let rd = RealData::open(dir)?;
+    let csv = vec![heatmaps_csv(ctx, &rd, dir)?, errors_csv(ctx, &rd, dir)?];
+    Ok(ExpResult::assemble(
+        "real",
+        ctx,
+        t0,
+        (csv, vec!["real_heatmaps".into()]),
+        claims(ctx, &rd)?,
+    ))
 }
 
 /// `(Q, K, V, description)` from [`unit_inputs`].

@@ -9,97 +9,99 @@ use crate::hashing::{soft_features, soft_features_direct, Planes};
 use crate::provenance::Provenance;
 use crate::rng::SeededRng;
 
-/// φ factorisation (DESIGN 2.1): factorised vs direct softmax over P and beta, finiteness,
-/// and where the un-stabilised softmax overflows.
-pub fn factorisation(ctx: &Ctx) -> Result<ExpResult> {
-    let t0 = std::time::Instant::now();
+/// φ factorisation (DESIGN 2.1), compute → CSV `factorisation`: the largest difference between
+/// the factorised and the direct softmax features per (P, beta), and whether the factorised
+/// ones stayed finite.
+fn factorisation_csv(ctx: &Ctx) -> Result<String> {
     let mut rng = SeededRng::new(ctx.seed, crate::rng::stream::EXPERIMENT);
     let mut rows = Vec::new();
-    let (mut worst_moderate, mut all_finite, mut naive_overflow_beta) = (0.0f64, true, f64::NAN);
     for p in 1..=8usize {
         let d = 16;
         let planes = Planes::gaussian(1, p, d, ctx.seed + p as u64)?;
         for e in -6..=6 {
             let beta = 10f64.powi(e);
-            let mut worst = 0.0f64;
+            let (mut worst, mut finite) = (0.0f64, true);
             for _ in 0..50 {
                 let x = rng.normals(d);
                 let (mut a, mut b) = (vec![0.0; 1 << p], vec![0.0; 1 << p]);
                 soft_features(&planes, 0, &x, beta, &mut a);
                 soft_features_direct(&planes, 0, &x, beta, &mut b);
-                all_finite &= a.iter().all(|v| v.is_finite());
+                finite &= a.iter().all(|v| v.is_finite());
                 worst = worst.max(
                     a.iter()
                         .zip(&b)
                         .map(|(u, w)| (u - w).abs())
                         .fold(0.0, f64::max),
                 );
-                // The textbook softmax without max-subtraction: exp(beta·uᵀv_r) overflows.
-                if p == 8 && naive_overflow_beta.is_nan() && (beta * p as f64) > f64::MAX.ln() {
-                    naive_overflow_beta = beta;
-                }
             }
-            if beta <= 1.0 {
-                worst_moderate = worst_moderate.max(worst);
-            }
-            rows.push(vec![p.to_string(), f(beta), f(worst)]);
+            rows.push(vec![
+                p.to_string(),
+                f(beta),
+                f(worst),
+                (finite as u8).to_string(),
+            ]);
         }
     }
-    let csv = write_csv(
+    write_csv(
         ctx,
         "factorisation",
-        &["p", "beta", "max_abs_diff"],
+        &["p", "beta", "max_abs_diff", "finite"],
         &rows,
         &serde_json::json!({"inputs": "N(0,1), d=16, 50 per cell"}),
-    )?;
-    let worst_all = rows
-        .iter()
-        .map(|r| r[2].parse::<f64>().unwrap_or(f64::NAN))
+    )
+}
+
+/// The factorisation claim, from its CSV; and where the textbook softmax without
+/// max-subtraction overflows (`exp(beta·uᵀv_r)` past `beta·P > ln f64::MAX`, at P = 8).
+fn factorisation_claim(ctx: &Ctx) -> Result<(Claim, serde_json::Value)> {
+    let (h, r) = super::read_csv(ctx, "factorisation")?;
+    let (bc, dc, fc) = (
+        super::col(&h, &r, "beta"),
+        super::col(&h, &r, "max_abs_diff"),
+        super::col(&h, &r, "finite"),
+    );
+    let worst_moderate = (0..r.len())
+        .filter(|&i| bc[i] <= 1.0)
+        .map(|i| dc[i])
         .fold(0.0, f64::max);
+    let worst_all = dc.iter().cloned().fold(0.0, f64::max);
+    let all_finite = fc.iter().all(|&x| x == 1.0);
+    let naive_overflow_beta = bc
+        .iter()
+        .cloned()
+        .filter(|&b| b * 8.0 > f64::MAX.ln())
+        .fold(f64::NAN, f64::min);
     let claim = Claim::judged(
         "phi-factorisation",
         format!("max |φ_factorised − φ_direct| = {worst_moderate:.1e} for beta ≤ 1 and {worst_all:.1e} over beta ∈ [1e-6, 1e6], P ≤ 8; factorised finite everywhere: {all_finite}; an unstabilised softmax overflows from beta·P > 709 (beta = {naive_overflow_beta:.0e} at P = 8)"),
         Measure::value(if all_finite { worst_all } else { f64::INFINITY }),
         "the direct form's logits carry ~eps·beta·P rounding, which bounds the agreement at large beta",
     )?;
+    let headline =
+        serde_json::json!({"max_diff_beta_le_1": worst_moderate, "max_diff_all": worst_all});
+    Ok((claim, headline))
+}
+
+/// φ factorisation (DESIGN 2.1): factorised vs direct softmax over P and beta, finiteness,
+/// and where the un-stabilised softmax overflows.
+pub fn factorisation(ctx: &Ctx) -> Result<ExpResult> {
+    let t0 = std::time::Instant::now();
+    let csv = factorisation_csv(ctx)?;
+    let (claim, headline) = factorisation_claim(ctx)?;
     Ok(ExpResult {
         name: "factorisation".into(),
         claims: vec![claim],
         figures: vec![],
         csv: vec![csv],
-        headline: serde_json::json!({"max_diff_beta_le_1": worst_moderate, "max_diff_all": worst_all}),
+        headline,
         seconds: t0.elapsed().as_secs_f64(),
         seed: ctx.seed,
     })
 }
 
-/// Linear-time claim: fitted exponents of the f32 kernel and the exact references, ratio to
-/// the bandwidth floor, from a small `racelab bench` run.
-pub fn scaling(ctx: &Ctx) -> Result<ExpResult> {
-    let t0 = std::time::Instant::now();
-    // Quick: the fit's upper half (2^13, 2^14) is out of the last-level cache, as the full
-    // run's is. With 2^10..2^13 it straddled the cache (8 MiB of inputs at 2^12, 16 at 2^13)
-    // and, timed to 0.25 s per row, gave (2, 2) exponents of 1.13–1.44 (with three runs a
-    // row, 0.85–1.99, wherever one run was interrupted); here 1.02–1.12.
-    let (ns, heads, d) = if ctx.quick {
-        ((11..=14).map(|e| 1usize << e).collect::<Vec<_>>(), 2, 64)
-    } else {
-        ((10..=16).map(|e| 1usize << e).collect(), 4, 128)
-    };
-    let cfg = BenchConfig {
-        ns,
-        pl: vec![(2, 2), (4, 4)],
-        heads,
-        d,
-        backward: true,
-        reference: true,
-        seed: ctx.seed,
-        runs: 3,
-        ref_budget_s: if ctx.quick { 2.0 } else { 30.0 },
-        out: Some(ctx.out.join("bench")),
-        ..Default::default()
-    };
-    let rep = bench::run(&cfg, &|_| {})?;
+/// The scaling claims, from a bench report: the kernels' and exact softmax's fitted
+/// exponents, with the crossover and the floor ratios at the largest N.
+fn scaling_claims(rep: &bench::BenchReport, heads: usize, d: usize) -> Result<Vec<Claim>> {
     let fit = |s: &str| {
         rep.fits
             .iter()
@@ -163,6 +165,37 @@ pub fn scaling(ctx: &Ctx) -> Result<ExpResult> {
             note,
         )?,
     ];
+    Ok(claims)
+}
+
+/// Linear-time claim: fitted exponents of the f32 kernel and the exact references, ratio to
+/// the bandwidth floor, from a small `racelab bench` run.
+pub fn scaling(ctx: &Ctx) -> Result<ExpResult> {
+    let t0 = std::time::Instant::now();
+    // Quick: the fit's upper half (2^13, 2^14) is out of the last-level cache, as the full
+    // run's is. With 2^10..2^13 it straddled the cache (8 MiB of inputs at 2^12, 16 at 2^13)
+    // and, timed to 0.25 s per row, gave (2, 2) exponents of 1.13–1.44 (with three runs a
+    // row, 0.85–1.99, wherever one run was interrupted); here 1.02–1.12.
+    let (ns, heads, d) = if ctx.quick {
+        ((11..=14).map(|e| 1usize << e).collect::<Vec<_>>(), 2, 64)
+    } else {
+        ((10..=16).map(|e| 1usize << e).collect(), 4, 128)
+    };
+    let cfg = BenchConfig {
+        ns,
+        pl: vec![(2, 2), (4, 4)],
+        heads,
+        d,
+        backward: true,
+        reference: true,
+        seed: ctx.seed,
+        runs: 3,
+        ref_budget_s: if ctx.quick { 2.0 } else { 30.0 },
+        out: Some(ctx.out.join("bench")),
+        ..Default::default()
+    };
+    let rep = bench::run(&cfg, &|_| {})?;
+    let claims = scaling_claims(&rep, heads, d)?;
     Ok(ExpResult {
         name: "scaling".into(),
         claims,

@@ -85,57 +85,39 @@ pub fn rel_rms(a: &Mat<f64>, b: &Mat<f64>) -> f64 {
 /// The fit's grid point: `(n, p, l, beta)`.
 type Point = (usize, usize, usize, f64);
 
-pub fn run(ctx: &Ctx) -> Result<ExpResult> {
-    let t0 = std::time::Instant::now();
-    let mut cfg: Config = load_config(
-        ctx,
-        include_str!("../../experiments/theorem.toml"),
-        "theorem",
-    )?;
-    let real = super::real::unit_inputs(ctx)?;
-    if let Some((q, ..)) = &real {
-        cfg.ns.retain(|&n| n < q.rows);
-        cfg.ns.push(q.rows);
+/// Real inputs (unit rows) with their label, when `--data` is given.
+type RealInputs = Option<super::real::UnitInputs>;
+
+/// The inputs at `n` tokens: the first `n` rows of the real inputs, or the synthetic family.
+fn inputs_at(ctx: &Ctx, cfg: &Config, real: &RealInputs, n: usize) -> [Mat<f64>; 3] {
+    match real {
+        Some((q, k, v, _)) => [
+            super::real::take_rows(q, n),
+            super::real::take_rows(k, n),
+            super::real::take_rows(v, n),
+        ],
+        None => {
+            let q = data::concentrated_unit(n, cfg.d, cfg.spread, ctx.seed, 41);
+            let k = data::concentrated_unit(n, cfg.d, cfg.spread, ctx.seed, 42);
+            let v = data::values_from_keys(&k, cfg.dv, ctx.seed + 43);
+            [q, k, v]
+        }
     }
-    let is_real = real.is_some();
-    let stem = if is_real { "theorem_real" } else { "theorem" };
-    let label = real
-        .as_ref()
-        .map(|r| r.3.clone())
-        .unwrap_or_else(|| format!("synthetic concentrated unit Q/K (spread {})", cfg.spread));
+}
+
+/// Compute → CSV `{stem}` (parts 1 and 3): per (N, P, L, beta), the 1 − δ quantiles over
+/// seeds of the error against angular-P (calibration and test seeds), of the sampling error
+/// against `O_∞`, the bias alone `‖O_∞ − O‖`, and the bound's terms.
+fn grid_csv(ctx: &Ctx, cfg: &Config, real: &RealInputs, stem: &str) -> Result<String> {
     let tables: Vec<GTable> = cfg
         .betas
         .iter()
         .map(|&b| GTable::new(b, cfg.n_theta))
         .collect();
-    let sampling_beta = cfg
-        .betas
-        .iter()
-        .cloned()
-        .min_by(|a, b| {
-            ((a / cfg.sampling_beta).ln().abs())
-                .partial_cmp(&(b / cfg.sampling_beta).ln().abs())
-                .unwrap()
-        })
-        .unwrap_or(cfg.sampling_beta);
     let q_level = 1.0 - cfg.delta;
-
-    // Part 1 and 3: the grid.
     let mut rows = Vec::new();
     for &n in &cfg.ns {
-        let (q, k, v) = match &real {
-            Some((q, k, v, _)) => (
-                super::real::take_rows(q, n),
-                super::real::take_rows(k, n),
-                super::real::take_rows(v, n),
-            ),
-            None => {
-                let q = data::concentrated_unit(n, cfg.d, cfg.spread, ctx.seed, 41);
-                let k = data::concentrated_unit(n, cfg.d, cfg.spread, ctx.seed, 42);
-                let v = data::values_from_keys(&k, cfg.dv, ctx.seed + 43);
-                (q, k, v)
-            }
-        };
+        let [q, k, v] = inputs_at(ctx, cfg, real, n);
         let d = q.cols;
         let vf = frob(&v.data);
         for &p in &cfg.ps {
@@ -200,48 +182,93 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
             rows.extend(out);
         }
     }
-    let header = [
-        "n",
-        "p",
-        "l",
-        "beta",
-        "c1",
-        "err_cal",
-        "err_test",
-        "sampling_err",
-        "limit_err",
-        "target_rms",
-        "bias_term",
-        "var_term",
-        "v_frob",
-        "t",
-    ];
-    let csv = write_csv(ctx, stem, &header, &rows, &cfg)?;
-    let (h, r) = read_csv(ctx, stem)?;
-    let c = |name: &str| super::col(&h, &r, name);
-    let (nc, pc, lc, bc) = (c("n"), c("p"), c("l"), c("beta"));
-    let (lim, rel_scale) = (c("limit_err"), c("target_rms"));
-    let (cal, test, samp, tc, c1s) = (
-        c("err_cal"),
-        c("err_test"),
-        c("sampling_err"),
-        c("t"),
-        c("c1"),
-    );
-    let idx = |keep: &dyn Fn(Point) -> bool| -> Vec<usize> {
-        (0..r.len())
+    write_csv(ctx, stem, &GRID_COLUMNS, &rows, cfg)
+}
+
+/// The columns of the grid CSV.
+const GRID_COLUMNS: [&str; 14] = [
+    "n",
+    "p",
+    "l",
+    "beta",
+    "c1",
+    "err_cal",
+    "err_test",
+    "sampling_err",
+    "limit_err",
+    "target_rms",
+    "bias_term",
+    "var_term",
+    "v_frob",
+    "t",
+];
+
+/// The grid CSV's columns, by name, with the index of the points that pass a filter.
+struct Grid {
+    cols: std::collections::HashMap<&'static str, Vec<f64>>,
+    len: usize,
+}
+
+impl Grid {
+    fn read(ctx: &Ctx, stem: &str) -> Result<Grid> {
+        let (h, r) = read_csv(ctx, stem)?;
+        let cols = GRID_COLUMNS
+            .iter()
+            .map(|&name| (name, super::col(&h, &r, name)))
+            .collect();
+        Ok(Grid { cols, len: r.len() })
+    }
+    fn c(&self, name: &str) -> &[f64] {
+        &self.cols[name]
+    }
+    fn idx(&self, keep: &dyn Fn(Point) -> bool) -> Vec<usize> {
+        let (nc, pc, lc, bc) = (self.c("n"), self.c("p"), self.c("l"), self.c("beta"));
+        (0..self.len)
             .filter(|&i| keep((nc[i] as usize, pc[i] as usize, lc[i] as usize, bc[i])))
             .collect()
-    };
+    }
+}
+
+/// What the calibration and the sampling study measure, from the grid CSV.
+struct Fit {
+    c_fit: f64,
+    under: usize,
+    points: usize,
+    worst_test: f64,
+    c_per_n: Vec<(f64, f64)>,
+    c_slope_n: f64,
+    nmax: usize,
+    pmid: usize,
+    sampling_beta: f64,
+    samp_pts: Vec<(f64, f64)>,
+    samp_slope: f64,
+    c1min: f64,
+}
+
+/// The grid value of beta nearest (in log) to the configured sampling beta.
+fn sampling_beta(cfg: &Config) -> f64 {
+    cfg.betas
+        .iter()
+        .cloned()
+        .min_by(|a, b| {
+            ((a / cfg.sampling_beta).ln().abs())
+                .partial_cmp(&(b / cfg.sampling_beta).ln().abs())
+                .unwrap()
+        })
+        .unwrap_or(cfg.sampling_beta)
+}
+
+fn fit(cfg: &Config, g: &Grid) -> Fit {
+    let (cal, test, tc) = (g.c("err_cal"), g.c("err_test"), g.c("t"));
     let max_ratio = |ix: &[usize]| ix.iter().map(|&i| cal[i] / tc[i]).fold(0.0, f64::max);
-    let all = idx(&|_| true);
+    let all = g.idx(&|_| true);
     let c_fit = max_ratio(&all);
     let under = all.iter().filter(|&&i| test[i] <= c_fit * tc[i]).count();
     let worst_test = all.iter().map(|&i| test[i] / tc[i]).fold(0.0, f64::max);
     let c_per_n: Vec<(f64, f64)> = cfg
         .ns
         .iter()
-        .map(|&n| (n as f64, max_ratio(&idx(&|x| x.0 == n))))
+        .map(|&n| (n as f64, max_ratio(&g.idx(&|x| x.0 == n))))
         .collect();
     let c_slope_n = if c_per_n.len() >= 2 {
         loglog_slope(&c_per_n)
@@ -249,11 +276,37 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
         f64::NAN
     };
     let (nmax, pmid) = (cfg.ns[cfg.ns.len() - 1], cfg.ps[cfg.ps.len() / 2]);
-    let samp_pts: Vec<(f64, f64)> = idx(&|x| x.0 == nmax && x.1 == pmid && x.3 == sampling_beta)
+    let sb = sampling_beta(cfg);
+    let (lc, samp) = (g.c("l"), g.c("sampling_err"));
+    let samp_pts: Vec<(f64, f64)> = g
+        .idx(&|x| x.0 == nmax && x.1 == pmid && x.3 == sb)
         .iter()
         .map(|&i| (lc[i], samp[i]))
         .collect();
     let samp_slope = loglog_slope(&samp_pts);
+    let c1min = g.c("c1").iter().cloned().fold(f64::INFINITY, f64::min);
+    Fit {
+        c_fit,
+        under,
+        points: all.len(),
+        worst_test,
+        c_per_n,
+        c_slope_n,
+        nmax,
+        pmid,
+        sampling_beta: sb,
+        samp_pts,
+        samp_slope,
+        c1min,
+    }
+}
+
+/// Figures, from the grid CSV: the error against beta per L with the L = ∞ bias, and the
+/// held-out ratio to the bound's `t` with the calibrated constant.
+fn figures(ctx: &Ctx, cfg: &Config, stem: &str, g: &Grid, fit: &Fit) -> Result<Vec<String>> {
+    let (nmax, pmid, q_level) = (fit.nmax, fit.pmid, 1.0 - cfg.delta);
+    let (bc, test, tc) = (g.c("beta"), g.c("err_test"), g.c("t"));
+    let (lim, rel_scale) = (g.c("limit_err"), g.c("target_rms"));
     line_plot(
         &fig(ctx, &format!("{stem}_vs_beta")),
         &LinePlot {
@@ -271,7 +324,7 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
             .map(|&l| {
                 Series::new(
                     format!("L={l}"),
-                    idx(&|x| x.0 == nmax && x.1 == pmid && x.2 == l)
+                    g.idx(&|x| x.0 == nmax && x.1 == pmid && x.2 == l)
                         .iter()
                         .map(|&i| (bc[i], test[i]))
                         .collect(),
@@ -279,7 +332,7 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
             })
             .chain(std::iter::once(Series::dashed(
                 "L = infinity (bias alone)",
-                idx(&|x| x.0 == nmax && x.1 == pmid && x.2 == cfg.ls[0])
+                g.idx(&|x| x.0 == nmax && x.1 == pmid && x.2 == cfg.ls[0])
                     .iter()
                     .map(|&i| (bc[i], lim[i] * rel_scale[i]))
                     .collect(),
@@ -299,7 +352,8 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
             .iter()
             .map(|&n| {
                 Series::new(format!("N={n}"), {
-                    let mut v: Vec<(f64, f64)> = idx(&|x| x.0 == n)
+                    let mut v: Vec<(f64, f64)> = g
+                        .idx(&|x| x.0 == n)
                         .iter()
                         .map(|&i| (tc[i], test[i] / tc[i]))
                         .collect();
@@ -310,36 +364,81 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
             .chain(std::iter::once(Series::dashed(
                 "calibrated c",
                 vec![
-                    (tc.iter().cloned().fold(f64::INFINITY, f64::min), c_fit),
-                    (tc.iter().cloned().fold(0.0, f64::max), c_fit),
+                    (tc.iter().cloned().fold(f64::INFINITY, f64::min), fit.c_fit),
+                    (tc.iter().cloned().fold(0.0, f64::max), fit.c_fit),
                 ],
             )))
             .collect::<Vec<_>>(),
     )?;
-    let c1min = c1s.iter().cloned().fold(f64::INFINITY, f64::min);
-    let mut claims = vec![
+    Ok(vec![format!("{stem}_vs_beta"), format!("{stem}_ratio")])
+}
+
+/// The claims of parts 1 and 3: the calibrated bound on held-out seeds, the constant's slope
+/// in N, and the sampling error's slope in L.
+fn claims(cfg: &Config, label: &str, is_real: bool, fit: &Fit) -> Result<Vec<Claim>> {
+    let q_level = 1.0 - cfg.delta;
+    let Fit {
+        c_fit,
+        under,
+        points,
+        worst_test,
+        c_slope_n,
+        nmax,
+        pmid,
+        sampling_beta,
+        samp_slope,
+        c1min,
+        ..
+    } = *fit;
+    Ok(vec![
         Claim::judged(
             &claim_id("theorem2-fit", is_real),
-            format!("[{label}] c calibrated on odd seeds = {c_fit:.3e}; held-out {}/{} points under c·t (worst held-out ratio {worst_test:.3e}); {} seeds, {:.0}% quantiles; C1 ≥ {c1min:.3}", under, all.len(), cfg.seeds, 100.0 * q_level),
-            Measure::Share { hits: under, total: all.len() },
+            format!("[{label}] c calibrated on odd seeds = {c_fit:.3e}; held-out {under}/{points} points under c·t (worst held-out ratio {worst_test:.3e}); {} seeds, {:.0}% quantiles; C1 ≥ {c1min:.3}", cfg.seeds, 100.0 * q_level),
+            Measure::Share { hits: under, total: points },
             "",
         )?,
         Claim::judged(
             &claim_id("theorem2-vf", is_real),
-            format!("[{label}] per-N calibrated c: {}; slope in N = {c_slope_n:.2}", c_per_n.iter().map(|(n, c)| format!("N={n}: {c:.2e}")).collect::<Vec<_>>().join(", ")),
-            if c_per_n.len() >= 2 { Measure::Rate(c_slope_n) } else { Measure::NotTestable("one N only".into()) },
+            format!("[{label}] per-N calibrated c: {}; slope in N = {c_slope_n:.2}", fit.c_per_n.iter().map(|(n, c)| format!("N={n}: {c:.2e}")).collect::<Vec<_>>().join(", ")),
+            if fit.c_per_n.len() >= 2 { Measure::Rate(c_slope_n) } else { Measure::NotTestable("one N only".into()) },
             "the RMS row norm ‖V‖_F/√N is the scale the error follows",
         )?,
         Claim::judged(
             &claim_id("theorem2-sampling", is_real),
-            format!("[{label}] {:.0}% quantile of ‖Ô − O_∞‖/‖O_∞‖ over {} seeds, N = {nmax}, P = {pmid}, beta = {sampling_beta}: {}; slope {samp_slope:.3}", 100.0 * q_level, cfg.seeds, samp_pts.iter().map(|(l, e)| format!("L={l}: {e:.3e}")).collect::<Vec<_>>().join(", ")),
+            format!("[{label}] {:.0}% quantile of ‖Ô − O_∞‖/‖O_∞‖ over {} seeds, N = {nmax}, P = {pmid}, beta = {sampling_beta}: {}; slope {samp_slope:.3}", 100.0 * q_level, cfg.seeds, fit.samp_pts.iter().map(|(l, e)| format!("L={l}: {e:.3e}")).collect::<Vec<_>>().join(", ")),
             Measure::value(samp_slope),
             "",
         )?,
-    ];
-    let mut headline = serde_json::json!({"fitted_c": c_fit, "held_out_under": under, "points": all.len(), "c_slope_in_n": c_slope_n, "sampling_slope": samp_slope, "min_c1": c1min});
+    ])
+}
+
+/// The study: the grid (compute → CSV), the fit and figures from the CSV, the claims; then,
+/// on synthetic inputs, the L = ∞ study.
+pub fn run(ctx: &Ctx) -> Result<ExpResult> {
+    let t0 = std::time::Instant::now();
+    let mut cfg: Config = load_config(
+        ctx,
+        include_str!("../../experiments/theorem.toml"),
+        "theorem",
+    )?;
+    let real = super::real::unit_inputs(ctx)?;
+    if let Some((q, ..)) = &real {
+        cfg.ns.retain(|&n| n < q.rows);
+        cfg.ns.push(q.rows);
+    }
+    let is_real = real.is_some();
+    let stem = if is_real { "theorem_real" } else { "theorem" };
+    let label = real
+        .as_ref()
+        .map(|r| r.3.clone())
+        .unwrap_or_else(|| format!("synthetic concentrated unit Q/K (spread {})", cfg.spread));
+    let csv = grid_csv(ctx, &cfg, &real, stem)?;
+    let grid = Grid::read(ctx, stem)?;
+    let fit = fit(&cfg, &grid);
+    let mut figures = figures(ctx, &cfg, stem, &grid, &fit)?;
+    let mut claims = claims(&cfg, &label, is_real, &fit)?;
+    let mut headline = serde_json::json!({"fitted_c": fit.c_fit, "held_out_under": fit.under, "points": fit.points, "c_slope_in_n": fit.c_slope_n, "sampling_slope": fit.samp_slope, "min_c1": fit.c1min});
     let mut csvs = vec![csv];
-    let mut figures = vec![format!("{stem}_vs_beta"), format!("{stem}_ratio")];
     if !is_real {
         let (limit_claims, slopes, csv2) = limit_study(ctx, &cfg)?;
         claims.extend(limit_claims);

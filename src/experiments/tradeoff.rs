@@ -95,8 +95,71 @@ pub fn pareto(points: &[(f64, f64)]) -> Vec<bool> {
         .collect()
 }
 
-pub fn run(ctx: &Ctx) -> Result<ExpResult> {
-    let t0 = std::time::Instant::now();
+/// A tuned (P, L): its chosen beta, validation error and held-out report.
+type Tuned = (usize, usize, f64, f64, Report);
+
+/// What one trade-off study shares: the inputs, the two targets, the grid.
+struct Study<'a> {
+    ctx: &'a Ctx,
+    cfg: Config,
+    q: Mat<f64>,
+    k: Mat<f64>,
+    v: Mat<f64>,
+    label: String,
+    stem: String,
+    /// Softmax attention, and angular attention with `γ = P` for every P of the grid.
+    soft: Mat<f64>,
+    targets: Vec<(usize, Mat<f64>)>,
+}
+
+impl Study<'_> {
+    fn is_real(&self) -> bool {
+        self.stem != "tradeoff"
+    }
+    fn pls(&self) -> Vec<(usize, usize)> {
+        let ls = self.cfg.ls.clone();
+        self.cfg
+            .ps
+            .iter()
+            .flat_map(|&p| ls.clone().into_iter().map(move |l| (p, l)))
+            .collect()
+    }
+    fn angular(&self, p: usize) -> &Mat<f64> {
+        &self.targets.iter().find(|t| t.0 == p).expect("every P").1
+    }
+    /// Soft RACE (f64 reference) at (P, L, beta) with the planes of draw `seed`.
+    fn race(&self, p: usize, l: usize, beta: f64, seed: usize) -> Mat<f64> {
+        let d = self.q.cols;
+        let planes = Planes::gaussian(
+            l,
+            p,
+            d,
+            self.ctx.seed * 31337 + (seed * 101 + p * 13 + l) as u64,
+        )
+        .expect("valid P, L");
+        super::soft_out(
+            (&self.q, &self.k, &self.v),
+            &planes,
+            beta,
+            false,
+            Combine::Paper,
+        )
+    }
+    fn performer(&self, m: usize, scale: f64, seed: usize) -> Mat<f64> {
+        let om = performer_omega(m, self.q.cols, self.ctx.seed * 17 + seed as u64);
+        performer_attention(
+            self.q.view(),
+            self.k.view(),
+            self.v.view(),
+            &om,
+            Some(scale),
+            false,
+        )
+        .o
+    }
+}
+
+fn study(ctx: &Ctx) -> Result<Study<'_>> {
     let cfg: Config = load_config(
         ctx,
         include_str!("../../experiments/tradeoff.toml"),
@@ -113,16 +176,41 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
         });
     }
     let (q, k, v, label, stem) = super::real::inputs_or(ctx, "tradeoff", || {
-        let q = data::clustered_unit(cfg.n, cfg.d, cfg.clusters, cfg.noise, ctx.seed, 51);
-        let k = data::clustered_unit(cfg.n, cfg.d, cfg.clusters, cfg.noise, ctx.seed, 52);
-        let v = data::values_from_keys(&k, cfg.dv, ctx.seed + 53);
+        let (q, k, v) = data::clustered_qkv(
+            (cfg.n, cfg.d, cfg.dv),
+            (cfg.clusters, cfg.noise),
+            ctx.seed,
+            51,
+        );
         (q, k, v, "synthetic clustered unit Q/K".to_string())
     })?;
-    let stem = stem.as_str();
-    let is_real = stem != "tradeoff";
-    let (d, dv) = (q.cols, v.cols);
     let soft = softmax_attention(q.view(), k.view(), v.view(), Some(cfg.softmax_scale), false).o;
-    // Kernel time per (P, L) (beta does not change the work).
+    let targets = cfg
+        .ps
+        .iter()
+        .map(|&p| {
+            let a = angular_attention(q.view(), k.view(), v.view(), p as f64, false).o;
+            (p, a)
+        })
+        .collect();
+    Ok(Study {
+        ctx,
+        cfg,
+        q,
+        k,
+        v,
+        label,
+        stem,
+        soft,
+        targets,
+    })
+}
+
+/// Compute: the f32 kernel's forward time per (P, L) at `time_n` tokens (median of
+/// `time_runs`; beta does not change the work below the f64-projection threshold).
+fn kernel_times(st: &Study) -> Result<Vec<((usize, usize), f64)>> {
+    let (cfg, ctx) = (&st.cfg, st.ctx);
+    let (d, dv) = (st.q.cols, st.v.cols);
     let tq: Vec<f32> = data::clustered_unit(cfg.time_n, d, cfg.clusters, cfg.noise, ctx.seed, 54)
         .data
         .iter()
@@ -134,84 +222,71 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
         .map(|&x| x as f32)
         .collect();
     let mut times = Vec::new();
-    for &p in &cfg.ps {
-        for &l in &cfg.ls {
-            let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, ctx.seed)?);
-            let map = SoftMap {
-                planes: &planes,
-                beta: 8.0,
-            };
-            let mut ts: Vec<f64> = (0..cfg.time_runs.max(1))
-                .map(|_| {
-                    let t = std::time::Instant::now();
-                    std::hint::black_box(soft_forward(
-                        &map,
-                        Heads::new(1, cfg.time_n, d, &tq),
-                        Heads::new(1, cfg.time_n, d, &tq),
-                        Heads::new(1, cfg.time_n, dv, &tv),
-                        false,
-                        detected_isa(),
-                    ));
-                    t.elapsed().as_secs_f64()
-                })
-                .collect();
-            ts.sort_by(|a, b| a.partial_cmp(b).unwrap());
-            times.push(((p, l), ts[ts.len() / 2]));
-        }
+    for (p, l) in st.pls() {
+        let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, ctx.seed)?);
+        let map = SoftMap {
+            planes: &planes,
+            beta: crate::params::DEFAULT_BETA as f32,
+        };
+        let ts: Vec<f64> = (0..cfg.time_runs.max(1))
+            .map(|_| {
+                let t = std::time::Instant::now();
+                std::hint::black_box(soft_forward(
+                    &map,
+                    Heads::new(1, cfg.time_n, d, &tq),
+                    Heads::new(1, cfg.time_n, d, &tq),
+                    Heads::new(1, cfg.time_n, dv, &tv),
+                    false,
+                    detected_isa(),
+                ));
+                t.elapsed().as_secs_f64()
+            })
+            .collect();
+        times.push(((p, l), crate::stats::median(&ts)));
     }
-    let targets: Vec<(usize, Mat<f64>)> = cfg
-        .ps
-        .iter()
-        .map(|&p| {
-            (
-                p,
-                angular_attention(q.view(), k.view(), v.view(), p as f64, false).o,
-            )
-        })
+    Ok(times)
+}
+
+/// Compute → CSV `{stem}_tuning`: validation error vs softmax for every (P, L, beta), mean
+/// over the tuning seeds.
+fn tuning_csv(st: &Study) -> Result<String> {
+    let cfg = &st.cfg;
+    let jobs: Vec<(usize, usize, f64)> = st
+        .pls()
+        .into_iter()
+        .flat_map(|(p, l)| cfg.betas.iter().map(move |&b| (p, l, b)))
         .collect();
-    let angular = |p: usize| &targets.iter().find(|t| t.0 == p).expect("every P").1;
-    let race = |p: usize, l: usize, beta: f64, seed: usize| {
-        let planes = Planes::gaussian(l, p, d, ctx.seed * 31337 + (seed * 101 + p * 13 + l) as u64)
-            .expect("valid P, L");
-        super::soft_out((&q, &k, &v), &planes, beta, false, Combine::Paper)
-    };
-    // 1. Tuning: validation error vs softmax for every (P, L, beta), mean over tuning seeds.
-    let mut jobs: Vec<(usize, usize, f64)> = Vec::new();
-    for &p in &cfg.ps {
-        for &l in &cfg.ls {
-            jobs.extend(cfg.betas.iter().map(|&b| (p, l, b)));
-        }
-    }
-    let tuning: Vec<Vec<String>> = jobs
+    let rows: Vec<Vec<String>> = jobs
         .par_iter()
         .map(|&(p, l, beta)| {
             let e: Vec<f64> = (0..cfg.seeds)
-                .map(|s| split_err(&race(p, l, beta, s), &soft, VALIDATION))
+                .map(|s| split_err(&st.race(p, l, beta, s), &st.soft, VALIDATION))
                 .collect();
             vec![p.to_string(), l.to_string(), f(beta), f(mean_se(&e).0)]
         })
         .collect();
-    let csv0 = write_csv(
-        ctx,
-        &format!("{stem}_tuning"),
+    write_csv(
+        st.ctx,
+        &format!("{}_tuning", st.stem),
         &["p", "l", "beta", "validation_err_vs_softmax"],
-        &tuning,
-        &cfg,
-    )?;
-    let (ht, rt) = read_csv(ctx, &format!("{stem}_tuning"))?;
+        &rows,
+        cfg,
+    )
+}
+
+/// Compute → CSV `{stem}`: each (P, L) at the beta its tuning CSV chose, on fresh seeds,
+/// held-out rows; with its state, kernel time and whether it is on the Pareto front.
+fn held_out_csv(st: &Study, times: &[((usize, usize), f64)]) -> Result<(String, Vec<Tuned>)> {
+    let (cfg, dv) = (&st.cfg, st.v.cols);
+    let (ht, rt) = read_csv(st.ctx, &format!("{}_tuning", st.stem))?;
     let (tp, tl, tb, te) = (
         super::col(&ht, &rt, "p"),
         super::col(&ht, &rt, "l"),
         super::col(&ht, &rt, "beta"),
         super::col(&ht, &rt, "validation_err_vs_softmax"),
     );
-    // 2. Each (P, L) at its chosen beta, on fresh seeds, held-out rows.
-    let pls: Vec<(usize, usize)> = cfg
-        .ps
-        .iter()
-        .flat_map(|&p| cfg.ls.iter().map(move |&l| (p, l)))
-        .collect();
-    let tuned: Vec<(usize, usize, f64, f64, Report)> = pls
+    let tuned: Vec<Tuned> = st
+        .pls()
         .par_iter()
         .map(|&(p, l)| {
             let (best, val) = (0..rt.len())
@@ -220,9 +295,9 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
                 .min_by(|a, b| a.1.partial_cmp(&b.1).unwrap())
                 .unwrap_or((f64::NAN, f64::NAN));
             let outs: Vec<Mat<f64>> = (0..cfg.eval_seeds)
-                .map(|s| race(p, l, best, EVAL + s))
+                .map(|s| st.race(p, l, best, EVAL + s))
                 .collect();
-            (p, l, best, val, held_out(&outs, &soft, angular(p)))
+            (p, l, best, val, held_out(&outs, &st.soft, st.angular(p)))
         })
         .collect();
     let mut rows: Vec<Vec<String>> = tuned
@@ -260,9 +335,9 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
     for (r, on) in rows.iter_mut().zip(pareto(&pts)) {
         r[10] = (on as u8).to_string();
     }
-    let csv1 = write_csv(
-        ctx,
-        stem,
+    let csv = write_csv(
+        st.ctx,
+        &st.stem,
         &[
             "p",
             "l",
@@ -277,20 +352,21 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
             "pareto",
         ],
         &rows,
-        &cfg,
+        cfg,
     )?;
-    // 3. Matched state m = L·R: the best (P, L) by validation error vs Performer(m) tuned
-    //    over its scale, and linear attention.
-    let lin = linear_attention(q.view(), k.view(), v.view(), false).o;
-    let lin_err = split_err(&lin, &soft, HELD_OUT);
-    let mut ms: Vec<usize> = pls.iter().map(|&(p, l)| l << p).collect();
+    Ok((csv, tuned))
+}
+
+/// Compute → CSV `{stem}_matched`: at matched state `m = L·R`, the best (P, L) by validation
+/// error against Performer(m) tuned over its scale, and linear attention.
+fn matched_csv(st: &Study, tuned: &[Tuned]) -> Result<String> {
+    let (cfg, dv) = (&st.cfg, st.v.cols);
+    let lin = linear_attention(st.q.view(), st.k.view(), st.v.view(), false).o;
+    let lin_err = split_err(&lin, &st.soft, HELD_OUT);
+    let mut ms: Vec<usize> = st.pls().iter().map(|&(p, l)| l << p).collect();
     ms.sort();
     ms.dedup();
-    let perf = |m: usize, scale: f64, seed: usize| {
-        let om = performer_omega(m, d, ctx.seed * 17 + seed as u64);
-        performer_attention(q.view(), k.view(), v.view(), &om, Some(scale), false).o
-    };
-    let matched: Vec<Vec<String>> = ms
+    let rows: Vec<Vec<String>> = ms
         .par_iter()
         .map(|&m| {
             let race_pick = tuned
@@ -304,16 +380,16 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
                 .map(|&c| {
                     let s = c * cfg.softmax_scale;
                     let e: Vec<f64> = (0..cfg.seeds)
-                        .map(|sd| split_err(&perf(m, s, sd), &soft, VALIDATION))
+                        .map(|sd| split_err(&st.performer(m, s, sd), &st.soft, VALIDATION))
                         .collect();
                     (s, mean_se(&e).0)
                 })
                 .min_by(|a, b| a.1.partial_cmp(&b.1).unwrap())
                 .unwrap_or((cfg.softmax_scale, f64::NAN));
             let outs: Vec<Mat<f64>> = (0..cfg.eval_seeds)
-                .map(|sd| perf(m, scale, EVAL + sd))
+                .map(|sd| st.performer(m, scale, EVAL + sd))
                 .collect();
-            let ((ps, pse), (pa, pase)) = held_out(&outs, &soft, angular(race_pick.0));
+            let ((ps, pse), (pa, pase)) = held_out(&outs, &st.soft, st.angular(race_pick.0));
             let ((rs, rse), (ra, rase)) = race_pick.4;
             vec![
                 m.to_string(),
@@ -332,9 +408,9 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
             ]
         })
         .collect();
-    let csv2 = write_csv(
-        ctx,
-        &format!("{stem}_matched"),
+    write_csv(
+        st.ctx,
+        &format!("{}_matched", st.stem),
         &[
             "m_features",
             "state_floats",
@@ -350,12 +426,19 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
             "performer_se_vs_angular_p",
             "linear_err_vs_softmax",
         ],
-        &matched,
-        &cfg,
-    )?;
-    // Figures from CSV.
+        &rows,
+        cfg,
+    )
+}
+
+/// Figures, from the CSVs only: error against state (with the Pareto front), against kernel
+/// time, and at matched state.
+fn figures(st: &Study) -> Result<Vec<String>> {
+    let (ctx, cfg, stem) = (st.ctx, &st.cfg, st.stem.as_str());
+    let d = st.q.cols;
+    let dv = st.v.cols;
     let (h, r) = read_csv(ctx, stem)?;
-    let (st, es, tm, pa, pc) = (
+    let (sf, es, tm, pa, pc) = (
         super::col(&h, &r, "state_floats"),
         super::col(&h, &r, "err_vs_softmax"),
         super::col(&h, &r, "kernel_seconds"),
@@ -377,13 +460,13 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
             })
             .collect()
     };
-    let mut series = by_p(&st);
+    let mut series = by_p(&sf);
     let mut front: Vec<(f64, f64)> = (0..r.len())
         .filter(|&i| pa[i] == 1.0)
-        .map(|i| (st[i], es[i]))
+        .map(|i| (sf[i], es[i]))
         .collect();
     front.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    series.push(Series::dashed("Pareto front", front.clone()));
+    series.push(Series::dashed("Pareto front", front));
     line_plot(
         &fig(ctx, &format!("{stem}_state")),
         &LinePlot {
@@ -411,13 +494,11 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
     )?;
     let (hm, rm) = read_csv(ctx, &format!("{stem}_matched"))?;
     let mc = |name: &str| super::col(&hm, &rm, name);
-    let (mm, rs, rse, ra, ps, pse, pa2, lm) = (
+    let (mm, rs, ra, ps, pa2, lm) = (
         mc("state_floats"),
         mc("race_err_vs_softmax"),
-        mc("race_se_vs_softmax"),
         mc("race_err_vs_angular_p"),
         mc("performer_err_vs_softmax"),
-        mc("performer_se_vs_softmax"),
         mc("performer_err_vs_angular_p"),
         mc("linear_err_vs_softmax"),
     );
@@ -447,13 +528,39 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
             ),
         ],
     )?;
+    Ok(vec![
+        format!("{stem}_state"),
+        format!("{stem}_time"),
+        format!("{stem}_matched"),
+    ])
+}
+
+/// Claims, from the CSVs and the tuned held-out reports: tuned soft RACE against tuned
+/// Performer at matched state, and whether more buckets ((P, L) → (P + 1, L)) raise the
+/// held-out error.
+fn claims(st: &Study, tuned: &[Tuned]) -> Result<(Vec<Claim>, serde_json::Value)> {
+    let (ctx, cfg, label, is_real) = (st.ctx, &st.cfg, &st.label, st.is_real());
+    let (h, r) = read_csv(ctx, &st.stem)?;
+    let pa = super::col(&h, &r, "pareto");
+    let (hm, rm) = read_csv(ctx, &format!("{}_matched", st.stem))?;
+    let mc = |name: &str| super::col(&hm, &rm, name);
+    let (rs, rse, ra, ps, pse, pa2, lm) = (
+        mc("race_err_vs_softmax"),
+        mc("race_se_vs_softmax"),
+        mc("race_err_vs_angular_p"),
+        mc("performer_err_vs_softmax"),
+        mc("performer_se_vs_softmax"),
+        mc("performer_err_vs_angular_p"),
+        mc("linear_err_vs_softmax"),
+    );
     let wins = (0..rm.len())
         .filter(|&i| ps[i] - rs[i] > 2.0 * (rse[i].powi(2) + pse[i].powi(2)).sqrt())
         .count();
     let wins_angular = (0..rm.len()).filter(|&i| ra[i] < pa2[i]).count();
     // More buckets: (P, L) → (P + 1, L), held-out error vs softmax.
     let find = |p: usize, l: usize| tuned.iter().find(|t| t.0 == p && t.1 == l);
-    let worse: Vec<(usize, usize, f64, f64)> = pls
+    let worse: Vec<(usize, usize, f64, f64)> = st
+        .pls()
         .iter()
         .filter_map(|&(p, l)| {
             let (a, b) = (find(p, l)?, find(p + 1, l)?);
@@ -478,6 +585,7 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
             )
         })
         .collect();
+    let front = pa.iter().filter(|&&x| x == 1.0).count();
     let claims = vec![
         Claim::judged(
             &claim_id("tradeoff-matched", is_real),
@@ -498,18 +606,24 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
             "",
         )?,
     ];
-    let headline = serde_json::json!({"points": r.len(), "pareto_points": front.len(), "race_beats_performer": wins, "matched_sizes": rm.len(), "linear_err": lm[0]});
-    Ok(ExpResult {
-        name: stem.into(),
-        claims,
-        figures: vec![
-            format!("{stem}_state"),
-            format!("{stem}_time"),
-            format!("{stem}_matched"),
-        ],
-        csv: vec![csv0, csv1, csv2],
-        headline,
-        seconds: t0.elapsed().as_secs_f64(),
-        seed: ctx.seed,
-    })
+    let headline = serde_json::json!({"points": r.len(), "pareto_points": front, "race_beats_performer": wins, "matched_sizes": rm.len(), "linear_err": lm[0]});
+    Ok((claims, headline))
+}
+
+/// The study: compute and write the CSVs, draw the figures from them, judge the claims.
+pub fn run(ctx: &Ctx) -> Result<ExpResult> {
+    let t0 = std::time::Instant::now();
+    let st = study(ctx)?;
+    let times = kernel_times(&st)?;
+    let csv0 = tuning_csv(&st)?;
+    let (csv1, tuned) = held_out_csv(&st, &times)?;
+    let csv2 = matched_csv(&st, &tuned)?;
+    let figures = figures(&st)?;
+    Ok(ExpResult::assemble(
+        st.stem.clone(),
+        ctx,
+        t0,
+        (vec![csv0, csv1, csv2], figures),
+        claims(&st, &tuned)?,
+    ))
 }

@@ -116,22 +116,18 @@ fn error(cfg: &Config, pr: &Problem, n: usize, l: usize, seed: u64) -> f64 {
     (s / pr.rows.len() as f64).sqrt() / pr.scale
 }
 
-pub fn run(ctx: &Ctx) -> Result<ExpResult> {
-    let t0 = std::time::Instant::now();
-    let cfg: Config = load_config(
-        ctx,
-        include_str!("../../experiments/variance.toml"),
-        "variance",
-    )?;
+/// Compute → CSV `variance`: the sampling error's 10/50/90% quantiles over seeds, against L
+/// (at `n_for_l`) and against N (at `l_for_n`).
+fn compute_csv(ctx: &Ctx, cfg: &Config) -> Result<String> {
     crate::params::validate_pl(cfg.p, 1)?;
     let table = GTable::new(cfg.beta, cfg.n_theta);
     let mut rows = Vec::new();
-    let pr = problem(&cfg, cfg.n_for_l, ctx.seed, &table);
+    let pr = problem(cfg, cfg.n_for_l, ctx.seed, &table);
     for &l in &cfg.ls {
         let errs: Vec<f64> = (0..cfg.seeds)
             .map(|s| {
                 error(
-                    &cfg,
+                    cfg,
                     &pr,
                     cfg.n_for_l,
                     l,
@@ -150,11 +146,11 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
         ]);
     }
     for &n in &cfg.ns {
-        let prn = problem(&cfg, n, ctx.seed, &table);
+        let prn = problem(cfg, n, ctx.seed, &table);
         let errs: Vec<f64> = (0..cfg.seeds)
             .map(|s| {
                 error(
-                    &cfg,
+                    cfg,
                     &prn,
                     n,
                     cfg.l_for_n,
@@ -172,35 +168,92 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
             errs.len().to_string(),
         ]);
     }
-    let csv = write_csv(
+    write_csv(
         ctx,
         "variance",
         &["sweep", "n", "l", "q10", "q50", "q90", "seeds"],
         &rows,
         &cfg,
-    )?;
-    let (h, r) = read_csv(ctx, "variance")?;
-    let sw = super::col_s(&h, &r, "sweep");
-    let (nc, lc) = (super::col(&h, &r, "n"), super::col(&h, &r, "l"));
-    let (q10, q50, q90) = (
-        super::col(&h, &r, "q10"),
-        super::col(&h, &r, "q50"),
-        super::col(&h, &r, "q90"),
-    );
-    let li: Vec<usize> = (0..r.len()).filter(|&i| sw[i] == "l").collect();
-    let ni: Vec<usize> = (0..r.len()).filter(|&i| sw[i] == "n").collect();
-    let pts = |idx: &[usize], x: &[f64], y: &[f64]| -> Vec<(f64, f64)> {
-        idx.iter().map(|&i| (x[i], y[i])).collect()
-    };
-    let fit_pts: Vec<(f64, f64)> = li
-        .iter()
-        .filter(|&&i| lc[i] >= 4.0)
-        .map(|&i| (lc[i], q50[i]))
-        .collect();
-    let slope_l = loglog_slope(&fit_pts);
+    )
+}
+
+/// The CSV's two sweeps and what is fitted from them.
+struct Sweeps {
+    li: Vec<usize>,
+    ni: Vec<usize>,
+    nc: Vec<f64>,
+    lc: Vec<f64>,
+    q10: Vec<f64>,
+    q50: Vec<f64>,
+    q90: Vec<f64>,
+    /// Slope of the median in L (L ≥ 4) and in N.
+    slope_l: f64,
+    slope_n: f64,
+}
+
+impl Sweeps {
+    fn read(ctx: &Ctx) -> Result<Sweeps> {
+        let (h, r) = read_csv(ctx, "variance")?;
+        let sw = super::col_s(&h, &r, "sweep");
+        let (nc, lc) = (super::col(&h, &r, "n"), super::col(&h, &r, "l"));
+        let (q10, q50, q90) = (
+            super::col(&h, &r, "q10"),
+            super::col(&h, &r, "q50"),
+            super::col(&h, &r, "q90"),
+        );
+        let li: Vec<usize> = (0..r.len()).filter(|&i| sw[i] == "l").collect();
+        let ni: Vec<usize> = (0..r.len()).filter(|&i| sw[i] == "n").collect();
+        let fit_pts: Vec<(f64, f64)> = li
+            .iter()
+            .filter(|&&i| lc[i] >= 4.0)
+            .map(|&i| (lc[i], q50[i]))
+            .collect();
+        let slope_l = loglog_slope(&fit_pts);
+        let slope_n = loglog_slope(&ni.iter().map(|&i| (nc[i], q50[i])).collect::<Vec<_>>());
+        Ok(Sweeps {
+            li,
+            ni,
+            nc,
+            lc,
+            q10,
+            q50,
+            q90,
+            slope_l,
+            slope_n,
+        })
+    }
+    /// The 10%, median and 90% quantiles of one sweep against `x`, with a reference curve.
+    fn quantile_plot(
+        &self,
+        ctx: &Ctx,
+        stem: &str,
+        plot: &LinePlot,
+        (idx, x): (&[usize], &[f64]),
+        median: String,
+        reference: Series,
+    ) -> Result<()> {
+        let pts = |y: &[f64]| -> Vec<(f64, f64)> { idx.iter().map(|&i| (x[i], y[i])).collect() };
+        line_plot(
+            &fig(ctx, stem),
+            plot,
+            &[
+                Series::new("10%", pts(&self.q10)),
+                Series::new(median, pts(&self.q50)),
+                Series::new("90%", pts(&self.q90)),
+                reference,
+            ],
+        )
+    }
+}
+
+/// Figures, from the CSV: the quantiles against L (with `L^-1/2`) and against N (with
+/// `c·sqrt(log N)`).
+fn figures(ctx: &Ctx, cfg: &Config, sw: &Sweeps) -> Result<Vec<String>> {
+    let (li, ni, nc, lc, q50) = (&sw.li, &sw.ni, &sw.nc, &sw.lc, &sw.q50);
     let mid = li[li.len() / 2];
-    line_plot(
-        &fig(ctx, "variance_vs_l"),
+    sw.quantile_plot(
+        ctx,
+        "variance_vs_l",
         &LinePlot {
             title: &format!(
                 "Sampling error vs L (N={}, P={}, beta={}, {} seeds)",
@@ -211,26 +264,19 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
             logx: true,
             logy: true,
         },
-        &[
-            Series::new("10%", pts(&li, &lc, &q10)),
-            Series::new(format!("median (slope {slope_l:.3})"), pts(&li, &lc, &q50)),
-            Series::new("90%", pts(&li, &lc, &q90)),
-            Series::dashed(
-                "L^-1/2",
-                li.iter()
-                    .map(|&i| (lc[i], q50[mid] * (lc[mid] / lc[i]).sqrt()))
-                    .collect(),
-            ),
-        ],
+        (li, lc),
+        format!("median (slope {:.3})", sw.slope_l),
+        Series::dashed(
+            "L^-1/2",
+            li.iter()
+                .map(|&i| (lc[i], q50[mid] * (lc[mid] / lc[i]).sqrt()))
+                .collect(),
+        ),
     )?;
-    // Growth in N: median / sqrt(log N) should be roughly flat.
-    let norm: Vec<f64> = ni.iter().map(|&i| q50[i] / nc[i].ln().sqrt()).collect();
-    let spread = norm.iter().cloned().fold(0.0, f64::max)
-        / norm.iter().cloned().fold(f64::INFINITY, f64::min);
-    let slope_n = loglog_slope(&ni.iter().map(|&i| (nc[i], q50[i])).collect::<Vec<_>>());
     let base = q50[ni[0]] / nc[ni[0]].ln().sqrt();
-    line_plot(
-        &fig(ctx, "variance_vs_n"),
+    sw.quantile_plot(
+        ctx,
+        "variance_vs_n",
         &LinePlot {
             title: &format!(
                 "Sampling error vs N (L={}, {} seeds)",
@@ -241,18 +287,25 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
             logx: true,
             logy: true,
         },
-        &[
-            Series::new("10%", pts(&ni, &nc, &q10)),
-            Series::new("median", pts(&ni, &nc, &q50)),
-            Series::new("90%", pts(&ni, &nc, &q90)),
-            Series::dashed(
-                "c*sqrt(log N)",
-                ni.iter()
-                    .map(|&i| (nc[i], base * nc[i].ln().sqrt()))
-                    .collect(),
-            ),
-        ],
+        (ni, nc),
+        "median".into(),
+        Series::dashed(
+            "c*sqrt(log N)",
+            ni.iter()
+                .map(|&i| (nc[i], base * nc[i].ln().sqrt()))
+                .collect(),
+        ),
     )?;
+    Ok(vec!["variance_vs_l".into(), "variance_vs_n".into()])
+}
+
+/// The claims: the median's slope in L, and its growth in N against `sqrt(log N)`'s.
+fn claims(cfg: &Config, sw: &Sweeps) -> Result<(Vec<Claim>, serde_json::Value)> {
+    let (ni, nc, q50, slope_l, slope_n) = (&sw.ni, &sw.nc, &sw.q50, sw.slope_l, sw.slope_n);
+    // Growth in N: median / sqrt(log N) should be roughly flat.
+    let norm: Vec<f64> = ni.iter().map(|&i| q50[i] / nc[i].ln().sqrt()).collect();
+    let spread = norm.iter().cloned().fold(0.0, f64::max)
+        / norm.iter().cloned().fold(f64::INFINITY, f64::min);
     let (first, last) = (ni[0], ni[ni.len() - 1]);
     let growth = q50[last] / q50[first];
     let allowed = (nc[last].ln() / nc[first].ln()).sqrt();
@@ -272,13 +325,24 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
     ];
     let headline =
         serde_json::json!({"slope_l": slope_l, "slope_n": slope_n, "sqrt_log_n_spread": spread});
-    Ok(ExpResult {
-        name: "variance".into(),
-        claims,
-        figures: vec!["variance_vs_l".into(), "variance_vs_n".into()],
-        csv: vec![csv],
-        headline,
-        seconds: t0.elapsed().as_secs_f64(),
-        seed: ctx.seed,
-    })
+    Ok((claims, headline))
+}
+
+pub fn run(ctx: &Ctx) -> Result<ExpResult> {
+    let t0 = std::time::Instant::now();
+    let cfg: Config = load_config(
+        ctx,
+        include_str!("../../experiments/variance.toml"),
+        "variance",
+    )?;
+    let csv = compute_csv(ctx, &cfg)?;
+    let sweeps = Sweeps::read(ctx)?;
+    let figures = figures(ctx, &cfg, &sweeps)?;
+    Ok(ExpResult::assemble(
+        "variance",
+        ctx,
+        t0,
+        (vec![csv], figures),
+        claims(&cfg, &sweeps)?,
+    ))
 }

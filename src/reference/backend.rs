@@ -126,6 +126,7 @@ impl SoftRace for ReferenceRace {
         if dv == 0 {
             return Err(RaceError::empty("dv", "values need at least one column"));
         }
+        crate::backend::decoder_fits(params, dv)?;
         let m = planes.l * planes.r();
         Ok(Box::new(ReferenceDecoder {
             planes: planes.to_planes(),

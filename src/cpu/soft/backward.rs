@@ -2,7 +2,7 @@
 //! `Ĝ = [G/Den, −GᵀÔ/Den]`, `Ô` never read: `GᵀÔ` comes from products this pass forms);
 //! keys `∂ℓ/∂Φ_K = X̂ d𝔅ᵀ`, `∂ℓ/∂V = Φ_K dB`; then the features' backward to `dQ`, `dK`, `dβ`.
 
-use crate::backend::Heads;
+use crate::backend::{BackwardInputs, GradsMut, Heads};
 use crate::cpu::bank16::{self, Read};
 use crate::cpu::features::{FeatureMap, SoftMap};
 use crate::cpu::gemm::{gemm, Strided};
@@ -368,20 +368,9 @@ pub fn key_grads(
 
 /// Non-causal soft-RACE backward, blocked; writes every entry of `dq`, `dk`, `dv`; returns
 /// `∂ℓ/∂beta`. Same contract as [`crate::cpu::soft_backward_into`] for a non-causal context.
-#[allow(clippy::too_many_arguments)]
-pub fn backward_into(
-    map: &SoftMap,
-    isa: Isa,
-    ctx: &Ctx,
-    q: Heads,
-    k: Heads,
-    v: Heads,
-    o: Heads,
-    g: Heads,
-    dq: &mut [f32],
-    dk: &mut [f32],
-    dvv: &mut [f32],
-) -> f64 {
+pub fn backward_into(map: &SoftMap, isa: Isa, ctx: &Ctx, x: BackwardInputs, out: GradsMut) -> f64 {
+    let BackwardInputs { q, k, v, o, g } = x;
+    let GradsMut { dq, dk, dv: dvv } = out;
     assert!(!ctx.causal, "blocked backward is the non-causal path");
     let _ = o; // not read: see `query_grads`
     let (banks, segs, den) = (&ctx.banks, &ctx.segs, &ctx.den);

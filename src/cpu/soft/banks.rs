@@ -139,6 +139,7 @@ pub(crate) fn saved_rows(
 }
 
 /// f32 copies of f64 banks, in aligned buffers (they are read by full-vector loads).
+#[inline]
 pub(crate) fn to_f32(banks: &[Vec<f64>]) -> Vec<ABuf> {
     banks
         .iter()
@@ -154,6 +155,7 @@ pub(crate) fn to_f32(banks: &[Vec<f64>]) -> Vec<ABuf> {
 /// transposed values ([`values_t`]) and the mass columns ([`masses`]).
 type BankViews = (Vec<ABuf>, Vec<ABuf>, Vec<Vec<f32>>);
 
+#[inline]
 pub(crate) fn bank_views(isa: Isa, banks: &[Vec<f64>], m: usize, dv: usize, w: usize) -> BankViews {
     let b32 = to_f32(banks);
     let bt = b32.iter().map(|b| values_t(isa, b, m, dv, w)).collect();
@@ -162,6 +164,7 @@ pub(crate) fn bank_views(isa: Isa, banks: &[Vec<f64>], m: usize, dv: usize, w: u
 }
 
 /// The mass column ([`masses`]) of each f32 bank.
+#[inline]
 pub(crate) fn mass_columns(b32: &[ABuf], m: usize, w: usize, dv: usize) -> Vec<Vec<f32>> {
     b32.iter()
         .map(|b| {
@@ -181,6 +184,7 @@ pub(crate) fn rows_of<'a>(x: &Heads<'a>, h: usize, a: usize, b: usize) -> &'a [f
 /// mass column too (`Φᵀ [X | 1]`), else it is left for the caller. [`bank16::assign`] where
 /// it applies (`mp` is then 16), else a product with `Φ` read transposed.
 #[allow(clippy::too_many_arguments)]
+#[inline]
 pub(crate) fn assign_bank(
     isa: Isa,
     m: usize,

@@ -181,6 +181,7 @@ impl Block {
         &self.z[..rows * self.lp]
     }
 
+    #[inline]
     pub(crate) fn probs_and_tree<const TANH: bool>(&mut self, map: &SoftMap, rows: usize) {
         let n = rows * self.lp;
         dispatch(
@@ -196,6 +197,7 @@ impl Block {
     }
 
     /// The features `φ` from the bit probabilities `on`, `off` of `rows` rows.
+    #[inline]
     pub(crate) fn tree(&mut self, map: &SoftMap, rows: usize) {
         let pl = map.planes;
         let (p, l, r) = (pl.p, pl.l, pl.r());
@@ -291,6 +293,7 @@ impl Block {
     /// layout: `c_b = 2 on_b off_b Σ_r ±(Π_{q≠b} f_q(r)) g_r`
     /// ([`crate::cpu::features::bit_contrast`]), which keeps the digits that `Σ_r ±φ_r (g_r − ḡ)`
     /// loses to cancellation when a table is saturated. Leaves `∂ℓ/∂z` in `dz`.
+    #[inline]
     pub(crate) fn backward_contrast(&mut self, map: &SoftMap, gphi: &[f32], rows: usize) -> f64 {
         let pl = map.planes;
         let (p, l, r, lp, mp) = (pl.p, pl.l, pl.r(), self.lp, self.mp);

@@ -2,16 +2,13 @@
 //! two-level state (f64 base plus f32 block-local sum), masks, Gram products and the
 //! per-thread scratch.
 
-use crate::backend::Heads;
 use crate::cpu::bank16::{self, Mass, Read, Update};
 use crate::cpu::features::{FeatureMap, SoftMap};
 use crate::cpu::gemm::{gemm, gemm_nt, gemm_nt2, Gemm, Strided, Tri};
-use crate::cpu::mem::{ABuf, Ahead};
-use crate::cpu::simd::{dispatch, in_frame, Isa, Simd, WithSimd};
-use crate::cpu::soft::backward::GFactors;
-use crate::cpu::soft::banks::{gemm_ext, inv_den, rows_of, saved_rows};
+use crate::cpu::mem::ABuf;
+use crate::cpu::simd::{in_frame, Isa};
+use crate::cpu::soft::banks::gemm_ext;
 use crate::cpu::soft::block::Block;
-use crate::cpu::soft::causal_backward::query_intra16;
 use crate::cpu::soft::probs::pad16;
 use crate::cpu::state::Bank;
 
@@ -41,6 +38,7 @@ pub(crate) enum Scale<'a> {
 
 /// Zero the entries above (`lower = true`: keep `j ≤ i`) or below (keep `j ≥ i`) the diagonal
 /// of a `rows × rows` matrix with row stride [`TC`], and scale the kept entries.
+#[inline]
 pub(crate) fn mask(isa: Isa, a: &mut [f32], rows: usize, lower: bool, scale: Scale) {
     let ones = [1.0f32; TC];
     let (c, r) = match scale {
@@ -89,12 +87,14 @@ impl TwoLevel {
     /// Restart at a block-start state saved by the forward ([`Ctx::states`]), copied into
     /// `local` as the whole state. Tokens are then added but never folded (no
     /// [`TwoLevel::tick`]).
+    #[inline]
     pub(crate) fn restart(&mut self, saved: &[f32]) {
         self.bank.local.copy_from_slice(saved);
         self.single = true;
     }
     /// The two parts `(f32(base), local)` whose sum is the state (after a restart: `local`
     /// alone, as the first part, and an empty second part).
+    #[inline]
     pub(crate) fn parts(&self) -> (&[f32], &[f32]) {
         if self.single {
             (&self.bank.local, &[])
@@ -104,11 +104,13 @@ impl TwoLevel {
     }
     /// Whether [`TwoLevel::read_update`] runs ([`bank16::applies`]: AVX-512, at most 16
     /// features, so feature rows are 16 floats).
+    #[inline]
     pub(crate) fn fused(&self) -> bool {
         bank16::applies(self.isa, self.bank.m)
     }
     /// [`bank16::read_update`] on this state (`f32(base) + local`, or `local` alone after a
     /// restart); only when [`TwoLevel::fused`].
+    #[inline]
     pub(crate) fn read_update(&mut self, dv: usize, read: Option<Read>, update: Option<Update>) {
         let (isa, m, w) = (self.isa, self.bank.m, self.bank.w);
         let bank = &mut self.bank;
@@ -117,6 +119,7 @@ impl TwoLevel {
     }
     /// `local (+)= Φᵀ X̂` for a sub-block's feature rows `phi` (row stride `mp`) and value rows
     /// `x` (stride `dv`), the ones column included ([`gemm_ext`], or [`bank16`]).
+    #[inline]
     pub(crate) fn add_tokens(&mut self, phi: &[f32], mp: usize, rows: usize, x: &[f32], dv: usize) {
         let (m, w) = (self.bank.m, self.bank.w);
         if self.fused() {
@@ -147,6 +150,7 @@ impl TwoLevel {
     /// `D = X S` for `rows` rows of `x` (`rows × m`, row stride `ldx`) and the state `S`
     /// (`m × w`), into `d` (row stride `w`, first `cols` columns).
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub(crate) fn product(
         &self,
         d: &mut [f32],
@@ -174,6 +178,7 @@ impl TwoLevel {
         .run(self.isa)
     }
     /// `out[i·ldo + f] = x_i · B_f` for `rows` rows `x` (stride `dv`) and the state's value rows.
+    #[inline]
     pub(crate) fn dots(&self, out: &mut [f32], ldo: usize, rows: usize, x: &[f32], dv: usize) {
         let (isa, m, w) = (self.isa, self.bank.m, self.bank.w);
         gemm_nt2(
@@ -199,6 +204,7 @@ impl TwoLevel {
         out.extend((0..self.bank.m).map(|f| b[f * w + dv] + local(f)));
     }
     /// Count `rows` tokens; fold the f32 part into f64 every [`TB`] tokens.
+    #[inline]
     pub(crate) fn tick(&mut self, rows: usize) {
         debug_assert!(!self.single, "a restarted state is never folded");
         let bank = &mut self.bank;
@@ -246,127 +252,12 @@ impl Scratch {
     }
 }
 
-/// The inputs of the causal backward passes (`uq`, `uk`: the forward's saved `u`, or empty).
-pub(crate) struct Io<'a> {
-    pub(crate) map: &'a SoftMap<'a>,
-    pub(crate) q: Heads<'a>,
-    pub(crate) k: Heads<'a>,
-    pub(crate) v: Heads<'a>,
-    pub(crate) g: Heads<'a>,
-    pub(crate) den: &'a [f32],
-    pub(crate) uq: &'a [f32],
-    pub(crate) uk: &'a [f32],
-}
-
-impl Scratch {
-    /// Start block `a..b` of head `h`: both feature blocks (from the saved `u` when there is
-    /// one) and `c`; with `s_all` (`[heads, n]`, the query pass's `s_i = g_i·ô_i`) also `s`.
-    /// Returns the [`Ahead`] drip armed with the rows of `next`.
-    pub(crate) fn load<'a>(
-        &mut self,
-        io: &Io<'a>,
-        h: usize,
-        (a, b): (usize, usize),
-        next: (usize, usize),
-        s_all: Option<&[f32]>,
-        extra: &'a [f32],
-    ) -> Ahead<'a> {
-        let (n, lp) = (io.q.n, io.map.planes.l * io.map.planes.p);
-        let (uq, uk) = (
-            saved_rows(io.uq, n, lp, h, a, b),
-            saved_rows(io.uk, n, lp, h, a, b),
-        );
-        let ahead_of = |x: &Heads<'a>| rows_of(x, h, next.0, next.1);
-        let mut parts: [&[f32]; 5] = [ahead_of(&io.v), ahead_of(&io.g), &[], &[], extra];
-        if uq.is_none() {
-            parts[2] = ahead_of(&io.q);
-        }
-        if uk.is_none() {
-            parts[3] = ahead_of(&io.k);
-        }
-        let mut ahead = Ahead::new(&parts);
-        ahead.step();
-        self.kb
-            .features_of(io.map, rows_of(&io.k, h, a, b), uk, b - a);
-        self.qb
-            .features_of(io.map, rows_of(&io.q, h, a, b), uq, b - a);
-        let m = io.map.width();
-        if m <= GRAM_T_MAX_M {
-            self.kb.features_t(m, b - a);
-            self.qb.features_t(m, b - a);
-        }
-        let inv_l = 1.0 / io.map.planes.l as f32;
-        inv_den(&io.den[h * n + a..h * n + b], inv_l, &mut self.c);
-        if let Some(s) = s_all {
-            self.s[..b - a].copy_from_slice(&s[h * n + a..h * n + b]);
-        }
-        ahead
-    }
-
-    /// The queries' half of the loaded block's sub-block `off..off + r2` (value and gradient
-    /// rows `vb`, `gb`, `dv` wide) against the prefix state `st`: `∂ℓ/∂φ_q = Ĝ Sᵀ + tril(Ĝ X̂ᵀ) Φ_K`
-    /// into `gphi` and `s_i` into `s`. From `g_i·S_f`, `g_i·v_j` and `φ(q_i)·φ(k_j)`,
-    /// `ô_i = (Φ_Q S + tril(Φ_Q Φ_Kᵀ) X̂)_i / Den_i` gives
-    /// `s_i = c_i (Σ_f φ_if (g_i·S_f) + Σ_{j≤i} (φ_i·φ_j)(g_i·v_j))`. The scaled `tril(Ĝ X̂ᵀ)`
-    /// and `c ⊙ tril(Φ_Q Φ_Kᵀ)` (zeros above the diagonal) are left in `att` and `qk`, or
-    /// with `keep = Some(j)` in slot `j` of `attb` and `qkb`, for the keys' half. With
-    /// AVX-512 and at most 16 features the steps after `g·S` and `G Vᵀ` are one row pass
-    /// ([`query_intra16`]).
-    pub(crate) fn query_sub_block(
-        &mut self,
-        isa: Isa,
-        st: &TwoLevel,
-        (off, r2): (usize, usize),
-        (vb, gb, dv): (&[f32], &[f32], usize),
-        keep: Option<usize>,
-    ) {
-        let (mp, m) = (self.kb.mp, st.bank.m);
-        let (att, qk) = match keep {
-            Some(j) => (
-                &mut self.attb[j * TC * TC..(j + 1) * TC * TC],
-                &mut self.qkb[j * TC * TC..(j + 1) * TC * TC],
-            ),
-            None => (&mut self.att[..], &mut self.qk[..]),
-        };
-        let (pq, pk) = (&self.qb.phi[off * mp..], &self.kb.phi[off * mp..]);
-        let gphi = &mut self.gphi[off * mp..];
-        st.dots(gphi, mp, r2, gb, dv);
-        gram(isa, att, gb, dv, vb, dv, r2, dv, true);
-        st.masses(dv, &mut self.mass);
-        let pkt = (&self.kb.phit()[off..], self.kb.tp());
-        let (c, s) = (&self.c[off..off + r2], &mut self.s[off..off + r2]);
-        let rows16 = (pq, pk, pkt, mp);
-        if query_intra16(isa, rows16, m, r2, (gphi, att, qk), (c, s), &self.mass) {
-            return;
-        }
-        feature_gram(isa, qk, (pq, pk, pkt, mp), m, r2, true);
-        let (qk_r, gphi_r, att_r) = (&*qk, &*gphi, &*att);
-        dispatch(
-            isa,
-            CausalS {
-                pq,
-                gphi: gphi_r,
-                mp,
-                m,
-                qk: qk_r,
-                att: att_r,
-                c,
-                s,
-            },
-        );
-        let f = GFactors::of(c, s, gb, dv);
-        f.scale_phi_grads(isa, gphi, mp, r2, &self.mass);
-        scale_gv(isa, att, r2, f.c, f.s, true);
-        tri_gemm(isa, gphi, mp, r2, mp, sub(att), pk, mp, 1.0, true);
-        mask(isa, qk, r2, true, Scale::Rows(f.c));
-    }
-}
-
 /// A sub-block's feature rows `x`, `y` (row stride `mp`), `y` transposed with its row
 /// stride, and `mp`: `(x, y, (yt, ldt), mp)`.
 pub(crate) type FeatureRows<'a> = (&'a [f32], &'a [f32], (&'a [f32], usize), usize);
 
 /// The sub-blocks of `a..b` of at most `tc` tokens, in order or (`rev`) from the end.
+#[inline]
 pub(crate) fn sub_blocks(a: usize, b: usize, tc: usize, rev: bool) -> Vec<(usize, usize)> {
     let mut out: Vec<(usize, usize)> = (a..b).step_by(tc).map(|x| (x, (x + tc).min(b))).collect();
     if rev {
@@ -379,6 +270,7 @@ pub(crate) fn sub_blocks(a: usize, b: usize, tc: usize, rev: bool) -> Vec<(usize
 }
 
 /// The blocks of [`TB`] tokens of a segment, in order or (`rev`) from the end.
+#[inline]
 pub(crate) fn blocks(start: usize, end: usize, rev: bool) -> Vec<(usize, usize)> {
     sub_blocks(start, end, TB, rev)
 }
@@ -386,6 +278,7 @@ pub(crate) fn blocks(start: usize, end: usize, rev: bool) -> Vec<(usize, usize)>
 /// `att[i][j] = x_i · y_j` (row stride [`TC`]) on the triangle that is kept (`lower`:
 /// `j ≤ i`, else `j ≥ i`); entries off it may be written too, and [`mask`] clears them.
 #[allow(clippy::too_many_arguments)]
+#[inline]
 pub(crate) fn gram(
     isa: Isa,
     att: &mut [f32],
@@ -413,6 +306,7 @@ pub(crate) const GRAM_T_MAX_M: usize = 16;
 /// (one core, medians of alternated runs): causal forward+backward at `(2, 2)` 1613 → 1576
 /// cycles per token and head; at `(3, 3)` (`m = 24`) no change, at `(4, 4)` slower, hence
 /// the limit. Else [`gram`].
+#[inline]
 pub(crate) fn feature_gram(
     isa: Isa,
     att: &mut [f32],
@@ -443,6 +337,7 @@ pub(crate) fn feature_gram(
 /// [`TC`], or its transpose), lower- or upper-triangular (the [`Gemm`] tiles skip the zero
 /// triangle).
 #[allow(clippy::too_many_arguments)]
+#[inline]
 pub(crate) fn tri_gemm(
     isa: Isa,
     d: &mut [f32],
@@ -473,77 +368,21 @@ pub(crate) fn tri_gemm(
 }
 
 /// A sub-block matrix (row stride [`TC`]) as a product operand.
+#[inline]
 pub(crate) fn sub(att: &[f32]) -> Strided<'_> {
     Strided::rows(att, TC)
 }
 
 /// The transpose of a sub-block matrix (row stride [`TC`]) as a product operand.
+#[inline]
 pub(crate) fn sub_t(att: &[f32]) -> Strided<'_> {
     Strided::transposed(att, TC)
 }
 
 /// Floats of [`Ctx::states`] per head: one `m × w` state per block of [`TB`] tokens.
+#[inline]
 pub(crate) fn state_len(n: usize, m: usize, w: usize) -> usize {
     n.div_ceil(TB) * m * w
-}
-
-/// `att_ij (=) c_i (g_i·v_j − s_i)` for `j ≤ i` (queries `i`, keys `j`, both in the
-/// sub-block) from `att = G Vᵀ`, when `by_row`; else `att_ji = c_i (v_j·g_i − s_i)` for
-/// `i ≥ j` from `att = V Gᵀ`; 0 off the triangle.
-pub(crate) fn scale_gv(isa: Isa, att: &mut [f32], rows: usize, c: &[f32], s: &[f32], by_row: bool) {
-    // Fused with the triangular mask (`by_row`: keep j ≤ i; else keep columns ≥ the row);
-    // branch-free per row, so each row is a few vector selects (in the SIMD frame).
-    in_frame(
-        isa,
-        #[inline(always)]
-        || {
-            for r in 0..rows {
-                let row = &mut att[r * TC..r * TC + rows];
-                if by_row {
-                    let (cr, sr) = (c[r], s[r]);
-                    for (col, x) in row.iter_mut().enumerate() {
-                        *x = if col <= r { cr * (*x - sr) } else { 0.0 };
-                    }
-                } else {
-                    for (col, x) in row.iter_mut().enumerate() {
-                        *x = if col >= r {
-                            c[col] * (*x - s[col])
-                        } else {
-                            0.0
-                        };
-                    }
-                }
-            }
-        },
-    )
-}
-
-/// `s_i = c_i (Σ_f φ_if (g_i·S_f) + Σ_{j≤i} (φ_i·φ_j)(g_i·v_j))` for a sub-block's rows from
-/// `gphi` (`g_i·S_f`), `qk` (`φ_i·φ_j`) and `att` (`g_i·v_j`), each sum a 16-lane
-/// [`Simd::dot`] (a plain `f32` sum is one serial chain per row).
-struct CausalS<'a> {
-    pub(crate) pq: &'a [f32],
-    pub(crate) gphi: &'a [f32],
-    pub(crate) mp: usize,
-    pub(crate) m: usize,
-    pub(crate) qk: &'a [f32],
-    pub(crate) att: &'a [f32],
-    pub(crate) c: &'a [f32],
-    pub(crate) s: &'a mut [f32],
-}
-
-impl WithSimd for CausalS<'_> {
-    type Output = ();
-    #[inline(always)]
-    fn run<S: Simd>(self) {
-        let (mp, m) = (self.mp, self.m);
-        for (i, si) in self.s.iter_mut().enumerate() {
-            let bank = S::dot(&self.pq[i * mp..i * mp + m], &self.gphi[i * mp..i * mp + m]);
-            let row = i * TC..i * TC + i + 1;
-            let intra = S::dot(&self.qk[row.clone()], &self.att[row]);
-            *si = self.c[i] * (bank + intra);
-        }
-    }
 }
 
 /// `Σ_f x_f t_f` for the `m ≤ 16` floats at `x` and 16-lane rows `t` (two chains).

@@ -3,7 +3,8 @@
 //! `∂ℓ/∂V = Φ_K dS_B + triu(Φ_K Φ_Qᵀ) (c ⊙ G)`; one reverse pass when each head is one segment
 //! (from the saved block-start states), else the two-pass form.
 
-use crate::backend::Heads;
+use super::causal_query::{scale_gv, Io};
+use crate::backend::{BackwardInputs, GradsMut, Heads};
 use crate::cpu::bank16::{Mass, Read, Update};
 use crate::cpu::features::{FeatureMap, SoftMap};
 use crate::cpu::gemm::Strided;
@@ -14,116 +15,12 @@ use crate::cpu::soft::backward::GFactors;
 use crate::cpu::soft::banks::{add_rows, inv_den, rows_of, saved_rows};
 use crate::cpu::soft::block::{Block, T};
 use crate::cpu::soft::causal::{
-    blocks, feature_gram, feature_row16, gram, mask, scale_gv, state_len, sub, sub_blocks, sub_t,
-    tri_gemm, FeatureRows, Io, Scale, Scratch, TwoLevel, GRAM_T_MAX_M, TB, TC,
+    blocks, feature_gram, gram, mask, state_len, sub, sub_blocks, sub_t, tri_gemm, Scale, Scratch,
+    TwoLevel, TB, TC,
 };
 use crate::cpu::soft::probs::lanes16;
 use crate::cpu::state::{bank_width, split_out};
 use rayon::prelude::*;
-
-/// [`query_intra16_avx512`] when it applies (AVX-512, feature rows of 16 floats, at most
-/// [`GRAM_T_MAX_M`] features, so the keys' transposed features are there); `false`
-/// otherwise, for the general sequence in [`Scratch::query_sub_block`].
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn query_intra16(
-    isa: Isa,
-    (pq, pk, (pkt, tp), mp): FeatureRows,
-    m: usize,
-    rows: usize,
-    (gphi, att, qk): (&mut [f32], &mut [f32], &mut [f32]),
-    (c, s): (&[f32], &mut [f32]),
-    a: &[f32],
-) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    if isa.level() == Level::Avx512 && mp == 16 && m <= GRAM_T_MAX_M {
-        assert!(rows <= TC && pq.len() >= rows * 16 && pk.len() >= rows * 16);
-        assert!(gphi.len() >= rows * 16 && att.len() >= rows * TC && qk.len() >= rows * TC);
-        assert!(c.len() >= rows && s.len() >= rows && a.len() == m);
-        assert!(m == 0 || pkt.len() >= (m - 1) * tp + rows);
-        let a16 = lanes16(a);
-        // SAFETY: an `Isa` at Avx512 exists only where the CPU has AVX-512F; every row read or
-        // written is in bounds (asserted).
-        unsafe {
-            query_intra16_avx512((pq, pk, (pkt, tp)), m, rows, (gphi, att, qk), (c, s), &a16)
-        };
-        return true;
-    }
-    let _ = (isa, pq, pk, pkt, tp, mp, m, rows, gphi, att, qk, c, s, a);
-    false
-}
-
-/// The queries' sub-block work after `g·S_f` and `G Vᵀ`, one row per step, for banks of at
-/// most 16 features with AVX-512 (row `i`'s `φ(q_i)·φ(k_j)` is one 16-lane vector over the
-/// sub-block's keys `j`): with `gphi_i = (g_i·S_f)_f` and `att_ij = g_i·v_j` in,
-///
-/// - `qk_ij = c_i φ(q_i)·φ(k_j)` for `j ≤ i` (0 above the diagonal);
-/// - `s_i = c_i (Σ_f φ_if gphi_if + Σ_{j≤i} (φ_i·φ_j) att_ij)`;
-/// - `att_ij = c_i (att_ij − s_i)` for `j ≤ i` (0 above), the scaled `tril(Ĝ X̂ᵀ)`;
-/// - `∂ℓ/∂φ_i = c_i (gphi_i − s_i A) + Σ_{j≤i} att_ij φ(k_j)` over `gphi`.
-///
-/// The same sums as [`feature_gram`], [`CausalS`], [`GFactors::scale_phi_grads`],
-/// [`scale_gv`], [`tri_gemm`] and [`mask`], which take six passes over the sub-block.
-///
-/// # Safety
-/// The CPU must support AVX-512F; `pq`, `pk`, `gphi` hold `rows ≤ 16` rows of 16 floats,
-/// `att` and `qk` `rows` rows of [`TC`], `pkt` `m ≤ 16` rows of `rows` (stride `tp`).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn query_intra16_avx512(
-    (pq, pk, (pkt, tp)): (&[f32], &[f32], (&[f32], usize)),
-    m: usize,
-    rows: usize,
-    (gphi, att, qk): (&mut [f32], &mut [f32], &mut [f32]),
-    (c, s): (&[f32], &mut [f32]),
-    a: &[f32; 16],
-) {
-    use std::arch::x86_64::*;
-    let (kr, kf) = (((1u32 << rows) - 1) as u16, ((1u32 << m) - 1) as u16);
-    let mut kt = [_mm512_setzero_ps(); 16];
-    for (f, t) in kt.iter_mut().enumerate().take(m) {
-        *t = _mm512_maskz_loadu_ps(kr, pkt.as_ptr().add(f * tp));
-    }
-    let av = _mm512_loadu_ps(a.as_ptr());
-    // Σ_{j≤i} φ(k_j), so that Σ_{j≤i} c_i (att_ij − s_i) φ(k_j) = c_i (Σ_{j≤i} att_ij φ(k_j) −
-    // s_i Σ_{j≤i} φ(k_j)): the product over the row does not wait for s_i (and does not
-    // read back the scaled row just stored, which would stall on store forwarding).
-    let mut pre = _mm512_setzero_ps();
-    for i in 0..rows {
-        // Row i keeps the keys j ≤ i.
-        let ki = ((2u32 << i) - 1) as u16;
-        let arow = att.as_mut_ptr().add(i * TC);
-        let krow = |j: usize| _mm512_loadu_ps(pk.as_ptr().add(j * 16));
-        // Σ_{j≤i} (g_i·v_j) φ(k_j), two chains (even and odd j).
-        let (mut t0, mut t1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-        let mut j = 0;
-        while j < i {
-            t0 = _mm512_fmadd_ps(_mm512_set1_ps(*arow.add(j)), krow(j), t0);
-            t1 = _mm512_fmadd_ps(_mm512_set1_ps(*arow.add(j + 1)), krow(j + 1), t1);
-            j += 2;
-        }
-        if j == i {
-            t0 = _mm512_fmadd_ps(_mm512_set1_ps(*arow.add(j)), krow(j), t0);
-        }
-        pre = _mm512_add_ps(pre, krow(i));
-        let prow = pq.as_ptr().add(i * 16);
-        let q = _mm512_maskz_mov_ps(ki, feature_row16(prow, &kt, m));
-        let ph = _mm512_maskz_loadu_ps(kf, prow);
-        let g = _mm512_maskz_loadu_ps(kf, gphi.as_ptr().add(i * 16));
-        let at = _mm512_maskz_loadu_ps(ki, arow);
-        let ci = c[i];
-        let si = ci * _mm512_reduce_add_ps(_mm512_fmadd_ps(q, at, _mm512_mul_ps(ph, g)));
-        s[i] = si;
-        let (cv, sv) = (_mm512_set1_ps(ci), _mm512_set1_ps(si));
-        // Only the sub-block's columns (a row is `TC` floats).
-        let at = _mm512_maskz_mul_ps(ki, cv, _mm512_sub_ps(at, sv));
-        _mm512_mask_storeu_ps(arow, kr, at);
-        _mm512_mask_storeu_ps(qk.as_mut_ptr().add(i * TC), kr, _mm512_mul_ps(q, cv));
-        // c_i (g_i·S + Σ_j (g_i·v_j) φ(k_j) − s_i (A + Σ_{j≤i} φ(k_j))).
-        let gsum = _mm512_add_ps(g, _mm512_add_ps(t0, t1));
-        let gout = _mm512_mul_ps(cv, _mm512_fnmadd_ps(sv, _mm512_add_ps(av, pre), gsum));
-        _mm512_storeu_ps(gphi.as_mut_ptr().add(i * 16), gout);
-    }
-}
 
 /// The keys' `∂ℓ/∂φ_k` from `gphi_j = (x̂_j·dS_f)_f` without the mass column: adds `dA`
 /// (`a`, the suffix state's mass column) and `tril(Ĝ X̂ᵀ)ᵀ Φ_Q` (`att`, the queries' scaled
@@ -286,20 +183,15 @@ fn key_values(
 
 /// Causal backward from a causal [`Ctx`] (either causal forward's); writes every entry of
 /// `dq`, `dk`, `dv`; returns `∂ℓ/∂beta`.
-#[allow(clippy::too_many_arguments)]
 pub fn causal_backward_into(
     map: &SoftMap,
     isa: Isa,
     ctx: &Ctx,
-    q: Heads,
-    k: Heads,
-    v: Heads,
-    o: Heads,
-    g: Heads,
-    dq: &mut [f32],
-    dk: &mut [f32],
-    dvv: &mut [f32],
+    x: BackwardInputs,
+    out: GradsMut,
 ) -> f64 {
+    let BackwardInputs { q, k, v, o, g } = x;
+    let GradsMut { dq, dk, dv: dvv } = out;
     assert!(ctx.causal, "blocked causal backward needs a causal context");
     let (heads, n, d, dv, m, w) = (
         q.heads,

@@ -62,6 +62,7 @@ pub mod block;
 pub mod causal;
 pub mod causal_backward;
 pub mod causal_forward;
+pub mod causal_query;
 pub mod forward;
 pub mod probs;
 
@@ -71,3 +72,13 @@ pub use causal::{TB, TC};
 pub use causal_backward::causal_backward_into;
 pub use causal_forward::causal_forward_into;
 pub use forward::{forward_into, key_banks, read_into};
+
+/// Floats per token and head the production forwards keep for the backward: the
+/// denominator, the saved `u` of queries and keys (`L·P` each) and, causal, the block-start
+/// states ([`Ctx::states`](crate::cpu::Ctx::states), `m·w` per block of [`TB`] tokens; at
+/// most, since they are kept only with one segment per head).
+pub fn saved_floats_per_token(l: usize, p: usize, dv: usize, causal: bool) -> f64 {
+    let (m, w) = ((l << p) as f64, crate::cpu::state::bank_width(dv) as f64);
+    let states = if causal { m * w / TB as f64 } else { 0.0 };
+    1.0 + 2.0 * (l * p) as f64 + states
+}

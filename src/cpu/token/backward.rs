@@ -15,7 +15,7 @@
 //! banks (for `∂ℓ/∂φ(q_t)`), and a reverse pass accumulates the suffix `[dB | dA]` (for keys
 //! and values), each with the same two-level f32/f64 accumulation as the forward.
 
-use crate::backend::{Heads, SoftGrads};
+use crate::backend::{BackwardInputs, GradsMut, Heads, SoftGrads};
 use crate::cpu::features::{bit_contrast, BitState, FeatureMap, SoftMap, PROJ_F64_BETA};
 use crate::cpu::saved::{exclusive_scan, Ctx};
 use crate::cpu::simd::{dispatch, Isa, Simd, WithSimd};
@@ -240,39 +240,22 @@ impl WithSimd for KeyGradTask<'_> {
 }
 
 /// Gradients of soft RACE given the forward context, inputs, output `o` and `g = ∂ℓ/∂o`.
-#[allow(clippy::too_many_arguments)]
-pub fn soft_backward(
-    map: &SoftMap,
-    ctx: &Ctx,
-    q: Heads,
-    k: Heads,
-    v: Heads,
-    o: Heads,
-    g: Heads,
-    isa: Isa,
-) -> SoftGrads {
-    let mut gr = SoftGrads::zeros(q, k, v);
-    gr.dbeta = soft_backward_into(
-        map, ctx, q, k, v, o, g, isa, &mut gr.dq, &mut gr.dk, &mut gr.dv,
-    );
+pub fn soft_backward(map: &SoftMap, ctx: &Ctx, x: BackwardInputs, isa: Isa) -> SoftGrads {
+    let mut gr = SoftGrads::zeros(x.q, x.k, x.v);
+    gr.dbeta = soft_backward_into(map, ctx, x, isa, gr.as_mut());
     gr
 }
 
 /// [`soft_backward`] writing into caller buffers (every entry is overwritten); returns `∂ℓ/∂beta`.
-#[allow(clippy::too_many_arguments)]
 pub fn soft_backward_into(
     map: &SoftMap,
     ctx: &Ctx,
-    q: Heads,
-    k: Heads,
-    v: Heads,
-    o: Heads,
-    g: Heads,
+    x: BackwardInputs,
     isa: Isa,
-    dq: &mut [f32],
-    dk: &mut [f32],
-    dv: &mut [f32],
+    out: GradsMut,
 ) -> f64 {
+    let BackwardInputs { q, k, v, o, g } = x;
+    let GradsMut { dq, dk, dv } = out;
     let (heads, ns, m, w) = (q.heads, ctx.segs.len(), map.width(), bank_width(v.cols));
     let (dbanks, dbeta_q) = query_side(map, ctx, q, k, v, o, g, isa, dq);
     let dbases: Vec<Vec<f64>> = if ctx.causal {
@@ -304,7 +287,7 @@ pub fn soft_backward_into(
     let dbeta_k = key_side(
         map, &dbases, &ctx.segs, ctx.causal, q, k, v, o, g, &ctx.den, isa, dk, dv,
     );
-    dbeta_q + dbeta_k + crate::cpu::recompute::finish_backward(map, ctx, q, k, v, g, dq, dk, dv)
+    dbeta_q + dbeta_k + crate::cpu::recompute::finish_backward(map, ctx, x, GradsMut { dq, dk, dv })
 }
 
 /// Queries' side of the backward: `∂ℓ/∂q` (into `dq`), the non-causal per-head `[dB | dA]` totals (empty
