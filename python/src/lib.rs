@@ -1,0 +1,408 @@
+//! `racelab._racelab`: the Python bindings over racelab's library.
+//!
+//! - [`planes`]: the hash planes the command line draws (`[L, P, d]`, f64);
+//! - [`attend`]: any operator on any device, as `racelab attend` runs it (f64 in, f64 out);
+//! - [`soft_forward`] / [`soft_backward`]: the production f32 CPU kernels, the forward keeping
+//!   its saved values ([`Saved`]) for the backward, as a `torch.autograd.Function` needs them;
+//! - [`soft_forward_f64`] / [`soft_backward_f64`]: the f64 log-domain reference (exact at any
+//!   β), for float64 tensors and `gradcheck`.
+//!
+//! Every function validates through the library (the command line's checks and messages), and
+//! an error becomes `ValueError` with that message. The GIL is released while kernels run.
+//! Inputs are C-contiguous `[heads, n, cols]` arrays; the Python layer reshapes and copies.
+
+use numpy::{
+    PyArray1, PyArrayMethods, PyReadonlyArray3, PyReadonlyArrayDyn, PyUntypedArrayMethods,
+};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use racelab::attend::{attend_with, AttendOptions, Method};
+use racelab::backend::{check, BackwardInputs, Device, Heads, PlanesF32, RaceParams, SoftGrads};
+use racelab::cpu::{self, Ctx, SoftMap};
+use racelab::hashing::Planes;
+use racelab::params::Combine;
+use racelab::reference::logdomain::{soft_race_backward_log, soft_race_log};
+use racelab::tensor::{check_qkv, Mat, Tensor};
+use racelab::RaceError;
+use rayon::prelude::*;
+
+/// A library error as Python's `ValueError`, with the command line's message.
+fn py_err(e: RaceError) -> PyErr {
+    PyValueError::new_err(e.to_string())
+}
+
+/// `[heads, n, cols]` of a C-contiguous array, or a `ValueError` naming it.
+fn slice3<'a, T: numpy::Element>(
+    name: &str,
+    a: &'a PyReadonlyArray3<'_, T>,
+) -> PyResult<(&'a [T], [usize; 3])> {
+    let s = a.shape();
+    let data = a.as_slice().map_err(|_| {
+        PyValueError::new_err(format!(
+            "shape error in `{name}`: the array is not C-contiguous; pass np.ascontiguousarray({name})"
+        ))
+    })?;
+    Ok((data, [s[0], s[1], s[2]]))
+}
+
+fn heads<'a>(x: (&'a [f32], [usize; 3])) -> Heads<'a> {
+    Heads::new(x.1[0], x.1[1], x.1[2], x.0)
+}
+
+/// A `[dims…]` f32/f64 array owning `data` (no copy).
+fn array<'py, T: numpy::Element>(
+    py: Python<'py>,
+    data: Vec<T>,
+    dims: &[usize],
+) -> PyResult<Bound<'py, PyAny>> {
+    Ok(PyArray1::from_vec(py, data)
+        .reshape(dims.to_vec())?
+        .into_any())
+}
+
+/// An f64 tensor copied from a C-contiguous array, or a `ValueError` naming it.
+fn tensor(name: &str, a: &PyReadonlyArrayDyn<'_, f64>) -> PyResult<Tensor<f64>> {
+    let data = a.as_slice().map_err(|_| {
+        PyValueError::new_err(format!(
+            "shape error in `{name}`: the array is not C-contiguous; pass np.ascontiguousarray({name})"
+        ))
+    })?;
+    Tensor::new(a.shape().to_vec(), data.to_vec()).map_err(py_err)
+}
+
+/// Planes from a `[L, P, d]` f64 array, checked.
+fn planes_of(w: &PyReadonlyArray3<'_, f64>) -> PyResult<Planes> {
+    let (data, [l, p, d]) = slice3("planes", w)?;
+    Planes::from_data(l, p, d, data.to_vec()).map_err(py_err)
+}
+
+/// The planes `racelab` draws for `(L, P, d, seed)`: `[L, P, d]` standard normal, f64.
+#[pyfunction]
+fn planes<'py>(
+    py: Python<'py>,
+    l: usize,
+    p: usize,
+    d: usize,
+    seed: u64,
+) -> PyResult<Bound<'py, PyAny>> {
+    racelab::params::validate_pl(p, l).map_err(py_err)?;
+    let w = Planes::gaussian(l, p, d, seed).map_err(py_err)?;
+    array(py, w.w, &[l, p, d])
+}
+
+/// One operator on `[N,d]`, `[H,N,d]` or `[B,H,N,d]` inputs (f64; the Python layer converts),
+/// as `racelab attend` runs it. Returns `(o, shape of o, empty rows, recomputed rows)`.
+#[pyfunction]
+#[pyo3(signature = (q, k, v, method, p, l, beta, causal, planes, combine, device, seed, gamma, scale, features, max_memory))]
+#[allow(clippy::too_many_arguments)]
+fn attend<'py>(
+    py: Python<'py>,
+    q: PyReadonlyArrayDyn<'py, f64>,
+    k: PyReadonlyArrayDyn<'py, f64>,
+    v: PyReadonlyArrayDyn<'py, f64>,
+    method: &str,
+    p: usize,
+    l: usize,
+    beta: f64,
+    causal: bool,
+    planes: Option<PyReadonlyArray3<'py, f64>>,
+    combine: &str,
+    device: &str,
+    seed: u64,
+    gamma: f64,
+    scale: Option<f64>,
+    features: usize,
+    max_memory: Option<u64>,
+) -> PyResult<(Bound<'py, PyAny>, usize, usize)> {
+    let method: Method = method.parse().map_err(py_err)?;
+    let device: Device = device.parse().map_err(py_err)?;
+    let combine: Combine = combine.parse().map_err(py_err)?;
+    let planes = planes.as_ref().map(planes_of).transpose()?;
+    let (q, k, v) = (tensor("q", &q)?, tensor("k", &k)?, tensor("v", &v)?);
+    let opts = AttendOptions {
+        method,
+        causal,
+        p,
+        l,
+        beta,
+        gamma,
+        seed,
+        combine,
+        scale,
+        features,
+        planes,
+        omega: None,
+        max_memory,
+    };
+    let res = py
+        .detach(|| attend_with(&q, &k, &v, &opts, device))
+        .map_err(py_err)?;
+    let shape = res.o.shape.clone();
+    Ok((
+        array(py, res.o.data, &shape)?,
+        res.empty_rows,
+        res.recomputed.rows.len(),
+    ))
+}
+
+/// What the f32 forward keeps for its backward: the kernels' context (denominators, `tanh`
+/// projections, chunk states), the planes and β it ran with.
+#[pyclass(module = "racelab._racelab", frozen)]
+struct Saved {
+    ctx: Ctx,
+    planes: PlanesF32,
+    params: RaceParams,
+}
+
+fn params(planes: &PlanesF32, beta: f64, causal: bool) -> RaceParams {
+    RaceParams {
+        p: planes.p,
+        l: planes.l,
+        beta,
+        causal,
+        ..Default::default()
+    }
+}
+
+/// Production f32 soft-RACE forward on `[heads, n, ·]` arrays and `[L, P, d]` planes (rounded
+/// to f32). Returns `(o [heads, n, dv], saved)`.
+#[pyfunction]
+fn soft_forward<'py>(
+    py: Python<'py>,
+    q: PyReadonlyArray3<'py, f32>,
+    k: PyReadonlyArray3<'py, f32>,
+    v: PyReadonlyArray3<'py, f32>,
+    planes: PyReadonlyArray3<'py, f64>,
+    beta: f64,
+    causal: bool,
+) -> PyResult<(Bound<'py, PyAny>, Saved)> {
+    let planes = PlanesF32::from_planes(&planes_of(&planes)?);
+    let params = params(&planes, beta, causal);
+    let (qh, kh, vh) = (
+        heads(slice3("q", &q)?),
+        heads(slice3("k", &k)?),
+        heads(slice3("v", &v)?),
+    );
+    check(&params, &planes, &qh, &kh, &vh, None).map_err(py_err)?;
+    let (o, ctx) = py.detach(|| {
+        let map = SoftMap {
+            planes: &planes,
+            beta: beta as f32,
+        };
+        let mut o = vec![0.0f32; qh.heads * qh.n * vh.cols];
+        let (_, ctx) = cpu::soft_forward_into(
+            &map,
+            qh,
+            kh,
+            vh,
+            causal,
+            cpu::detected_isa(),
+            &mut o,
+            Ctx::default(),
+        );
+        (o, ctx)
+    });
+    let o = array(py, o, &[qh.heads, qh.n, vh.cols])?;
+    Ok((
+        o,
+        Saved {
+            ctx,
+            planes,
+            params,
+        },
+    ))
+}
+
+/// Production f32 soft-RACE backward: `(dq, dk, dv, dbeta)` for the forward that returned
+/// `saved` and `o`, with `g = ∂ℓ/∂Ô`.
+#[pyfunction]
+#[allow(clippy::type_complexity)]
+fn soft_backward<'py>(
+    py: Python<'py>,
+    saved: &Saved,
+    q: PyReadonlyArray3<'py, f32>,
+    k: PyReadonlyArray3<'py, f32>,
+    v: PyReadonlyArray3<'py, f32>,
+    o: PyReadonlyArray3<'py, f32>,
+    g: PyReadonlyArray3<'py, f32>,
+) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, f64)> {
+    let (qh, kh, vh, oh, gh) = (
+        heads(slice3("q", &q)?),
+        heads(slice3("k", &k)?),
+        heads(slice3("v", &v)?),
+        heads(slice3("o", &o)?),
+        heads(slice3("g", &g)?),
+    );
+    check(&saved.params, &saved.planes, &qh, &kh, &vh, Some(&gh)).map_err(py_err)?;
+    if (oh.heads, oh.n, oh.cols) != (gh.heads, gh.n, gh.cols) {
+        return Err(py_err(RaceError::shape(
+            "o",
+            "o and g must have the forward's output shape",
+        )));
+    }
+    let gr: SoftGrads = py.detach(|| {
+        let map = SoftMap {
+            planes: &saved.planes,
+            beta: saved.params.beta as f32,
+        };
+        cpu::soft_backward(
+            &map,
+            &saved.ctx,
+            BackwardInputs::new(qh, kh, vh, oh, gh),
+            cpu::detected_isa(),
+        )
+    });
+    Ok((
+        array(py, gr.dq, &[qh.heads, qh.n, qh.cols])?,
+        array(py, gr.dk, &[kh.heads, kh.n, kh.cols])?,
+        array(py, gr.dv, &[vh.heads, vh.n, vh.cols])?,
+        gr.dbeta,
+    ))
+}
+
+/// `[heads, n, cols]` f64 arrays as per-head matrices, checked as `attend` checks them.
+fn heads64(
+    q: &PyReadonlyArray3<'_, f64>,
+    k: &PyReadonlyArray3<'_, f64>,
+    v: &PyReadonlyArray3<'_, f64>,
+    planes: &Planes,
+    causal: bool,
+) -> PyResult<[Vec<Mat<f64>>; 3]> {
+    let mut out = Vec::new();
+    for (name, a) in [("q", q), ("k", k), ("v", v)] {
+        let (data, dims) = slice3(name, a)?;
+        out.push(Tensor::new(dims.to_vec(), data.to_vec()).map_err(py_err)?);
+    }
+    let shape = check_qkv(&out[0], &out[1], &out[2], causal).map_err(py_err)?;
+    if shape.d != planes.d {
+        return Err(py_err(RaceError::shape(
+            "planes",
+            format!("planes have d = {} but q/k have d = {}", planes.d, shape.d),
+        )));
+    }
+    let split = |t: &Tensor<f64>| -> Vec<Mat<f64>> {
+        let (h, n, c) = (t.shape[0], t.shape[1], t.shape[2]);
+        (0..h)
+            .map(|i| Mat::from_vec(n, c, t.data[i * n * c..(i + 1) * n * c].to_vec()))
+            .collect()
+    };
+    Ok([split(&out[0]), split(&out[1]), split(&out[2])])
+}
+
+/// The f64 log-domain reference forward (exact at any β; `combine` "paper" or "authors").
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn soft_forward_f64<'py>(
+    py: Python<'py>,
+    q: PyReadonlyArray3<'py, f64>,
+    k: PyReadonlyArray3<'py, f64>,
+    v: PyReadonlyArray3<'py, f64>,
+    planes: PyReadonlyArray3<'py, f64>,
+    beta: f64,
+    causal: bool,
+    combine: &str,
+) -> PyResult<Bound<'py, PyAny>> {
+    let combine: Combine = combine.parse().map_err(py_err)?;
+    let planes = planes_of(&planes)?;
+    racelab::params::validate_beta(beta).map_err(py_err)?;
+    let [qh, kh, vh] = heads64(&q, &k, &v, &planes, causal)?;
+    let (n, dv) = (qh[0].rows, vh[0].cols);
+    let o: Vec<f64> = py.detach(|| {
+        (0..qh.len())
+            .into_par_iter()
+            .flat_map_iter(|h| {
+                soft_race_log(
+                    qh[h].view(),
+                    kh[h].view(),
+                    vh[h].view(),
+                    &planes,
+                    beta,
+                    causal,
+                    combine,
+                )
+                .o
+                .data
+            })
+            .collect()
+    });
+    array(py, o, &[qh.len(), n, dv])
+}
+
+/// The f64 log-domain reference backward (paper combine rule): `(dq, dk, dv, dbeta)`.
+#[pyfunction]
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+fn soft_backward_f64<'py>(
+    py: Python<'py>,
+    q: PyReadonlyArray3<'py, f64>,
+    k: PyReadonlyArray3<'py, f64>,
+    v: PyReadonlyArray3<'py, f64>,
+    g: PyReadonlyArray3<'py, f64>,
+    planes: PyReadonlyArray3<'py, f64>,
+    beta: f64,
+    causal: bool,
+) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, f64)> {
+    let planes = planes_of(&planes)?;
+    racelab::params::validate_beta(beta).map_err(py_err)?;
+    let [qh, kh, vh] = heads64(&q, &k, &v, &planes, causal)?;
+    let (gdata, gdims) = slice3("g", &g)?;
+    let (h, n, dv) = (qh.len(), qh[0].rows, vh[0].cols);
+    if gdims != [h, n, dv] {
+        return Err(py_err(RaceError::shape(
+            "g",
+            format!("g is {gdims:?} but the output is [{h}, {n}, {dv}]"),
+        )));
+    }
+    racelab::tensor::check_finite("g", gdata).map_err(py_err)?;
+    let gh: Vec<Mat<f64>> = (0..h)
+        .map(|i| Mat::from_vec(n, dv, gdata[i * n * dv..(i + 1) * n * dv].to_vec()))
+        .collect();
+    let grads: Vec<_> = py.detach(|| {
+        (0..qh.len())
+            .into_par_iter()
+            .map(|h| {
+                soft_race_backward_log(
+                    qh[h].view(),
+                    kh[h].view(),
+                    vh[h].view(),
+                    gh[h].view(),
+                    &planes,
+                    beta,
+                    causal,
+                )
+            })
+            .collect()
+    });
+    let cat = |f: &dyn Fn(&racelab::reference::backward::SoftGrads64) -> &Mat<f64>| -> Vec<f64> {
+        grads
+            .iter()
+            .flat_map(|g| f(g).data.iter().copied())
+            .collect()
+    };
+    let (m, d) = (kh[0].rows, qh[0].cols);
+    Ok((
+        array(py, cat(&|g| &g.dq), &[h, n, d])?,
+        array(py, cat(&|g| &g.dk), &[h, m, d])?,
+        array(py, cat(&|g| &g.dv), &[h, m, dv])?,
+        grads.iter().map(|g| g.dbeta).sum(),
+    ))
+}
+
+/// Whether this build has the CUDA backend and a device is present.
+#[pyfunction]
+fn cuda_available() -> bool {
+    racelab::cuda::ensure_device().is_ok()
+}
+
+#[pymodule]
+fn _racelab(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<Saved>()?;
+    m.add_function(wrap_pyfunction!(planes, m)?)?;
+    m.add_function(wrap_pyfunction!(attend, m)?)?;
+    m.add_function(wrap_pyfunction!(soft_forward, m)?)?;
+    m.add_function(wrap_pyfunction!(soft_backward, m)?)?;
+    m.add_function(wrap_pyfunction!(soft_forward_f64, m)?)?;
+    m.add_function(wrap_pyfunction!(soft_backward_f64, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
+    Ok(())
+}
