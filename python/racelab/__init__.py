@@ -20,7 +20,13 @@ from . import _racelab
 
 __version__ = _racelab.__version__
 
-__all__ = ["planes", "attend", "cuda_available", "__version__"]
+__all__ = ["planes", "attend", "cuda_available", "empty_cache", "__version__"]
+
+
+def empty_cache():
+    """Free the output buffers and saved contexts racelab keeps for reuse (its caching
+    allocator: a training step's outputs reuse the freed buffers of the same size)."""
+    _racelab.empty_cache()
 
 
 def cuda_available():

@@ -17,7 +17,8 @@ use numpy::{
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use racelab::attend::{attend_with, AttendOptions, Method};
-use racelab::backend::{check, BackwardInputs, Device, Heads, PlanesF32, RaceParams, SoftGrads};
+use racelab::backend::{check, BackwardInputs, Device, GradsMut, Heads, PlanesF32, RaceParams};
+use racelab::cpu::mem::ABuf;
 use racelab::cpu::{self, Ctx, SoftMap};
 use racelab::hashing::Planes;
 use racelab::params::Combine;
@@ -47,6 +48,83 @@ fn slice3<'a, T: numpy::Element>(
 
 fn heads<'a>(x: (&'a [f32], [usize; 3])) -> Heads<'a> {
     Heads::new(x.1[0], x.1[1], x.1[2], x.0)
+}
+
+/// A kernel's output memory, owned by the numpy array that shows it: 64-byte aligned and on
+/// transparent huge pages ([`ABuf`]), as the kernels' own buffers are. (A `Vec` handed to
+/// numpy starts 16 bytes into a page, and the kernels' full-vector stores and loads then
+/// split cache lines.)
+#[pyclass(module = "racelab._racelab", frozen)]
+struct Buffer(Option<ABuf>);
+
+/// Output buffers of arrays that Python has freed, reused for outputs of the same length (a
+/// caching allocator, as PyTorch's own is: a training step then pays no page faults or
+/// zeroing for its outputs). At most [`CACHE_MAX`] buffers are kept; [`empty_cache`] frees
+/// them, and a memory refusal empties the cache and checks again.
+static CACHE: std::sync::Mutex<Vec<ABuf>> = std::sync::Mutex::new(Vec::new());
+const CACHE_MAX: usize = 8;
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        if let (Some(buf), Ok(mut cache)) = (self.0.take(), CACHE.lock()) {
+            if cache.len() < CACHE_MAX {
+                cache.push(buf);
+            }
+        }
+    }
+}
+
+/// A buffer of `len` floats: a cached one of that length, else a fresh zeroed one. The
+/// kernels overwrite every entry of their outputs.
+fn output(len: usize) -> ABuf {
+    let cached = CACHE.lock().ok().and_then(|mut c| {
+        let i = c.iter().position(|b| b.len() == len)?;
+        Some(c.swap_remove(i))
+    });
+    cached.unwrap_or_else(|| ABuf::zeroed(len))
+}
+
+/// Free the cached output buffers and the recycled contexts.
+#[pyfunction]
+fn empty_cache() {
+    if let Ok(mut c) = CACHE.lock() {
+        c.clear();
+    }
+    if let Ok(mut p) = POOL.lock() {
+        p.clear();
+    }
+}
+
+/// [`check`], and once more after emptying the caches when the work does not fit: cached
+/// buffers are memory the new work can have.
+fn check_fits(
+    params: &RaceParams,
+    planes: &PlanesF32,
+    q: &Heads,
+    k: &Heads,
+    v: &Heads,
+    g: Option<&Heads>,
+) -> PyResult<()> {
+    match check(params, planes, q, k, v, g) {
+        Err(RaceError::TooLarge(_)) => {
+            empty_cache();
+            check(params, planes, q, k, v, g).map_err(py_err)
+        }
+        r => r.map_err(py_err),
+    }
+}
+
+/// A `[dims…]` f32 array over an aligned kernel buffer (no copy).
+fn aligned<'py>(py: Python<'py>, buf: ABuf, dims: &[usize]) -> PyResult<Bound<'py, PyAny>> {
+    let (len, ptr) = (buf.len(), buf.as_ptr());
+    let owner = Bound::new(py, Buffer(Some(buf)))?;
+    // SAFETY: the view covers the buffer `owner` keeps alive for as long as the array lives,
+    // and nothing else refers to that memory once the kernel that wrote it has returned.
+    let flat = unsafe {
+        let view = numpy::ndarray::ArrayView1::from_shape_ptr(len, ptr);
+        PyArray1::<f32>::borrow_from_array(&view, owner.into_any())
+    };
+    Ok(flat.reshape(dims.to_vec())?.into_any())
 }
 
 /// A `[dims…]` f32/f64 array owning `data` (no copy).
@@ -154,6 +232,26 @@ struct Saved {
     params: RaceParams,
 }
 
+/// Contexts of finished steps, recycled by the next forward: a training loop then pays fresh
+/// pages for the per-token saved values once, not every step.
+static POOL: std::sync::Mutex<Vec<Ctx>> = std::sync::Mutex::new(Vec::new());
+/// Contexts kept for reuse at most (one per forward in flight in a typical model).
+const POOL_MAX: usize = 8;
+
+impl Drop for Saved {
+    fn drop(&mut self) {
+        if let Ok(mut pool) = POOL.lock() {
+            if pool.len() < POOL_MAX {
+                pool.push(std::mem::take(&mut self.ctx));
+            }
+        }
+    }
+}
+
+fn pooled_ctx() -> Ctx {
+    POOL.lock().ok().and_then(|mut p| p.pop()).unwrap_or_default()
+}
+
 fn params(planes: &PlanesF32, beta: f64, causal: bool) -> RaceParams {
     RaceParams {
         p: planes.p,
@@ -183,13 +281,13 @@ fn soft_forward<'py>(
         heads(slice3("k", &k)?),
         heads(slice3("v", &v)?),
     );
-    check(&params, &planes, &qh, &kh, &vh, None).map_err(py_err)?;
+    check_fits(&params, &planes, &qh, &kh, &vh, None)?;
     let (o, ctx) = py.detach(|| {
         let map = SoftMap {
             planes: &planes,
             beta: beta as f32,
         };
-        let mut o = vec![0.0f32; qh.heads * qh.n * vh.cols];
+        let mut o = output(qh.heads * qh.n * vh.cols);
         let (_, ctx) = cpu::soft_forward_into(
             &map,
             qh,
@@ -198,11 +296,11 @@ fn soft_forward<'py>(
             causal,
             cpu::detected_isa(),
             &mut o,
-            Ctx::default(),
+            pooled_ctx(),
         );
         (o, ctx)
     });
-    let o = array(py, o, &[qh.heads, qh.n, vh.cols])?;
+    let o = aligned(py, o, &[qh.heads, qh.n, vh.cols])?;
     Ok((
         o,
         Saved {
@@ -233,30 +331,41 @@ fn soft_backward<'py>(
         heads(slice3("o", &o)?),
         heads(slice3("g", &g)?),
     );
-    check(&saved.params, &saved.planes, &qh, &kh, &vh, Some(&gh)).map_err(py_err)?;
+    check_fits(&saved.params, &saved.planes, &qh, &kh, &vh, Some(&gh))?;
     if (oh.heads, oh.n, oh.cols) != (gh.heads, gh.n, gh.cols) {
         return Err(py_err(RaceError::shape(
             "o",
             "o and g must have the forward's output shape",
         )));
     }
-    let gr: SoftGrads = py.detach(|| {
+    let (dq, dk, dv, dbeta) = py.detach(|| {
         let map = SoftMap {
             planes: &saved.planes,
             beta: saved.params.beta as f32,
         };
-        cpu::soft_backward(
+        let (mut dq, mut dk, mut dv) = (
+            output(qh.data.len()),
+            output(kh.data.len()),
+            output(vh.data.len()),
+        );
+        let dbeta = cpu::soft_backward_into(
             &map,
             &saved.ctx,
             BackwardInputs::new(qh, kh, vh, oh, gh),
             cpu::detected_isa(),
-        )
+            GradsMut {
+                dq: &mut dq,
+                dk: &mut dk,
+                dv: &mut dv,
+            },
+        );
+        (dq, dk, dv, dbeta)
     });
     Ok((
-        array(py, gr.dq, &[qh.heads, qh.n, qh.cols])?,
-        array(py, gr.dk, &[kh.heads, kh.n, kh.cols])?,
-        array(py, gr.dv, &[vh.heads, vh.n, vh.cols])?,
-        gr.dbeta,
+        aligned(py, dq, &[qh.heads, qh.n, qh.cols])?,
+        aligned(py, dk, &[kh.heads, kh.n, kh.cols])?,
+        aligned(py, dv, &[vh.heads, vh.n, vh.cols])?,
+        dbeta,
     ))
 }
 
@@ -404,5 +513,6 @@ fn _racelab(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(soft_forward_f64, m)?)?;
     m.add_function(wrap_pyfunction!(soft_backward_f64, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
+    m.add_function(wrap_pyfunction!(empty_cache, m)?)?;
     Ok(())
 }

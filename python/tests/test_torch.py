@@ -67,6 +67,23 @@ def test_kernels_match_plain_pytorch(shape, dv, p, l, causal):
     assert abs(got[3].item() - want[3].item()) <= 1e-4 * terms, (got[3].item(), want[3].item(), terms)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_cached_outputs_are_overwritten(causal):
+    """Outputs reuse freed buffers of the same size: every entry must be written again."""
+    w = racelab.planes(2, 2, 16, seed=1)
+    for seed in (20, 21, 22):
+        q, k, v = tensors((2, 300, 16), 16, seed=seed)
+        o = race_attention(q, k, v, w, 4.0, causal=causal)
+        o64 = plain_race_attention(*(x.detach().double() for x in (q, k, v)), torch.from_numpy(w).float().double(), 4.0, causal=causal)
+        assert rel(o, o64) <= 1e-5
+        o.sum().backward()
+        q64 = q.detach().double().requires_grad_()
+        plain_race_attention(q64, k.detach().double(), v.detach().double(), torch.from_numpy(w).float().double(), 4.0, causal=causal).sum().backward()
+        assert rel(q.grad, q64.grad) <= 1e-4
+        del o, q, k, v
+    racelab.empty_cache()
+
+
 def test_plain_causal_is_independent_of_chunk():
     q, k, v = tensors((2, 100, 8), 4, seed=5, dtype=torch.float64)
     w = torch.from_numpy(racelab.planes(2, 2, 8))

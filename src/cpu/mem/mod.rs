@@ -12,7 +12,7 @@
 mod abuf;
 mod out;
 
-pub use abuf::ABuf;
+pub use abuf::{zeroed_vec, ABuf};
 #[cfg(test)]
 use abuf::HUGE;
 pub use out::{Out, STREAM_MIN_BYTES};
