@@ -26,7 +26,7 @@ from torch import nn
 from . import _racelab
 from . import planes as _draw_planes
 
-__all__ = ["race_attention", "RaceAttention", "plain_race_attention"]
+__all__ = ["race_attention", "RaceAttention", "plain_race_attention", "causal_linear_attention"]
 
 
 def _check(q, k, v, planes, combine):
@@ -202,7 +202,15 @@ def plain_race_attention(q, k, v, planes, beta, causal=False, chunk=64):
         num = fq @ (fk.transpose(-1, -2) @ v)
         den = fq @ fk.sum(-2).unsqueeze(-1)
         return num / den
-    n = q.shape[-2]
+    return causal_linear_attention(fq, fk, v, chunk)
+
+
+def causal_linear_attention(fq, fk, v, chunk=64):
+    """``O_i = sum_{j<=i} (fq_i . fk_j) v_j / sum_{j<=i} fq_i . fk_j`` for non-negative features
+    ``fq``, ``fk`` (``[..., N, m]``) and values ``v`` (``[..., N, dv]``), as chunked linear
+    attention: the masked product inside each chunk of ``chunk`` tokens plus the state
+    ``[sum fk v^T | sum fk]`` entering it (an exclusive cumulative sum over chunks)."""
+    n = fq.shape[-2]
     pad = (-n) % chunk
     if pad:
         # Padded keys sit after every real query, so the causal mask hides them.

@@ -249,7 +249,10 @@ impl Drop for Saved {
 }
 
 fn pooled_ctx() -> Ctx {
-    POOL.lock().ok().and_then(|mut p| p.pop()).unwrap_or_default()
+    POOL.lock()
+        .ok()
+        .and_then(|mut p| p.pop())
+        .unwrap_or_default()
 }
 
 fn params(planes: &PlanesF32, beta: f64, causal: bool) -> RaceParams {
