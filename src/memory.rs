@@ -93,29 +93,43 @@ impl Work {
                     return copies.saturating_add(sat_mul(&[threads, 256, m.max(1), 4]));
                 }
                 let state = kernel_state_bytes(mf, self.heads, self.dv);
-                let saved = if self.p > 0 {
-                    let per_token = crate::cpu::soft::saved_floats_per_token(
-                        self.l,
-                        self.p,
-                        self.dv,
-                        self.causal,
-                    );
-                    // Causal states grow with m_f: floats_per_token counts them per token.
-                    let f = per_token * (h * n) as f64 * 4.0;
-                    if f >= u64::MAX as f64 {
-                        u64::MAX
-                    } else {
-                        f as u64
-                    }
-                } else {
-                    0
-                };
                 copies
                     .saturating_add(state)
-                    .saturating_add(saved)
+                    .saturating_add(self.saved_bytes())
                     .saturating_add(planes)
             }
         }
+    }
+}
+
+impl Work {
+    /// What the f32 kernels' forward keeps for the backward
+    /// ([`crate::cpu::soft::saved_floats_per_token`] per token; 0 without tables).
+    pub fn saved_bytes(&self) -> u64 {
+        if self.p == 0 {
+            return 0;
+        }
+        let per_token =
+            crate::cpu::soft::saved_floats_per_token(self.l, self.p, self.dv, self.causal);
+        // Causal states grow with m_f: floats_per_token counts them per token.
+        let f = per_token * (self.heads as f64) * (self.n as f64) * 4.0;
+        if f >= u64::MAX as f64 {
+            u64::MAX
+        } else {
+            f as u64
+        }
+    }
+
+    /// The f32 inputs of the f32 kernels that a caller already holds in memory: `q`, `k`, `v`,
+    /// and for a backward `g` (and the forward's output `o` when `with_output`). Counted in
+    /// [`Work::bytes`] as copies; a caller passing its own f32 rows subtracts them.
+    pub fn resident_input_bytes(&self, with_output: bool) -> u64 {
+        let (n, m, d, dv) = (self.n as u64, self.m as u64, self.d as u64, self.dv as u64);
+        let mut floats = n * d + m * d + m * dv;
+        if self.backward {
+            floats += n * dv * if with_output { 2 } else { 1 };
+        }
+        sat_mul(&[self.heads as u64, floats, 4])
     }
 }
 
@@ -145,7 +159,12 @@ pub fn budget(max_memory: Option<u64>) -> (u64, &'static str) {
 
 /// Refuse `work` if its estimate exceeds the budget.
 pub fn check(work: &Work, max_memory: Option<u64>) -> Result<()> {
-    let need = work.bytes();
+    check_need(work, work.bytes(), max_memory)
+}
+
+/// Refuse `work` if `need` bytes (its estimate, less what the caller already holds) exceed the
+/// budget.
+pub fn check_need(work: &Work, need: u64, max_memory: Option<u64>) -> Result<()> {
     let (limit, source) = budget(max_memory);
     if limit == 0 || need <= limit {
         return Ok(());

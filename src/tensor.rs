@@ -135,18 +135,35 @@ impl Tensor<f64> {
 }
 
 /// Check that every entry is finite; the error names `arg` and the first bad index.
-pub fn check_finite<T: Copy + Into<f64>>(arg: &str, data: &[T]) -> Result<()> {
-    for (i, &x) in data.iter().enumerate() {
-        let x: f64 = x.into();
-        if !x.is_finite() {
-            return Err(RaceError::NonFinite {
-                arg: arg.into(),
-                index: i,
-                value: x,
-            });
-        }
-    }
-    Ok(())
+///
+/// Chunks in parallel, each tested branch-free (an exponent of all ones marks NaN and ±∞;
+/// the OR over a chunk vectorises), then the first bad chunk scanned for its index: a pass
+/// at memory speed, not one compare and branch per entry.
+pub fn check_finite<T: Copy + Into<f64> + Sync>(arg: &str, data: &[T]) -> Result<()> {
+    use rayon::prelude::*;
+    const CHUNK: usize = 1 << 16;
+    let bad = |x: T| {
+        let e = (Into::<f64>::into(x).to_bits() >> 52) & 0x7ff;
+        e == 0x7ff
+    };
+    let Some(c) = data
+        .par_chunks(CHUNK)
+        .position_first(|c| c.iter().fold(false, |a, &x| a | bad(x)))
+    else {
+        return Ok(());
+    };
+    let start = c * CHUNK;
+    let (i, x) = data[start..]
+        .iter()
+        .enumerate()
+        .find(|&(_, &x)| bad(x))
+        .map(|(i, &x)| (start + i, x.into()))
+        .expect("the chunk has a non-finite entry");
+    Err(RaceError::NonFinite {
+        arg: arg.into(),
+        index: i,
+        value: x,
+    })
 }
 
 /// Check that no row of `m` is the zero vector (needed wherever an angle is taken).
@@ -174,7 +191,7 @@ pub struct AttnShape {
 }
 
 /// Check Q, K, V shapes against each other, emptiness and finiteness.
-pub fn check_qkv<T: Copy + Into<f64>>(
+pub fn check_qkv<T: Copy + Into<f64> + Sync>(
     q: &Tensor<T>,
     k: &Tensor<T>,
     v: &Tensor<T>,

@@ -17,7 +17,9 @@ use numpy::{
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use racelab::attend::{attend_with, AttendOptions, Method};
-use racelab::backend::{check, BackwardInputs, Device, GradsMut, Heads, PlanesF32, RaceParams};
+use racelab::backend::{
+    check_inputs, BackwardInputs, Device, GradsMut, Heads, PlanesF32, RaceParams,
+};
 use racelab::cpu::mem::ABuf;
 use racelab::cpu::{self, Ctx, SoftMap};
 use racelab::hashing::Planes;
@@ -32,18 +34,25 @@ fn py_err(e: RaceError) -> PyErr {
     PyValueError::new_err(e.to_string())
 }
 
-/// `[heads, n, cols]` of a C-contiguous array, or a `ValueError` naming it.
+/// The elements of a C-contiguous array, or a `ValueError` naming it.
+fn contiguous<'a, T: numpy::Element, D: numpy::ndarray::Dimension>(
+    name: &str,
+    a: &'a numpy::PyReadonlyArray<'_, T, D>,
+) -> PyResult<&'a [T]> {
+    a.as_slice().map_err(|_| {
+        PyValueError::new_err(format!(
+            "shape error in `{name}`: the array is not C-contiguous; pass np.ascontiguousarray({name})"
+        ))
+    })
+}
+
+/// `[heads, n, cols]` of a C-contiguous array.
 fn slice3<'a, T: numpy::Element>(
     name: &str,
     a: &'a PyReadonlyArray3<'_, T>,
 ) -> PyResult<(&'a [T], [usize; 3])> {
     let s = a.shape();
-    let data = a.as_slice().map_err(|_| {
-        PyValueError::new_err(format!(
-            "shape error in `{name}`: the array is not C-contiguous; pass np.ascontiguousarray({name})"
-        ))
-    })?;
-    Ok((data, [s[0], s[1], s[2]]))
+    Ok((contiguous(name, a)?, [s[0], s[1], s[2]]))
 }
 
 fn heads<'a>(x: (&'a [f32], [usize; 3])) -> Heads<'a> {
@@ -95,20 +104,28 @@ fn empty_cache() {
     }
 }
 
-/// [`check`], and once more after emptying the caches when the work does not fit: cached
+/// The backend's checks, and its memory check counting only what this call allocates: the
+/// inputs (and, in a backward, the forward's output and saved values) are already in memory.
+/// When the work does not fit, the caches are emptied and it is checked once more: cached
 /// buffers are memory the new work can have.
 fn check_fits(
     params: &RaceParams,
     planes: &PlanesF32,
-    q: &Heads,
-    k: &Heads,
-    v: &Heads,
+    (q, k, v): (&Heads, &Heads, &Heads),
     g: Option<&Heads>,
 ) -> PyResult<()> {
-    match check(params, planes, q, k, v, g) {
+    let work = check_inputs(params, planes, q, k, v, g).map_err(py_err)?;
+    let held = match g {
+        None => work.resident_input_bytes(false),
+        Some(_) => work
+            .resident_input_bytes(true)
+            .saturating_add(work.saved_bytes()),
+    };
+    let need = work.bytes().saturating_sub(held);
+    match racelab::memory::check_need(&work, need, None) {
         Err(RaceError::TooLarge(_)) => {
             empty_cache();
-            check(params, planes, q, k, v, g).map_err(py_err)
+            racelab::memory::check_need(&work, need, None).map_err(py_err)
         }
         r => r.map_err(py_err),
     }
@@ -140,12 +157,7 @@ fn array<'py, T: numpy::Element>(
 
 /// An f64 tensor copied from a C-contiguous array, or a `ValueError` naming it.
 fn tensor(name: &str, a: &PyReadonlyArrayDyn<'_, f64>) -> PyResult<Tensor<f64>> {
-    let data = a.as_slice().map_err(|_| {
-        PyValueError::new_err(format!(
-            "shape error in `{name}`: the array is not C-contiguous; pass np.ascontiguousarray({name})"
-        ))
-    })?;
-    Tensor::new(a.shape().to_vec(), data.to_vec()).map_err(py_err)
+    Tensor::new(a.shape().to_vec(), contiguous(name, a)?.to_vec()).map_err(py_err)
 }
 
 /// Planes from a `[L, P, d]` f64 array, checked.
@@ -284,7 +296,7 @@ fn soft_forward<'py>(
         heads(slice3("k", &k)?),
         heads(slice3("v", &v)?),
     );
-    check_fits(&params, &planes, &qh, &kh, &vh, None)?;
+    check_fits(&params, &planes, (&qh, &kh, &vh), None)?;
     let (o, ctx) = py.detach(|| {
         let map = SoftMap {
             planes: &planes,
@@ -334,7 +346,7 @@ fn soft_backward<'py>(
         heads(slice3("o", &o)?),
         heads(slice3("g", &g)?),
     );
-    check_fits(&saved.params, &saved.planes, &qh, &kh, &vh, Some(&gh))?;
+    check_fits(&saved.params, &saved.planes, (&qh, &kh, &vh), Some(&gh))?;
     if (oh.heads, oh.n, oh.cols) != (gh.heads, gh.n, gh.cols) {
         return Err(py_err(RaceError::shape(
             "o",
@@ -401,6 +413,11 @@ fn heads64(
     Ok([split(&out[0]), split(&out[1]), split(&out[2])])
 }
 
+/// `f(h)` for every head, heads in parallel.
+fn per_head<T: Send>(heads: usize, f: impl Fn(usize) -> T + Sync + Send) -> Vec<T> {
+    (0..heads).into_par_iter().map(f).collect()
+}
+
 /// The f64 log-domain reference forward (exact at any β; `combine` "paper" or "authors").
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
@@ -419,25 +436,15 @@ fn soft_forward_f64<'py>(
     racelab::params::validate_beta(beta).map_err(py_err)?;
     let [qh, kh, vh] = heads64(&q, &k, &v, &planes, causal)?;
     let (n, dv) = (qh[0].rows, vh[0].cols);
-    let o: Vec<f64> = py.detach(|| {
-        (0..qh.len())
-            .into_par_iter()
-            .flat_map_iter(|h| {
-                soft_race_log(
-                    qh[h].view(),
-                    kh[h].view(),
-                    vh[h].view(),
-                    &planes,
-                    beta,
-                    causal,
-                    combine,
-                )
+    let o = py.detach(|| {
+        per_head(qh.len(), |h| {
+            let (q, k, v) = (qh[h].view(), kh[h].view(), vh[h].view());
+            soft_race_log(q, k, v, &planes, beta, causal, combine)
                 .o
                 .data
-            })
-            .collect()
+        })
     });
-    array(py, o, &[qh.len(), n, dv])
+    array(py, o.concat(), &[qh.len(), n, dv])
 }
 
 /// The f64 log-domain reference backward (paper combine rule): `(dq, dk, dv, dbeta)`.
@@ -468,21 +475,11 @@ fn soft_backward_f64<'py>(
     let gh: Vec<Mat<f64>> = (0..h)
         .map(|i| Mat::from_vec(n, dv, gdata[i * n * dv..(i + 1) * n * dv].to_vec()))
         .collect();
-    let grads: Vec<_> = py.detach(|| {
-        (0..qh.len())
-            .into_par_iter()
-            .map(|h| {
-                soft_race_backward_log(
-                    qh[h].view(),
-                    kh[h].view(),
-                    vh[h].view(),
-                    gh[h].view(),
-                    &planes,
-                    beta,
-                    causal,
-                )
-            })
-            .collect()
+    let grads = py.detach(|| {
+        per_head(qh.len(), |h| {
+            let (q, k, v, g) = (qh[h].view(), kh[h].view(), vh[h].view(), gh[h].view());
+            soft_race_backward_log(q, k, v, g, &planes, beta, causal)
+        })
     });
     let cat = |f: &dyn Fn(&racelab::reference::backward::SoftGrads64) -> &Mat<f64>| -> Vec<f64> {
         grads

@@ -131,7 +131,8 @@ pub fn for_device(device: Device) -> Result<Box<dyn SoftRace>> {
 
 /// The checks every backend makes before it computes: parameters, planes against them, the
 /// shapes of `q`, `k`, `v` (and `g`), finiteness, and whether the work fits in memory
-/// ([`crate::memory`], estimated for the f32 kernels: the reference needs less per head).
+/// ([`crate::memory`], estimated for the f32 kernels: the reference needs less per head). The
+/// inputs are the caller's, already in memory: only what the call allocates is counted.
 pub fn check(
     params: &RaceParams,
     planes: &PlanesF32,
@@ -140,6 +141,25 @@ pub fn check(
     v: &Heads,
     g: Option<&Heads>,
 ) -> Result<()> {
+    let work = check_inputs(params, planes, q, k, v, g)?;
+    crate::memory::check_need(
+        &work,
+        work.bytes()
+            .saturating_sub(work.resident_input_bytes(false)),
+        None,
+    )
+}
+
+/// [`check`] without the memory check: parameters, planes, shapes and finiteness. Returns the
+/// work, for a caller that counts its memory itself (one holding more than the inputs).
+pub fn check_inputs(
+    params: &RaceParams,
+    planes: &PlanesF32,
+    q: &Heads,
+    k: &Heads,
+    v: &Heads,
+    g: Option<&Heads>,
+) -> Result<crate::memory::Work> {
     params.validate()?;
     if planes.p != params.p || planes.l != params.l {
         return Err(RaceError::shape(
@@ -191,28 +211,24 @@ pub fn check(
     for (name, x) in [("q", q), ("k", k), ("v", v)] {
         crate::tensor::check_finite(name, x.data)?;
     }
-    crate::memory::check(
-        &crate::memory::Work {
-            method: "soft",
-            device: Device::Cpu,
-            p: params.p,
-            l: params.l,
-            heads: q.heads,
-            n: q.n,
-            m: k.n,
-            d: q.cols,
-            dv: v.cols,
-            map_features: 0,
-            quadratic: false,
-            backward: g.is_some(),
-            causal: params.causal,
-        },
-        None,
-    )?;
     if let Some(g) = g {
         crate::tensor::check_finite("g", g.data)?;
     }
-    Ok(())
+    Ok(crate::memory::Work {
+        method: "soft",
+        device: Device::Cpu,
+        p: params.p,
+        l: params.l,
+        heads: q.heads,
+        n: q.n,
+        m: k.n,
+        d: q.cols,
+        dv: v.cols,
+        map_features: 0,
+        quadratic: false,
+        backward: g.is_some(),
+        causal: params.causal,
+    })
 }
 
 /// Refuse a decoder whose f64 state `L·2^P × (dv + 1)` exceeds the memory available.

@@ -68,6 +68,9 @@ enum Cmd {
     Tradeoff(ExpArgs),
     /// Paper (Algorithm 1) vs authors' combine rule, against angular attention.
     Combine(ExpArgs),
+    /// Trained models on MQAR: summary, figure and claims from figures/mqar/mqar.csv
+    /// (trained by `python experiments/mqar/mqar.py`).
+    Mqar(ExpArgs),
     /// Real transformer Q/K/V: heatmaps per head, RACE errors, tanh saturation (default: the
     /// bundled MiniLM sample).
     Real(ExpArgs),
@@ -246,6 +249,7 @@ fn main() {
         Cmd::Limit(a) => run_exp(&a, |c| registry::run("limit", c)),
         Cmd::Tradeoff(a) => run_exp(&a, |c| registry::run("tradeoff", c)),
         Cmd::Combine(a) => run_exp(&a, |c| registry::run("combine", c)),
+        Cmd::Mqar(a) => run_exp(&a, |c| registry::run("mqar", c)),
         Cmd::Real(a) => {
             let dir = a.data.clone().or_else(experiments::real::bundled);
             match dir {

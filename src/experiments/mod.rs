@@ -11,6 +11,7 @@ pub mod data;
 pub mod fig3;
 pub mod lemma10;
 pub mod limit;
+pub mod mqar;
 pub mod rank;
 pub mod real;
 pub mod registry;

@@ -85,6 +85,11 @@ pub const ENTRIES: &[Entry] = &[
         takes_data: true,
     },
     Entry {
+        name: "mqar",
+        run: super::mqar::run,
+        takes_data: false,
+    },
+    Entry {
         name: "scaling",
         run: super::report::scaling,
         takes_data: false,

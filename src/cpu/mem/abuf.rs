@@ -87,16 +87,6 @@ impl std::fmt::Debug for ABuf {
     }
 }
 
-/// `len` zeros in a plain `Vec` (so its owner may be anything that frees with the global
-/// allocator, such as a numpy array), its pages advised as transparent huge pages before
-/// their first touch: a large `vec![0.0; len]` is fresh zero pages from the system, untouched
-/// until the kernel writing the result touches them.
-pub fn zeroed_vec(len: usize) -> Vec<f32> {
-    let v = vec![0.0f32; len];
-    advise_huge(v.as_ptr() as usize, len * 4);
-    v
-}
-
 /// Buffers of at least this many bytes are advised as huge pages and aligned to [`HUGE`].
 pub(crate) const HUGE_MIN: usize = 4 << 20;
 /// A transparent huge page (x86-64: 2 MiB).

@@ -12,9 +12,9 @@
 mod abuf;
 mod out;
 
+pub use abuf::ABuf;
 #[cfg(test)]
 use abuf::HUGE;
-pub use abuf::{zeroed_vec, ABuf};
 pub use out::{Out, STREAM_MIN_BYTES};
 
 /// The next block's input rows, prefetched a few lines at a time by the [`drip`]s of the

@@ -1,0 +1,664 @@
+//! Trained models on multi-query associative recall (MQAR; Zoology, Arora et al. 2023): what
+//! P, L and β do to a **trained** soft-RACE model, against Performer and linear attention at
+//! matched recurrent state, with softmax attention as the ceiling.
+//!
+//! Training needs PyTorch, so `experiments/mqar/mqar.py` trains the models (through
+//! `racelab.torch`) and writes `figures/mqar/mqar.csv` with its provenance
+//! (`mqar.meta.json`: parameters, seeds, revision, machine); that CSV is tracked. This step
+//! reads it (no torch needed): CSV → summary CSV (mean and standard error of accuracy over
+//! seeds per model) → figure (accuracy against state) → claims.
+//!
+//! State per layer: soft RACE `L·2^P·(dv + 1)`, Performer `m·(dv + 1)`, linear attention
+//! `d_head·(dv + 1)`; softmax keeps every key. Differences count only beyond twice their
+//! standard error over seeds (`margin` tests with z = 2): for a difference of means
+//! `se = sqrt(se_a² + se_b²)`, and for an average of `K` such differences
+//! `se = sqrt(Σ se²)/K`.
+
+use super::{col, col_s, f, fig, read_csv, write_csv, Claim, Ctx, ExpResult, Measure};
+use crate::error::{RaceError, Result};
+use crate::plot::{line_plot, LinePlot, Series};
+use crate::stats::mean_se;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// The folder of the MQAR outputs under the report's folder.
+pub const DIR: &str = "mqar";
+
+/// One trained model, summarised over its seeds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Summary {
+    /// `softmax`, `linear`, `performer` or `race`.
+    pub model: String,
+    /// Soft RACE's P and L (0 for the others).
+    pub p: usize,
+    pub l: usize,
+    /// Features of the state: L·2^P, Performer's m, linear's d_head (0 for softmax).
+    pub m: usize,
+    /// `fixed` or `learned` (soft RACE), empty otherwise.
+    pub beta_mode: String,
+    /// Recurrent state per layer in floats (0 for softmax: unbounded).
+    pub state: f64,
+    pub seeds: usize,
+    pub accuracy: f64,
+    pub se: f64,
+    /// The β the model ended with, mean over seeds and layers (NaN when not soft RACE).
+    pub beta_final: f64,
+}
+
+/// Where the trained results are: the report folder's `mqar/mqar.csv`, else the tracked one in
+/// the source tree (copied next to the report with its metadata).
+fn locate(ctx: &Ctx) -> Result<Option<PathBuf>> {
+    let here = ctx.out.join(DIR).join("mqar.csv");
+    if here.is_file() {
+        return Ok(Some(here));
+    }
+    let tracked = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("figures")
+        .join(DIR)
+        .join("mqar.csv");
+    if !tracked.is_file() {
+        return Ok(None);
+    }
+    let dir = ctx.out.join(DIR);
+    std::fs::create_dir_all(&dir).map_err(|e| RaceError::io(&dir, e))?;
+    for name in ["mqar.csv", "mqar.meta.json"] {
+        let (from, to) = (tracked.with_file_name(name), dir.join(name));
+        if from.is_file() {
+            std::fs::copy(&from, &to).map_err(|e| RaceError::io(&to, e))?;
+        }
+    }
+    Ok(Some(here))
+}
+
+/// Group the per-seed rows of `mqar.csv` into one [`Summary`] per model.
+pub fn summarise(header: &[String], rows: &[Vec<String>]) -> Vec<Summary> {
+    let (model, mode, beta) = (
+        col_s(header, rows, "model"),
+        col_s(header, rows, "beta_mode"),
+        col_s(header, rows, "beta_final"),
+    );
+    let (p, l, m, state, acc) = (
+        col(header, rows, "p"),
+        col(header, rows, "l"),
+        col(header, rows, "m_features"),
+        col(header, rows, "state_floats"),
+        col(header, rows, "accuracy"),
+    );
+    let whole = |x: f64| if x.is_finite() { x as usize } else { 0 };
+    let mut groups: BTreeMap<(String, usize, usize, usize, String), Vec<usize>> = BTreeMap::new();
+    for i in 0..rows.len() {
+        let key = (
+            model[i].clone(),
+            whole(p[i]),
+            whole(l[i]),
+            whole(m[i]),
+            mode[i].clone(),
+        );
+        groups.entry(key).or_default().push(i);
+    }
+    groups
+        .into_iter()
+        .map(|((model, p, l, m, beta_mode), idx)| {
+            let accs: Vec<f64> = idx.iter().map(|&i| acc[i]).collect();
+            let (accuracy, se) = mean_se(&accs);
+            let betas: Vec<f64> = idx
+                .iter()
+                .flat_map(|&i| beta[i].split(';').filter_map(|b| b.parse::<f64>().ok()))
+                .collect();
+            Summary {
+                model,
+                p,
+                l,
+                m,
+                beta_mode,
+                state: if state[idx[0]].is_finite() {
+                    state[idx[0]]
+                } else {
+                    0.0
+                },
+                seeds: idx.len(),
+                accuracy,
+                se,
+                beta_final: if betas.is_empty() {
+                    f64::NAN
+                } else {
+                    betas.iter().sum::<f64>() / betas.len() as f64
+                },
+            }
+        })
+        .collect()
+}
+
+fn race<'a>(s: &'a [Summary], mode: &'a str) -> impl Iterator<Item = &'a Summary> + 'a {
+    s.iter()
+        .filter(move |x| x.model == "race" && x.beta_mode == mode)
+}
+
+/// Softmax's mean accuracy (the ceiling the comparison needs near 1).
+pub fn softmax_measure(s: &[Summary]) -> (Measure, String) {
+    match s.iter().find(|x| x.model == "softmax") {
+        Some(x) => (
+            Measure::value(x.accuracy),
+            format!(
+                "softmax accuracy {:.3} ± {:.3} over {} seeds",
+                x.accuracy, x.se, x.seeds
+            ),
+        ),
+        None => (
+            Measure::NotTestable("no softmax rows in mqar.csv".into()),
+            "no softmax rows".into(),
+        ),
+    }
+}
+
+/// The largest drop in accuracy from P to a larger P' at the same L (fixed β), with its
+/// standard error: more buckets that train worse.
+pub fn more_buckets_measure(s: &[Summary]) -> (Measure, String) {
+    let fixed: Vec<&Summary> = race(s, "fixed").collect();
+    let mut best: Option<(f64, f64, &Summary, &Summary)> = None;
+    for a in &fixed {
+        for b in &fixed {
+            if a.l == b.l && b.p > a.p {
+                let (diff, se) = (a.accuracy - b.accuracy, a.se.hypot(b.se));
+                if best.is_none_or(|(d, e, _, _)| diff / se.max(1e-300) > d / e.max(1e-300)) {
+                    best = Some((diff, se, a, b));
+                }
+            }
+        }
+    }
+    match best {
+        Some((diff, se, a, b)) => (
+            Measure::Margin { diff, se },
+            format!(
+                "the largest drop over its se, ({},{}) → ({},{}): accuracy {:.3} → {:.3} (change {:+.3}, se {:.3})",
+                a.p, a.l, b.p, b.l, a.accuracy, b.accuracy, -diff, se
+            ),
+        ),
+        None => (
+            Measure::NotTestable("no two fixed-β (P, L) share an L".into()),
+            "no pair of P at one L".into(),
+        ),
+    }
+}
+
+/// The mean of `K` independent differences `(d, se)` and its standard error `sqrt(Σ se²)/K`.
+fn mean_difference(terms: &[(f64, f64)]) -> (f64, f64) {
+    let k = terms.len() as f64;
+    (
+        terms.iter().map(|t| t.0).sum::<f64>() / k,
+        terms.iter().map(|t| t.1 * t.1).sum::<f64>().sqrt() / k,
+    )
+}
+
+/// Mean over matched feature counts m of (soft RACE's mean accuracy over its fixed-β (P, L)
+/// with L·2^P = m) − (Performer with m features).
+pub fn race_vs_performer_measure(s: &[Summary]) -> (Measure, String) {
+    let mut terms = Vec::new();
+    let mut parts = Vec::new();
+    for perf in s.iter().filter(|x| x.model == "performer") {
+        let at: Vec<&Summary> = race(s, "fixed").filter(|x| x.m == perf.m).collect();
+        if at.is_empty() {
+            continue;
+        }
+        let k = at.len() as f64;
+        let r = at.iter().map(|x| x.accuracy).sum::<f64>() / k;
+        let r_se = at.iter().map(|x| x.se * x.se).sum::<f64>().sqrt() / k;
+        terms.push((r - perf.accuracy, r_se.hypot(perf.se)));
+        parts.push(format!(
+            "m={}: RACE {:.3} vs Performer {:.3}",
+            perf.m, r, perf.accuracy
+        ));
+    }
+    if terms.is_empty() {
+        return (
+            Measure::NotTestable("no Performer width matches a soft-RACE L·2^P".into()),
+            "no matched state".into(),
+        );
+    }
+    let (diff, se) = mean_difference(&terms);
+    (
+        Measure::Margin { diff, se },
+        format!(
+            "{}; mean difference {diff:+.3} (se {se:.3})",
+            parts.join(", ")
+        ),
+    )
+}
+
+/// Mean over the (P, L) trained both ways of (learned-β accuracy − fixed-β accuracy).
+pub fn learned_vs_fixed_measure(s: &[Summary]) -> (Measure, String) {
+    let mut terms = Vec::new();
+    let mut parts = Vec::new();
+    for a in race(s, "learned") {
+        if let Some(b) = race(s, "fixed").find(|b| (b.p, b.l) == (a.p, a.l)) {
+            terms.push((a.accuracy - b.accuracy, a.se.hypot(b.se)));
+            parts.push(format!(
+                "({},{}): {:.3} vs {:.3}",
+                a.p, a.l, a.accuracy, b.accuracy
+            ));
+        }
+    }
+    if terms.is_empty() {
+        return (
+            Measure::NotTestable("no (P, L) trained with both fixed and learned β".into()),
+            "no pair".into(),
+        );
+    }
+    let (diff, se) = mean_difference(&terms);
+    (
+        Measure::Margin { diff, se },
+        format!(
+            "learned vs fixed {}; mean difference {diff:+.3} (se {se:.3})",
+            parts.join(", ")
+        ),
+    )
+}
+
+/// `log2(learned β / the β the fixed-input trade-off study validated)` per learned (P, L);
+/// `tradeoff` maps (P, L) to that β (`beta_chosen` of `tradeoff.csv`).
+pub fn learned_beta_measure(
+    s: &[Summary],
+    tradeoff: &BTreeMap<(usize, usize), f64>,
+) -> (Measure, String) {
+    let mut logs = Vec::new();
+    let mut parts = Vec::new();
+    let mut missing = Vec::new();
+    for a in race(s, "learned") {
+        match tradeoff.get(&(a.p, a.l)) {
+            Some(&t) if a.beta_final.is_finite() => {
+                logs.push((a.beta_final / t).log2());
+                parts.push(format!(
+                    "({},{}): learned {:.3} vs validated {}",
+                    a.p, a.l, a.beta_final, t
+                ));
+            }
+            _ => missing.push(format!("({},{})", a.p, a.l)),
+        }
+    }
+    if logs.is_empty() {
+        return (
+            Measure::NotTestable(format!(
+                "the trade-off study has no validated β for the learned (P, L) {}",
+                missing.join(" ")
+            )),
+            "no validated β to compare".into(),
+        );
+    }
+    let mut text = parts.join(", ");
+    if !missing.is_empty() {
+        text += &format!("; not in the trade-off grid: {}", missing.join(" "));
+    }
+    (Measure::Values(logs), text)
+}
+
+/// `beta_chosen` per (P, L) from the trade-off study's CSV in the report folder (empty when
+/// that study has not run there).
+fn tradeoff_betas(ctx: &Ctx) -> BTreeMap<(usize, usize), f64> {
+    let Ok((h, r)) = read_csv(ctx, "tradeoff") else {
+        return BTreeMap::new();
+    };
+    let (p, l, b) = (
+        col(&h, &r, "p"),
+        col(&h, &r, "l"),
+        col(&h, &r, "beta_chosen"),
+    );
+    (0..r.len())
+        .filter(|&i| p[i].is_finite() && l[i].is_finite() && b[i].is_finite())
+        .map(|i| ((p[i] as usize, l[i] as usize), b[i]))
+        .collect()
+}
+
+const SUMMARY: &str = "mqar/mqar_summary";
+
+/// Summary CSV from the trained rows.
+fn summary_csv(ctx: &Ctx, s: &[Summary], source: &Path) -> Result<String> {
+    let rows: Vec<Vec<String>> = s
+        .iter()
+        .map(|x| {
+            vec![
+                x.model.clone(),
+                x.p.to_string(),
+                x.l.to_string(),
+                x.m.to_string(),
+                x.beta_mode.clone(),
+                f(x.state),
+                x.seeds.to_string(),
+                f(x.accuracy),
+                f(x.se),
+                f(x.beta_final),
+            ]
+        })
+        .collect();
+    let meta = std::fs::read_to_string(source.with_file_name("mqar.meta.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .unwrap_or(serde_json::Value::Null);
+    write_csv(
+        ctx,
+        SUMMARY,
+        &[
+            "model",
+            "p",
+            "l",
+            "m_features",
+            "beta_mode",
+            "state_floats",
+            "seeds",
+            "accuracy",
+            "se",
+            "beta_final",
+        ],
+        &rows,
+        &serde_json::json!({"source": "mqar/mqar.csv", "trained": meta}),
+    )
+}
+
+/// Accuracy against recurrent state per family (mean over seeds; soft RACE averaged over
+/// the (P, L) with the same state), softmax as a dashed ceiling.
+fn figure(ctx: &Ctx) -> Result<Vec<String>> {
+    let (h, r) = read_csv(ctx, SUMMARY)?;
+    let s = summarise_back(&h, &r);
+    let series_of = |keep: &dyn Fn(&Summary) -> bool| -> Vec<(f64, f64)> {
+        let mut by: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
+        for x in s.iter().filter(|x| keep(x) && x.state > 0.0) {
+            by.entry(x.state as u64).or_default().push(x.accuracy);
+        }
+        by.into_iter()
+            .map(|(st, a)| (st as f64, a.iter().sum::<f64>() / a.len() as f64))
+            .collect()
+    };
+    let mut series = vec![
+        Series::new(
+            "soft RACE, fixed β",
+            series_of(&|x| x.model == "race" && x.beta_mode == "fixed"),
+        ),
+        Series::new(
+            "soft RACE, learned β",
+            series_of(&|x| x.model == "race" && x.beta_mode == "learned"),
+        ),
+        Series::new("Performer", series_of(&|x| x.model == "performer")),
+        Series::new("linear", series_of(&|x| x.model == "linear")),
+    ];
+    let xs: Vec<f64> = s
+        .iter()
+        .filter(|x| x.state > 0.0)
+        .map(|x| x.state)
+        .collect();
+    if let (Some(sm), false) = (s.iter().find(|x| x.model == "softmax"), xs.is_empty()) {
+        let lo = xs.iter().cloned().fold(f64::INFINITY, f64::min);
+        let hi = xs.iter().cloned().fold(0.0, f64::max);
+        series.push(Series::dashed(
+            "softmax (every key)",
+            vec![(lo, sm.accuracy), (hi, sm.accuracy)],
+        ));
+    }
+    series.retain(|x| !x.points.is_empty());
+    let stem = "mqar/accuracy_vs_state";
+    line_plot(
+        &fig(ctx, stem),
+        &LinePlot {
+            title: "MQAR: recall of trained two-layer models against recurrent state",
+            xlabel: "state per layer (floats)",
+            ylabel: "accuracy (mean over seeds)",
+            logx: true,
+            logy: false,
+        },
+        &series,
+    )?;
+    Ok(vec![stem.into()])
+}
+
+/// The summary CSV's rows as [`Summary`] (the figure reads them back).
+fn summarise_back(h: &[String], r: &[Vec<String>]) -> Vec<Summary> {
+    let (model, mode) = (col_s(h, r, "model"), col_s(h, r, "beta_mode"));
+    let num = |n: &str| col(h, r, n);
+    let (p, l, m, st, seeds, acc, se, b) = (
+        num("p"),
+        num("l"),
+        num("m_features"),
+        num("state_floats"),
+        num("seeds"),
+        num("accuracy"),
+        num("se"),
+        num("beta_final"),
+    );
+    (0..r.len())
+        .map(|i| Summary {
+            model: model[i].clone(),
+            p: p[i] as usize,
+            l: l[i] as usize,
+            m: m[i] as usize,
+            beta_mode: mode[i].clone(),
+            state: st[i],
+            seeds: seeds[i] as usize,
+            accuracy: acc[i],
+            se: se[i],
+            beta_final: b[i],
+        })
+        .collect()
+}
+
+/// The claims, from the summary CSV (and the trade-off study's validated β).
+fn claims(ctx: &Ctx, provenance: &str) -> Result<(Vec<Claim>, serde_json::Value)> {
+    let (h, r) = read_csv(ctx, SUMMARY)?;
+    let s = summarise_back(&h, &r);
+    let note = |extra: &str| format!("{provenance}{extra}");
+    let (m1, t1) = softmax_measure(&s);
+    let (m2, t2) = more_buckets_measure(&s);
+    let (m3, t3) = race_vs_performer_measure(&s);
+    let (m4, t4) = learned_vs_fixed_measure(&s);
+    let (m5, t5) = learned_beta_measure(&s, &tradeoff_betas(ctx));
+    let claims = vec![
+        Claim::judged("mqar-softmax-ceiling", t1, m1, note(""))?,
+        Claim::judged("mqar-more-buckets", t2, m2, note(""))?,
+        Claim::judged("mqar-race-vs-performer", t3, m3, note(""))?,
+        Claim::judged("mqar-learned-beta", t4, m4, note(""))?,
+        Claim::judged(
+            "mqar-learned-beta-picture",
+            t5,
+            m5,
+            note("; validated β from this report's tradeoff.csv (unit Q/K, fixed inputs)"),
+        )?,
+    ];
+    let headline = serde_json::json!({
+        "models": s.len(),
+        "softmax": s.iter().find(|x| x.model == "softmax").map(|x| x.accuracy),
+    });
+    Ok((claims, headline))
+}
+
+/// Not-testable claims when no trained results exist.
+fn absent(reason: &str) -> Result<(Vec<Claim>, serde_json::Value)> {
+    let ids = [
+        "mqar-softmax-ceiling",
+        "mqar-more-buckets",
+        "mqar-race-vs-performer",
+        "mqar-learned-beta",
+        "mqar-learned-beta-picture",
+    ];
+    let claims = ids
+        .iter()
+        .map(|id| {
+            Claim::judged(
+                id,
+                "no trained results".into(),
+                Measure::NotTestable(reason.into()),
+                "",
+            )
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok((claims, serde_json::json!({"models": 0})))
+}
+
+/// Read the trained results, summarise, draw, judge.
+pub fn run(ctx: &Ctx) -> Result<ExpResult> {
+    let t0 = std::time::Instant::now();
+    let Some(source) = locate(ctx)? else {
+        return Ok(ExpResult::assemble(
+            "mqar",
+            ctx,
+            t0,
+            (vec![], vec![]),
+            absent(
+                "figures/mqar/mqar.csv is missing: run `python experiments/mqar/mqar.py` (needs `pip install ./python`)",
+            )?,
+        ));
+    };
+    let text = std::fs::read_to_string(&source).map_err(|e| RaceError::io(&source, e))?;
+    let mut lines = text.lines();
+    let header: Vec<String> = lines
+        .next()
+        .unwrap_or("")
+        .split(',')
+        .map(String::from)
+        .collect();
+    let rows: Vec<Vec<String>> = lines
+        .map(|l| l.split(',').map(String::from).collect())
+        .collect();
+    let s = summarise(&header, &rows);
+    let meta: serde_json::Value = std::fs::read_to_string(source.with_file_name("mqar.meta.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(serde_json::Value::Null);
+    let provenance = format!(
+        "trained by experiments/mqar/mqar.py ({} grid, seeds {}, revision {}, {}, torch {}; {} s)",
+        meta["grid"].as_str().unwrap_or("?"),
+        meta["seeds"],
+        meta["revision"].as_str().unwrap_or("?"),
+        meta["machine"].as_str().unwrap_or("?"),
+        meta["torch"].as_str().unwrap_or("?"),
+        meta["seconds"]
+    );
+    let csv = vec![format!("{DIR}/mqar.csv"), summary_csv(ctx, &s, &source)?];
+    let figures = figure(ctx)?;
+    Ok(ExpResult::assemble(
+        "mqar",
+        ctx,
+        t0,
+        (csv, figures),
+        claims(ctx, &provenance)?,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::experiments::verdict::{judge, specs, Verdict};
+
+    fn row(model: &str, p: usize, l: usize, mode: &str, acc: &[f64], beta: f64) -> Vec<Summary> {
+        let (accuracy, se) = mean_se(acc);
+        vec![Summary {
+            model: model.into(),
+            p,
+            l,
+            m: if model == "race" { l << p } else { p },
+            beta_mode: mode.into(),
+            state: 0.0,
+            seeds: acc.len(),
+            accuracy,
+            se,
+            beta_final: beta,
+        }]
+    }
+
+    fn verdict(id: &str, m: &Measure) -> Verdict {
+        judge(&specs().unwrap()[id].test, m).unwrap().0
+    }
+
+    #[test]
+    fn more_buckets_holds_only_on_a_significant_drop() {
+        // (2,1) → (4,1) drops well beyond 2 se: holds.
+        let mut s = row("race", 2, 1, "fixed", &[0.80, 0.82, 0.81], f64::NAN);
+        s.extend(row("race", 4, 1, "fixed", &[0.60, 0.62, 0.61], f64::NAN));
+        let (m, _) = more_buckets_measure(&s);
+        assert_eq!(verdict("mqar-more-buckets", &m), Verdict::Holds);
+        // Accuracy rising with P: fails.
+        let mut s = row("race", 2, 1, "fixed", &[0.60, 0.62, 0.61], f64::NAN);
+        s.extend(row("race", 4, 1, "fixed", &[0.80, 0.82, 0.81], f64::NAN));
+        let (m, _) = more_buckets_measure(&s);
+        assert_eq!(verdict("mqar-more-buckets", &m), Verdict::Fails);
+        // A drop within the seeds' noise: fails.
+        let mut s = row("race", 2, 1, "fixed", &[0.5, 0.9, 0.7], f64::NAN);
+        s.extend(row("race", 4, 1, "fixed", &[0.4, 0.9, 0.6], f64::NAN));
+        let (m, _) = more_buckets_measure(&s);
+        assert_eq!(verdict("mqar-more-buckets", &m), Verdict::Fails);
+    }
+
+    #[test]
+    fn race_vs_performer_and_learned_beta_can_fail() {
+        let mut s = row("performer", 8, 0, "", &[0.9, 0.91, 0.92], f64::NAN);
+        s.extend(row("race", 2, 2, "fixed", &[0.5, 0.52, 0.51], f64::NAN));
+        s.extend(row("race", 2, 2, "learned", &[0.4, 0.42, 0.41], 3.0));
+        let (m, _) = race_vs_performer_measure(&s);
+        assert_eq!(verdict("mqar-race-vs-performer", &m), Verdict::Fails);
+        let (m, _) = learned_vs_fixed_measure(&s);
+        assert_eq!(verdict("mqar-learned-beta", &m), Verdict::Fails);
+        // And hold when the differences go the other way.
+        let mut s = row("performer", 8, 0, "", &[0.5, 0.52, 0.51], f64::NAN);
+        s.extend(row("race", 2, 2, "fixed", &[0.9, 0.91, 0.92], f64::NAN));
+        s.extend(row("race", 2, 2, "learned", &[0.99, 0.98, 0.99], 3.0));
+        let (m, _) = race_vs_performer_measure(&s);
+        assert_eq!(verdict("mqar-race-vs-performer", &m), Verdict::Holds);
+        let (m, _) = learned_vs_fixed_measure(&s);
+        assert_eq!(verdict("mqar-learned-beta", &m), Verdict::Holds);
+    }
+
+    #[test]
+    fn learned_beta_picture_and_softmax_ceiling_can_fail() {
+        let s = row("race", 2, 2, "learned", &[0.9, 0.9, 0.9], 40.0);
+        let validated = BTreeMap::from([((2, 2), 2.0)]);
+        let (m, _) = learned_beta_measure(&s, &validated);
+        assert_eq!(verdict("mqar-learned-beta-picture", &m), Verdict::Fails);
+        let s = row("race", 2, 2, "learned", &[0.9, 0.9, 0.9], 3.0);
+        let (m, _) = learned_beta_measure(&s, &validated);
+        assert_eq!(verdict("mqar-learned-beta-picture", &m), Verdict::Holds);
+        let (m, _) = learned_beta_measure(&s, &BTreeMap::new());
+        assert_eq!(
+            verdict("mqar-learned-beta-picture", &m),
+            Verdict::NotTestable
+        );
+        let s = row("softmax", 0, 0, "", &[0.5, 0.6, 0.55], f64::NAN);
+        assert_eq!(
+            verdict("mqar-softmax-ceiling", &softmax_measure(&s).0),
+            Verdict::Fails
+        );
+        let s = row("softmax", 0, 0, "", &[1.0, 0.99, 1.0], f64::NAN);
+        assert_eq!(
+            verdict("mqar-softmax-ceiling", &softmax_measure(&s).0),
+            Verdict::Holds
+        );
+    }
+
+    #[test]
+    fn summarise_groups_seeds_and_reads_learned_betas() {
+        let header: Vec<String> = [
+            "model",
+            "p",
+            "l",
+            "m_features",
+            "beta_mode",
+            "state_floats",
+            "seed",
+            "accuracy",
+            "beta_final",
+        ]
+        .map(String::from)
+        .to_vec();
+        let rows: Vec<Vec<String>> = [
+            "race,2,2,8,learned,520,0,0.5,4;6",
+            "race,2,2,8,learned,520,1,0.7,5;5",
+            "softmax,,,,,,0,1.0,",
+        ]
+        .iter()
+        .map(|r| r.split(',').map(String::from).collect())
+        .collect();
+        let s = summarise(&header, &rows);
+        assert_eq!(s.len(), 2);
+        let r = s.iter().find(|x| x.model == "race").unwrap();
+        assert_eq!((r.p, r.l, r.m, r.seeds), (2, 2, 8, 2));
+        assert!((r.accuracy - 0.6).abs() < 1e-12 && (r.beta_final - 5.0).abs() < 1e-12);
+        assert_eq!(r.state, 520.0);
+        let sm = s.iter().find(|x| x.model == "softmax").unwrap();
+        assert_eq!((sm.state, sm.seeds), (0.0, 1));
+    }
+}
