@@ -260,3 +260,33 @@ pub fn check_qkv<T: Copy + Into<f64> + Sync>(
         dv,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn first_bad(data: &[f32]) -> Option<(usize, f64)> {
+        match check_finite("x", data) {
+            Ok(()) => None,
+            Err(RaceError::NonFinite { index, value, .. }) => Some((index, value)),
+            Err(e) => panic!("unexpected error {e}"),
+        }
+    }
+
+    #[test]
+    fn check_finite_reports_the_first_bad_entry_across_chunks() {
+        let mut x = vec![1.5f32; 300_000];
+        x[7] = -0.0;
+        x[65_535] = f32::MAX;
+        x[65_537] = f32::MIN_POSITIVE / 2.0; // subnormal: finite
+        assert_eq!(first_bad(&x), None);
+        x[250_000] = f32::NAN;
+        x[131_073] = f32::NEG_INFINITY;
+        assert_eq!(first_bad(&x), Some((131_073, f64::NEG_INFINITY)));
+        x[3] = f32::INFINITY;
+        assert_eq!(first_bad(&x), Some((3, f64::INFINITY)));
+        let (i, v) = first_bad(&[0.0f32, f32::NAN]).unwrap();
+        assert!(i == 1 && v.is_nan());
+        assert_eq!(check_finite::<f64>("x", &[]).ok(), Some(()));
+    }
+}
