@@ -17,7 +17,7 @@ def qkv(shape_qk, dv, seed=0, dtype=np.float32, scale=1.0):
     return q, k, v
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def racelab_bin():
     """The command-line binary: $RACELAB_BIN, else the workspace's release build, else PATH."""
     env = os.environ.get("RACELAB_BIN")
