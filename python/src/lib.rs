@@ -25,7 +25,7 @@ use racelab::cpu::{self, Ctx, SoftMap};
 use racelab::hashing::Planes;
 use racelab::params::Combine;
 use racelab::reference::logdomain::{soft_race_backward_log, soft_race_log};
-use racelab::tensor::{check_qkv, Mat, Tensor};
+use racelab::tensor::{check_qkv, Mat, MatRef, Tensor};
 use racelab::RaceError;
 use rayon::prelude::*;
 
@@ -384,14 +384,15 @@ fn soft_backward<'py>(
     ))
 }
 
-/// `[heads, n, cols]` f64 arrays as per-head matrices, checked as `attend` checks them.
-fn heads64(
+/// `[heads, n, cols]` f64 arrays as tensors (one copy each), checked as `attend` checks them;
+/// [`Tensor::heads`] gives their per-head views.
+fn tensors64(
     q: &PyReadonlyArray3<'_, f64>,
     k: &PyReadonlyArray3<'_, f64>,
     v: &PyReadonlyArray3<'_, f64>,
     planes: &Planes,
     causal: bool,
-) -> PyResult<[Vec<Mat<f64>>; 3]> {
+) -> PyResult<[Tensor<f64>; 3]> {
     let mut out = Vec::new();
     for (name, a) in [("q", q), ("k", k), ("v", v)] {
         let (data, dims) = slice3(name, a)?;
@@ -404,13 +405,17 @@ fn heads64(
             format!("planes have d = {} but q/k have d = {}", planes.d, shape.d),
         )));
     }
-    let split = |t: &Tensor<f64>| -> Vec<Mat<f64>> {
-        let (h, n, c) = (t.shape[0], t.shape[1], t.shape[2]);
-        (0..h)
-            .map(|i| Mat::from_vec(n, c, t.data[i * n * c..(i + 1) * n * c].to_vec()))
-            .collect()
-    };
-    Ok([split(&out[0]), split(&out[1]), split(&out[2])])
+    let [q, k, v]: [Tensor<f64>; 3] = out.try_into().expect("three tensors");
+    Ok([q, k, v])
+}
+
+/// The per-head views of checked tensors.
+fn views(t: &[Tensor<f64>; 3]) -> PyResult<[Vec<MatRef<'_, f64>>; 3]> {
+    Ok([
+        t[0].heads("q").map_err(py_err)?,
+        t[1].heads("k").map_err(py_err)?,
+        t[2].heads("v").map_err(py_err)?,
+    ])
 }
 
 /// `f(h)` for every head, heads in parallel.
@@ -434,12 +439,12 @@ fn soft_forward_f64<'py>(
     let combine: Combine = combine.parse().map_err(py_err)?;
     let planes = planes_of(&planes)?;
     racelab::params::validate_beta(beta).map_err(py_err)?;
-    let [qh, kh, vh] = heads64(&q, &k, &v, &planes, causal)?;
+    let t = tensors64(&q, &k, &v, &planes, causal)?;
+    let [qh, kh, vh] = views(&t)?;
     let (n, dv) = (qh[0].rows, vh[0].cols);
     let o = py.detach(|| {
         per_head(qh.len(), |h| {
-            let (q, k, v) = (qh[h].view(), kh[h].view(), vh[h].view());
-            soft_race_log(q, k, v, &planes, beta, causal, combine)
+            soft_race_log(qh[h], kh[h], vh[h], &planes, beta, causal, combine)
                 .o
                 .data
         })
@@ -462,7 +467,8 @@ fn soft_backward_f64<'py>(
 ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, f64)> {
     let planes = planes_of(&planes)?;
     racelab::params::validate_beta(beta).map_err(py_err)?;
-    let [qh, kh, vh] = heads64(&q, &k, &v, &planes, causal)?;
+    let t = tensors64(&q, &k, &v, &planes, causal)?;
+    let [qh, kh, vh] = views(&t)?;
     let (gdata, gdims) = slice3("g", &g)?;
     let (h, n, dv) = (qh.len(), qh[0].rows, vh[0].cols);
     if gdims != [h, n, dv] {
@@ -472,13 +478,13 @@ fn soft_backward_f64<'py>(
         )));
     }
     racelab::tensor::check_finite("g", gdata).map_err(py_err)?;
-    let gh: Vec<Mat<f64>> = (0..h)
-        .map(|i| Mat::from_vec(n, dv, gdata[i * n * dv..(i + 1) * n * dv].to_vec()))
+    let gh: Vec<MatRef<f64>> = gdata
+        .chunks_exact(n * dv)
+        .map(|c| MatRef::new(n, dv, c))
         .collect();
     let grads = py.detach(|| {
         per_head(qh.len(), |h| {
-            let (q, k, v, g) = (qh[h].view(), kh[h].view(), vh[h].view(), gh[h].view());
-            soft_race_backward_log(q, k, v, g, &planes, beta, causal)
+            soft_race_backward_log(qh[h], kh[h], vh[h], gh[h], &planes, beta, causal)
         })
     });
     let cat = |f: &dyn Fn(&racelab::reference::backward::SoftGrads64) -> &Mat<f64>| -> Vec<f64> {
