@@ -43,6 +43,9 @@ pub enum RaceError {
     /// Work whose buffers would exceed the memory budget (see [`crate::memory`]).
     #[error("too large for memory: {0}")]
     TooLarge(String),
+    /// The ranks of a distributed run disagree, or another rank failed.
+    #[error("distributed run: {0}")]
+    Distributed(String),
     /// A CUDA driver/NVRTC failure after a device was found.
     #[error("CUDA error: {0}")]
     Cuda(String),

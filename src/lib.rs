@@ -27,6 +27,7 @@ pub mod backend;
 pub mod bench;
 pub mod cpu;
 pub mod cuda;
+pub mod distributed;
 pub mod error;
 pub mod experiments;
 pub mod hashing;

@@ -129,7 +129,7 @@ impl CpuRace {
         }
     }
 
-    fn map<'a>(params: &RaceParams, planes: &'a PlanesF32) -> Result<SoftMap<'a>> {
+    pub(crate) fn map<'a>(params: &RaceParams, planes: &'a PlanesF32) -> Result<SoftMap<'a>> {
         if params.combine != Combine::Paper {
             return Err(RaceError::param(
                 "combine",

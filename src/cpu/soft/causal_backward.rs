@@ -18,6 +18,7 @@ use crate::cpu::soft::causal::{
     blocks, feature_gram, gram, mask, state_len, sub, sub_blocks, sub_t, tri_gemm, Scale, Scratch,
     TwoLevel, TB, TC,
 };
+use crate::cpu::soft::causal_forward::add_per_head;
 use crate::cpu::soft::probs::lanes16;
 use crate::cpu::state::{bank_width, split_out};
 use rayon::prelude::*;
@@ -103,36 +104,70 @@ pub(crate) fn suffix_totals(
     segs: &[(usize, usize)],
     heads: usize,
 ) -> Vec<Vec<f64>> {
-    let (n, dv, m, w) = (q.n, g.cols, map.width(), bank_width(g.cols));
-    let (ns, lp) = (segs.len(), map.planes.l * map.planes.p);
-    let inv_l = 1.0 / map.planes.l as f32;
+    let (ns, m, w) = (segs.len(), map.width(), bank_width(g.cols));
     if ns <= 1 {
         return vec![vec![0.0; m * w]; heads * ns];
     }
+    let x = QueryRows {
+        q,
+        uq,
+        g,
+        den,
+        s_all,
+    };
     (0..heads * ns)
         .into_par_iter()
-        .map(|i| {
-            let (h, (start, end)) = (i / ns, segs[i % ns]);
-            let mut qb = Block::new(map, isa);
-            let mp = qb.mp;
-            let (mut c, mut sphi) = (vec![0.0f32; T], vec![0.0f32; T * m]);
-            let (mut d32, mut d64) = (ABuf::zeroed(m * w), vec![0.0f64; m * w]);
-            let mut a = start;
-            while a < end {
-                let b = (a + T).min(end);
-                let rows = b - a;
-                let gb = rows_of(&g, h, a, b);
-                let u = saved_rows(uq, n, lp, h, a, b);
-                qb.features_of(map, rows_of(&q, h, a, b), u, rows);
-                inv_den(&den[h * n + a..h * n + b], inv_l, &mut c);
-                let f = GFactors::of(&c, &s_all[h * n + a..h * n + b], gb, dv);
-                f.dbank(isa, &qb.phi, mp, m, rows, &mut sphi, &mut d32, w, false);
-                add_into_f64(isa, &mut d64, &d32);
-                a = b;
-            }
-            d64
-        })
+        .map(|i| query_total(map, isa, &x, i / ns, segs[i % ns]))
         .collect()
+}
+
+/// What [`query_total`] reads: the queries (and their saved `u`, or empty), `G`, the saved
+/// denominators and `s_i = g_i·ô_i`, all `[heads, n, ·]`.
+#[derive(Clone, Copy)]
+pub(crate) struct QueryRows<'a> {
+    pub q: Heads<'a>,
+    pub uq: &'a [f32],
+    pub g: Heads<'a>,
+    pub den: &'a [f32],
+    pub s_all: &'a [f32],
+}
+
+/// `[dB | dA] = Σ_i φ(q_i) ĝ_iᵀ` over the tokens `start..end` of head `h` (f64).
+pub(crate) fn query_total(
+    map: &SoftMap,
+    isa: Isa,
+    x: &QueryRows,
+    h: usize,
+    (start, end): (usize, usize),
+) -> Vec<f64> {
+    let QueryRows {
+        q,
+        uq,
+        g,
+        den,
+        s_all,
+    } = *x;
+    let (n, dv, m, w) = (q.n, g.cols, map.width(), bank_width(g.cols));
+    let lp = map.planes.l * map.planes.p;
+    let inv_l = 1.0 / map.planes.l as f32;
+    let mut qb = Block::new(map, isa);
+    let mp = qb.mp;
+    let (mut c, mut sphi) = (vec![0.0f32; T], vec![0.0f32; T * m]);
+    let (mut d32, mut d64) = (ABuf::zeroed(m * w), vec![0.0f64; m * w]);
+    let mut a = start;
+    while a < end {
+        let b = (a + T).min(end);
+        let rows = b - a;
+        let gb = rows_of(&g, h, a, b);
+        let u = saved_rows(uq, n, lp, h, a, b);
+        qb.features_of(map, rows_of(&q, h, a, b), u, rows);
+        inv_den(&den[h * n + a..h * n + b], inv_l, &mut c);
+        let f = GFactors::of(&c, &s_all[h * n + a..h * n + b], gb, dv);
+        f.dbank(isa, &qb.phi, mp, m, rows, &mut sphi, &mut d32, w, false);
+        add_into_f64(isa, &mut d64, &d32);
+        a = b;
+    }
+    d64
 }
 
 /// A keys' sub-block: `∂ℓ/∂V = Φ_K dS_B + T G` into `x` (`T`: the sub-block's
@@ -190,6 +225,20 @@ pub fn causal_backward_into(
     x: BackwardInputs,
     out: GradsMut,
 ) -> f64 {
+    causal_backward_from(map, isa, ctx, x, out, None)
+}
+
+/// [`causal_backward_into`] for a slice of the token axis: `after` is, per head, the
+/// `[dB | dA] = Σ φ(q_t) ĝ_tᵀ` of the queries after the slice (the suffix `dS` its keys
+/// start from); `ctx` is the forward's from [`super::causal_forward_from`].
+pub fn causal_backward_from(
+    map: &SoftMap,
+    isa: Isa,
+    ctx: &Ctx,
+    x: BackwardInputs,
+    out: GradsMut,
+    after: Option<&[Vec<f64>]>,
+) -> f64 {
     let BackwardInputs { q, k, v, o, g } = x;
     let GradsMut { dq, dk, dv: dvv } = out;
     assert!(ctx.causal, "blocked causal backward needs a causal context");
@@ -216,7 +265,7 @@ pub fn causal_backward_into(
     };
     if ns == 1 && ctx.states.len() == heads * state_len(n, m, w) {
         let outs = (dq, dk, dvv);
-        return one_pass(&io, isa, &ctx.states, outs);
+        return one_pass(&io, isa, &ctx.states, outs, after);
     }
     // Queries, in order, with the prefix state rebuilt from the segment bases; each row's
     // `s_i = g_i·ô_i` into `s_all` for the suffix totals and the key pass.
@@ -259,7 +308,10 @@ pub fn causal_backward_into(
         .sum();
     // Suffix [dB | dA] entering each segment from the right.
     let totals = suffix_totals(map, isa, q, uq, g, den, &s_all, segs, heads);
-    let dbases = exclusive_scan(&totals, heads, ns, true);
+    let mut dbases = exclusive_scan(&totals, heads, ns, true);
+    if let Some(after) = after {
+        add_per_head(&mut dbases, after, ns);
+    }
     // Keys and values, in reverse.
     let dbeta_k: f64 = split_out(dk, k.n, d, segs)
         .into_par_iter()
@@ -329,7 +381,13 @@ pub fn causal_backward_into(
 /// reading V and G from memory a second time (the key half reads them from cache), two
 /// `TC × TC` grams per sub-block, the `s` round trip through memory, and the state update
 /// after each block's last sub-block.
-fn one_pass(io: &Io, isa: Isa, states: &[f32], outs: (&mut [f32], &mut [f32], &mut [f32])) -> f64 {
+fn one_pass(
+    io: &Io,
+    isa: Isa,
+    states: &[f32],
+    outs: (&mut [f32], &mut [f32], &mut [f32]),
+    after: Option<&[Vec<f64>]>,
+) -> f64 {
     let (map, q, v, g) = (io.map, io.q, io.v, io.g);
     let (n, d, dv, m, w) = (q.n, q.cols, v.cols, map.width(), bank_width(v.cols));
     let (dq, dk, dvv) = outs;
@@ -348,9 +406,10 @@ fn one_pass(io: &Io, isa: Isa, states: &[f32], outs: (&mut [f32], &mut [f32], &m
         .map(|(((h, _, dqp), (_, _, dkp)), (_, _, dvp))| {
             let snaps = &states[h * per_head..(h + 1) * per_head];
             // The queries' prefix state (restarted per block) and the keys' suffix `dS`.
+            let end = after.map_or(&zero[..], |a| &a[h][..]);
             let (mut sq, mut sk) = (
                 TwoLevel::new(isa, m, w, &zero),
-                TwoLevel::new(isa, m, w, &zero),
+                TwoLevel::new(isa, m, w, end),
             );
             let mut sc = Scratch::new(map, isa, w);
             let mut scratch = ABuf::zeroed(TB * d.max(dv));

@@ -93,12 +93,14 @@ unsafe fn lower_gram16_avx512(
 }
 
 /// The segments of a causal pass and the bank entering each `(head, segment)`: f64
-/// exclusive scans of the segments' key banks (all zero with one segment per head).
+/// exclusive scans of the segments' key banks (all zero with one segment per head), plus
+/// the head's `init` state (the keys before this slice of the token axis) when there is one.
 pub(crate) fn forward_bases(
     map: &SoftMap,
     isa: Isa,
     k: Heads,
     v: Heads,
+    init: Option<&[Vec<f64>]>,
 ) -> (Vec<(usize, usize)>, Vec<Vec<f64>>) {
     let (heads, m, w) = (k.heads, map.width(), bank_width(v.cols));
     let segs = plan_segments(k.n, heads);
@@ -111,8 +113,37 @@ pub(crate) fn forward_bases(
     } else {
         vec![vec![0.0; m * w]; heads * ns]
     };
-    let bases = exclusive_scan(&totals, heads, ns, false);
+    let mut bases = exclusive_scan(&totals, heads, ns, false);
+    if let Some(init) = init {
+        add_per_head(&mut bases, init, ns);
+    }
     (segs, bases)
+}
+
+/// Add head `h`'s `init[h]` to each of its `ns` segment banks (`banks`: `heads × ns`).
+pub(crate) fn add_per_head(banks: &mut [Vec<f64>], init: &[Vec<f64>], ns: usize) {
+    for (i, b) in banks.iter_mut().enumerate() {
+        b.iter_mut().zip(&init[i / ns]).for_each(|(x, y)| *x += y);
+    }
+}
+
+/// Where a causal pass over a slice of the token axis starts: the state of the tokens before
+/// it and the total key count the denominator floor is taken for
+/// ([`crate::cpu::recompute::den_floor`]). [`Boundary::whole`] is a pass over every token.
+#[derive(Debug, Clone, Copy)]
+pub struct Boundary<'a> {
+    /// Per head, `[B | A]` (`m × bank_width(dv)`, f64) of the keys before the slice (forward)
+    /// or `[dB | dA]` of the queries after it (backward); `None`: zero.
+    pub state: Option<&'a [Vec<f64>]>,
+    /// Keys in the whole sequence (the slice's own count for a whole pass).
+    pub keys: usize,
+}
+
+impl Boundary<'_> {
+    /// A pass over the whole sequence of `keys` keys: nothing before or after it.
+    pub fn whole(keys: usize) -> Self {
+        Boundary { state: None, keys }
+    }
 }
 
 /// Causal forward; same contract as [`crate::cpu::soft_forward_into`] with `causal = true`.
@@ -123,13 +154,29 @@ pub fn causal_forward_into(
     k: Heads,
     v: Heads,
     o: &mut [f32],
+    reuse: Ctx,
+) -> (usize, Ctx) {
+    causal_forward_from(map, isa, q, k, v, o, reuse, Boundary::whole(k.n))
+}
+
+/// [`causal_forward_into`] for a slice of the token axis that starts from `from.state`
+/// (per head, the keys' `[B | A]` before the slice): every token also sees those keys.
+#[allow(clippy::too_many_arguments)]
+pub fn causal_forward_from(
+    map: &SoftMap,
+    isa: Isa,
+    q: Heads,
+    k: Heads,
+    v: Heads,
+    o: &mut [f32],
     mut reuse: Ctx,
+    from: Boundary,
 ) -> (usize, Ctx) {
     let (heads, n, dv, m, w) = (q.heads, q.n, v.cols, map.width(), bank_width(v.cols));
     let lp = map.planes.l * map.planes.p;
     let mut states = std::mem::take(&mut reuse.states);
     let (mut den, mut uq, mut uk) = reuse.recycle(map, &q, &k);
-    let (segs, bases) = forward_bases(map, isa, k, v);
+    let (segs, bases) = forward_bases(map, isa, k, v, from.state);
     let ns = segs.len();
     // One segment per head: the state entering each block, for the one-pass backward.
     let per_head = state_len(n, m, w);
@@ -140,7 +187,10 @@ pub fn causal_forward_into(
         states.clear();
         (0..heads * ns).map(|_| None).collect()
     };
-    let (den_scale, floor) = (map.den_scale(), crate::cpu::recompute::den_floor(m, k.n));
+    let (den_scale, floor) = (
+        map.den_scale(),
+        crate::cpu::recompute::den_floor(m, from.keys),
+    );
     let out = Out::for_len(isa, o.len());
     let empty: usize = split_out(o, n, dv, &segs)
         .into_par_iter()

@@ -69,8 +69,8 @@ pub mod probs;
 pub use backward::{backward_into, key_grads, query_grads};
 pub use block::{block_rows, T};
 pub use causal::{TB, TC};
-pub use causal_backward::causal_backward_into;
-pub use causal_forward::causal_forward_into;
+pub use causal_backward::{causal_backward_from, causal_backward_into};
+pub use causal_forward::{causal_forward_from, causal_forward_into, Boundary};
 pub use forward::{forward_into, key_banks, read_into};
 
 /// Floats per token and head the production forwards keep for the backward: the
