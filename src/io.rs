@@ -38,8 +38,45 @@ pub fn read_npy(path: &Path) -> Result<NpyArray> {
     parse_npy(&bytes, &path.display().to_string())
 }
 
-/// Parse `.npy` bytes; `name` is used in error messages.
-pub fn parse_npy(bytes: &[u8], name: &str) -> Result<NpyArray> {
+/// An `.npy` header: the element type and byte order, the layout, the shape and where the
+/// data starts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NpyHeader {
+    pub dtype: Dtype,
+    pub big_endian: bool,
+    pub fortran: bool,
+    pub shape: Vec<usize>,
+    /// Byte offset of the data.
+    pub offset: usize,
+}
+
+impl NpyHeader {
+    /// Elements in the array.
+    pub fn count(&self) -> usize {
+        self.shape.iter().product()
+    }
+    /// Bytes per element.
+    pub fn width(&self) -> usize {
+        if self.dtype == Dtype::F32 {
+            4
+        } else {
+            8
+        }
+    }
+    /// One element from its bytes.
+    fn value(&self, b: &[u8]) -> f64 {
+        match (self.dtype, self.big_endian) {
+            (Dtype::F32, false) => f32::from_le_bytes(b.try_into().unwrap()) as f64,
+            (Dtype::F32, true) => f32::from_be_bytes(b.try_into().unwrap()) as f64,
+            (Dtype::F64, false) => f64::from_le_bytes(b.try_into().unwrap()),
+            (Dtype::F64, true) => f64::from_be_bytes(b.try_into().unwrap()),
+        }
+    }
+}
+
+/// Parse the header at the start of `bytes` (which must hold at least all of it); `name` is
+/// used in error messages.
+pub fn parse_header(bytes: &[u8], name: &str) -> Result<NpyHeader> {
     if bytes.len() < 10 || &bytes[..6] != MAGIC {
         return Err(bad(
             name,
@@ -96,42 +133,113 @@ pub fn parse_npy(bytes: &[u8], name: &str) -> Result<NpyArray> {
     };
     let shape = parse_shape(shape_s.trim())
         .ok_or_else(|| bad(name, format!("malformed shape '{}'", shape_s.trim())))?;
-    let count: usize = shape
+    shape
         .iter()
         .try_fold(1usize, |a, &b| a.checked_mul(b))
+        .and_then(|c| c.checked_mul(8))
         .ok_or_else(|| bad(name, "shape overflows"))?;
-    let width = if dtype == Dtype::F32 { 4 } else { 8 };
-    let body = &bytes[start + hlen..];
-    if body.len() < count * width {
+    Ok(NpyHeader {
+        dtype,
+        big_endian,
+        fortran,
+        shape,
+        offset: start + hlen,
+    })
+}
+
+/// Check that `data_len` bytes follow the header: exactly the array's.
+fn check_body(h: &NpyHeader, data_len: usize, name: &str) -> Result<()> {
+    let need = h.count() * h.width();
+    if data_len < need {
         return Err(bad(
             name,
             format!(
                 "truncated data: shape {:?} needs {} bytes, file has {}",
-                shape,
-                count * width,
-                body.len()
+                h.shape, need, data_len
             ),
         ));
     }
-    if body.len() > count * width {
+    if data_len > need {
         return Err(bad(
             name,
             format!(
                 "{} trailing bytes after the data of shape {:?}",
-                body.len() - count * width,
-                shape
+                data_len - need,
+                h.shape
             ),
         ));
     }
+    Ok(())
+}
+
+/// The header of the `.npy` file at `path`, read without its data; the file's length is
+/// checked against the shape.
+pub fn read_npy_header(path: &Path) -> Result<NpyHeader> {
+    use std::io::Read;
+    let name = path.display().to_string();
+    let mut f = std::fs::File::open(path).map_err(|e| RaceError::io(path, e))?;
+    let mut head = vec![0u8; 12];
+    let got = f.read(&mut head).map_err(|e| RaceError::io(path, e))?;
+    head.truncate(got);
+    let hlen = match head.get(6) {
+        Some(1) if got >= 10 => u16::from_le_bytes([head[8], head[9]]) as usize + 10,
+        Some(2 | 3) if got >= 12 => {
+            u32::from_le_bytes([head[8], head[9], head[10], head[11]]) as usize + 12
+        }
+        _ => head.len(),
+    };
+    if hlen > head.len() {
+        let mut rest = vec![0u8; hlen - head.len()];
+        let more = f.read(&mut rest).map_err(|e| RaceError::io(path, e))?;
+        head.extend_from_slice(&rest[..more]);
+    }
+    let h = parse_header(&head, &name)?;
+    let len = f.metadata().map_err(|e| RaceError::io(path, e))?.len() as usize;
+    check_body(&h, len.saturating_sub(h.offset), &name)?;
+    Ok(h)
+}
+
+/// Rows `a..b` of the token axis (the second-to-last) of the C-order `.npy` array at `path`
+/// with header `h` (`[N, cols]`, `[H, N, cols]` or `[B, H, N, cols]`), as `[lead, b − a, cols]`
+/// f32: one seek and one read per leading index, never the whole file.
+pub fn read_npy_rows(path: &Path, h: &NpyHeader, (a, b): (usize, usize)) -> Result<Vec<f32>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let name = path.display().to_string();
+    let nd = h.shape.len();
+    if nd < 2 {
+        return Err(bad(&name, format!("shape {:?} has no token axis; give [N, d], [H, N, d] or [B, H, N, d]", h.shape)));
+    }
+    if h.fortran {
+        return Err(bad(&name, "Fortran order: a rank's tokens are not contiguous; save it with np.save(path, np.ascontiguousarray(x))"));
+    }
+    let (n, cols) = (h.shape[nd - 2], h.shape[nd - 1]);
+    if a > b || b > n {
+        return Err(bad(&name, format!("rows {a}..{b} are outside the {n} tokens")));
+    }
+    let lead: usize = h.shape[..nd - 2].iter().product();
+    let w = h.width();
+    let mut f = std::fs::File::open(path).map_err(|e| RaceError::io(path, e))?;
+    let mut bytes = vec![0u8; (b - a) * cols * w];
+    let mut out = Vec::with_capacity(lead * (b - a) * cols);
+    for i in 0..lead {
+        let at = h.offset + (i * n + a) * cols * w;
+        f.seek(SeekFrom::Start(at as u64))
+            .and_then(|_| f.read_exact(&mut bytes))
+            .map_err(|e| RaceError::io(path, e))?;
+        out.extend(bytes.chunks_exact(w).map(|c| h.value(c) as f32));
+    }
+    Ok(out)
+}
+
+/// Parse `.npy` bytes; `name` is used in error messages.
+pub fn parse_npy(bytes: &[u8], name: &str) -> Result<NpyArray> {
+    let h = parse_header(bytes, name)?;
+    let body = &bytes[h.offset..];
+    check_body(&h, body.len(), name)?;
+    let (dtype, fortran, shape, count, width) = (h.dtype, h.fortran, h.shape.clone(), h.count(), h.width());
     let mut data: Vec<f64> = Vec::with_capacity(count);
     for chunk in body.chunks_exact(width) {
-        let x = match (dtype, big_endian) {
-            (Dtype::F32, false) => f32::from_le_bytes(chunk.try_into().unwrap()) as f64,
-            (Dtype::F32, true) => f32::from_be_bytes(chunk.try_into().unwrap()) as f64,
-            (Dtype::F64, false) => f64::from_le_bytes(chunk.try_into().unwrap()),
-            (Dtype::F64, true) => f64::from_be_bytes(chunk.try_into().unwrap()),
-        };
-        data.push(x);
+        data.push(h.value(chunk));
     }
     if fortran && shape.len() > 1 {
         data = fortran_to_c(&data, &shape);

@@ -205,8 +205,96 @@ struct AttendArgs {
     /// buffers would exceed it is refused before anything is allocated.
     #[arg(long, value_parser = parse_memory)]
     max_memory: Option<u64>,
+    /// Sequence-parallel over MPI (start with `mpirun -np R`; soft RACE on the CPU kernels,
+    /// needs a build with `--features mpi`): each rank reads and computes its slice of the
+    /// token axis; rank 0 writes --out.
+    #[arg(long)]
+    distributed: bool,
+    /// With --distributed: each rank writes its slice to DIR/o.rank-NNNNN.npy (rank 0 also
+    /// DIR/shards.json) instead of rank 0 writing --out.
+    #[arg(long)]
+    out_shards: Option<PathBuf>,
     #[command(flatten)]
     common: Common,
+}
+
+/// `attend --distributed`: checks what this build and the arguments allow, then runs the job
+/// on MPI's world ([`racelab::distributed::job`]).
+fn run_attend_distributed(a: AttendArgs) -> Result<()> {
+    if a.method != Method::Soft || a.device != Device::Cpu && a.device != Device::Reference {
+        anyhow::bail!("invalid parameter `distributed`: it runs soft RACE on the CPU kernels; use --method soft --device cpu");
+    }
+    if a.device == Device::Reference {
+        anyhow::bail!("invalid parameter `device`: --distributed runs the f32 CPU kernels on every rank; add --device cpu");
+    }
+    let dtype = match a.dtype.as_deref() {
+        None => None,
+        Some("f32") => Some(Dtype::F32),
+        Some("f64") => Some(Dtype::F64),
+        Some(other) => anyhow::bail!("invalid parameter `dtype`: `{other}`; use f32 or f64"),
+    };
+    let job = racelab::distributed::job::AttendJob {
+        q: a.q,
+        k: a.k,
+        v: a.v,
+        params: racelab::RaceParams {
+            p: a.p,
+            l: a.l,
+            beta: a.beta,
+            combine: a.combine,
+            causal: a.causal,
+            seed: a.common.seed,
+        },
+        planes: a.planes,
+        out: a.common.out,
+        out_shards: a.out_shards,
+        dtype,
+    };
+    mpi_run(a.common.json, |comm| racelab::distributed::job::attend(comm, &job))
+}
+
+/// Run `job` on MPI's world and print rank 0's report. An error every rank has (decided by a
+/// collective) is printed by each rank, which then exits with code 2; an error of one rank
+/// is printed and ends the job with `MPI_Abort`.
+#[cfg(feature = "mpi")]
+fn mpi_run<R: serde::Serialize + std::fmt::Display>(
+    json: bool,
+    job: impl FnOnce(
+        &racelab::distributed::mpi::MpiComm,
+    ) -> std::result::Result<Option<R>, racelab::distributed::job::JobError>,
+) -> Result<()> {
+    use racelab::distributed::Comm;
+    let comm = racelab::distributed::mpi::MpiComm::init()
+        .context("MPI could not be initialised with serialized threads (or was already)")?;
+    let (rank, size) = (comm.rank(), comm.size());
+    match job(&comm) {
+        Ok(Some(report)) => {
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                println!("{report}");
+            }
+            Ok(())
+        }
+        Ok(None) => Ok(()),
+        Err(e) if e.every_rank => {
+            eprintln!("error (rank {rank} of {size}): {}", e.error);
+            drop(comm);
+            std::process::exit(2)
+        }
+        Err(e) => {
+            eprintln!("error (rank {rank} of {size}, ending the job with MPI_Abort): {}", e.error);
+            comm.abort(2)
+        }
+    }
+}
+
+#[cfg(not(feature = "mpi"))]
+fn mpi_run<R>(
+    _json: bool,
+    _job: impl FnOnce(&racelab::distributed::Solo) -> R,
+) -> Result<()> {
+    anyhow::bail!("this racelab was built without MPI: build it with `cargo build --release --features mpi` (needs an MPI library; Debian: libopenmpi-dev openmpi-bin libclang-dev) and start it with mpirun")
 }
 
 fn parse_memory(s: &str) -> std::result::Result<u64, String> {
@@ -265,6 +353,12 @@ fn main() {
 }
 
 fn run_attend(a: AttendArgs) -> Result<()> {
+    if a.distributed {
+        return run_attend_distributed(a);
+    }
+    if a.out_shards.is_some() {
+        anyhow::bail!("invalid parameter `out-shards`: it writes the slices of a distributed run; add --distributed (under mpirun) or use --out");
+    }
     let (method, combine) = (a.method, a.combine);
     let q = read_npy(&a.q)?;
     let k = read_npy(&a.k)?;

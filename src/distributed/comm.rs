@@ -30,6 +30,40 @@ pub trait Comm {
     fn transport(&self) -> String;
 }
 
+/// A borrowed group is the group.
+impl<T: Comm + ?Sized> Comm for &T {
+    fn rank(&self) -> usize {
+        (**self).rank()
+    }
+    fn size(&self) -> usize {
+        (**self).size()
+    }
+    fn exscan_sum(&self, x: &mut [f64]) {
+        (**self).exscan_sum(x)
+    }
+    fn exscan_sum_rev(&self, x: &mut [f64]) {
+        (**self).exscan_sum_rev(x)
+    }
+    fn all_sum(&self, x: &mut [f64]) {
+        (**self).all_sum(x)
+    }
+    fn all_max(&self, x: &mut [u64]) {
+        (**self).all_max(x)
+    }
+    fn barrier(&self) {
+        (**self).barrier()
+    }
+    fn gather_to_root(&self, x: &[f32]) -> Option<Vec<Vec<f32>>> {
+        (**self).gather_to_root(x)
+    }
+    fn abort(&self, code: i32) -> ! {
+        (**self).abort(code)
+    }
+    fn transport(&self) -> String {
+        (**self).transport()
+    }
+}
+
 /// One process: every collective is the identity on one rank.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Solo;

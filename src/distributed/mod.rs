@@ -45,6 +45,7 @@
 //! every build) and, with the `mpi` cargo feature, [`mpi::MpiComm`].
 
 pub mod comm;
+pub mod job;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 
