@@ -361,24 +361,8 @@ impl<C: Comm> Distributed<C> {
         if causal {
             // Σ_{i ∈ slice} φ(q_i) ĝ_iᵀ per head, then the suffix scan.
             let mut after: Vec<Vec<f64>> = if q.n > 0 {
-                let s_all: Vec<f32> = g
-                    .data
-                    .par_chunks(g.cols)
-                    .zip(x.o.data.par_chunks(g.cols))
-                    .map(|(a, b)| a.iter().zip(b).map(|(x, y)| x * y).sum())
-                    .collect();
                 let (uq, _) = ctx.saved_u(&q, &k, lp);
-                let rows = soft::causal_backward::QueryRows {
-                    q,
-                    uq,
-                    g,
-                    den: &ctx.den,
-                    s_all: &s_all,
-                };
-                (0..heads)
-                    .into_par_iter()
-                    .map(|h| soft::causal_backward::query_total(map, isa, &rows, h, (0, q.n)))
-                    .collect()
+                soft::causal_backward::query_totals(map, isa, q, uq, g, x.o, &ctx.den)
             } else {
                 vec![vec![0.0; mw]; heads]
             };

@@ -124,7 +124,7 @@ pub(crate) fn suffix_totals(
 /// What [`query_total`] reads: the queries (and their saved `u`, or empty), `G`, the saved
 /// denominators and `s_i = g_i·ô_i`, all `[heads, n, ·]`.
 #[derive(Clone, Copy)]
-pub(crate) struct QueryRows<'a> {
+struct QueryRows<'a> {
     pub q: Heads<'a>,
     pub uq: &'a [f32],
     pub g: Heads<'a>,
@@ -133,7 +133,7 @@ pub(crate) struct QueryRows<'a> {
 }
 
 /// `[dB | dA] = Σ_i φ(q_i) ĝ_iᵀ` over the tokens `start..end` of head `h` (f64).
-pub(crate) fn query_total(
+fn query_total(
     map: &SoftMap,
     isa: Isa,
     x: &QueryRows,
@@ -168,6 +168,38 @@ pub(crate) fn query_total(
         a = b;
     }
     d64
+}
+
+/// Per head, `[dB | dA] = Σ_i φ(q_i) ĝ_iᵀ` over all of `q`'s tokens, with `s_i = g_i·ô_i`
+/// from the forward's output `o` and its saved denominators `den` (and `u` of the queries,
+/// or empty): the state a causal pass over an earlier slice of the token axis needs from
+/// this one ([`causal_backward_from`]).
+pub fn query_totals(
+    map: &SoftMap,
+    isa: Isa,
+    q: Heads,
+    uq: &[f32],
+    g: Heads,
+    o: Heads,
+    den: &[f32],
+) -> Vec<Vec<f64>> {
+    let s_all: Vec<f32> = g
+        .data
+        .par_chunks(g.cols.max(1))
+        .zip(o.data.par_chunks(o.cols.max(1)))
+        .map(|(a, b)| a.iter().zip(b).map(|(x, y)| x * y).sum())
+        .collect();
+    let rows = QueryRows {
+        q,
+        uq,
+        g,
+        den,
+        s_all: &s_all,
+    };
+    (0..q.heads)
+        .into_par_iter()
+        .map(|h| query_total(map, isa, &rows, h, (0, q.n)))
+        .collect()
 }
 
 /// A keys' sub-block: `∂ℓ/∂V = Φ_K dS_B + T G` into `x` (`T`: the sub-block's
