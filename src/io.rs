@@ -207,14 +207,23 @@ pub fn read_npy_rows(path: &Path, h: &NpyHeader, (a, b): (usize, usize)) -> Resu
     let name = path.display().to_string();
     let nd = h.shape.len();
     if nd < 2 {
-        return Err(bad(&name, format!("shape {:?} has no token axis; give [N, d], [H, N, d] or [B, H, N, d]", h.shape)));
+        return Err(bad(
+            &name,
+            format!(
+                "shape {:?} has no token axis; give [N, d], [H, N, d] or [B, H, N, d]",
+                h.shape
+            ),
+        ));
     }
     if h.fortran {
         return Err(bad(&name, "Fortran order: a rank's tokens are not contiguous; save it with np.save(path, np.ascontiguousarray(x))"));
     }
     let (n, cols) = (h.shape[nd - 2], h.shape[nd - 1]);
     if a > b || b > n {
-        return Err(bad(&name, format!("rows {a}..{b} are outside the {n} tokens")));
+        return Err(bad(
+            &name,
+            format!("rows {a}..{b} are outside the {n} tokens"),
+        ));
     }
     let lead: usize = h.shape[..nd - 2].iter().product();
     let w = h.width();
@@ -236,7 +245,8 @@ pub fn parse_npy(bytes: &[u8], name: &str) -> Result<NpyArray> {
     let h = parse_header(bytes, name)?;
     let body = &bytes[h.offset..];
     check_body(&h, body.len(), name)?;
-    let (dtype, fortran, shape, count, width) = (h.dtype, h.fortran, h.shape.clone(), h.count(), h.width());
+    let (dtype, fortran, shape, count, width) =
+        (h.dtype, h.fortran, h.shape.clone(), h.count(), h.width());
     let mut data: Vec<f64> = Vec::with_capacity(count);
     for chunk in body.chunks_exact(width) {
         data.push(h.value(chunk));

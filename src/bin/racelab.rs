@@ -148,6 +148,17 @@ struct BenchArgs {
     /// Streaming scale mode: forward+backward on inputs generated chunk by chunk.
     #[arg(long)]
     stream: bool,
+    /// Sequence-parallel over MPI (start with `mpirun -np R`; needs a build with
+    /// `--features mpi`): forward+backward timed with the collectives' share and bytes per
+    /// layer (with --stream: each rank streams its slice).
+    #[arg(long)]
+    distributed: bool,
+    /// With --distributed: --n is tokens per rank (weak scaling) instead of in all.
+    #[arg(long)]
+    weak: bool,
+    /// With --distributed: compare with the single-process kernels on rank 0 (small N).
+    #[arg(long)]
+    check: bool,
     #[command(flatten)]
     common: Common,
 }
@@ -250,30 +261,107 @@ fn run_attend_distributed(a: AttendArgs) -> Result<()> {
         out_shards: a.out_shards,
         dtype,
     };
-    mpi_run(a.common.json, |comm| racelab::distributed::job::attend(comm, &job))
+    let json = a.common.json;
+    mpi_run(|comm| {
+        let report = racelab::distributed::job::attend(comm, &job)?;
+        Ok(report.map(|r| {
+            if json {
+                serde_json::to_string(&r).unwrap_or_default()
+            } else {
+                r.to_string()
+            }
+        }))
+    })
+}
+
+/// `bench --distributed`: the in-memory timing ([`racelab::distributed::bench`]) or, with
+/// --stream, the streaming run over ranks; rank 0 prints the row.
+fn run_bench_distributed(a: BenchArgs, (p, l): (usize, usize)) -> Result<()> {
+    use racelab::distributed::job::JobError;
+    let spec = racelab::distributed::bench::Spec {
+        n: a.n
+            .first()
+            .copied()
+            .unwrap_or(if a.stream { 1_000_000_000 } else { 1 << 18 }),
+        weak: a.weak,
+        heads: a.heads,
+        d: a.d,
+        p,
+        l,
+        beta: a.beta,
+        seed: a.common.seed,
+        causal: a.causal,
+        runs: a.runs,
+        check: a.check,
+    };
+    if a.stream && (a.weak || a.check) {
+        anyhow::bail!(
+            "invalid parameter `stream`: the streaming run takes neither --weak nor --check"
+        );
+    }
+    let (out, json) = (a.common.out.clone(), a.common.json);
+    mpi_run(|comm| {
+        use racelab::distributed::Comm;
+        let rank = comm.rank();
+        let (line, text) = if a.stream {
+            let show = |m: &str| {
+                if rank == 0 {
+                    progress(m)
+                }
+            };
+            let (n, h, d, beta) = (spec.n, spec.heads, spec.d, spec.beta as f32);
+            let rep = racelab::cpu::stream::run_on(
+                comm,
+                n,
+                h,
+                d,
+                p,
+                l,
+                beta,
+                spec.seed,
+                spec.causal,
+                &show,
+            )?;
+            (serde_json::to_string(&rep).unwrap_or_default(), format!(
+                "streaming {}forward+backward over {} ({}): N = {}, {} heads, d = {}, (P,L) = ({p},{l}): {:.1} s ({:.1}% in collectives), {:.3e} tokens/s, peak RSS per rank {:?} MiB",
+                if rep.causal { "causal " } else { "" }, rep.ranks, rep.transport, rep.n, rep.heads, rep.d, rep.seconds,
+                100.0 * rep.collective_seconds / rep.seconds, rep.tokens_per_s,
+                rep.peak_rss_bytes_per_rank.iter().map(|b| b >> 20).collect::<Vec<_>>()
+            ))
+        } else {
+            let row = racelab::distributed::bench::run(comm, &spec)?;
+            (
+                serde_json::to_string(&row).unwrap_or_default(),
+                row.to_string(),
+            )
+        };
+        if rank != 0 {
+            return Ok(None);
+        }
+        if let Some(path) = &out {
+            std::fs::write(path, format!("{line}\n"))
+                .map_err(|e| JobError::from(racelab::RaceError::io(path, e)))?;
+        }
+        Ok(Some(if json { line } else { text }))
+    })
 }
 
 /// Run `job` on MPI's world and print rank 0's report. An error every rank has (decided by a
 /// collective) is printed by each rank, which then exits with code 2; an error of one rank
 /// is printed and ends the job with `MPI_Abort`.
 #[cfg(feature = "mpi")]
-fn mpi_run<R: serde::Serialize + std::fmt::Display>(
-    json: bool,
+fn mpi_run(
     job: impl FnOnce(
         &racelab::distributed::mpi::MpiComm,
-    ) -> std::result::Result<Option<R>, racelab::distributed::job::JobError>,
+    ) -> std::result::Result<Option<String>, racelab::distributed::job::JobError>,
 ) -> Result<()> {
     use racelab::distributed::Comm;
     let comm = racelab::distributed::mpi::MpiComm::init()
         .context("MPI could not be initialised with serialized threads (or was already)")?;
     let (rank, size) = (comm.rank(), comm.size());
     match job(&comm) {
-        Ok(Some(report)) => {
-            if json {
-                println!("{}", serde_json::to_string(&report)?);
-            } else {
-                println!("{report}");
-            }
+        Ok(Some(text)) => {
+            println!("{text}");
             Ok(())
         }
         Ok(None) => Ok(()),
@@ -283,16 +371,20 @@ fn mpi_run<R: serde::Serialize + std::fmt::Display>(
             std::process::exit(2)
         }
         Err(e) => {
-            eprintln!("error (rank {rank} of {size}, ending the job with MPI_Abort): {}", e.error);
+            eprintln!(
+                "error (rank {rank} of {size}, ending the job with MPI_Abort): {}",
+                e.error
+            );
             comm.abort(2)
         }
     }
 }
 
 #[cfg(not(feature = "mpi"))]
-fn mpi_run<R>(
-    _json: bool,
-    _job: impl FnOnce(&racelab::distributed::Solo) -> R,
+fn mpi_run(
+    _job: impl FnOnce(
+        &racelab::distributed::Solo,
+    ) -> std::result::Result<Option<String>, racelab::distributed::job::JobError>,
 ) -> Result<()> {
     anyhow::bail!("this racelab was built without MPI: build it with `cargo build --release --features mpi` (needs an MPI library; Debian: libopenmpi-dev openmpi-bin libclang-dev) and start it with mpirun")
 }
@@ -619,6 +711,12 @@ fn run_bench(a: BenchArgs) -> Result<()> {
             }
         }
         return Ok(());
+    }
+    if a.distributed {
+        return run_bench_distributed(a, pl[0]);
+    }
+    if a.weak || a.check {
+        anyhow::bail!("invalid parameter `weak`/`check`: they apply to `bench --distributed`; add --distributed (under mpirun)");
     }
     if a.stream {
         let n = a.n.first().copied().unwrap_or(100_000_000);

@@ -20,8 +20,8 @@
 //! 10^8–10^9 tokens.
 
 use super::soft::{
-    causal_backward::query_totals, causal_backward_from, causal_forward_from, key_banks,
-    key_grads, query_grads, read_into, Boundary,
+    causal_backward::query_totals, causal_backward_from, causal_forward_from, key_banks, key_grads,
+    query_grads, read_into, Boundary,
 };
 use super::state::plan_segments;
 use super::{Ctx, SoftMap};
@@ -402,7 +402,11 @@ fn causal_stream(
         r.gen(&mut c, (a, b), true);
         add_banks(&mut running, &r.key_totals(&c, len), -1.0);
         let (o, _, ctx) = r.causal_forward(&c, len, &running);
-        let (mut dq, mut dk, mut dvv) = (vec![0.0f32; heads * len * d], vec![0.0f32; heads * len * d], vec![0.0f32; heads * len * d]);
+        let (mut dq, mut dk, mut dvv) = (
+            vec![0.0f32; heads * len * d],
+            vec![0.0f32; heads * len * d],
+            vec![0.0f32; heads * len * d],
+        );
         let [q, k, v, g, oh] = [&c.q, &c.k, &c.v, &c.g, &o].map(|x| r.heads(x, len));
         let grads = GradsMut {
             dq: &mut dq,
@@ -422,7 +426,8 @@ mod tests {
     use super::*;
     use crate::backend::{BackwardInputs, GradsMut};
 
-    const SHAPE: (usize, usize, usize, usize, usize, f32, u64) = (2 * CHUNK + 1234, 2, 16, 2, 2, 4.0, 11);
+    const SHAPE: (usize, usize, usize, usize, usize, f32, u64) =
+        (2 * CHUNK + 1234, 2, 16, 2, 2, 4.0, 11);
 
     /// Checksum of o, dq, dk, dv and ∂ℓ/∂β from the in-memory kernels on the generated
     /// tensors, and the scale Σ|x| it is compared at.
@@ -494,7 +499,11 @@ mod tests {
             let ranks: Vec<StreamReport> = std::thread::scope(|s| {
                 let hs: Vec<_> = crate::distributed::thread_group(3)
                     .into_iter()
-                    .map(|c| s.spawn(move || run_on(&c, n, heads, d, p, l, beta, seed, causal, &|_| {}).unwrap()))
+                    .map(|c| {
+                        s.spawn(move || {
+                            run_on(&c, n, heads, d, p, l, beta, seed, causal, &|_| {}).unwrap()
+                        })
+                    })
                     .collect();
                 hs.into_iter().map(|h| h.join().unwrap()).collect()
             });

@@ -73,17 +73,12 @@ pub struct JobError {
     pub every_rank: bool,
 }
 
-fn local(error: RaceError) -> JobError {
-    JobError {
-        error,
-        every_rank: false,
-    }
-}
-
-fn shared(error: RaceError) -> JobError {
-    JobError {
-        error,
-        every_rank: true,
+impl From<RaceError> for JobError {
+    /// A [`RaceError::Distributed`] comes from a collective ([`Distributed::agree`], the
+    /// status reduction): every rank has it. Any other error is this rank's alone.
+    fn from(error: RaceError) -> Self {
+        let every_rank = matches!(error, RaceError::Distributed(_));
+        JobError { error, every_rank }
     }
 }
 
@@ -209,12 +204,12 @@ pub fn attend<C: Comm + Send + Sync>(
     let status = status.and_then(|_| crate::backend::check(&params, &x.planes, &q, &k, &v, None));
     let layout: Layout = dist
         .agree(&params, &x.planes, &q, &k, &v, None, status)
-        .map_err(shared)?;
+        .map_err(JobError::from)?;
     dist.comm.barrier();
     let t = Instant::now();
     let f = dist
         .forward(&params, &x.planes, q, k, v)
-        .map_err(shared)?;
+        .map_err(JobError::from)?;
     let seconds = t.elapsed().as_secs_f64();
     let traffic = dist.take_traffic();
     let mut o_shape = x.q_shape.clone();
@@ -222,28 +217,28 @@ pub fn attend<C: Comm + Send + Sync>(
     o_shape[nd - 1] = x.dv;
     let data64 = |o: &[f32]| o.iter().map(|&y| y as f64).collect::<Vec<f64>>();
     let out = if let Some(dir) = &job.out_shards {
-        std::fs::create_dir_all(dir).map_err(|e| local(RaceError::io(dir, e)))?;
+        std::fs::create_dir_all(dir).map_err(|e| JobError::from(RaceError::io(dir, e)))?;
         let mut shape = o_shape.clone();
         shape[nd - 2] = nq;
         let path = dir.join(shard_name(rank));
-        write_npy(&path, &shape, &data64(&f.o), x.dtype).map_err(local)?;
+        write_npy(&path, &shape, &data64(&f.o), x.dtype).map_err(JobError::from)?;
         if rank == 0 {
-            write_manifest(dir, &o_shape, &layout).map_err(local)?;
+            write_manifest(dir, &o_shape, &layout).map_err(JobError::from)?;
         }
         dir.display().to_string()
     } else {
         let path = job.out.as_ref().ok_or_else(|| {
-            local(RaceError::param(
+            JobError::from(RaceError::param(
                 "out",
                 "--out O.npy (written by rank 0) or --out-shards DIR is required",
             ))
         })?;
         if f.o.len() > i32::MAX as usize {
-            return Err(local(RaceError::param("out", format!("rank {rank}'s output has {} values, more than one MPI message holds; use --out-shards DIR", f.o.len()))));
+            return Err(JobError::from(RaceError::param("out", format!("rank {rank}'s output has {} values, more than one MPI message holds; use --out-shards DIR", f.o.len()))));
         }
         if let Some(parts) = dist.comm.gather_to_root(&f.o) {
             let o = assemble(&parts, &layout.q_rows, x.lead, x.dv);
-            write_npy(path, &o_shape, &data64(&o), x.dtype).map_err(local)?;
+            write_npy(path, &o_shape, &data64(&o), x.dtype).map_err(JobError::from)?;
         }
         path.display().to_string()
     };

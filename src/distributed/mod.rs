@@ -44,6 +44,7 @@
 //! Transports ([`comm`]): [`Solo`], [`ThreadComm`] (ranks as threads: the algorithm is tested in
 //! every build) and, with the `mpi` cargo feature, [`mpi::MpiComm`].
 
+pub mod bench;
 pub mod comm;
 pub mod job;
 #[cfg(feature = "mpi")]

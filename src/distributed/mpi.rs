@@ -44,7 +44,7 @@ impl MpiComm {
         let key = (size - 1 - rank) as i32;
         let reversed = world.split_by_color_with_key(Color::with_value(0), key)?;
         let version = mpi::environment::library_version()
-            .map(|v| v.lines().next().unwrap_or("").trim().to_string())
+            .map(|v| v.split([',', '\n']).next().unwrap_or("").trim().to_string())
             .unwrap_or_else(|_| "MPI".into());
         Some(MpiComm {
             inner: Mutex::new(Inner {

@@ -1,0 +1,260 @@
+//! `racelab bench --distributed`: forward+backward of the distributed operator on generated
+//! inputs (each rank generates only its slice, from the counter-based generator at the
+//! tokens' global positions, so every rank count sees the same tensors), timed per rank count,
+//! with the collectives' share and the bytes per layer; `--check` compares the result with
+//! the single-process kernels on rank 0.
+
+use super::{slice_of, Comm, Distributed, Traffic};
+use crate::backend::{Heads, PlanesF32, RaceParams, SoftRace};
+use crate::cpu::stream::gen_chunk;
+use crate::error::{RaceError, Result};
+use crate::hashing::Planes;
+use crate::params::Combine;
+use serde::Serialize;
+use std::time::Instant;
+
+/// What to time.
+#[derive(Debug, Clone, Copy)]
+pub struct Spec {
+    /// Tokens in the whole sequence, or per rank with `weak`.
+    pub n: usize,
+    pub weak: bool,
+    pub heads: usize,
+    pub d: usize,
+    pub p: usize,
+    pub l: usize,
+    pub beta: f64,
+    pub seed: u64,
+    pub causal: bool,
+    pub runs: usize,
+    pub check: bool,
+}
+
+/// One timed rank count.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub ranks: usize,
+    pub transport: String,
+    /// Rayon threads per rank.
+    pub threads_per_rank: usize,
+    pub n: usize,
+    pub weak: bool,
+    pub heads: usize,
+    pub d: usize,
+    pub p: usize,
+    pub l: usize,
+    pub beta: f64,
+    pub causal: bool,
+    pub runs: usize,
+    /// Median over runs of the slowest rank's forward+backward seconds.
+    pub seconds: f64,
+    /// Median over runs of the slowest rank's seconds inside collectives (waiting included).
+    pub collective_seconds: f64,
+    pub collective_share: f64,
+    /// Collectives per forward+backward and the bytes one rank contributes to them.
+    pub collectives_per_layer: u64,
+    pub bytes_per_layer: u64,
+    pub tokens_per_s: f64,
+    /// The largest peak RSS over ranks.
+    pub peak_rss_bytes: u64,
+    /// With `--check`: forward, dq, dk, dv (largest error over the largest entry) and dβ
+    /// (relative) against the single-process kernels.
+    pub check: Option<[f64; 5]>,
+    pub seed: u64,
+    pub provenance: crate::provenance::Provenance,
+}
+
+impl std::fmt::Display for Row {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}forward+backward, {} ranks × {} threads ({}), N = {}{}, {} heads, d = {}, (P,L) = ({},{}): {:.4} s, {:.1}% in {} collectives, {} bytes per rank per layer, {:.3e} tokens/s",
+            if self.causal { "causal " } else { "" },
+            self.ranks,
+            self.threads_per_rank,
+            self.transport,
+            self.n,
+            if self.weak { " (weak scaling)" } else { "" },
+            self.heads,
+            self.d,
+            self.p,
+            self.l,
+            self.seconds,
+            100.0 * self.collective_share,
+            self.collectives_per_layer,
+            self.bytes_per_layer,
+            self.tokens_per_s
+        )?;
+        if let Some(c) = self.check {
+            write!(
+                f,
+                "; against one process: forward {:.2e}, dq {:.2e}, dk {:.2e}, dv {:.2e}, dbeta {:.2e}",
+                c[0], c[1], c[2], c[3], c[4]
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// `[heads, b − a, cols]` rows `a..b` of the generated `[heads, n, cols]` tensor `seed`.
+fn generate(seed: u64, heads: usize, n: usize, (a, b): (usize, usize), cols: usize) -> Vec<f32> {
+    let mut buf = Vec::new();
+    gen_chunk(&mut buf, seed, heads, n, a, b - a, cols);
+    buf
+}
+
+/// Largest |a − b| over the largest |b|.
+fn rel(a: &[f32], b: &[f32]) -> f64 {
+    let scale = b.iter().fold(0.0f64, |m, &x| m.max(x.abs() as f64));
+    let err = a
+        .iter()
+        .zip(b)
+        .fold(0.0f64, |m, (&x, &y)| m.max((x as f64 - y as f64).abs()));
+    if a.iter().all(|x| x.is_finite()) {
+        err / scale.max(1e-300)
+    } else {
+        f64::INFINITY
+    }
+}
+
+/// The median of `x`.
+fn median(mut x: Vec<f64>) -> f64 {
+    x.sort_by(f64::total_cmp);
+    x[x.len() / 2]
+}
+
+/// The largest value of `x` over ranks (one all-reduce).
+fn max_over_ranks(comm: &impl Comm, x: &[f64]) -> Vec<f64> {
+    let mut b: Vec<u64> = x.iter().map(|v| v.to_bits()).collect();
+    comm.all_max(&mut b);
+    b.into_iter().map(f64::from_bits).collect()
+}
+
+/// Time forward+backward over `comm`'s ranks; every rank returns the row.
+pub fn run<C: Comm + Send + Sync>(comm: C, s: &Spec) -> Result<Row> {
+    let (size, rank) = (comm.size(), comm.rank());
+    if s.n == 0 || s.heads == 0 || s.d == 0 || s.runs == 0 {
+        return Err(RaceError::param(
+            "n",
+            "--n, --heads, --d and --runs must be at least 1",
+        ));
+    }
+    let n = if s.weak { s.n * size } else { s.n };
+    let (h, d) = (s.heads, s.d);
+    if s.check && n * h * d > 1 << 24 {
+        return Err(RaceError::param(
+            "check",
+            format!("--check computes the whole sequence on rank 0 too; {n} tokens × {h} heads × d = {d} is more than 2^24 values: use a smaller --n"),
+        ));
+    }
+    let params = RaceParams {
+        p: s.p,
+        l: s.l,
+        beta: s.beta,
+        combine: Combine::Paper,
+        causal: s.causal,
+        seed: s.seed,
+    };
+    let planes = PlanesF32::from_planes(&Planes::gaussian(s.l, s.p, d, s.seed)?);
+    let range = slice_of(n, size, rank);
+    let nr = range.1 - range.0;
+    let gen = |i: u64| generate(s.seed + i, h, n, range, d);
+    let (q, k, v, g) = (gen(0), gen(1), gen(2), gen(3));
+    let [qh, kh, vh, gh] = [&q, &k, &v, &g].map(|x| Heads::new(h, nr, d, x));
+    let local = crate::backend::check(&params, &planes, &qh, &kh, &vh, Some(&gh));
+    let dist = Distributed::trusting(comm);
+    dist.agree(&params, &planes, &qh, &kh, &vh, Some(&gh), local)?;
+    dist.take_traffic();
+    crate::provenance::reset_peak_rss();
+    // One untimed run (page faults, caches), then the timed ones.
+    let mut last = dist.forward_backward(&params, &planes, qh, kh, vh, gh)?;
+    let mut per_layer = Traffic::default();
+    let (mut secs, mut colls) = (Vec::new(), Vec::new());
+    for i in 0..s.runs {
+        dist.take_traffic();
+        dist.comm.barrier();
+        let t = Instant::now();
+        last = dist.forward_backward(&params, &planes, qh, kh, vh, gh)?;
+        let sec = t.elapsed().as_secs_f64();
+        let tr = dist.take_traffic();
+        if i == 0 {
+            per_layer = tr;
+        }
+        let m = max_over_ranks(&dist.comm, &[sec, tr.seconds]);
+        secs.push(m[0]);
+        colls.push(m[1]);
+    }
+    let peak = max_over_ranks(&dist.comm, &[crate::provenance::peak_rss_bytes() as f64])[0];
+    let check = if s.check {
+        check_against_one_process(&dist.comm, &params, &planes, s, n, &last)?
+    } else {
+        None
+    };
+    let (seconds, collective_seconds) = (median(secs), median(colls));
+    Ok(Row {
+        ranks: size,
+        transport: dist.comm.transport(),
+        threads_per_rank: rayon::current_num_threads(),
+        n,
+        weak: s.weak,
+        heads: h,
+        d,
+        p: s.p,
+        l: s.l,
+        beta: s.beta,
+        causal: s.causal,
+        runs: s.runs,
+        seconds,
+        collective_seconds,
+        collective_share: collective_seconds / seconds.max(1e-12),
+        collectives_per_layer: per_layer.collectives,
+        bytes_per_layer: per_layer.bytes,
+        tokens_per_s: n as f64 / seconds,
+        peak_rss_bytes: peak as u64,
+        check,
+        seed: s.seed,
+        provenance: crate::provenance::Provenance::collect(),
+    })
+}
+
+/// Gather the ranks' results on rank 0 and compare them with the single-process kernels on
+/// the whole generated sequence; every rank returns rank 0's errors.
+fn check_against_one_process<C: Comm>(
+    comm: &C,
+    params: &RaceParams,
+    planes: &PlanesF32,
+    s: &Spec,
+    n: usize,
+    (f, gr): &(crate::backend::Forward, crate::backend::SoftGrads),
+) -> Result<Option<[f64; 5]>> {
+    let (size, h, d) = (comm.size(), s.heads, s.d);
+    let rows: Vec<usize> = (0..size)
+        .map(|r| {
+            let (a, b) = slice_of(n, size, r);
+            b - a
+        })
+        .collect();
+    let gathered: Vec<Option<Vec<Vec<f32>>>> = [&f.o, &gr.dq, &gr.dk, &gr.dv]
+        .iter()
+        .map(|x| comm.gather_to_root(x))
+        .collect();
+    let mut errs = [0.0f64; 5];
+    if comm.rank() == 0 {
+        let whole = |i: u64| generate(s.seed + i, h, n, (0, n), d);
+        let (q, k, v, g) = (whole(0), whole(1), whole(2), whole(3));
+        let [qw, kw, vw, gw] = [&q, &k, &v, &g].map(|x| Heads::new(h, n, d, x));
+        let (wf, wg) =
+            crate::cpu::CpuRace::detected().forward_backward(params, planes, qw, kw, vw, gw)?;
+        for (i, (parts, want)) in gathered
+            .iter()
+            .zip([&wf.o, &wg.dq, &wg.dk, &wg.dv])
+            .enumerate()
+        {
+            let got = super::job::assemble(parts.as_ref().expect("rank 0 gathers"), &rows, h, d);
+            errs[i] = rel(&got, want);
+        }
+        errs[4] = (gr.dbeta - wg.dbeta).abs() / wg.dbeta.abs().max(1e-12);
+    }
+    let errs = max_over_ranks(comm, &errs);
+    Ok(Some([errs[0], errs[1], errs[2], errs[3], errs[4]]))
+}
