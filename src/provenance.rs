@@ -3,7 +3,7 @@
 use serde::Serialize;
 
 /// Provenance of one run.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Provenance {
     pub git_revision: String,
     pub git_dirty: bool,

@@ -12,6 +12,7 @@
 
 use racelab::backend::{Heads, PlanesF32, RaceParams, SoftGrads, SoftRace};
 use racelab::cpu::CpuRace;
+use racelab::distributed::job::assemble;
 use racelab::distributed::{slice_of, thread_group, Distributed};
 use racelab::hashing::Planes;
 use racelab::params::Combine;
@@ -83,17 +84,6 @@ fn rows(x: &[f32], heads: usize, n: usize, cols: usize, (a, b): (usize, usize)) 
         .collect()
 }
 
-/// The ranks' slices of `[heads, n_r, cols]` put back into `[heads, n, cols]`.
-fn join(parts: &[Vec<f32>], lens: &[usize], heads: usize, cols: usize) -> Vec<f32> {
-    let mut out = Vec::new();
-    for h in 0..heads {
-        for (p, &n) in parts.iter().zip(lens) {
-            out.extend_from_slice(&p[h * n * cols..(h + 1) * n * cols]);
-        }
-    }
-    out
-}
-
 /// One result per rank: forward+backward of its slice, or the error.
 type RankOut = Result<(Vec<f32>, SoftGrads)>;
 
@@ -159,10 +149,10 @@ fn joined(c: &Case, lens: &[usize], outs: Vec<RankOut>) -> [Vec<f32>; 4] {
         outs.iter().map(f).collect()
     };
     [
-        join(&pick(&|o| o.0.clone()), lens, c.heads, c.dv),
-        join(&pick(&|o| o.1.dq.clone()), lens, c.heads, c.d),
-        join(&pick(&|o| o.1.dk.clone()), lens, c.heads, c.d),
-        join(&pick(&|o| o.1.dv.clone()), lens, c.heads, c.dv),
+        assemble(&pick(&|o| o.0.clone()), lens, c.heads, c.dv),
+        assemble(&pick(&|o| o.1.dq.clone()), lens, c.heads, c.d),
+        assemble(&pick(&|o| o.1.dk.clone()), lens, c.heads, c.d),
+        assemble(&pick(&|o| o.1.dv.clone()), lens, c.heads, c.dv),
     ]
 }
 

@@ -43,6 +43,9 @@ enum Cmd {
     Reproduce(ReproduceArgs),
     /// Time the fast kernels against exact attention and the machine's measured limits.
     Bench(BenchArgs),
+    /// Sequence-parallel RACE: the measured scaling runs against the time model, and the
+    /// model's projection to a cluster (writes docs/bench/distributed*.csv and the figure).
+    DistributedModel(DistModelArgs),
     /// Fig. 3-style heatmaps: softmax, angular (gamma 1, 6, 10, 12), soft and hard S-hat.
     Fig3(Fig3Args),
     /// Soft-hash bias by exact quadrature vs kappa^P, over P and beta.
@@ -164,6 +167,27 @@ struct BenchArgs {
 }
 
 #[derive(Args)]
+struct DistModelArgs {
+    /// JSON rows of `bench --distributed` (experiments/distributed/scaling.sh writes them).
+    #[arg(long, default_value = "docs/bench/distributed.jsonl")]
+    runs: PathBuf,
+    /// Folder for bench/distributed.csv, bench/distributed-projection.csv and
+    /// figures/distributed-scaling.png.
+    #[arg(long, default_value = "docs")]
+    out: PathBuf,
+    /// Tokens of the projection.
+    #[arg(long, default_value_t = 1e12)]
+    tokens: f64,
+    /// Node counts of the projection.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1, 8, 64, 1024])]
+    nodes: Vec<usize>,
+    /// Also project for another kind of node: NAME=CAUSAL:SECONDS_PER_TOKEN, its measured
+    /// forward+backward seconds per token of the same shape (CAUSAL: true or false); repeat.
+    #[arg(long)]
+    node: Vec<String>,
+}
+
+#[derive(Args)]
 struct AttendArgs {
     #[arg(long)]
     q: PathBuf,
@@ -227,6 +251,75 @@ struct AttendArgs {
     out_shards: Option<PathBuf>,
     #[command(flatten)]
     common: Common,
+}
+
+fn run_distributed_model(a: DistModelArgs) -> Result<()> {
+    use racelab::distributed::{model::Interconnect, scaling};
+    let rows = scaling::read_rows(&a.runs)?;
+    let (bench, figs) = (a.out.join("bench"), a.out.join("figures"));
+    std::fs::create_dir_all(&bench)?;
+    std::fs::create_dir_all(&figs)?;
+    let net = Interconnect::IB_HDR;
+    let mut other = Vec::new();
+    for spec in &a.node {
+        let parsed = spec.split_once('=').and_then(|(name, rest)| {
+            let (causal, secs) = rest.split_once(':')?;
+            Some((
+                name.to_string(),
+                causal.parse::<bool>().ok()?,
+                secs.parse::<f64>().ok()?,
+            ))
+        });
+        match parsed {
+            Some((name, causal, secs)) if secs > 0.0 => other.push(scaling::Node { name, causal, seconds_per_token: secs }),
+            _ => anyhow::bail!("invalid parameter `node`: `{spec}`; give NAME=CAUSAL:SECONDS_PER_TOKEN, e.g. h200=false:1.37e-8"),
+        }
+    }
+    let rep = scaling::run(
+        &rows,
+        &figs.join("distributed-scaling"),
+        a.tokens,
+        &a.nodes,
+        &net,
+        &other,
+    )?;
+    scaling::write_csv(&bench.join("distributed.csv"), &rep.rows)?;
+    scaling::write_csv(&bench.join("distributed-projection.csv"), &rep.projections)?;
+    println!(
+        "{:>7} {:>6} {:>6} {:>8} {:>12} {:>10} {:>10} {:>9}",
+        "scaling", "causal", "ranks", "threads", "N", "measured", "model", "coll %"
+    );
+    for r in &rep.rows {
+        println!(
+            "{:>7} {:>6} {:>6} {:>8} {:>12} {:>10.3} {:>10.3} {:>9.2}",
+            r.scaling,
+            r.causal,
+            r.ranks,
+            r.threads_per_rank,
+            r.n,
+            r.seconds,
+            r.model_seconds,
+            100.0 * r.collective_share
+        );
+    }
+    println!("projection over {}:", net.name);
+    println!(
+        "{:>28} {:>6} {:>6} {:>12} {:>12} {:>12} {:>10}",
+        "node", "causal", "nodes", "tokens/node", "compute s", "comm s", "comm %"
+    );
+    for p in &rep.projections {
+        println!(
+            "{:>28} {:>6} {:>6} {:>12.3e} {:>12.1} {:>12.3e} {:>10.2e}",
+            p.node,
+            p.causal,
+            p.nodes,
+            p.tokens_per_node,
+            p.compute_seconds,
+            p.communication_seconds,
+            100.0 * p.communication_share
+        );
+    }
+    Ok(())
 }
 
 /// `attend --distributed`: checks what this build and the arguments allow, then runs the job
@@ -408,6 +501,7 @@ fn main() {
         Cmd::Attend(a) => run_attend(a),
         Cmd::Reproduce(a) => run_reproduce(a),
         Cmd::Bench(a) => run_bench(a),
+        Cmd::DistributedModel(a) => run_distributed_model(a),
         Cmd::Fig3(a) => {
             let user = match (&a.q, &a.k) {
                 (Some(q), Some(k)) => Some(registry::user_fig3_inputs(q, k)),

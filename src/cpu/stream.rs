@@ -375,8 +375,11 @@ fn causal_stream(
     let (mut checksum, mut flagged_rows, mut dbeta) = (0.0f64, 0usize, 0.0f64);
     // (1) The slice's key total; the state entering the slice.
     progress("stream: keys → the state entering each rank");
+    // (The last rank's total reaches no one, the scan being exclusive; nor do rank 0's
+    // queries' sums in (2): neither is computed.)
+    let (first, last) = (comm.rank() == 0, comm.rank() + 1 == comm.size());
     let mut total = r.zeros();
-    for &(a, b) in chunks {
+    for &(a, b) in chunks.iter().filter(|_| !last) {
         r.gen(&mut c, (a, b), false);
         add_banks(&mut total, &r.key_totals(&c, b - a), 1.0);
     }
@@ -391,7 +394,9 @@ fn causal_stream(
         let (o, flagged, ctx) = r.causal_forward(&c, len, &running);
         flagged_rows += flagged;
         checksum += checksum_of(&o);
-        add_banks(&mut after, &r.query_totals(&c, len, &o, &ctx), 1.0);
+        if !first {
+            add_banks(&mut after, &r.query_totals(&c, len, &o, &ctx), 1.0);
+        }
         add_banks(&mut running, &r.key_totals(&c, len), 1.0);
     }
     coll += reduce(comm, &mut after, |c, x| c.exscan_sum_rev(x));

@@ -5,7 +5,7 @@
 //! the single-process kernels on rank 0.
 
 use super::{slice_of, Comm, Distributed, Traffic};
-use crate::backend::{Heads, PlanesF32, RaceParams, SoftRace};
+use crate::backend::{GradsMut, Heads, PlanesF32, RaceParams, SoftRace};
 use crate::cpu::stream::gen_chunk;
 use crate::error::{RaceError, Result};
 use crate::hashing::Planes;
@@ -57,6 +57,10 @@ pub struct Row {
     pub tokens_per_s: f64,
     /// The largest peak RSS over ranks.
     pub peak_rss_bytes: u64,
+    /// With one rank: the single-process kernels' forward+backward through the same
+    /// contract ([`crate::cpu::CpuRace`]) on the same inputs, median seconds (what the
+    /// distributed path adds at one rank: its slice totals and collectives).
+    pub one_process_seconds: Option<f64>,
     /// With `--check`: forward, dq, dk, dv (largest error over the largest entry) and dβ
     /// (relative) against the single-process kernels.
     pub check: Option<[f64; 5]>,
@@ -166,25 +170,44 @@ pub fn run<C: Comm + Send + Sync>(comm: C, s: &Spec) -> Result<Row> {
     dist.agree(&params, &planes, &qh, &kh, &vh, Some(&gh), local)?;
     dist.take_traffic();
     crate::provenance::reset_peak_rss();
-    // One untimed run (page faults, caches), then the timed ones.
-    let mut last = dist.forward_backward(&params, &planes, qh, kh, vh, gh)?;
+    // Output and gradients allocated once and the context recycled, as a training loop
+    // would: the timing is the kernels' and the collectives', not the page faults'.
+    let (mut o, mut dq, mut dk, mut dv) = (
+        vec![0.0f32; h * nr * d],
+        vec![0.0f32; h * nr * d],
+        vec![0.0f32; h * nr * d],
+        vec![0.0f32; h * nr * d],
+    );
+    let mut ctx = crate::cpu::Ctx::default();
+    let mut dbeta = 0.0;
     let mut per_layer = Traffic::default();
     let (mut secs, mut colls) = (Vec::new(), Vec::new());
-    for i in 0..s.runs {
+    // One untimed run (first touch of the pages, caches), then the timed ones.
+    for i in 0..=s.runs {
         dist.take_traffic();
         dist.comm.barrier();
         let t = Instant::now();
-        last = dist.forward_backward(&params, &planes, qh, kh, vh, gh)?;
+        let grads = GradsMut {
+            dq: &mut dq,
+            dk: &mut dk,
+            dv: &mut dv,
+        };
+        let x = (qh, kh, vh, gh);
+        (dbeta, ctx) = dist.forward_backward_into(&params, &planes, x, &mut o, grads, ctx)?;
         let sec = t.elapsed().as_secs_f64();
         let tr = dist.take_traffic();
         if i == 0 {
             per_layer = tr;
+            continue;
         }
         let m = max_over_ranks(&dist.comm, &[sec, tr.seconds]);
         secs.push(m[0]);
         colls.push(m[1]);
     }
     let peak = max_over_ranks(&dist.comm, &[crate::provenance::peak_rss_bytes() as f64])[0];
+    let one_process_seconds =
+        (size == 1).then(|| one_process(&params, &planes, (qh, kh, vh, gh), s.runs));
+    let last = (o, dq, dk, dv, dbeta);
     let check = if s.check {
         check_against_one_process(&dist.comm, &params, &planes, s, n, &last)?
     } else {
@@ -211,10 +234,44 @@ pub fn run<C: Comm + Send + Sync>(comm: C, s: &Spec) -> Result<Row> {
         bytes_per_layer: per_layer.bytes,
         tokens_per_s: n as f64 / seconds,
         peak_rss_bytes: peak as u64,
+        one_process_seconds,
         check,
         seed: s.seed,
         provenance: crate::provenance::Provenance::collect(),
     })
+}
+
+/// Median seconds of the single-process kernels' forward+backward on the same inputs, with
+/// buffers and context reused as [`run`] does.
+fn one_process(
+    params: &RaceParams,
+    planes: &PlanesF32,
+    (q, k, v, g): (Heads, Heads, Heads, Heads),
+    runs: usize,
+) -> f64 {
+    let map = crate::cpu::SoftMap {
+        planes,
+        beta: params.beta as f32,
+    };
+    let isa = crate::cpu::detected_isa();
+    let (mut o, mut gr) = (
+        vec![0.0f32; q.heads * q.n * v.cols],
+        crate::backend::SoftGrads::zeros(q, k, v),
+    );
+    let mut ctx = crate::cpu::Ctx::default();
+    let mut t = Vec::new();
+    for i in 0..=runs {
+        let t0 = Instant::now();
+        let (_, c) = crate::cpu::soft_forward_into(&map, q, k, v, params.causal, isa, &mut o, ctx);
+        let oh = Heads::new(q.heads, q.n, v.cols, &o);
+        let x = crate::backend::BackwardInputs::new(q, k, v, oh, g);
+        crate::cpu::soft_backward_into(&map, &c, x, isa, gr.as_mut());
+        ctx = c;
+        if i > 0 {
+            t.push(t0.elapsed().as_secs_f64());
+        }
+    }
+    median(t)
 }
 
 /// Gather the ranks' results on rank 0 and compare them with the single-process kernels on
@@ -225,7 +282,7 @@ fn check_against_one_process<C: Comm>(
     planes: &PlanesF32,
     s: &Spec,
     n: usize,
-    (f, gr): &(crate::backend::Forward, crate::backend::SoftGrads),
+    (o, dq, dk, dv, dbeta): &(Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, f64),
 ) -> Result<Option<[f64; 5]>> {
     let (size, h, d) = (comm.size(), s.heads, s.d);
     let rows: Vec<usize> = (0..size)
@@ -234,7 +291,7 @@ fn check_against_one_process<C: Comm>(
             b - a
         })
         .collect();
-    let gathered: Vec<Option<Vec<Vec<f32>>>> = [&f.o, &gr.dq, &gr.dk, &gr.dv]
+    let gathered: Vec<Option<Vec<Vec<f32>>>> = [o, dq, dk, dv]
         .iter()
         .map(|x| comm.gather_to_root(x))
         .collect();
@@ -253,7 +310,7 @@ fn check_against_one_process<C: Comm>(
             let got = super::job::assemble(parts.as_ref().expect("rank 0 gathers"), &rows, h, d);
             errs[i] = rel(&got, want);
         }
-        errs[4] = (gr.dbeta - wg.dbeta).abs() / wg.dbeta.abs().max(1e-12);
+        errs[4] = (dbeta - wg.dbeta).abs() / wg.dbeta.abs().max(1e-12);
     }
     let errs = max_over_ranks(comm, &errs);
     Ok(Some([errs[0], errs[1], errs[2], errs[3], errs[4]]))

@@ -47,19 +47,21 @@
 pub mod bench;
 pub mod comm;
 pub mod job;
+pub mod model;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+pub mod scaling;
 
 pub use comm::{thread_group, Comm, Solo, ThreadComm};
 
 use crate::backend::{
-    BackwardInputs, Decode, Device, Forward, Heads, PlanesF32, RaceParams, SoftGrads, SoftRace,
+    BackwardInputs, Decode, Device, Forward, GradsMut, Heads, PlanesF32, RaceParams, SoftGrads,
+    SoftRace,
 };
 use crate::cpu::recompute::den_floor;
 use crate::cpu::soft::{self, Boundary};
 use crate::cpu::{CpuRace, Ctx, FeatureMap, Isa, SoftMap};
 use crate::error::{RaceError, Result};
-use rayon::prelude::*;
 use serde::Serialize;
 use std::sync::Mutex;
 use std::time::Instant;
@@ -282,52 +284,49 @@ impl<C: Comm> Distributed<C> {
         }
     }
 
-    /// The forward on this rank's slice, after the state collective; its `Ctx` for the
-    /// backward and the rows it flagged.
+    /// The forward on this rank's slice into `o`, after the state collective; the rows it
+    /// flagged and its `Ctx` for the backward (`reuse`: a previous context whose buffers are
+    /// recycled).
     fn forward_local(
         &self,
         map: &SoftMap,
         causal: bool,
         (q, k, v): (Heads, Heads, Heads),
         keys: usize,
-    ) -> (Vec<f32>, usize, Ctx) {
+        o: &mut [f32],
+        reuse: Ctx,
+    ) -> (usize, Ctx) {
         let (heads, dv, isa) = (q.heads, v.cols, self.isa);
         let mw = map.width() * crate::cpu::state::bank_width(dv);
-        let mut o = vec![0.0f32; heads * q.n * dv];
         let zeros = || vec![vec![0.0f64; mw]; heads];
         if causal {
-            let mut before: Vec<Vec<f64>> = if k.n > 0 {
-                (0..heads)
-                    .into_par_iter()
-                    .map(|h| soft::forward::key_bank(map, isa, k, v, h, (0, k.n), None))
-                    .collect()
+            // The last rank's total reaches no one (the scan is exclusive): not computed.
+            let last = self.comm.rank() + 1 == self.comm.size();
+            let mut before = if k.n > 0 && !last {
+                soft::key_banks(map, isa, k, v, &mut [])
             } else {
                 zeros()
             };
             self.reduce_banks(&mut before, C::exscan_sum);
             if q.n == 0 {
-                return (o, 0, Ctx::default());
+                return (0, Ctx::default());
             }
             let from = Boundary {
                 state: Some(&before),
                 keys,
             };
-            let (flagged, ctx) =
-                soft::causal_forward_from(map, isa, q, k, v, &mut o, Ctx::default(), from);
-            (o, flagged, ctx)
+            soft::causal_forward_from(map, isa, q, k, v, o, reuse, from)
         } else {
-            let lp = map.planes.l * map.planes.p;
-            let mut uk = vec![0.0f32; heads * k.n * lp];
+            let (mut den, mut uq, mut uk) = reuse.recycle(map, &q, &k);
             let mut banks = if k.n > 0 {
                 soft::key_banks(map, isa, k, v, &mut uk)
             } else {
                 zeros()
             };
             self.reduce_banks(&mut banks, C::all_sum);
-            let (mut den, mut uq) = (vec![0.0f32; heads * q.n], vec![0.0f32; heads * q.n * lp]);
             let (flagged, segs) = if q.n > 0 {
                 let floor = den_floor(map.width(), keys);
-                soft::read_into(map, isa, q, &banks, dv, &mut o, &mut den, &mut uq, floor)
+                soft::read_into(map, isa, q, &banks, dv, o, &mut den, &mut uq, floor)
             } else {
                 (0, Vec::new())
             };
@@ -341,8 +340,45 @@ impl<C: Comm> Distributed<C> {
                 states: Vec::new(),
                 recomputed: Default::default(),
             };
-            (o, flagged, ctx)
+            (flagged, ctx)
         }
+    }
+
+    /// Forward+backward of this rank's slice into caller buffers: `o` (`[heads, n_r, dv]`),
+    /// the gradients (overwritten); `reuse` is the context of a previous call (or
+    /// `Ctx::default()`), whose buffers are recycled, and the new one is returned with
+    /// `∂ℓ/∂β` (summed over ranks). What [`SoftRace::forward_backward`] does without
+    /// allocating: a training loop or a benchmark keeps its pages.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_backward_into(
+        &self,
+        params: &RaceParams,
+        planes: &PlanesF32,
+        (q, k, v, g): (Heads, Heads, Heads, Heads),
+        o: &mut [f32],
+        mut grads: GradsMut,
+        reuse: Ctx,
+    ) -> Result<(f64, Ctx)> {
+        let layout = self.start(params, planes, &q, &k, &v, Some(&g))?;
+        let map = CpuRace::map(params, planes)?;
+        let sizes = [
+            ("o", o.len(), q.heads * q.n * v.cols),
+            ("dq", grads.dq.len(), q.data.len()),
+            ("dk", grads.dk.len(), k.data.len()),
+            ("dv", grads.dv.len(), v.data.len()),
+        ];
+        if let Some((name, got, want)) = sizes.into_iter().find(|(_, a, b)| a != b) {
+            return Err(RaceError::shape(
+                name,
+                format!("the buffer holds {got} values but the slice needs {want}"),
+            ));
+        }
+        let keys = self.keys(layout.as_ref(), k.n);
+        let (flagged, ctx) = self.forward_local(&map, params.causal, (q, k, v), keys, o, reuse);
+        let oh = Heads::new(q.heads, q.n, v.cols, o);
+        let x = BackwardInputs::new(q, k, v, oh, g);
+        let dbeta = self.backward_local(&map, params.causal, &ctx, x, grads.reborrow());
+        Ok((self.finish(params, flagged, dbeta)?, ctx))
     }
 
     /// The backward on this rank's slice from its forward's `ctx` and output `o`, with the
@@ -353,7 +389,7 @@ impl<C: Comm> Distributed<C> {
         causal: bool,
         ctx: &Ctx,
         x: BackwardInputs,
-        gr: &mut SoftGrads,
+        gr: GradsMut,
     ) -> f64 {
         let (q, k, v, g, isa) = (x.q, x.k, x.v, x.g, self.isa);
         let heads = q.heads;
@@ -361,7 +397,8 @@ impl<C: Comm> Distributed<C> {
         let mw = map.width() * crate::cpu::state::bank_width(v.cols);
         if causal {
             // Σ_{i ∈ slice} φ(q_i) ĝ_iᵀ per head, then the suffix scan.
-            let mut after: Vec<Vec<f64>> = if q.n > 0 {
+            // Rank 0's queries reach no later key of another rank: not computed.
+            let mut after: Vec<Vec<f64>> = if q.n > 0 && self.comm.rank() > 0 {
                 let (uq, _) = ctx.saved_u(&q, &k, lp);
                 soft::causal_backward::query_totals(map, isa, q, uq, g, x.o, &ctx.den)
             } else {
@@ -371,12 +408,12 @@ impl<C: Comm> Distributed<C> {
             if q.n == 0 {
                 return 0.0;
             }
-            soft::causal_backward_from(map, isa, ctx, x, gr.as_mut(), Some(&after))
+            soft::causal_backward_from(map, isa, ctx, x, gr, Some(&after))
         } else {
             let (uq, uk) = ctx.saved_u(&q, &k, lp);
             let (mut dbanks, dbeta_q) = if q.n > 0 {
                 let (b, s, den) = (&ctx.banks, &ctx.segs, &ctx.den);
-                soft::query_grads(map, isa, b, s, den, q, uq, g, &mut gr.dq)
+                soft::query_grads(map, isa, b, s, den, q, uq, g, gr.dq)
             } else {
                 (vec![vec![0.0; mw]; heads], 0.0)
             };
@@ -385,8 +422,7 @@ impl<C: Comm> Distributed<C> {
                 return dbeta_q;
             }
             let ksegs = crate::cpu::state::plan_segments(k.n, heads);
-            let (dk, dvv) = (&mut gr.dk, &mut gr.dv);
-            dbeta_q + soft::key_grads(map, isa, &dbanks, &ksegs, k, uk, v, dk, dvv)
+            dbeta_q + soft::key_grads(map, isa, &dbanks, &ksegs, k, uk, v, gr.dk, gr.dv)
         }
     }
 
@@ -439,7 +475,9 @@ impl<C: Comm + Send + Sync> SoftRace for Distributed<C> {
         let layout = self.start(params, planes, &q, &k, &v, None)?;
         let map = CpuRace::map(params, planes)?;
         let keys = self.keys(layout.as_ref(), k.n);
-        let (o, flagged, _) = self.forward_local(&map, params.causal, (q, k, v), keys);
+        let mut o = vec![0.0f32; q.heads * q.n * v.cols];
+        let (flagged, _) =
+            self.forward_local(&map, params.causal, (q, k, v), keys, &mut o, Ctx::default());
         self.finish(params, flagged, 0.0)?;
         Ok(Forward {
             o,
@@ -457,15 +495,17 @@ impl<C: Comm + Send + Sync> SoftRace for Distributed<C> {
         v: Heads,
         g: Heads,
     ) -> Result<(Forward, SoftGrads)> {
-        let layout = self.start(params, planes, &q, &k, &v, Some(&g))?;
-        let map = CpuRace::map(params, planes)?;
-        let keys = self.keys(layout.as_ref(), k.n);
-        let (o, flagged, ctx) = self.forward_local(&map, params.causal, (q, k, v), keys);
+        let mut o = vec![0.0f32; q.heads * q.n * v.cols];
         let mut gr = SoftGrads::zeros(q, k, v);
-        let oh = Heads::new(q.heads, q.n, v.cols, &o);
-        let x = BackwardInputs::new(q, k, v, oh, g);
-        let dbeta = self.backward_local(&map, params.causal, &ctx, x, &mut gr);
-        gr.dbeta = self.finish(params, flagged, dbeta)?;
+        let (dbeta, _) = self.forward_backward_into(
+            params,
+            planes,
+            (q, k, v, g),
+            &mut o,
+            gr.as_mut(),
+            Ctx::default(),
+        )?;
+        gr.dbeta = dbeta;
         let fwd = Forward {
             o,
             empty_rows: 0,
