@@ -84,8 +84,11 @@ fn rows(x: &[f32], heads: usize, n: usize, cols: usize, (a, b): (usize, usize)) 
         .collect()
 }
 
+/// One rank's output and gradients.
+type RankResult = (Vec<f32>, SoftGrads);
+
 /// One result per rank: forward+backward of its slice, or the error.
-type RankOut = Result<(Vec<f32>, SoftGrads)>;
+type RankOut = Result<RankResult>;
 
 /// Forward+backward over ranks with token counts `lens`; `tweak(rank, params, q)` may change a
 /// rank's arguments. Returns each rank's result.
@@ -139,15 +142,14 @@ fn run_ranks(
 
 /// The ranks' results joined: `o`, `dq`, `dk`, `dv` and `dβ` (every rank must hold the same).
 fn joined(c: &Case, lens: &[usize], outs: Vec<RankOut>) -> [Vec<f32>; 4] {
-    let outs: Vec<(Vec<f32>, SoftGrads)> = outs.into_iter().map(|o| o.unwrap()).collect();
+    let outs: Vec<RankResult> = outs.into_iter().map(|o| o.unwrap()).collect();
     let db = outs[0].1.dbeta;
     assert!(
         outs.iter().all(|o| o.1.dbeta == db),
         "ranks disagree on dbeta"
     );
-    let pick = |f: &dyn Fn(&(Vec<f32>, SoftGrads)) -> Vec<f32>| -> Vec<Vec<f32>> {
-        outs.iter().map(f).collect()
-    };
+    let pick =
+        |f: &dyn Fn(&RankResult) -> Vec<f32>| -> Vec<Vec<f32>> { outs.iter().map(f).collect() };
     [
         assemble(&pick(&|o| o.0.clone()), lens, c.heads, c.dv),
         assemble(&pick(&|o| o.1.dq.clone()), lens, c.heads, c.d),

@@ -8,8 +8,8 @@
 //! - ranks started with different β all exit with an error naming it; a rank whose inputs are
 //!   refused ends the job with `MPI_Abort` and a non-zero exit, never a hang.
 //!
-//! Without the `mpi` feature or without `mpirun`, each test prints "skipped: no MPI" and
-//! checks nothing.
+//! Without the `mpi` feature the tests are reported as ignored ("skipped: no MPI"); with it,
+//! a missing `mpirun` fails them with what to install.
 
 use racelab::io::{read_npy, write_npy, Dtype};
 use racelab::rng::SeededRng;
@@ -17,29 +17,14 @@ use racelab::{AttendOptions, Device, Method};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// Why MPI tests cannot run here, if they cannot.
-fn no_mpi() -> Option<String> {
-    if !cfg!(feature = "mpi") {
-        return Some(
-            "this build has no `mpi` feature (cargo test --release --features mpi)".into(),
-        );
-    }
-    match Command::new("mpirun").arg("--version").output() {
-        Ok(o) if String::from_utf8_lossy(&o.stdout).contains("Open MPI") => None,
-        Ok(_) => Some("mpirun is not Open MPI's".into()),
-        Err(_) => {
-            Some("mpirun not found (Debian: apt-get install libopenmpi-dev openmpi-bin)".into())
-        }
-    }
-}
-
-macro_rules! need_mpi {
-    () => {
-        if let Some(why) = no_mpi() {
-            println!("skipped: no MPI: {why}");
-            return;
-        }
-    };
+/// Open MPI's `mpirun` is on the path (a build with the `mpi` feature needs it to test).
+fn check_mpirun() {
+    let v = Command::new("mpirun").arg("--version").output();
+    let ok = v.map(|o| String::from_utf8_lossy(&o.stdout).contains("Open MPI"));
+    assert!(
+        matches!(ok, Ok(true)),
+        "no Open MPI mpirun on the path: apt-get install libopenmpi-dev openmpi-bin"
+    );
 }
 
 /// `mpirun` over `apps` (each: ranks and the racelab arguments), bounded by a timeout.
@@ -126,8 +111,12 @@ fn rel(a: &[f64], b: &[f64]) -> f64 {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "mpi"),
+    ignore = "skipped: no MPI (cargo test --release --features mpi)"
+)]
 fn attend_distributed_reproduces_one_process() {
-    need_mpi!();
+    check_mpirun();
     let d = dir("attend");
     let f = inputs(&d, 1001);
     let [q, k, v] = f.clone().map(|p| read_npy(&p).unwrap().tensor);
@@ -185,8 +174,12 @@ fn attend_distributed_reproduces_one_process() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "mpi"),
+    ignore = "skipped: no MPI (cargo test --release --features mpi)"
+)]
 fn bench_distributed_check_gradients_over_mpi() {
-    need_mpi!();
+    check_mpirun();
     for causal in ["", "--causal"] {
         let mut args: Vec<String> =
             "bench --distributed --check --json --n 3000 --heads 2 --d 32 --p 2 --l 2 --runs 1"
@@ -216,8 +209,12 @@ fn bench_distributed_check_gradients_over_mpi() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "mpi"),
+    ignore = "skipped: no MPI (cargo test --release --features mpi)"
+)]
 fn ranks_started_with_different_arguments_all_exit_with_an_error() {
-    need_mpi!();
+    check_mpirun();
     let d = dir("disagree");
     let f = inputs(&d, 300);
     let out = d.join("o.npy");
@@ -238,8 +235,12 @@ fn ranks_started_with_different_arguments_all_exit_with_an_error() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "mpi"),
+    ignore = "skipped: no MPI (cargo test --release --features mpi)"
+)]
 fn a_rank_with_bad_inputs_ends_the_job() {
-    need_mpi!();
+    check_mpirun();
     let d = dir("abort");
     let f = inputs(&d, 300);
     // A NaN in the last rank's slice of q.

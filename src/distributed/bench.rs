@@ -61,6 +61,8 @@ pub struct Row {
     /// contract ([`crate::cpu::CpuRace`]) on the same inputs, median seconds (what the
     /// distributed path adds at one rank: its slice totals and collectives).
     pub one_process_seconds: Option<f64>,
+    /// With one rank: the median over the pairs of distributed / single-process seconds.
+    pub one_process_ratio: Option<f64>,
     /// With `--check`: forward, dq, dk, dv (largest error over the largest entry) and dβ
     /// (relative) against the single-process kernels.
     pub check: Option<[f64; 5]>,
@@ -181,7 +183,11 @@ pub fn run<C: Comm + Send + Sync>(comm: C, s: &Spec) -> Result<Row> {
     let mut ctx = crate::cpu::Ctx::default();
     let mut dbeta = 0.0;
     let mut per_layer = Traffic::default();
-    let (mut secs, mut colls) = (Vec::new(), Vec::new());
+    let (mut secs, mut colls, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    // With one rank, the single-process kernels run after each distributed run (pairs, so
+    // both see the same state of the machine).
+    let mut one = (size == 1).then(|| OneProcess::new(&params, &planes, (qh, kh, vh, gh)));
+    let mut one_secs = Vec::new();
     // One untimed run (first touch of the pages, caches), then the timed ones.
     for i in 0..=s.runs {
         dist.take_traffic();
@@ -203,10 +209,15 @@ pub fn run<C: Comm + Send + Sync>(comm: C, s: &Spec) -> Result<Row> {
         let m = max_over_ranks(&dist.comm, &[sec, tr.seconds]);
         secs.push(m[0]);
         colls.push(m[1]);
+        if let Some(one) = one.as_mut() {
+            let t1 = one.step();
+            one_secs.push(t1);
+            ratios.push(sec / t1);
+        }
     }
     let peak = max_over_ranks(&dist.comm, &[crate::provenance::peak_rss_bytes() as f64])[0];
-    let one_process_seconds =
-        (size == 1).then(|| one_process(&params, &planes, (qh, kh, vh, gh), s.runs));
+    let one_process_seconds = one.is_some().then(|| median(one_secs));
+    let one_process_ratio = one.is_some().then(|| median(ratios));
     let last = (o, dq, dk, dv, dbeta);
     let check = if s.check {
         check_against_one_process(&dist.comm, &params, &planes, s, n, &last)?
@@ -235,43 +246,61 @@ pub fn run<C: Comm + Send + Sync>(comm: C, s: &Spec) -> Result<Row> {
         tokens_per_s: n as f64 / seconds,
         peak_rss_bytes: peak as u64,
         one_process_seconds,
+        one_process_ratio,
         check,
         seed: s.seed,
         provenance: crate::provenance::Provenance::collect(),
     })
 }
 
-/// Median seconds of the single-process kernels' forward+backward on the same inputs, with
-/// buffers and context reused as [`run`] does.
-fn one_process(
-    params: &RaceParams,
-    planes: &PlanesF32,
-    (q, k, v, g): (Heads, Heads, Heads, Heads),
-    runs: usize,
-) -> f64 {
-    let map = crate::cpu::SoftMap {
-        planes,
-        beta: params.beta as f32,
-    };
-    let isa = crate::cpu::detected_isa();
-    let (mut o, mut gr) = (
-        vec![0.0f32; q.heads * q.n * v.cols],
-        crate::backend::SoftGrads::zeros(q, k, v),
-    );
-    let mut ctx = crate::cpu::Ctx::default();
-    let mut t = Vec::new();
-    for i in 0..=runs {
-        let t0 = Instant::now();
-        let (_, c) = crate::cpu::soft_forward_into(&map, q, k, v, params.causal, isa, &mut o, ctx);
-        let oh = Heads::new(q.heads, q.n, v.cols, &o);
-        let x = crate::backend::BackwardInputs::new(q, k, v, oh, g);
-        crate::cpu::soft_backward_into(&map, &c, x, isa, gr.as_mut());
-        ctx = c;
-        if i > 0 {
-            t.push(t0.elapsed().as_secs_f64());
-        }
+/// The single-process kernels' forward+backward on the same inputs, with buffers and
+/// context reused as [`run`] does (without the contract's input checks: the kernels alone).
+struct OneProcess<'a> {
+    map: crate::cpu::SoftMap<'a>,
+    causal: bool,
+    x: (Heads<'a>, Heads<'a>, Heads<'a>, Heads<'a>),
+    o: Vec<f32>,
+    gr: crate::backend::SoftGrads,
+    ctx: crate::cpu::Ctx,
+}
+
+impl<'a> OneProcess<'a> {
+    fn new(
+        params: &RaceParams,
+        planes: &'a PlanesF32,
+        x: (Heads<'a>, Heads<'a>, Heads<'a>, Heads<'a>),
+    ) -> Self {
+        let (q, k, v, _) = x;
+        let map = crate::cpu::SoftMap {
+            planes,
+            beta: params.beta as f32,
+        };
+        let mut one = OneProcess {
+            map,
+            causal: params.causal,
+            x,
+            o: vec![0.0f32; q.heads * q.n * v.cols],
+            gr: crate::backend::SoftGrads::zeros(q, k, v),
+            ctx: crate::cpu::Ctx::default(),
+        };
+        one.step(); // first touch
+        one
     }
-    median(t)
+
+    /// One forward+backward; its seconds.
+    fn step(&mut self) -> f64 {
+        let (q, k, v, g) = self.x;
+        let isa = crate::cpu::detected_isa();
+        let t0 = Instant::now();
+        let ctx = std::mem::take(&mut self.ctx);
+        let (_, c) =
+            crate::cpu::soft_forward_into(&self.map, q, k, v, self.causal, isa, &mut self.o, ctx);
+        let oh = Heads::new(q.heads, q.n, v.cols, &self.o);
+        let x = crate::backend::BackwardInputs::new(q, k, v, oh, g);
+        crate::cpu::soft_backward_into(&self.map, &c, x, isa, self.gr.as_mut());
+        self.ctx = c;
+        t0.elapsed().as_secs_f64()
+    }
 }
 
 /// Gather the ranks' results on rank 0 and compare them with the single-process kernels on

@@ -194,7 +194,8 @@ mod tests {
     /// Each collective of a four-rank thread group against its definition.
     #[test]
     fn thread_collectives_match_their_definitions() {
-        let out: Vec<(Vec<f64>, Vec<f64>, Vec<f64>, Vec<u64>)> = std::thread::scope(|s| {
+        type Results = (Vec<f64>, Vec<f64>, Vec<f64>, Vec<u64>);
+        let out: Vec<Results> = std::thread::scope(|s| {
             let hs: Vec<_> = thread_group(4)
                 .into_iter()
                 .map(|c| {

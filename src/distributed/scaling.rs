@@ -27,6 +27,8 @@ pub struct Measured {
     pub peak_rss_bytes: u64,
     #[serde(default)]
     pub one_process_seconds: Option<f64>,
+    #[serde(default)]
+    pub one_process_ratio: Option<f64>,
     pub provenance: crate::provenance::Provenance,
 }
 
@@ -49,6 +51,7 @@ pub struct Compared {
     pub collectives_per_layer: u64,
     pub peak_rss_bytes: u64,
     pub one_process_seconds: Option<f64>,
+    pub one_process_ratio: Option<f64>,
 }
 
 /// Another kind of node to project for: its measured forward+backward seconds per token.
@@ -177,6 +180,7 @@ pub fn run(
                     collectives_per_layer: r.collectives_per_layer,
                     peak_rss_bytes: r.peak_rss_bytes,
                     one_process_seconds: r.one_process_seconds,
+                    one_process_ratio: r.one_process_ratio,
                 });
             }
             series.push(Series::new(format!("{name}: measured"), meas));
@@ -289,6 +293,7 @@ mod tests {
             collectives_per_layer: 3,
             peak_rss_bytes: 0,
             one_process_seconds: None,
+            one_process_ratio: None,
             provenance: crate::provenance::Provenance {
                 cores: 2,
                 ..crate::provenance::Provenance::collect()
