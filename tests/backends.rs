@@ -10,6 +10,8 @@
 //! must fail with a clear error; never a silent NaN.
 mod common;
 
+use common::rel;
+
 use racelab::backend::{for_device, Device, Heads, PlanesF32, RaceParams, SoftRace};
 use racelab::hashing::Planes;
 use racelab::params::Combine;
@@ -21,21 +23,6 @@ fn data(len: usize, seed: u64, scale: f64) -> Vec<f32> {
         .iter()
         .map(|x| (x * scale) as f32)
         .collect()
-}
-
-/// Largest |a − b| over the largest |b| (1 where `b` is all zero).
-fn rel(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    assert!(a.iter().all(|x| x.is_finite()), "non-finite output");
-    let scale = b
-        .iter()
-        .fold(0.0f64, |m, &x| m.max(x.abs() as f64))
-        .max(1e-300);
-    let err = a
-        .iter()
-        .zip(b)
-        .fold(0.0f64, |m, (&x, &y)| m.max((x as f64 - y as f64).abs()));
-    err / scale
 }
 
 struct Case {

@@ -10,6 +10,9 @@
 //! - ranks that disagree on an argument, or one rank whose inputs are refused, give every
 //!   rank an error naming it; rows f32 cannot hold are refused on every rank.
 
+mod common;
+
+use common::rel;
 use racelab::backend::{Heads, PlanesF32, RaceParams, SoftGrads, SoftRace};
 use racelab::cpu::CpuRace;
 use racelab::distributed::job::assemble;
@@ -25,18 +28,6 @@ fn data(len: usize, seed: u64) -> Vec<f32> {
         .iter()
         .map(|&x| x as f32)
         .collect()
-}
-
-/// Largest |a − b| over the largest |b|.
-fn rel(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    assert!(a.iter().all(|x| x.is_finite()), "non-finite output");
-    let scale = b.iter().fold(0.0f64, |m, &x| m.max(x.abs() as f64));
-    let err = a
-        .iter()
-        .zip(b)
-        .fold(0.0f64, |m, (&x, &y)| m.max((x as f64 - y as f64).abs()));
-    err / scale.max(1e-300)
 }
 
 #[derive(Clone)]

@@ -317,30 +317,23 @@ impl<C: Comm> Distributed<C> {
             };
             soft::causal_forward_from(map, isa, q, k, v, o, reuse, from)
         } else {
-            let (mut den, mut uq, mut uk) = reuse.recycle(map, &q, &k);
+            let (den, uq, mut uk) = reuse.recycle(map, &q, &k);
             let mut banks = if k.n > 0 {
                 soft::key_banks(map, isa, k, v, &mut uk)
             } else {
                 zeros()
             };
             self.reduce_banks(&mut banks, C::all_sum);
-            let (flagged, segs) = if q.n > 0 {
-                let floor = den_floor(map.width(), keys);
-                soft::read_into(map, isa, q, &banks, dv, o, &mut den, &mut uq, floor)
-            } else {
-                (0, Vec::new())
-            };
-            let ctx = Ctx {
-                causal: false,
-                segs,
-                banks,
-                den,
-                uq,
-                uk,
-                states: Vec::new(),
-                recomputed: Default::default(),
-            };
-            (flagged, ctx)
+            if q.n == 0 {
+                let ctx = Ctx {
+                    banks,
+                    uk,
+                    ..Ctx::default()
+                };
+                return (0, ctx);
+            }
+            let floor = den_floor(map.width(), keys);
+            soft::read_ctx(map, isa, q, banks, dv, o, (den, uq, uk), floor)
         }
     }
 

@@ -199,8 +199,8 @@ pub fn run(
             title: "Sequence-parallel RACE on one machine: measured vs modelled (fwd+bwd)",
             xlabel: "ranks",
             ylabel: "seconds",
-            logx: true,
-            logy: true,
+            logx: false,
+            logy: false,
         },
         &series,
     )?;

@@ -46,3 +46,18 @@ pub fn assert_close(label: &str, got: &[f64], want: &[f64], tol: f64) {
         want[at]
     );
 }
+
+/// Largest |a − b| over the largest |b| (f32 results; panics on a non-finite entry of `a`).
+pub fn rel(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    assert!(a.iter().all(|x| x.is_finite()), "non-finite output");
+    let scale = b
+        .iter()
+        .fold(0.0f64, |m, &x| m.max(x.abs() as f64))
+        .max(1e-300);
+    let err = a
+        .iter()
+        .zip(b)
+        .fold(0.0f64, |m, (&x, &y)| m.max((x as f64 - y as f64).abs()));
+    err / scale
+}

@@ -288,21 +288,36 @@ pub fn forward_into(
     o: &mut [f32],
     reuse: Ctx,
 ) -> (usize, Ctx) {
-    let (mut den, mut uq, mut uk) = reuse.recycle(map, &q, &k);
+    let (den, uq, mut uk) = reuse.recycle(map, &q, &k);
     let banks = key_banks(map, isa, k, v, &mut uk);
     let floor = crate::cpu::recompute::den_floor(map.width(), k.n);
-    let (empty, segs) = read_into(map, isa, q, &banks, v.cols, o, &mut den, &mut uq, floor);
-    (
-        empty,
-        Ctx {
-            causal: false,
-            segs,
-            banks,
-            den,
-            uq,
-            uk,
-            states: Vec::new(),
-            recomputed: Default::default(),
-        },
-    )
+    read_ctx(map, isa, q, banks, v.cols, o, (den, uq, uk), floor)
+}
+
+/// [`read_into`] with the `banks` of every key, and the non-causal context it leaves for the
+/// backward (`den`, `uq` overwritten; `uk` the keys' saved `u`, or empty): `(flagged rows,
+/// context)`.
+#[allow(clippy::too_many_arguments)]
+pub fn read_ctx(
+    map: &SoftMap,
+    isa: Isa,
+    q: Heads,
+    banks: Vec<Vec<f64>>,
+    dv: usize,
+    o: &mut [f32],
+    (mut den, mut uq, uk): (Vec<f32>, Vec<f32>, Vec<f32>),
+    floor: f32,
+) -> (usize, Ctx) {
+    let (flagged, segs) = read_into(map, isa, q, &banks, dv, o, &mut den, &mut uq, floor);
+    let ctx = Ctx {
+        causal: false,
+        segs,
+        banks,
+        den,
+        uq,
+        uk,
+        states: Vec::new(),
+        recomputed: Default::default(),
+    };
+    (flagged, ctx)
 }
