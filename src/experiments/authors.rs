@@ -317,7 +317,7 @@ fn claims(
                 at0("minilm", "raw", "authors"), at0("minilm", "raw", "paper"), at0("minilm", "unit", "paper"),
                 at0("synthetic", "raw", "authors"), at0("synthetic", "unit", "paper"), per_inst.len()
             ),
-            if has_t0 { Measure::Margin { diff, se } } else { Measure::NotTestable("t = 0 is not in the grid".into()) },
+            if has_t0 { Measure::Margin(super::verdict::Cmp::of_mean("", diff, se, per_inst.len())) } else { Measure::NotTestable("t = 0 is not in the grid".into()) },
             "the authors' rule is divided by L (its ×L scale) before comparing",
         )?,
     ];

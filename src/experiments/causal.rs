@@ -263,7 +263,7 @@ fn claims(ctx: &Ctx, cfg: &Config) -> Result<(Vec<Claim>, serde_json::Value)> {
         Claim::judged(
             "causal-sampling",
             format!("median ‖Ô − O_∞‖/‖O‖ (causal): {}; slope {samp_slope:.3}", (0..rs.len()).map(|i| format!("L={}: {:.3e}", sl[i], ss[i])).collect::<Vec<_>>().join(", ")),
-            Measure::value(samp_slope),
+            Measure::Rate(samp_slope),
             format!("synthetic clustered unit Q/K, N = {n}, P = {p}, beta = {}", cfg.beta),
         )?,
         Claim::judged(
@@ -274,8 +274,8 @@ fn claims(ctx: &Ctx, cfg: &Config) -> Result<(Vec<Claim>, serde_json::Value)> {
         )?,
         Claim::judged(
             "causal-short-prefix",
-            format!("at L = {}: RMS error over i < {short} / over i ≥ N/2 = {:.3}; per L: {}; each part divided by its own RMS target norm instead (early outputs average fewer values, so their norms are larger): {}", sl[last], sr[last], (0..rs.len()).map(|i| format!("L={}: {:.2}", sl[i], sr[i])).collect::<Vec<_>>().join(", "), (0..rs.len()).map(|i| format!("L={}: {:.2}", sl[i], srr[i])).collect::<Vec<_>>().join(", ")),
-            Measure::value(sr[last]),
+            format!("at L = {}: relative RMS error (each part divided by its own RMS target norm) over i < {short} / over i ≥ N/2 = {:.3}; per L: {}; unnormalised (early outputs average fewer values, so their norms are larger): {}", sl[last], srr[last], (0..rs.len()).map(|i| format!("L={}: {:.2}", sl[i], srr[i])).collect::<Vec<_>>().join(", "), (0..rs.len()).map(|i| format!("L={}: {:.2}", sl[i], sr[i])).collect::<Vec<_>>().join(", ")),
+            Measure::value(srr[last]),
             "row 0 is exact for every method (one key); the bias L = ∞ vs angular is in causal.csv per position",
         )?,
     ];

@@ -7,7 +7,7 @@
 
 use super::{
     data, f, fig, load_config, quantile, read_csv, verdict::mean_se, write_csv, Claim, Ctx,
-    ExpResult, Measure,
+    ExpResult, Measure, verdict::Cmp,
 };
 use crate::analysis::metrics::{frob, rms_row_err};
 use crate::error::Result;
@@ -31,40 +31,45 @@ pub struct Config {
     pub noise: f64,
 }
 
+/// One input draw `(q, k, v)`.
+type Inputs = (Mat<f64>, Mat<f64>, Mat<f64>);
+
 /// Compute → CSV `{stem}`: per (P, L, beta, seed), Algorithm 1 and the authors' rule (as is and
 /// divided by L) against angular-P, their difference and their output-norm ratio.
-fn compute_csv(
-    ctx: &Ctx,
-    cfg: &Config,
-    (q, k, v): (&Mat<f64>, &Mat<f64>, &Mat<f64>),
-    stem: &str,
-) -> Result<String> {
+fn compute_csv(ctx: &Ctx, cfg: &Config, inputs: &[Inputs], stem: &str) -> Result<String> {
     let mut jobs: Vec<(usize, usize, f64, usize)> = Vec::new();
     for &[p, l] in &cfg.pl {
         for &b in &cfg.betas {
             jobs.extend((0..cfg.seeds).map(|s| (p, l, b, s)));
         }
     }
-    let targets: Vec<(usize, crate::tensor::Mat<f64>)> = {
-        let mut ps: Vec<usize> = cfg.pl.iter().map(|x| x[0]).collect();
-        ps.sort();
-        ps.dedup();
-        ps.into_iter()
-            .map(|p| {
-                (
-                    p,
-                    angular_attention(q.view(), k.view(), v.view(), p as f64, false).o,
-                )
-            })
-            .collect()
-    };
+    let mut ps: Vec<usize> = cfg.pl.iter().map(|x| x[0]).collect();
+    ps.sort();
+    ps.dedup();
+    // Per input draw (one per seed for synthetic inputs; the one real sample otherwise), the
+    // angular-P targets.
+    let targets: Vec<Vec<(usize, Mat<f64>)>> = inputs
+        .par_iter()
+        .map(|(q, k, v)| {
+            ps.iter()
+                .map(|&p| {
+                    (
+                        p,
+                        angular_attention(q.view(), k.view(), v.view(), p as f64, false).o,
+                    )
+                })
+                .collect()
+        })
+        .collect();
     let rows: Vec<Vec<String>> = jobs
         .par_iter()
         .map(|&(p, l, beta, s)| {
             let planes =
                 Planes::gaussian(l, p, cfg.d, ctx.seed * 7919 + (s * 131 + p * 17 + l) as u64)
                     .expect("valid P, L");
-            let target = &targets.iter().find(|t| t.0 == p).unwrap().1;
+            let which = s % inputs.len();
+            let (q, k, v) = &inputs[which];
+            let target = &targets[which].iter().find(|t| t.0 == p).unwrap().1;
             let scale = frob(&target.data) / (cfg.n as f64).sqrt();
             let a = super::soft_out((q, k, v), &planes, beta, false, Combine::Paper);
             let b = super::soft_out((q, k, v), &planes, beta, false, Combine::Authors);
@@ -209,8 +214,8 @@ fn claims(
         Claim::judged(
             &super::claim_id("combine-closer", stem != "combine"),
             format!("[{label}] scale removed: paper closer at {better_scaled}/{} grid points, mean err_authors/L − err_paper = {diff:.4} (se {se:.4}, {} seeds); unscaled: paper closer at {better}/{} ({l1_better}/{} at L = 1)", r.len(), cfg.seeds, r.len(), l1.len()),
-            Measure::Margin { diff, se },
-            "",
+            Measure::Margin(Cmp::of_mean("", diff, se, per_seed.len())),
+            if stem == "combine" { "seeds redraw the inputs and the planes" } else { "one real input: the seeds redraw the planes only" },
         )?,
     ];
     let headline = serde_json::json!({"points": r.len(), "paper_better": better, "median_err_paper": quantile(&ea, 0.5), "median_err_authors": quantile(&eb, 0.5), "median_err_authors_over_l": quantile(&ebs, 0.5), "closer_diff": diff, "closer_se": se});
@@ -224,21 +229,33 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
         include_str!("../../experiments/combine.toml"),
         "combine",
     )?;
-    let (q, k, v, label, stem) = super::real::inputs_or(ctx, "combine", || {
-        let (q, k, v) = data::clustered_qkv(
-            (cfg.n, cfg.d, cfg.dv),
-            (cfg.clusters, cfg.noise),
-            ctx.seed,
+    // Synthetic inputs are drawn anew for every seed, so the seeds' spread (the standard
+    // error of `combine-closer`) covers the inputs as well as the planes; the real sample is
+    // one fixed input, and there the seeds redraw the planes only.
+    let (shape, mix) = ((cfg.n, cfg.d, cfg.dv), (cfg.clusters, cfg.noise));
+    let draw = |s: usize| {
+        data::clustered_qkv(
+            shape,
+            mix,
+            ctx.seed * 1_000 + s as u64,
             21,
-        );
-        (q, k, v, "synthetic clustered unit Q/K".to_string())
+        )
+    };
+    let (q, k, v, label, stem) = super::real::inputs_or(ctx, "combine", || {
+        let (q, k, v) = draw(0);
+        (q, k, v, "synthetic clustered unit Q/K, inputs redrawn per seed".to_string())
     })?;
     let stem = stem.as_str();
     let mut cfg = cfg;
-    cfg.n = q.rows;
-    cfg.d = q.cols;
-    cfg.dv = v.cols;
-    let csv = compute_csv(ctx, &cfg, (&q, &k, &v), stem)?;
+    let inputs: Vec<Inputs> = if stem == "combine" {
+        (0..cfg.seeds).map(draw).collect()
+    } else {
+        vec![(q, k, v)]
+    };
+    cfg.n = inputs[0].0.rows;
+    cfg.d = inputs[0].0.cols;
+    cfg.dv = inputs[0].2.cols;
+    let csv = compute_csv(ctx, &cfg, &inputs, stem)?;
     let figures = figures(ctx, &cfg, stem)?;
     Ok(ExpResult::assemble(
         stem,

@@ -502,11 +502,11 @@ mod tests {
             max: Some(1.1),
         };
         assert_eq!(
-            judge(&spec, &Measure::Values(vec![rho])).unwrap().0,
+            judge(&spec, &Measure::Values(vec![rho])).unwrap().verdict,
             Verdict::Holds
         );
         assert_eq!(
-            judge(&spec, &Measure::Values(vec![rho, wrong])).unwrap().0,
+            judge(&spec, &Measure::Values(vec![rho, wrong])).unwrap().verdict,
             Verdict::Fails
         );
     }

@@ -14,7 +14,7 @@
 //! `se = sqrt(se_a² + se_b²)`, and for an average of `K` such differences
 //! `se = sqrt(Σ se²)/K`.
 
-use super::{col, col_s, f, fig, read_csv, write_csv, Claim, Ctx, ExpResult, Measure};
+use super::{col, col_s, f, fig, read_csv, verdict::Cmp, write_csv, Claim, Ctx, ExpResult, Measure};
 use crate::error::{RaceError, Result};
 use crate::plot::{line_plot, LinePlot, Series};
 use crate::stats::mean_se;
@@ -43,7 +43,14 @@ pub struct Summary {
     pub se: f64,
     /// The β the model ended with, mean over seeds and layers (NaN when not soft RACE).
     pub beta_final: f64,
+    /// How far training moved β: the mean over seeds and layers of `log2(β_final/β_start)`
+    /// (NaN when not soft RACE or when the start is not recorded).
+    pub dlog2_beta: f64,
 }
+
+/// A learned β that moved less than this (in log2) was not learned in the training budget:
+/// its claims are not testable.
+pub const MIN_BETA_MOVE_LOG2: f64 = 0.25;
 
 /// Where the trained results are: the report folder's `mqar/mqar.csv`, else the tracked one in
 /// the source tree (copied next to the report with its metadata).
@@ -77,6 +84,11 @@ pub fn summarise(header: &[String], rows: &[Vec<String>]) -> Vec<Summary> {
         col_s(header, rows, "beta_mode"),
         col_s(header, rows, "beta_final"),
     );
+    let start = if header.iter().any(|h| h == "beta_start") {
+        col(header, rows, "beta_start")
+    } else {
+        vec![f64::NAN; rows.len()]
+    };
     let (p, l, m, state, acc) = (
         col(header, rows, "p"),
         col(header, rows, "l"),
@@ -101,9 +113,22 @@ pub fn summarise(header: &[String], rows: &[Vec<String>]) -> Vec<Summary> {
         .map(|((model, p, l, m, beta_mode), idx)| {
             let accs: Vec<f64> = idx.iter().map(|&i| acc[i]).collect();
             let (accuracy, se) = mean_se(&accs);
+            // A field that does not parse is NaN, never dropped: a NaN learned β reaches the
+            // verdict as a non-finite value.
+            let parse = |b: &str| b.parse::<f64>().unwrap_or(f64::NAN);
             let betas: Vec<f64> = idx
                 .iter()
-                .flat_map(|&i| beta[i].split(';').filter_map(|b| b.parse::<f64>().ok()))
+                .flat_map(|&i| beta[i].split(';').filter(|b| !b.is_empty()).map(parse))
+                .collect();
+            let moves: Vec<f64> = idx
+                .iter()
+                .flat_map(|&i| {
+                    let s0 = start[i];
+                    beta[i]
+                        .split(';')
+                        .filter(|b| !b.is_empty())
+                        .map(move |b| (parse(b) / s0).log2())
+                })
                 .collect();
             Summary {
                 model,
@@ -123,6 +148,11 @@ pub fn summarise(header: &[String], rows: &[Vec<String>]) -> Vec<Summary> {
                     f64::NAN
                 } else {
                     betas.iter().sum::<f64>() / betas.len() as f64
+                },
+                dlog2_beta: if moves.is_empty() {
+                    f64::NAN
+                } else {
+                    moves.iter().sum::<f64>() / moves.len() as f64
                 },
             }
         })
@@ -151,27 +181,43 @@ pub fn softmax_measure(s: &[Summary]) -> (Measure, String) {
     }
 }
 
-/// The largest drop in accuracy from P to a larger P' at the same L (fixed β), with its
-/// standard error: more buckets that train worse.
+/// Every drop in accuracy from P to a larger P' at the same L (fixed β), each with its
+/// standard error over seeds: the existential claim "some setting trains worse with more
+/// buckets" is tested over all these comparisons with Holm–Bonferroni.
 pub fn more_buckets_measure(s: &[Summary]) -> (Measure, String) {
     let fixed: Vec<&Summary> = race(s, "fixed").collect();
-    let mut best: Option<(f64, f64, &Summary, &Summary)> = None;
+    let mut cmps = Vec::new();
+    let mut best: Option<(f64, &Summary, &Summary)> = None;
     for a in &fixed {
         for b in &fixed {
             if a.l == b.l && b.p > a.p {
                 let (diff, se) = (a.accuracy - b.accuracy, a.se.hypot(b.se));
-                if best.is_none_or(|(d, e, _, _)| diff / se.max(1e-300) > d / e.max(1e-300)) {
-                    best = Some((diff, se, a, b));
+                cmps.push(Cmp {
+                    label: format!("({},{}) → ({},{})", a.p, a.l, b.p, b.l),
+                    diff,
+                    se,
+                    df: a.seeds.min(b.seeds) as f64 - 1.0,
+                });
+                let z = diff / se;
+                if best.is_none_or(|(bz, _, _)| z.total_cmp(&bz).is_gt()) {
+                    best = Some((z, a, b));
                 }
             }
         }
     }
     match best {
-        Some((diff, se, a, b)) => (
-            Measure::Margin { diff, se },
+        Some((_, a, b)) => (
+            Measure::Margins(cmps.clone()),
             format!(
-                "the largest drop over its se, ({},{}) → ({},{}): accuracy {:.3} → {:.3} (change {:+.3}, se {:.3})",
-                a.p, a.l, b.p, b.l, a.accuracy, b.accuracy, -diff, se
+                "{} pairs; the largest drop over its se, ({},{}) → ({},{}): accuracy {:.3} → {:.3} ({})",
+                cmps.len(),
+                a.p,
+                a.l,
+                b.p,
+                b.l,
+                a.accuracy,
+                b.accuracy,
+                if a.accuracy > b.accuracy { format!("a drop of {:.3}", a.accuracy - b.accuracy) } else { format!("a gain of {:.3}: no pair drops", b.accuracy - a.accuracy) }
             ),
         ),
         None => (
@@ -181,13 +227,16 @@ pub fn more_buckets_measure(s: &[Summary]) -> (Measure, String) {
     }
 }
 
-/// The mean of `K` independent differences `(d, se)` and its standard error `sqrt(Σ se²)/K`.
-fn mean_difference(terms: &[(f64, f64)]) -> (f64, f64) {
+/// The mean of `K` independent differences `(d, se)` and its standard error `sqrt(Σ se²)/K`,
+/// as a comparison with the seeds' degrees of freedom (`seeds − 1`, the fewest of any term).
+fn mean_difference(terms: &[(f64, f64)], seeds: usize) -> Cmp {
     let k = terms.len() as f64;
-    (
-        terms.iter().map(|t| t.0).sum::<f64>() / k,
-        terms.iter().map(|t| t.1 * t.1).sum::<f64>().sqrt() / k,
-    )
+    Cmp {
+        label: String::new(),
+        diff: terms.iter().map(|t| t.0).sum::<f64>() / k,
+        se: terms.iter().map(|t| t.1 * t.1).sum::<f64>().sqrt() / k,
+        df: seeds as f64 - 1.0,
+    }
 }
 
 /// Mean over matched feature counts m of (soft RACE's mean accuracy over its fixed-β (P, L)
@@ -195,6 +244,7 @@ fn mean_difference(terms: &[(f64, f64)]) -> (f64, f64) {
 pub fn race_vs_performer_measure(s: &[Summary]) -> (Measure, String) {
     let mut terms = Vec::new();
     let mut parts = Vec::new();
+    let mut seeds = usize::MAX;
     for perf in s.iter().filter(|x| x.model == "performer") {
         let at: Vec<&Summary> = race(s, "fixed").filter(|x| x.m == perf.m).collect();
         if at.is_empty() {
@@ -204,6 +254,7 @@ pub fn race_vs_performer_measure(s: &[Summary]) -> (Measure, String) {
         let r = at.iter().map(|x| x.accuracy).sum::<f64>() / k;
         let r_se = at.iter().map(|x| x.se * x.se).sum::<f64>().sqrt() / k;
         terms.push((r - perf.accuracy, r_se.hypot(perf.se)));
+        seeds = at.iter().map(|x| x.seeds).chain([perf.seeds, seeds]).min().unwrap_or(0);
         parts.push(format!(
             "m={}: RACE {:.3} vs Performer {:.3}",
             perf.m, r, perf.accuracy
@@ -215,26 +266,47 @@ pub fn race_vs_performer_measure(s: &[Summary]) -> (Measure, String) {
             "no matched state".into(),
         );
     }
-    let (diff, se) = mean_difference(&terms);
-    (
-        Measure::Margin { diff, se },
-        format!(
-            "{}; mean difference {diff:+.3} (se {se:.3})",
-            parts.join(", ")
-        ),
-    )
+    let c = mean_difference(&terms, seeds);
+    let text = format!(
+        "{}; mean difference {:+.3} (se {:.3})",
+        parts.join(", "),
+        c.diff,
+        c.se
+    );
+    (Measure::Margin(c), text)
 }
 
-/// Mean over the (P, L) trained both ways of (learned-β accuracy − fixed-β accuracy).
+/// Why the learned-β rows cannot test a claim about learning β: none of them moved β by
+/// [`MIN_BETA_MOVE_LOG2`] (or a move is not finite, which the verdict reports itself).
+fn beta_not_learned(s: &[Summary]) -> Option<String> {
+    let moves: Vec<f64> = race(s, "learned").map(|a| a.dlog2_beta).collect();
+    if moves.is_empty() || moves.iter().any(|m| !m.is_finite()) {
+        return None;
+    }
+    let most = moves.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    (most < MIN_BETA_MOVE_LOG2).then(|| {
+        format!(
+            "training moved log2 β by at most {most:.2} (< {MIN_BETA_MOVE_LOG2}) in every learned (P, L): β was not learned in this budget"
+        )
+    })
+}
+
+/// Mean over the (P, L) trained both ways, whose learned β moved by at least
+/// [`MIN_BETA_MOVE_LOG2`], of (learned-β accuracy − fixed-β accuracy).
 pub fn learned_vs_fixed_measure(s: &[Summary]) -> (Measure, String) {
     let mut terms = Vec::new();
     let mut parts = Vec::new();
-    for a in race(s, "learned") {
+    let mut seeds = usize::MAX;
+    if let Some(why) = beta_not_learned(s) {
+        return (Measure::NotTestable(why.clone()), why);
+    }
+    for a in race(s, "learned").filter(|a| !(a.dlog2_beta.abs() < MIN_BETA_MOVE_LOG2)) {
         if let Some(b) = race(s, "fixed").find(|b| (b.p, b.l) == (a.p, a.l)) {
+            seeds = seeds.min(a.seeds).min(b.seeds);
             terms.push((a.accuracy - b.accuracy, a.se.hypot(b.se)));
             parts.push(format!(
-                "({},{}): {:.3} vs {:.3}",
-                a.p, a.l, a.accuracy, b.accuracy
+                "({},{}): {:.3} vs {:.3} (Δlog2 β {:+.2})",
+                a.p, a.l, a.accuracy, b.accuracy, a.dlog2_beta
             ));
         }
     }
@@ -244,14 +316,14 @@ pub fn learned_vs_fixed_measure(s: &[Summary]) -> (Measure, String) {
             "no pair".into(),
         );
     }
-    let (diff, se) = mean_difference(&terms);
-    (
-        Measure::Margin { diff, se },
-        format!(
-            "learned vs fixed {}; mean difference {diff:+.3} (se {se:.3})",
-            parts.join(", ")
-        ),
-    )
+    let c = mean_difference(&terms, seeds);
+    let text = format!(
+        "learned vs fixed {}; mean difference {:+.3} (se {:.3})",
+        parts.join(", "),
+        c.diff,
+        c.se
+    );
+    (Measure::Margin(c), text)
 }
 
 /// `log2(learned β / the β the fixed-input trade-off study validated)` per learned (P, L);
@@ -263,16 +335,20 @@ pub fn learned_beta_measure(
     let mut logs = Vec::new();
     let mut parts = Vec::new();
     let mut missing = Vec::new();
-    for a in race(s, "learned") {
+    if let Some(why) = beta_not_learned(s) {
+        return (Measure::NotTestable(why.clone()), why);
+    }
+    for a in race(s, "learned").filter(|a| !(a.dlog2_beta.abs() < MIN_BETA_MOVE_LOG2)) {
         match tradeoff.get(&(a.p, a.l)) {
-            Some(&t) if a.beta_final.is_finite() => {
+            // A non-finite learned β is kept: the verdict says it is not finite.
+            Some(&t) => {
                 logs.push((a.beta_final / t).log2());
                 parts.push(format!(
-                    "({},{}): learned {:.3} vs validated {}",
-                    a.p, a.l, a.beta_final, t
+                    "({},{}): learned {:.3} (Δlog2 β {:+.2}) vs validated {}",
+                    a.p, a.l, a.beta_final, a.dlog2_beta, t
                 ));
             }
-            _ => missing.push(format!("({},{})", a.p, a.l)),
+            None => missing.push(format!("({},{})", a.p, a.l)),
         }
     }
     if logs.is_empty() {
@@ -326,6 +402,7 @@ fn summary_csv(ctx: &Ctx, s: &[Summary], source: &Path) -> Result<String> {
                 f(x.accuracy),
                 f(x.se),
                 f(x.beta_final),
+                f(x.dlog2_beta),
             ]
         })
         .collect();
@@ -347,6 +424,7 @@ fn summary_csv(ctx: &Ctx, s: &[Summary], source: &Path) -> Result<String> {
             "accuracy",
             "se",
             "beta_final",
+            "dlog2_beta",
         ],
         &rows,
         &serde_json::json!({"source": "mqar/mqar.csv", "trained": meta}),
@@ -422,6 +500,7 @@ fn summarise_back(h: &[String], r: &[Vec<String>]) -> Vec<Summary> {
         num("se"),
         num("beta_final"),
     );
+    let dl = num("dlog2_beta");
     (0..r.len())
         .map(|i| Summary {
             model: model[i].clone(),
@@ -434,6 +513,7 @@ fn summarise_back(h: &[String], r: &[Vec<String>]) -> Vec<Summary> {
             accuracy: acc[i],
             se: se[i],
             beta_final: b[i],
+            dlog2_beta: dl[i],
         })
         .collect()
 }
@@ -448,7 +528,7 @@ fn claims(ctx: &Ctx, provenance: &str) -> Result<(Vec<Claim>, serde_json::Value)
     let (m3, t3) = race_vs_performer_measure(&s);
     let (m4, t4) = learned_vs_fixed_measure(&s);
     let (m5, t5) = learned_beta_measure(&s, &tradeoff_betas(ctx));
-    let claims = vec![
+    let claims: Vec<Claim> = vec![
         Claim::judged("mqar-softmax-ceiling", t1, m1, note(""))?,
         Claim::judged("mqar-more-buckets", t2, m2, note(""))?,
         Claim::judged("mqar-race-vs-performer", t3, m3, note(""))?,
@@ -459,7 +539,10 @@ fn claims(ctx: &Ctx, provenance: &str) -> Result<(Vec<Claim>, serde_json::Value)
             m5,
             note("; validated β from this report's tradeoff.csv (unit Q/K, fixed inputs)"),
         )?,
-    ];
+    ]
+    .into_iter()
+    .map(|c| c.from_committed(provenance))
+    .collect();
     let headline = serde_json::json!({
         "models": s.len(),
         "softmax": s.iter().find(|x| x.model == "softmax").map(|x| x.accuracy),
@@ -558,11 +641,13 @@ mod tests {
             accuracy,
             se,
             beta_final: beta,
+            // A learned β that moved by one octave (the gate needs 0.25).
+            dlog2_beta: if mode == "learned" { 1.0 } else { f64::NAN },
         }]
     }
 
     fn verdict(id: &str, m: &Measure) -> Verdict {
-        judge(&specs().unwrap()[id].test, m).unwrap().0
+        judge(&specs().unwrap()[id].test, m).unwrap().verdict
     }
 
     #[test]
@@ -604,6 +689,26 @@ mod tests {
     }
 
     #[test]
+    fn a_beta_that_training_did_not_move_or_a_nan_beta_is_not_testable() {
+        let mut s = row("race", 2, 2, "fixed", &[0.5, 0.52, 0.51], f64::NAN);
+        s.extend(row("race", 2, 2, "learned", &[0.9, 0.91, 0.92], 4.0));
+        s[1].dlog2_beta = 0.1;
+        let (m, why) = learned_vs_fixed_measure(&s);
+        assert_eq!(verdict("mqar-learned-beta", &m), Verdict::NotTestable);
+        assert!(why.contains("not learned"), "{why}");
+        let validated = BTreeMap::from([((2, 2), 4.0)]);
+        let (m, _) = learned_beta_measure(&s, &validated);
+        assert_eq!(verdict("mqar-learned-beta-picture", &m), Verdict::NotTestable);
+        // A NaN learned β: not testable because of the NaN, said as such.
+        s[1].dlog2_beta = f64::NAN;
+        s[1].beta_final = f64::NAN;
+        let (m, _) = learned_beta_measure(&s, &validated);
+        let j = judge(&specs().unwrap()["mqar-learned-beta-picture"].test, &m).unwrap();
+        assert_eq!(j.verdict, Verdict::NotTestable);
+        assert!(j.detail.contains("non-finite"), "{}", j.detail);
+    }
+
+    #[test]
     fn learned_beta_picture_and_softmax_ceiling_can_fail() {
         let s = row("race", 2, 2, "learned", &[0.9, 0.9, 0.9], 40.0);
         let validated = BTreeMap::from([((2, 2), 2.0)]);
@@ -640,14 +745,15 @@ mod tests {
             "state_floats",
             "seed",
             "accuracy",
+            "beta_start",
             "beta_final",
         ]
         .map(String::from)
         .to_vec();
         let rows: Vec<Vec<String>> = [
-            "race,2,2,8,learned,520,0,0.5,4;6",
-            "race,2,2,8,learned,520,1,0.7,5;5",
-            "softmax,,,,,,0,1.0,",
+            "race,2,2,8,learned,520,0,0.5,4,4;16",
+            "race,2,2,8,learned,520,1,0.7,4,8;8",
+            "softmax,,,,,,0,1.0,,",
         ]
         .iter()
         .map(|r| r.split(',').map(String::from).collect())
@@ -656,7 +762,9 @@ mod tests {
         assert_eq!(s.len(), 2);
         let r = s.iter().find(|x| x.model == "race").unwrap();
         assert_eq!((r.p, r.l, r.m, r.seeds), (2, 2, 8, 2));
-        assert!((r.accuracy - 0.6).abs() < 1e-12 && (r.beta_final - 5.0).abs() < 1e-12);
+        assert!((r.accuracy - 0.6).abs() < 1e-12 && (r.beta_final - 9.0).abs() < 1e-12);
+        // log2 moves 0, 2, 1, 1: mean 1.
+        assert!((r.dlog2_beta - 1.0).abs() < 1e-12);
         assert_eq!(r.state, 520.0);
         let sm = s.iter().find(|x| x.model == "softmax").unwrap();
         assert_eq!((sm.state, sm.seeds), (0.0, 1));

@@ -344,7 +344,7 @@ fn claims(ctx: &Ctx, rd: &RealData) -> Result<(Vec<Claim>, serde_json::Value)> {
                 "{} ({} layers × {} heads, {} tokens), errors / RMS row norm of V: median error vs angular-P {:.3} (raw Q/K) / {:.3} (unit), vs softmax {:.3} / {:.3}; angular-P vs softmax itself {:.3}; mean paired difference (unit) {diff:.4}, se {se:.4}",
                 rd.model, rd.layers.len(), heads.len(), rd.tokens, med(&ea, "raw"), med(&ea, "unit"), med(&es, "raw"), med(&es, "unit"), med(&asm, "raw")
             ),
-            Measure::Margin { diff, se },
+            Measure::Margin(super::verdict::Cmp::of_mean("", diff, se, per_head.len())),
             "softmax depends on norms and the scale 1/sqrt(d); angular attention ignores norms",
         )?,
         Claim::judged(
