@@ -1118,7 +1118,11 @@ mod tests {
                 !s.quantity.is_empty() && !s.holds.is_empty() && !s.fails.is_empty(),
                 "{id}"
             );
-            assert!(!s.since.is_empty(), "{id}: no `since` revision");
+            let is_rev = |r: &str| r.len() >= 7 && r.chars().all(|c| c.is_ascii_hexdigit());
+            assert!(is_rev(&s.since), "{id}: `since` is not a revision: {}", s.since);
+            for c in &s.changed {
+                assert!(is_rev(&c.rev) && !c.reason.is_empty(), "{id}: change {c:?}");
+            }
             if matches!(s.test, Test::Bound { .. } | Test::RateBound { .. }) {
                 assert!(
                     s.loose.is_some(),
