@@ -491,6 +491,10 @@ struct ReproduceArgs {
     /// Small grids; finishes in minutes.
     #[arg(long)]
     quick: bool,
+    /// Independent master seeds for every empirical claim (from --seed on): inputs and planes
+    /// are redrawn per seed, and seeds that disagree make the verdict "unstable (k/K holds)".
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
+    seeds: u64,
     #[command(flatten)]
     common: Common,
 }
@@ -739,6 +743,8 @@ fn run_reproduce(a: ReproduceArgs) -> Result<()> {
     );
     let (results, report, total) = registry::reproduce(
         &ctx,
+        a.seeds as usize,
+        &|n| bar.set_length(n),
         &|name| bar.set_message(name.to_string()),
         &|name, r| {
             bar.println(format!(

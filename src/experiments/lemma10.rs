@@ -18,6 +18,7 @@ use crate::plot::{line_plot, LinePlot, Series};
 use crate::reference::angular::kappa;
 use crate::reference::expected::{expected_g, GTable};
 use crate::reference::kernels::soft_matrix;
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -104,8 +105,14 @@ fn repair_csv(ctx: &Ctx, cfg: &Config) -> Result<String> {
             let s_min = s_row.iter().cloned().fold(f64::INFINITY, f64::min);
             let c1 = s_min / n as f64;
             let log_term = (2.0 * (n * n) as f64 / cfg.delta).ln();
-            for &l in &cfg.grid_ls {
-                for seed in 0..cfg.grid_seeds {
+            let jobs: Vec<(usize, usize)> = cfg
+                .grid_ls
+                .iter()
+                .flat_map(|&l| (0..cfg.grid_seeds).map(move |seed| (l, seed)))
+                .collect();
+            let rows: Vec<Result<Vec<String>>> = jobs
+                .par_iter()
+                .map(|&(l, seed)| -> Result<Vec<String>> {
                     let planes = Planes::gaussian(
                         l,
                         cfg.grid_p,
@@ -140,7 +147,7 @@ fn repair_csv(ctx: &Ctx, cfg: &Config) -> Result<String> {
                     let actual = e2 <= s_min / 2.0;
                     let hp_bound = b + (log_term / (2.0 * l as f64)).sqrt();
                     let sufficient = b <= c1 / 4.0 && (l as f64) >= 8.0 / (c1 * c1) * log_term;
-                    grid.push(vec![
+                    Ok(vec![
                         f(beta),
                         n.to_string(),
                         l.to_string(),
@@ -151,8 +158,11 @@ fn repair_csv(ctx: &Ctx, cfg: &Config) -> Result<String> {
                         f(hp_bound),
                         (actual as u8).to_string(),
                         (sufficient as u8).to_string(),
-                    ]);
-                }
+                    ])
+                })
+                .collect();
+            for r in rows {
+                grid.push(r?);
             }
         }
     }

@@ -58,6 +58,42 @@ pub fn soft_out(
     crate::reference::race::soft_race(q.view(), k.view(), v.view(), planes, beta, causal, combine).o
 }
 
+/// The same non-causal `Ô` from the production f32 CPU kernels (one head), returned in f64.
+/// The studies whose errors are far above f32 rounding (relative errors ≥ 1e-3 against
+/// ~1e-6 for the kernels, `tests/backends.rs`) use it for their inner loops; the f64
+/// reference stays the ground truth where a quantity is near rounding.
+pub fn soft_out_f32(
+    (q, k, v): (
+        &crate::tensor::Mat<f64>,
+        &crate::tensor::Mat<f64>,
+        &crate::tensor::Mat<f64>,
+    ),
+    planes: &crate::hashing::Planes,
+    beta: f64,
+) -> Result<crate::tensor::Mat<f64>> {
+    use crate::backend::{Heads, PlanesF32, RaceParams, SoftRace};
+    let to32 = |m: &crate::tensor::Mat<f64>| m.data.iter().map(|&x| x as f32).collect::<Vec<f32>>();
+    let (q32, k32, v32) = (to32(q), to32(k), to32(v));
+    let params = RaceParams {
+        p: planes.p,
+        l: planes.l,
+        beta,
+        ..Default::default()
+    };
+    let out = crate::cpu::CpuRace::detected().forward(
+        &params,
+        &PlanesF32::from_planes(planes),
+        Heads::new(1, q.rows, q.cols, &q32),
+        Heads::new(1, k.rows, k.cols, &k32),
+        Heads::new(1, v.rows, v.cols, &v32),
+    )?;
+    Ok(crate::tensor::Mat::from_vec(
+        q.rows,
+        v.cols,
+        out.o.iter().map(|&x| x as f64).collect(),
+    ))
+}
+
 /// One input of a study over input families: `(family, instance, q, k, v)`.
 pub type Instance = (
     String,

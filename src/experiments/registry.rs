@@ -195,28 +195,95 @@ pub fn reproduce_steps() -> Vec<Step> {
     steps
 }
 
-/// Run every step of [`reproduce_steps`] on `ctx` and write `REPORT.md`: returns the results,
-/// the report's path and the total seconds. `started(name)` and `finished(name, result)` are
-/// called around each step (for a progress display); a failing step stops the run with its
-/// name in the error.
+/// The master seeds of a replicated run: `seeds` consecutive seeds from `ctx.seed`.
+pub fn master_seeds(ctx: &Ctx, seeds: usize) -> Vec<u64> {
+    (0..seeds.max(1) as u64).map(|k| ctx.seed + k).collect()
+}
+
+/// Whether a step's result is replicated at the other master seeds: it has an empirical
+/// claim measured in this run (computed checks are deterministic, and rows read from
+/// committed results carry their own seeds).
+fn replicated(r: &ExpResult) -> bool {
+    r.claims
+        .iter()
+        .any(|c| c.kind == super::verdict::Kind::Empirical && c.provenance.is_none())
+}
+
+/// Run every step of [`reproduce_steps`] at each master seed and write `REPORT.md` and
+/// `claims.json`: returns the merged results, the report's path and the total seconds.
+///
+/// The first master seed (`ctx.seed`) runs every step into `ctx.out`: its CSVs and figures
+/// are the report's. Each further seed reruns the steps with an empirical claim into
+/// `ctx.out/seeds/<seed>/`, with inputs and planes redrawn from that seed; each claim's
+/// verdicts are then merged by [`super::verdict::replicate`] (the common verdict, or
+/// **unstable (k/K holds)**). `started(label)` and `finished(label, result)` are called around
+/// each run (for a progress display; `planned(n)` once the number of runs is known); a failing
+/// step stops the run with its name in the error.
 pub fn reproduce(
     ctx: &Ctx,
+    seeds: usize,
+    planned: &dyn Fn(u64),
     started: &dyn Fn(&str),
     finished: &dyn Fn(&str, &ExpResult),
 ) -> Result<(Vec<ExpResult>, PathBuf, f64)> {
     let t0 = std::time::Instant::now();
-    let mut results = Vec::new();
-    for step in reproduce_steps() {
-        started(step.name);
-        let r = (step.run)(ctx).map_err(|e| RaceError::Config {
-            path: format!("experiment `{}`", step.name),
+    let master = master_seeds(ctx, seeds);
+    let steps = reproduce_steps();
+    planned(steps.len() as u64 * master.len() as u64);
+    let run_step = |step: &Step, c: &Ctx, label: &str| -> Result<ExpResult> {
+        started(label);
+        let r = (step.run)(c).map_err(|e| RaceError::Config {
+            path: format!("experiment `{}`", label),
             msg: e.to_string(),
         })?;
-        finished(step.name, &r);
+        finished(label, &r);
+        Ok(r)
+    };
+    let mut results = Vec::new();
+    for step in &steps {
+        let mut r = run_step(step, ctx, step.name)?;
+        r.claims = r.claims.into_iter().map(|c| c.at_seed(ctx.seed)).collect();
         results.push(r);
     }
+    planned(
+        steps.len() as u64
+            + results.iter().filter(|r| replicated(r)).count() as u64 * (master.len() as u64 - 1),
+    );
+    let mut extra: Vec<Vec<ExpResult>> = vec![Vec::new(); steps.len()];
+    for &seed in &master[1..] {
+        let c = Ctx {
+            out: ctx.out.join("seeds").join(seed.to_string()),
+            seed,
+            ..ctx.clone()
+        };
+        for (i, step) in steps.iter().enumerate() {
+            if replicated(&results[i]) {
+                let mut r = run_step(step, &c, &format!("{} [seed {seed}]", step.name))?;
+                r.claims = r.claims.into_iter().map(|x| x.at_seed(seed)).collect();
+                extra[i].push(r);
+            }
+        }
+    }
+    for (r, more) in results.iter_mut().zip(&extra) {
+        r.claims = r
+            .claims
+            .iter()
+            .map(|c| {
+                if c.kind == super::verdict::Kind::Computed || c.provenance.is_some() {
+                    return c.clone();
+                }
+                let runs: Vec<super::Claim> = std::iter::once(c.clone())
+                    .chain(
+                        more.iter()
+                            .filter_map(|m| m.claims.iter().find(|x| x.id == c.id).cloned()),
+                    )
+                    .collect();
+                super::verdict::replicate(&runs).unwrap_or_else(|| c.clone())
+            })
+            .collect();
+    }
     let total = t0.elapsed().as_secs_f64();
-    let report = super::report::write_report(ctx, &results, total)?;
+    let report = super::report::write_report(ctx, &results, total, &master)?;
     Ok((results, report, total))
 }
 
