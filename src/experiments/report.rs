@@ -191,7 +191,7 @@ pub fn scaling(ctx: &Ctx) -> Result<ExpResult> {
         reference: true,
         seed: ctx.seed,
         runs: 3,
-        ref_budget_s: if ctx.quick { 2.0 } else { 30.0 },
+        ref_budget_s: if ctx.quick { 2.0 } else { 12.0 },
         out: Some(ctx.out.join("bench")),
         ..Default::default()
     };
@@ -246,6 +246,7 @@ fn claim_json(c: &Claim) -> serde_json::Value {
         "id": c.id,
         "kind": c.kind,
         "verdict": c.verdict.text(),
+        "verdict_name": c.verdict,
         "seeds_total": c.seeds.len(),
         "seeds_agree": c.seeds.iter().filter(|s| s.verdict == c.verdict).count(),
         "seeds": c.seeds,
@@ -295,9 +296,18 @@ pub fn write_report(
         }
     );
     s += &format!("- git revision: `{}`{}\n- machine: {} ({} cores, {} threads, {:.1} GiB, {})\n- master seeds: {seeds_txt}\n- claims: `experiments/claims.toml`, SHA-256 `{}`\n- total run time: {:.1} s\n\n", prov.git_revision, if prov.git_dirty { " (uncommitted changes)" } else { "" }, prov.cpu, prov.cores, prov.threads, prov.memory_gib, prov.isa, claims_sha256(), total_seconds);
-    let committed: Vec<String> = all
+    let mut by_source: Vec<(String, Vec<String>)> = Vec::new();
+    for c in &all {
+        if let Some(p) = &c.provenance {
+            match by_source.iter_mut().find(|(q, _)| q == p) {
+                Some((_, ids)) => ids.push(format!("`{}`", c.id)),
+                None => by_source.push((p.clone(), vec![format!("`{}`", c.id)])),
+            }
+        }
+    }
+    let committed: Vec<String> = by_source
         .iter()
-        .filter_map(|c| c.provenance.as_ref().map(|p| format!("`{}` ({})", c.id, p)))
+        .map(|(p, ids)| format!("{} ({})", ids.join(", "), p))
         .collect();
     s += "Every number below was measured in this run, except the rows read from committed results, which name their own revision";
     s += &if committed.is_empty() {

@@ -49,9 +49,9 @@ use statrs::distribution::{ContinuousCDF, StudentsT};
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
-/// The verdict of one claim.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
+/// The verdict of one claim. In JSON a subcommand's per-claim `verdict` is `holds`, `loose`,
+/// `fails`, `not_testable` or `unstable` (`claims.json` has the report's text as well).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
     Holds,
     Loose,
@@ -62,6 +62,18 @@ pub enum Verdict {
         holds: usize,
         total: usize,
     },
+}
+
+impl Serialize for Verdict {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(match self {
+            Verdict::Holds => "holds",
+            Verdict::Loose => "loose",
+            Verdict::Fails => "fails",
+            Verdict::NotTestable => "not_testable",
+            Verdict::Unstable { .. } => "unstable",
+        })
+    }
 }
 
 /// The documented verdict texts, as REPORT.md prints them (an unstable verdict adds its
