@@ -43,13 +43,16 @@ pub struct Ctx {
     pub data: Option<PathBuf>,
 }
 
+/// Whole-matrix inputs `(q, k, v)`.
+pub type Qkv<'a> = (
+    &'a crate::tensor::Mat<f64>,
+    &'a crate::tensor::Mat<f64>,
+    &'a crate::tensor::Mat<f64>,
+);
+
 /// The f64 soft-RACE output `Ô` (reference estimator) on whole matrices.
 pub fn soft_out(
-    (q, k, v): (
-        &crate::tensor::Mat<f64>,
-        &crate::tensor::Mat<f64>,
-        &crate::tensor::Mat<f64>,
-    ),
+    (q, k, v): Qkv,
     planes: &crate::hashing::Planes,
     beta: f64,
     causal: bool,
@@ -63,11 +66,7 @@ pub fn soft_out(
 /// ~1e-6 for the kernels, `tests/backends.rs`) use it for their inner loops; the f64
 /// reference stays the ground truth where a quantity is near rounding.
 pub fn soft_out_f32(
-    (q, k, v): (
-        &crate::tensor::Mat<f64>,
-        &crate::tensor::Mat<f64>,
-        &crate::tensor::Mat<f64>,
-    ),
+    (q, k, v): Qkv,
     planes: &crate::hashing::Planes,
     beta: f64,
 ) -> Result<crate::tensor::Mat<f64>> {

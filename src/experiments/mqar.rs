@@ -228,15 +228,28 @@ pub fn more_buckets_measure(s: &[Summary]) -> (Measure, String) {
 }
 
 /// The mean of `K` independent differences `(d, se)` and its standard error `sqrt(Σ se²)/K`,
-/// as a comparison with the seeds' degrees of freedom (`seeds − 1`, the fewest of any term).
-fn mean_difference(terms: &[(f64, f64)], seeds: usize) -> Cmp {
+/// as a comparison with the seeds' degrees of freedom (`seeds − 1`, the fewest of any term),
+/// and its text: `{prefix}{parts}; mean difference … (se …)`.
+fn mean_difference(
+    terms: &[(f64, f64)],
+    seeds: usize,
+    prefix: &str,
+    parts: &[String],
+) -> (Measure, String) {
     let k = terms.len() as f64;
-    Cmp {
+    let c = Cmp {
         label: String::new(),
         diff: terms.iter().map(|t| t.0).sum::<f64>() / k,
         se: terms.iter().map(|t| t.1 * t.1).sum::<f64>().sqrt() / k,
         df: seeds as f64 - 1.0,
-    }
+    };
+    let text = format!(
+        "{prefix}{}; mean difference {:+.3} (se {:.3})",
+        parts.join(", "),
+        c.diff,
+        c.se
+    );
+    (Measure::Margin(c), text)
 }
 
 /// Mean over matched feature counts m of (soft RACE's mean accuracy over its fixed-β (P, L)
@@ -266,14 +279,7 @@ pub fn race_vs_performer_measure(s: &[Summary]) -> (Measure, String) {
             "no matched state".into(),
         );
     }
-    let c = mean_difference(&terms, seeds);
-    let text = format!(
-        "{}; mean difference {:+.3} (se {:.3})",
-        parts.join(", "),
-        c.diff,
-        c.se
-    );
-    (Measure::Margin(c), text)
+    mean_difference(&terms, seeds, "", &parts)
 }
 
 /// Why the learned-β rows cannot test a claim about learning β: none of them moved β by
@@ -316,14 +322,7 @@ pub fn learned_vs_fixed_measure(s: &[Summary]) -> (Measure, String) {
             "no pair".into(),
         );
     }
-    let c = mean_difference(&terms, seeds);
-    let text = format!(
-        "learned vs fixed {}; mean difference {:+.3} (se {:.3})",
-        parts.join(", "),
-        c.diff,
-        c.se
-    );
-    (Measure::Margin(c), text)
+    mean_difference(&terms, seeds, "learned vs fixed ", &parts)
 }
 
 /// `log2(learned β / the β the fixed-input trade-off study validated)` per learned (P, L);
