@@ -211,7 +211,7 @@ pub fn scaling(ctx: &Ctx) -> Result<ExpResult> {
 /// The verdict cell of a claim row: the verdict, the seeds that agree, the borderline flag
 /// and the correction, then the detail and what the verdict means.
 fn verdict_cell(c: &Claim) -> String {
-    let agree = c.seeds.iter().filter(|s| s.verdict == c.verdict).count();
+    let agree = seeds_agree(c);
     let mut tags = Vec::new();
     if c.seeds.len() > 1 && !matches!(c.verdict, Verdict::Unstable { .. }) {
         tags.push(format!("{agree}/{} seeds", c.seeds.len()));
@@ -240,6 +240,16 @@ fn verdict_cell(c: &Claim) -> String {
     )
 }
 
+/// How many seeds agree: with the verdict, or for an unstable one with the most common seed
+/// verdict.
+pub fn seeds_agree(c: &Claim) -> usize {
+    let count = |v: &Verdict| c.seeds.iter().filter(|s| s.verdict == *v).count();
+    match c.verdict {
+        Verdict::Unstable { .. } => c.seeds.iter().map(|s| count(&s.verdict)).max().unwrap_or(0),
+        v => count(&v),
+    }
+}
+
 /// One claim of `claims.json`.
 fn claim_json(c: &Claim) -> serde_json::Value {
     serde_json::json!({
@@ -248,7 +258,7 @@ fn claim_json(c: &Claim) -> serde_json::Value {
         "verdict": c.verdict.text(),
         "verdict_name": c.verdict,
         "seeds_total": c.seeds.len(),
-        "seeds_agree": c.seeds.iter().filter(|s| s.verdict == c.verdict).count(),
+        "seeds_agree": seeds_agree(c),
         "seeds": c.seeds,
         "value": c.value,
         "threshold": c.threshold_value,

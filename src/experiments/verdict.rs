@@ -1106,6 +1106,8 @@ mod tests {
         );
         assert_eq!(mixed.verdict.text(), "unstable (2/3 holds)");
         assert!(mixed.detail.contains("seed 1: fails"), "{}", mixed.detail);
+        assert_eq!(crate::experiments::report::seeds_agree(&mixed), 2);
+        assert_eq!(crate::experiments::report::seeds_agree(&same), 3);
         // Values near the threshold are borderline.
         let near = replicate(&[mk(0, 0.2), mk(1, 0.25), mk(2, 0.3)]).unwrap();
         assert!(near.borderline, "{:?}", near.value);
