@@ -6,8 +6,8 @@
 //! scale, so the rules are also compared with the authors' output divided by L.
 
 use super::{
-    data, f, fig, load_config, quantile, read_csv, verdict::mean_se, write_csv, Claim, Ctx,
-    ExpResult, Measure, verdict::Cmp,
+    data, f, fig, load_config, quantile, read_csv, verdict::mean_se, verdict::Cmp, write_csv,
+    Claim, Ctx, ExpResult, Measure,
 };
 use crate::analysis::metrics::{frob, rms_row_err};
 use crate::error::Result;
@@ -233,17 +233,15 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
     // error of `combine-closer`) covers the inputs as well as the planes; the real sample is
     // one fixed input, and there the seeds redraw the planes only.
     let (shape, mix) = ((cfg.n, cfg.d, cfg.dv), (cfg.clusters, cfg.noise));
-    let draw = |s: usize| {
-        data::clustered_qkv(
-            shape,
-            mix,
-            ctx.seed * 1_000 + s as u64,
-            21,
-        )
-    };
+    let draw = |s: usize| data::clustered_qkv(shape, mix, ctx.seed * 1_000 + s as u64, 21);
     let (q, k, v, label, stem) = super::real::inputs_or(ctx, "combine", || {
         let (q, k, v) = draw(0);
-        (q, k, v, "synthetic clustered unit Q/K, inputs redrawn per seed".to_string())
+        (
+            q,
+            k,
+            v,
+            "synthetic clustered unit Q/K, inputs redrawn per seed".to_string(),
+        )
     })?;
     let stem = stem.as_str();
     let mut cfg = cfg;

@@ -506,7 +506,9 @@ mod tests {
             Verdict::Holds
         );
         assert_eq!(
-            judge(&spec, &Measure::Values(vec![rho, wrong])).unwrap().verdict,
+            judge(&spec, &Measure::Values(vec![rho, wrong]))
+                .unwrap()
+                .verdict,
             Verdict::Fails
         );
     }

@@ -14,7 +14,9 @@
 //! `se = sqrt(se_a² + se_b²)`, and for an average of `K` such differences
 //! `se = sqrt(Σ se²)/K`.
 
-use super::{col, col_s, f, fig, read_csv, verdict::Cmp, write_csv, Claim, Ctx, ExpResult, Measure};
+use super::{
+    col, col_s, f, fig, read_csv, verdict::Cmp, write_csv, Claim, Ctx, ExpResult, Measure,
+};
 use crate::error::{RaceError, Result};
 use crate::plot::{line_plot, LinePlot, Series};
 use crate::stats::mean_se;
@@ -267,7 +269,12 @@ pub fn race_vs_performer_measure(s: &[Summary]) -> (Measure, String) {
         let r = at.iter().map(|x| x.accuracy).sum::<f64>() / k;
         let r_se = at.iter().map(|x| x.se * x.se).sum::<f64>().sqrt() / k;
         terms.push((r - perf.accuracy, r_se.hypot(perf.se)));
-        seeds = at.iter().map(|x| x.seeds).chain([perf.seeds, seeds]).min().unwrap_or(0);
+        seeds = at
+            .iter()
+            .map(|x| x.seeds)
+            .chain([perf.seeds, seeds])
+            .min()
+            .unwrap_or(0);
         parts.push(format!(
             "m={}: RACE {:.3} vs Performer {:.3}",
             perf.m, r, perf.accuracy
@@ -697,7 +704,10 @@ mod tests {
         assert!(why.contains("not learned"), "{why}");
         let validated = BTreeMap::from([((2, 2), 4.0)]);
         let (m, _) = learned_beta_measure(&s, &validated);
-        assert_eq!(verdict("mqar-learned-beta-picture", &m), Verdict::NotTestable);
+        assert_eq!(
+            verdict("mqar-learned-beta-picture", &m),
+            Verdict::NotTestable
+        );
         // A NaN learned β: not testable because of the NaN, said as such.
         s[1].dlog2_beta = f64::NAN;
         s[1].beta_final = f64::NAN;

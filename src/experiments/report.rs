@@ -384,7 +384,11 @@ pub fn write_report(
         s += &format!(
             "| `{}` | {}{} | {} | {} ({}) | {} | {} |\n",
             c.id,
-            if c.kind == Kind::Computed { "*(computed check)* " } else { "" },
+            if c.kind == Kind::Computed {
+                "*(computed check)* "
+            } else {
+                ""
+            },
             esc(&c.claim),
             esc(&c.source),
             esc(&c.quantity),

@@ -21,6 +21,7 @@
 //!
 //! See `proofs-notes/theorem2.md` and `proofs-notes/soft-bias.md`.
 
+use super::verdict::HeldOut;
 use super::{
     claim_id, data, f, fig, load_config, quantile, read_csv, write_csv, Claim, Ctx, ExpResult,
     Measure,
@@ -33,7 +34,6 @@ use crate::reference::angular::{angular_attention, kappa};
 use crate::reference::expected::GTable;
 use crate::reference::kernels::kernel_attention;
 use crate::stats::{loglog_slope, max_all, min_all};
-use super::verdict::HeldOut;
 use crate::tensor::Mat;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -600,7 +600,14 @@ fn explicit_study(ctx: &Ctx, cfg: &Config, tables: &[GTable]) -> Result<(Claim, 
     let csv = write_csv(
         ctx,
         "theorem_explicit",
-        &["inputs", "instance", "p", "beta", "limit_err", "explicit_bound"],
+        &[
+            "inputs",
+            "instance",
+            "p",
+            "beta",
+            "limit_err",
+            "explicit_bound",
+        ],
         &rows,
         cfg,
     )?;
@@ -886,18 +893,34 @@ fn limit_study(ctx: &Ctx, cfg: &Config) -> Result<(Vec<Claim>, Vec<LimitSlope>, 
     let tied: Vec<(usize, f64)> = cfg
         .ps
         .iter()
-        .map(|&p| (p, lr.slope("tied", p, cfg.tied_fit_from_beta, &cfg.limit_betas)))
+        .map(|&p| {
+            (
+                p,
+                lr.slope("tied", p, cfg.tied_fit_from_beta, &cfg.limit_betas),
+            )
+        })
         .collect();
     claims.push(Claim::judged(
         "theorem2-bias-rate-tied",
         format!(
             "L = ∞ slopes for beta ≥ {}: {}; over beta ≥ 4: {}",
             cfg.tied_fit_from_beta,
-            tied.iter().map(|(p, e)| format!("P={p}: {e:.3}")).collect::<Vec<_>>().join(", "),
+            tied.iter()
+                .map(|(p, e)| format!("P={p}: {e:.3}"))
+                .collect::<Vec<_>>()
+                .join(", "),
             txt("tied")
         ),
-        if lr.has("tied") { Measure::Values(tied.iter().map(|x| x.1).collect()) } else { Measure::NotTestable("no tied inputs".into()) },
-        format!("tested: every P, beta ∈ [{}, {}]", cfg.tied_fit_from_beta, cfg.limit_betas.last().copied().unwrap_or(f64::NAN)),
+        if lr.has("tied") {
+            Measure::Values(tied.iter().map(|x| x.1).collect())
+        } else {
+            Measure::NotTestable("no tied inputs".into())
+        },
+        format!(
+            "tested: every P, beta ∈ [{}, {}]",
+            cfg.tied_fit_from_beta,
+            cfg.limit_betas.last().copied().unwrap_or(f64::NAN)
+        ),
     )?);
     // The data's form: C·P/beta² for beta ≥ 4 without ties, held out across beta.
     let held = lr.form_held_out(&|p, b| p / (b * b), cfg.form_split_beta);
@@ -923,11 +946,18 @@ mod tests {
     fn parse(text: &str) -> (Vec<String>, Vec<Vec<String>>) {
         let mut lines = text.lines();
         let h = lines.next().unwrap().split(',').map(String::from).collect();
-        (h, lines.map(|l| l.split(',').map(String::from).collect()).collect())
+        (
+            h,
+            lines
+                .map(|l| l.split(',').map(String::from).collect())
+                .collect(),
+        )
     }
 
     fn share_verdict(id: &str, h: HeldOut) -> Verdict {
-        judge(&specs().unwrap()[id].test, &h.measure()).unwrap().verdict
+        judge(&specs().unwrap()[id].test, &h.measure())
+            .unwrap()
+            .verdict
     }
 
     #[test]
@@ -976,7 +1006,10 @@ mod tests {
                 let kap = 1.0 - theta / std::f64::consts::PI;
                 let bias = (expected_g(beta, 1.0, 1.0, theta, 1) - kap).abs();
                 let bound = pair_bias_bound(theta, 1, beta);
-                assert!(bias <= 1.1 * bound + 1e-12, "beta {beta} θ {theta}: {bias} > {bound}");
+                assert!(
+                    bias <= 1.1 * bound + 1e-12,
+                    "beta {beta} θ {theta}: {bias} > {bound}"
+                );
             }
         }
         // On a small instance the bound holds, and a bound 10× too small is violated.
@@ -989,9 +1022,15 @@ mod tests {
         let bound = explicit_bias_bound(&q, &k, &v, 2, 8.0);
         let spec = &specs().unwrap()["theorem2-bias-explicit"].test;
         let v_of = |b: f64| {
-            judge(spec, &Measure::Bound { measured: measured / b, bound: 1.0 })
-                .unwrap()
-                .verdict
+            judge(
+                spec,
+                &Measure::Bound {
+                    measured: measured / b,
+                    bound: 1.0,
+                },
+            )
+            .unwrap()
+            .verdict
         };
         assert_ne!(v_of(bound), Verdict::Fails, "{measured} vs {bound}");
         assert_eq!(v_of(bound / 10.0), Verdict::Fails);

@@ -14,8 +14,8 @@
 //! (held-out error vs softmax, state) are reported per (P, L).
 
 use super::{
-    claim_id, data, f, fig, load_config, read_csv, verdict::mean_se, write_csv, Claim, Ctx,
-    ExpResult, Measure, verdict::Cmp,
+    claim_id, data, f, fig, load_config, read_csv, verdict::mean_se, verdict::Cmp, write_csv,
+    Claim, Ctx, ExpResult, Measure,
 };
 use crate::analysis::metrics::{frob, rms_row_err};
 use crate::backend::{Heads, PlanesF32};
@@ -569,7 +569,10 @@ fn claims(st: &Study, tuned: &[Tuned]) -> Result<(Vec<Claim>, serde_json::Value)
         .all(|c| c.df >= 2.0 && c.se > 0.0 && c.diff.is_finite() && c.se.is_finite());
     let wins = if testable {
         let p: Vec<f64> = size_cmps.iter().map(super::verdict::p_one_sided).collect();
-        super::verdict::holm(&p, 0.05).iter().filter(|&&w| w).count()
+        super::verdict::holm(&p, 0.05)
+            .iter()
+            .filter(|&&w| w)
+            .count()
     } else {
         0
     };

@@ -455,16 +455,16 @@ pub fn judge(test: &Test, m: &Measure) -> Result<Judgement> {
             } else {
                 let lo = min.unwrap_or(f64::NEG_INFINITY);
                 let hi = max.unwrap_or(f64::INFINITY);
-                let (worst, out) = xs
-                    .iter()
-                    .map(|&x| (x, (lo - x).max(x - hi)))
-                    .fold((f64::NAN, f64::NEG_INFINITY), |a, b| {
+                let (worst, out) = xs.iter().map(|&x| (x, (lo - x).max(x - hi))).fold(
+                    (f64::NAN, f64::NEG_INFINITY),
+                    |a, b| {
                         if b.1 > a.1 {
                             b
                         } else {
                             a
                         }
-                    });
+                    },
+                );
                 let edge = if (lo - worst) >= (worst - hi) { lo } else { hi };
                 if out <= 0.0 {
                     Judgement::new(Holds, format!("inside by {}", num(-out))).at(worst, edge)
@@ -546,7 +546,10 @@ pub fn judge(test: &Test, m: &Measure) -> Result<Judgement> {
             } else if *e < *min || *e > *max {
                 Judgement::new(
                     Fails,
-                    format!("exponent {e:.3} outside [{min}, {max}] by {:.3}", (min - e).max(e - max)),
+                    format!(
+                        "exponent {e:.3} outside [{min}, {max}] by {:.3}",
+                        (min - e).max(e - max)
+                    ),
                 )
                 .at(*e, edge)
             } else {
@@ -601,7 +604,10 @@ pub fn judge(test: &Test, m: &Measure) -> Result<Judgement> {
                 } else {
                     Judgement::new(
                         Fails,
-                        format!("{hits}/{total}: short of {min_share} by {:.3}", min_share - s),
+                        format!(
+                            "{hits}/{total}: short of {min_share} by {:.3}",
+                            min_share - s
+                        ),
                     )
                 }
                 .at(s, *min_share);
@@ -647,8 +653,7 @@ pub fn judge(test: &Test, m: &Measure) -> Result<Judgement> {
                     p[best],
                     alpha / m as f64
                 );
-                let mut j =
-                    Judgement::new(if n_rej > 0 { Holds } else { Fails }, text).at(z, crit);
+                let mut j = Judgement::new(if n_rej > 0 { Holds } else { Fails }, text).at(z, crit);
                 j.se = Some(1.0);
                 j.borderline = (z - crit).abs() < 1.0;
                 j.correction = Some(format!("Holm–Bonferroni over {m} comparisons"));
@@ -827,8 +832,7 @@ fn meaning(spec: &ClaimSpec, v: Verdict) -> String {
         Verdict::Fails => spec.fails.clone(),
         Verdict::NotTestable => spec.not_testable.clone().unwrap_or_default(),
         Verdict::Unstable { .. } => {
-            "the independent seeds disagree: the data cannot settle this claim at this size"
-                .into()
+            "the independent seeds disagree: the data cannot settle this claim at this size".into()
         }
     }
 }
@@ -955,7 +959,11 @@ mod tests {
             assert_eq!(j.verdict, Verdict::NotTestable, "{t:?}");
             assert!(j.detail.contains("non-finite"), "{}", j.detail);
         }
-        let j = judge(&tests_range(), &Measure::Values(vec![f64::NAN, f64::NAN, 0.1])).unwrap();
+        let j = judge(
+            &tests_range(),
+            &Measure::Values(vec![f64::NAN, f64::NAN, 0.1]),
+        )
+        .unwrap();
         assert!(j.detail.starts_with("2 non-finite values"), "{}", j.detail);
     }
 
@@ -1035,8 +1043,28 @@ mod tests {
         assert_eq!(s(95, 100), Verdict::Holds);
         assert_eq!(s(50, 100), Verdict::Fails);
         assert_eq!(s(0, 0), Verdict::NotTestable);
-        assert!(judge(&t, &Measure::Share { hits: 91, total: 100 }).unwrap().borderline);
-        assert!(!judge(&t, &Measure::Share { hits: 99, total: 100 }).unwrap().borderline);
+        assert!(
+            judge(
+                &t,
+                &Measure::Share {
+                    hits: 91,
+                    total: 100
+                }
+            )
+            .unwrap()
+            .borderline
+        );
+        assert!(
+            !judge(
+                &t,
+                &Measure::Share {
+                    hits: 99,
+                    total: 100
+                }
+            )
+            .unwrap()
+            .borderline
+        );
     }
 
     #[test]
@@ -1053,9 +1081,17 @@ mod tests {
         assert!((t_critical(0.025, 2.0) - 4.3027).abs() < 1e-3);
         // The sign is said the right way round.
         let j = judge(&t, &Measure::Margin(Cmp::of_mean("", -0.048, 0.023, 3))).unwrap();
-        assert!(j.detail.contains("against the claimed direction"), "{}", j.detail);
+        assert!(
+            j.detail.contains("against the claimed direction"),
+            "{}",
+            j.detail
+        );
         let j = judge(&t, &Measure::Margin(Cmp::of_mean("", 0.3, 0.1, 20))).unwrap();
-        assert!(j.detail.contains("+0.300 in the claimed direction"), "{}", j.detail);
+        assert!(
+            j.detail.contains("+0.300 in the claimed direction"),
+            "{}",
+            j.detail
+        );
         // Paired differences.
         let c = Cmp::paired("", &[1.0, 2.0, 3.0, 4.0], &[0.5, 1.4, 2.6, 3.5]);
         assert!((c.diff - 0.5).abs() < 1e-12 && c.df == 3.0);
@@ -1074,7 +1110,10 @@ mod tests {
         assert_eq!(j.verdict, Verdict::Fails, "{}", j.detail);
         assert!(j.correction.unwrap().contains("35"));
         assert_eq!(
-            v(&Test::Margin { alpha: 0.05 }, Measure::Margin(cs[34].clone())),
+            v(
+                &Test::Margin { alpha: 0.05 },
+                Measure::Margin(cs[34].clone())
+            ),
             Verdict::Holds
         );
         // A strong effect survives the correction.
@@ -1100,10 +1139,7 @@ mod tests {
         assert_eq!(same.verdict, Verdict::Holds);
         assert_eq!(same.seeds.len(), 3);
         let mixed = replicate(&[mk(0, 0.5), mk(1, -0.1), mk(2, 0.7)]).unwrap();
-        assert_eq!(
-            mixed.verdict,
-            Verdict::Unstable { holds: 2, total: 3 }
-        );
+        assert_eq!(mixed.verdict, Verdict::Unstable { holds: 2, total: 3 });
         assert_eq!(mixed.verdict.text(), "unstable (2/3 holds)");
         assert!(mixed.detail.contains("seed 1: fails"), "{}", mixed.detail);
         assert_eq!(crate::experiments::report::seeds_agree(&mixed), 2);
@@ -1133,7 +1169,11 @@ mod tests {
                 "{id}"
             );
             let is_rev = |r: &str| r.len() >= 7 && r.chars().all(|c| c.is_ascii_hexdigit());
-            assert!(is_rev(&s.since), "{id}: `since` is not a revision: {}", s.since);
+            assert!(
+                is_rev(&s.since),
+                "{id}: `since` is not a revision: {}",
+                s.since
+            );
             for c in &s.changed {
                 assert!(is_rev(&c.rev) && !c.reason.is_empty(), "{id}: change {c:?}");
             }
