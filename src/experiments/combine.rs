@@ -246,7 +246,10 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
     let stem = stem.as_str();
     let mut cfg = cfg;
     let inputs: Vec<Inputs> = if stem == "combine" {
-        (0..cfg.seeds).map(draw).collect()
+        // The label's draw is seed 0's: reuse it.
+        std::iter::once((q, k, v))
+            .chain((1..cfg.seeds).map(draw))
+            .collect()
     } else {
         vec![(q, k, v)]
     };

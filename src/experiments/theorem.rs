@@ -493,8 +493,8 @@ pub fn pair_bias_bound(theta: f64, p: usize, beta: f64) -> f64 {
 /// (`w = g^P`, `W_i = Σ_j w_ij ≥ U_i − Σ_j δ_ij`) gives
 /// `‖O_∞,i − O_i‖ ≤ Σ_j δ_ij ‖v_j − O_i‖ / (U_i − Σ_j δ_ij)` (infinite when the denominator is
 /// not positive). Returns the bound on `‖O_∞ − O‖_rms/‖O‖_rms`.
-pub fn explicit_bias_bound(q: &Mat<f64>, k: &Mat<f64>, v: &Mat<f64>, p: usize, beta: f64) -> f64 {
-    let target = angular_attention(q.view(), k.view(), v.view(), p as f64, false).o;
+/// `target` is `O`, the P-powered angular attention of the same inputs.
+pub fn explicit_bias_bound((q, k, v): super::Qkv, target: &Mat<f64>, p: usize, beta: f64) -> f64 {
     let n = q.rows;
     let rows: Vec<f64> = (0..n)
         .into_par_iter()
@@ -586,7 +586,7 @@ fn explicit_study(ctx: &Ctx, cfg: &Config, tables: &[GTable]) -> Result<(Claim, 
             let t = &tables[b];
             let target = angular_attention(q.view(), k.view(), v.view(), p as f64, false).o;
             let measured = rel_rms(&limit_output(q, k, v, t, p, false), &target);
-            let bound = explicit_bias_bound(q, k, v, p, t.beta);
+            let bound = explicit_bias_bound((q, k, v), &target, p, t.beta);
             vec![
                 fam.clone(),
                 inst.to_string(),
@@ -1019,7 +1019,7 @@ mod tests {
         let t = GTable::new(8.0, 256);
         let target = angular_attention(q.view(), k.view(), v.view(), 2.0, false).o;
         let measured = rel_rms(&limit_output(&q, &k, &v, &t, 2, false), &target);
-        let bound = explicit_bias_bound(&q, &k, &v, 2, 8.0);
+        let bound = explicit_bias_bound((&q, &k, &v), &target, 2, 8.0);
         let spec = &specs().unwrap()["theorem2-bias-explicit"].test;
         let v_of = |b: f64| {
             judge(
