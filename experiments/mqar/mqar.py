@@ -3,7 +3,7 @@ Performer and linear attention in the same slots of a small two-layer model, at 
 recurrent state.
 
     pip install ./python            # racelab and racelab.torch
-    python experiments/mqar/mqar.py            # the default grid (about 45 minutes on 2 cores)
+    python experiments/mqar/mqar.py            # the default grid (about 50 minutes on 2 cores)
     python experiments/mqar/mqar.py --quick    # a small grid (about 2 minutes)
 
 Task. A sequence lists K key-value pairs ``k_1 v_1 ... k_K v_K`` (K distinct keys out of
@@ -18,15 +18,27 @@ the token and the one before it (a token shift: the key of the pair ``k_j v_j`` 
 
 - ``softmax``: exact causal softmax attention (no state bound: it keeps every key);
 - ``race P L``: soft RACE (racelab's causal CPU kernels through ``racelab.torch``), unit-norm
-  queries and keys, ``beta`` fixed or learned as ``exp(log_temp) / sqrt(d_head)`` from the
-  same start; state ``L * 2^P * (dv + 1)`` per layer;
-- ``performer m``: FAVOR+ positive random features (m of them, redrawn per seed, fixed);
-  state ``m * (dv + 1)``;
+  queries and keys; state ``L * 2^P * (dv + 1)`` per layer. Three β modes:
+  ``fixed`` at the β the fixed-input trade-off study validated for that (P, L)
+  (``beta_chosen`` in ``figures/tradeoff.csv``); ``learned`` from that same β; and
+  ``learned-authors`` from the authors' start ``1 / sqrt(d_head)``. A learned β is
+  ``exp(log_temp) / sqrt(d_head)``, and ``log_temp`` trains on its own learning rate
+  (``beta_lr``, no weight decay) so that it can move;
+- ``performer m``: FAVOR+ positive random features (m of them, redrawn per seed, fixed) on
+  ``x * s * d^-1/4``, its feature scale ``s`` chosen on validation; state ``m * (dv + 1)``;
 - ``linear``: ``elu(x) + 1`` features, ``m = d_head``.
 
-Output: ``figures/mqar/mqar.csv`` (one row per model and seed: the state, accuracy, final loss,
-learned beta, seconds) and ``mqar.meta.json`` (parameters, seeds, revision, machine, torch and
-racelab versions). ``racelab reproduce`` reads them into REPORT.md (claims ``mqar-*``) and
+Tuning, the same for every model (as Zoology does): on the first seed, each model trains at
+every learning rate of ``lrs`` and keeps the one with the best accuracy on a validation set
+(its own draw, disjoint from the test set); Performer then tries each other scale of
+``performer_scales`` at that learning rate and keeps the best. The other seeds train at the
+chosen setting. Every row of the results is then scored on the test set, never used to choose.
+
+Output: ``figures/mqar/mqar.csv`` (one row per model and seed at its chosen setting: the state,
+learning rate, Performer scale, validation and test accuracy, final loss, β start and end per
+layer with ``dlog2_beta = log2(β_end / β_start)``, seconds), ``mqar_sweep.csv`` (every
+tuning run on the first seed and its validation accuracy) and ``mqar.meta.json``
+(parameters, the validated β, seeds, revision, machine, torch and racelab versions). ``racelab reproduce`` reads them into REPORT.md (claims ``mqar-*``) and
 draws ``figures/mqar/accuracy_vs_state.png``; it needs no torch.
 """
 
@@ -50,25 +62,42 @@ import racelab
 from racelab.torch import RaceAttention, causal_linear_attention
 
 GRIDS = {
-    # Each run trains `steps` steps of `batch` sequences; seeds repeat every model.
+    # Each run trains `steps` steps of `batch` sequences; seeds repeat every model. The
+    # learning rates and Performer's scales are tuned on the first seed (see above). The
+    # full grid leaves out the 4-feature states (L·2^P = m = 4), where every bounded model
+    # sits near chance on 24 pairs, to keep the tuned retrain within about 50 minutes.
     "full": dict(
-        pairs=24, keys=64, values=64, d_model=64, steps=300, batch=64, lr=3e-3, eval_n=1024,
-        seeds=[0, 1, 2], beta=4.0,
-        race=[(2, 1), (2, 2), (3, 1), (2, 4), (4, 1), (3, 4), (5, 1), (4, 4), (6, 1)],
+        pairs=24, keys=64, values=64, d_model=64, steps=300, batch=64, eval_n=1024, val_n=512,
+        seeds=[0, 1, 2], lrs=[3e-3, 1e-2], beta_lr=5e-2, performer_scales=[1.0, 0.5, 2.0],
+        race=[(2, 2), (3, 1), (2, 4), (4, 1), (3, 4), (5, 1), (4, 4), (6, 1)],
         learned=[(2, 2), (2, 4), (3, 4), (4, 4)],
-        performer=[4, 8, 16, 32, 64],
+        performer=[8, 16, 32, 64],
     ),
     "quick": dict(
-        pairs=6, keys=16, values=16, d_model=32, steps=150, batch=32, lr=3e-3, eval_n=256,
-        seeds=[0, 1, 2], beta=4.0,
+        pairs=6, keys=16, values=16, d_model=32, steps=100, batch=32, eval_n=256, val_n=128,
+        seeds=[0, 1, 2], lrs=[3e-3, 1e-2], beta_lr=5e-2, performer_scales=[1.0, 2.0],
         race=[(2, 1), (3, 1)],
         learned=[(2, 1)],
         performer=[4, 8],
     ),
 }
 
-FIELDS = ["model", "p", "l", "m_features", "beta_mode", "state_floats", "seed", "accuracy",
-          "final_loss", "beta_start", "beta_final", "seconds", "steps"]
+FIELDS = ["model", "p", "l", "m_features", "beta_mode", "state_floats", "seed", "lr",
+          "performer_scale", "val_accuracy", "accuracy", "final_loss", "beta_start", "beta_final",
+          "dlog2_beta", "seconds", "steps"]
+SWEEP_FIELDS = ["model", "p", "l", "m_features", "beta_mode", "seed", "lr", "performer_scale",
+                "val_accuracy", "val_loss", "chosen"]
+
+# The validated β per (P, L): the trade-off study's choice on fixed unit-norm inputs.
+TRADEOFF = Path(__file__).resolve().parents[2] / "figures" / "tradeoff.csv"
+
+
+def validated_betas(path=TRADEOFF):
+    """``beta_chosen`` per (P, L) from the trade-off study's CSV."""
+    if not path.is_file():
+        raise SystemExit(f"{path} is missing: run `racelab reproduce` (its tradeoff step) first")
+    with open(path) as f:
+        return {(int(r["p"]), int(r["l"])): float(r["beta_chosen"]) for r in csv.DictReader(f)}
 
 
 def batch_mqar(gen, n, pairs, keys, values):
@@ -86,11 +115,11 @@ def batch_mqar(gen, n, pairs, keys, values):
 class Performer(nn.Module):
     """FAVOR+ positive random features ``exp(w^T x - |x|^2 / 2)`` (``m`` fixed draws)."""
 
-    def __init__(self, d, m, seed):
+    def __init__(self, d, m, seed, scale=1.0):
         super().__init__()
         g = torch.Generator().manual_seed(10_000 + seed)
         self.register_buffer("w", torch.randn(m, d, generator=g))
-        self.scale = d ** -0.25
+        self.scale = scale * d ** -0.25
 
     def features(self, x, is_query):
         x = x * self.scale
@@ -156,7 +185,7 @@ class Model(nn.Module):
         return self.norm(x) @ self.emb.weight.T
 
 
-def mixers(spec, g, seed):
+def mixers(spec, setting, g, seed):
     d = g["d_model"]
     kind = spec["model"]
     out = []
@@ -167,9 +196,9 @@ def mixers(spec, g, seed):
         elif kind == "linear":
             out.append(Linear())
         elif kind == "performer":
-            out.append(Performer(d, spec["m_features"], s))
+            out.append(Performer(d, spec["m_features"], s, setting["performer_scale"]))
         else:
-            out.append(Race(d, spec["p"], spec["l"], g["beta"], spec["beta_mode"] == "learned", s))
+            out.append(Race(d, spec["p"], spec["l"], spec["beta_start"], spec["beta_mode"] != "fixed", s))
     return out
 
 
@@ -180,25 +209,72 @@ def state_floats(spec, dv):
     return spec["m_features"] * (dv + 1)
 
 
-def specs(g):
+def specs(g, validated):
+    """Every model of the grid; soft RACE's with its β mode and start (``validated``: the
+    trade-off study's β per (P, L))."""
     d = g["d_model"]
-    out = [dict(model="softmax", p="", l="", m_features="", beta_mode="")]
-    out.append(dict(model="linear", p="", l="", m_features=d, beta_mode=""))
-    out += [dict(model="performer", p="", l="", m_features=m, beta_mode="") for m in g["performer"]]
-    out += [dict(model="race", p=p, l=l, m_features=l << p, beta_mode="fixed") for p, l in g["race"]]
-    out += [dict(model="race", p=p, l=l, m_features=l << p, beta_mode="learned") for p, l in g["learned"]]
+    none = dict(p="", l="", beta_mode="", beta_start="")
+    out = [dict(none, model="softmax", m_features="")]
+    out.append(dict(none, model="linear", m_features=d))
+    out += [dict(none, model="performer", m_features=m) for m in g["performer"]]
+
+    def race(p, l, mode, start):
+        return dict(model="race", p=p, l=l, m_features=l << p, beta_mode=mode, beta_start=start)
+
+    def checked(p, l):
+        if (p, l) not in validated:
+            raise SystemExit(f"the trade-off study has no validated β for (P, L) = ({p}, {l})")
+        return validated[(p, l)]
+
+    out += [race(p, l, "fixed", checked(p, l)) for p, l in g["race"]]
+    out += [race(p, l, "learned", checked(p, l)) for p, l in g["learned"]]
+    out += [race(p, l, "learned-authors", 1 / math.sqrt(d)) for p, l in g["learned"]]
     return out
 
 
-def train(spec, g, seed, threads):
+def first_settings(spec, g):
+    """The first tuning stage: every learning rate (Performer at its first scale)."""
+    scale = g["performer_scales"][0] if spec["model"] == "performer" else ""
+    return [dict(lr=lr, performer_scale=scale) for lr in g["lrs"]]
+
+
+def second_settings(spec, g, best):
+    """The second stage: Performer's other scales at the chosen learning rate."""
+    if spec["model"] != "performer":
+        return []
+    return [dict(lr=best["lr"], performer_scale=s) for s in g["performer_scales"][1:]]
+
+
+def choose(results):
+    """The setting with the best validation accuracy (ties: the lower validation loss, then
+    the earlier setting)."""
+    return max(enumerate(results), key=lambda ir: (ir[1]["val_accuracy"], -ir[1]["val_loss"], -ir[0]))[1]
+
+
+def accuracy_and_loss(model, gen, n, g):
+    """Exact-match accuracy and cross-entropy on ``n`` fresh sequences from ``gen``."""
+    tokens, targets = batch_mqar(gen, n, g["pairs"], g["keys"], g["values"])
+    with torch.no_grad():
+        logits = model(tokens)
+    asked = targets != -100
+    acc = (logits.argmax(-1)[asked] == targets[asked]).float().mean().item()
+    loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100).item()
+    return acc, loss
+
+
+def train(spec, setting, g, seed, threads):
     torch.manual_seed(seed)
     torch.set_num_threads(threads)
     vocab = g["keys"] + g["values"]
-    model = Model(vocab, g["d_model"], mixers(spec, g, seed))
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    other = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
-                            lr=g["lr"], betas=(0.9, 0.98))
+    model = Model(vocab, g["d_model"], mixers(spec, setting, g, seed))
+    named = list(model.named_parameters())
+    temp = [p for n, p in named if n.endswith("log_temp")]
+    decay = [p for n, p in named if p.dim() >= 2]
+    other = [p for n, p in named if p.dim() < 2 and not n.endswith("log_temp")]
+    groups = [{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}]
+    if temp:
+        groups.append({"params": temp, "weight_decay": 0.0, "lr": g["beta_lr"]})
+    opt = torch.optim.AdamW(groups, lr=setting["lr"], betas=(0.9, 0.98))
     steps = g["steps"]
     warm = max(1, steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -215,17 +291,18 @@ def train(spec, g, seed, threads):
         opt.step()
         sched.step()
     seconds = time.perf_counter() - t0
-    # Held-out sequences from a seed no training batch uses.
-    eval_gen = torch.Generator().manual_seed(1_000_000 + seed)
-    tokens, targets = batch_mqar(eval_gen, g["eval_n"], g["pairs"], g["keys"], g["values"])
-    with torch.no_grad():
-        pred = model(tokens).argmax(-1)
-    asked = targets != -100
-    acc = (pred[asked] == targets[asked]).float().mean().item()
+    # Validation (to choose a setting) and test (to report) sequences come from seeds that no
+    # training batch uses, and from each other.
+    model.eval()
+    val_acc, val_loss = accuracy_and_loss(model, torch.Generator().manual_seed(2_000_000 + seed), g["val_n"], g)
+    acc, _ = accuracy_and_loss(model, torch.Generator().manual_seed(1_000_000 + seed), g["eval_n"], g)
     betas = [float(b.mixer.attn.beta.detach()) for b in model.blocks if isinstance(b.mixer, Race)]
-    return dict(accuracy=acc, final_loss=float(loss.detach()), seconds=round(seconds, 2),
-                beta_start=g["beta"] if betas else "",
-                beta_final=";".join(f"{b:.4g}" for b in betas) if betas else "")
+    start = spec["beta_start"]
+    return dict(setting, val_accuracy=val_acc, val_loss=val_loss, accuracy=acc,
+                final_loss=float(loss.detach()), seconds=round(seconds, 2),
+                beta_start=f"{start:.6g}" if betas else "",
+                beta_final=";".join(f"{b:.4g}" for b in betas) if betas else "",
+                dlog2_beta=";".join(f"{math.log2(b / start):+.3f}" for b in betas) if betas else "")
 
 
 def worker_init(threads):
@@ -235,8 +312,32 @@ def worker_init(threads):
 
 
 def run_one(job):
-    spec, g, seed, threads = job
-    return train(spec, g, seed, threads)
+    spec, setting, g, seed, threads = job
+    return train(spec, setting, g, seed, threads)
+
+
+def tag(spec, setting):
+    """A run's name in the log."""
+    t = spec["model"]
+    if spec["model"] == "race":
+        t += f" P={spec['p']} L={spec['l']} {spec['beta_mode']}"
+    elif spec["m_features"] != "":
+        t += f" m={spec['m_features']}"
+    t += f" lr={setting['lr']:g}"
+    if setting["performer_scale"] != "":
+        t += f" s={setting['performer_scale']:g}"
+    return t
+
+
+def write_csv(path, fields, rows):
+    """Write ``rows`` atomically (a partial file, then a rename)."""
+    tmp = path.with_name(path.name + ".partial")
+    with open(tmp, "w", newline="") as f:
+        wr = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        wr.writeheader()
+        for r in rows:
+            wr.writerow({k: r.get(k, "") for k in fields})
+    tmp.replace(path)
 
 
 def revision():
@@ -276,32 +377,60 @@ def main(argv=None):
         g["seeds"] = args.seeds
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    validated = validated_betas()
     meta = dict(experiment="mqar", grid=grid, params={k: v for k, v in g.items()},
+                validated_beta={f"{p},{l}": b for (p, l), b in sorted(validated.items())
+                                if (p, l) in set(map(tuple, g["race"] + g["learned"]))},
+                validated_beta_source="figures/tradeoff.csv (beta_chosen)",
+                selection="lr (then Performer's scale) by validation accuracy on the first seed",
                 seeds=g["seeds"], revision=revision(), machine=cpu_model(), cores=os.cpu_count(),
                 threads=args.threads, jobs=args.jobs, torch=torch.__version__, racelab=racelab.__version__,
                 python=platform.python_version(),
                 command=" ".join(["python", "experiments/mqar/mqar.py"] + (argv if argv is not None else sys.argv[1:])))
     t0 = time.perf_counter()
-    rows = []
-    path = out / "mqar.csv"
-    tmp = out / "mqar.csv.partial"
-    runs = [(spec, seed) for spec in specs(g) for seed in g["seeds"]]
     threads = max(1, args.threads // args.jobs)
+    models = specs(g, validated)
+    first = g["seeds"][0]
+
+    def train_all(pool, jobs):
+        """Train ``(spec, setting, seed)`` jobs on the pool, logging each as it ends."""
+        out = pool.imap(run_one, [(sp, st, g, seed, threads) for sp, st, seed in jobs])
+        results = []
+        for (sp, st, seed), res in zip(jobs, out):
+            results.append(res)
+            print(f"{tag(sp, st):44} seed {seed}: val {res['val_accuracy']:.3f}  test {res['accuracy']:.3f}  "
+                  f"{res['seconds']:.1f} s" + (f"  beta {res['beta_final']}" if res["beta_final"] else ""),
+                  flush=True)
+        return results
+
     ctx = multiprocessing.get_context("spawn")
-    with open(tmp, "w", newline="") as f, ctx.Pool(args.jobs, initializer=worker_init, initargs=(threads,)) as pool:
-        wr = csv.DictWriter(f, fieldnames=FIELDS)
-        wr.writeheader()
-        for (spec, seed), res in zip(runs, pool.imap(run_one, [(s, g, seed, threads) for s, seed in runs])):
-            r = dict(spec, seed=seed, steps=g["steps"], state_floats=state_floats(spec, g["d_model"]))
-            r.update(res)
+    sweep = {i: [] for i in range(len(models))}
+    with ctx.Pool(args.jobs, initializer=worker_init, initargs=(threads,)) as pool:
+        # Stage 1: every learning rate on the first seed.
+        jobs = [(i, st) for i, sp in enumerate(models) for st in first_settings(sp, g)]
+        for (i, _), res in zip(jobs, train_all(pool, [(models[i], st, first) for i, st in jobs])):
+            sweep[i].append(res)
+        # Stage 2: Performer's other scales at its chosen learning rate.
+        jobs = [(i, st) for i, sp in enumerate(models) for st in second_settings(sp, g, choose(sweep[i]))]
+        for (i, _), res in zip(jobs, train_all(pool, [(models[i], st, first) for i, st in jobs])):
+            sweep[i].append(res)
+        chosen = {i: choose(sweep[i]) for i in sweep}
+        # The other seeds at the chosen setting.
+        jobs = [(i, seed) for i in range(len(models)) for seed in g["seeds"][1:]]
+        setting = {i: dict(lr=chosen[i]["lr"], performer_scale=chosen[i]["performer_scale"]) for i in chosen}
+        rest = train_all(pool, [(models[i], setting[i], seed) for i, seed in jobs])
+    by_seed = {(i, first): chosen[i] for i in chosen}
+    by_seed.update({(i, seed): res for (i, seed), res in zip(jobs, rest)})
+    rows = []
+    for i, sp in enumerate(models):
+        for seed in g["seeds"]:
+            r = dict(sp, seed=seed, steps=g["steps"], state_floats=state_floats(sp, g["d_model"]))
+            r.update(by_seed[(i, seed)])
             rows.append(r)
-            wr.writerow({k: r.get(k, "") for k in FIELDS})
-            f.flush()
-            tag = spec["model"] + (f" P={spec['p']} L={spec['l']} {spec['beta_mode']}" if spec["model"] == "race"
-                                   else f" m={spec['m_features']}" if spec["m_features"] != "" else "")
-            print(f"{tag:32} seed {seed}: accuracy {r['accuracy']:.3f}  loss {r['final_loss']:.3f}  "
-                  f"{r['seconds']:.1f} s" + (f"  beta {r['beta_final']}" if r["beta_final"] else ""), flush=True)
-    tmp.replace(path)
+    write_csv(out / "mqar.csv", FIELDS, rows)
+    write_csv(out / "mqar_sweep.csv", SWEEP_FIELDS,
+              [dict(models[i], seed=first, chosen=int(res is chosen[i]), **res) for i in sweep for res in sweep[i]])
+    path = out / "mqar.csv"
     meta["seconds"] = round(time.perf_counter() - t0, 1)
     (out / "mqar.meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     print(f"wrote {path} and {out / 'mqar.meta.json'} ({meta['seconds']} s)")
