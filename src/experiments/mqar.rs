@@ -9,9 +9,15 @@
 //! seeds per model) → figure (accuracy against state) → claims.
 //!
 //! State per layer: soft RACE `L·2^P·(dv + 1)`, Performer `m·(dv + 1)`, linear attention
-//! `d_head·(dv + 1)`; softmax keeps every key. Differences count only beyond twice their
-//! standard error over seeds (`margin` tests with z = 2): for a difference of means
-//! `se = sqrt(se_a² + se_b²)`, and for an average of `K` such differences
+//! `d_head·(dv + 1)`; softmax keeps every key. Every model is tuned the same way before its
+//! seeds train: a learning-rate sweep (and, for Performer, its feature scale) chosen on the
+//! first seed's validation set; accuracy is on a separate test set. Soft RACE trains in three
+//! β modes: `fixed` at the trade-off study's validated β for its (P, L), `learned` from that
+//! β, and `learned-authors` from the authors' `1/√d_head`.
+//!
+//! A difference counts only where a one-sided Student-t test with the seeds' degrees of
+//! freedom passes (`margin`; `margins` with Holm–Bonferroni over several): for a difference of
+//! means `se = sqrt(se_a² + se_b²)`, and for an average of `K` such differences
 //! `se = sqrt(Σ se²)/K`.
 
 use super::{
@@ -36,8 +42,11 @@ pub struct Summary {
     pub l: usize,
     /// Features of the state: L·2^P, Performer's m, linear's d_head (0 for softmax).
     pub m: usize,
-    /// `fixed` or `learned` (soft RACE), empty otherwise.
+    /// `fixed`, `learned` or `learned-authors` (soft RACE), empty otherwise.
     pub beta_mode: String,
+    /// The tuned setting the seeds trained at (`lr=…`, and Performer's `scale=…`), empty
+    /// when the CSV does not record it.
+    pub setting: String,
     /// Recurrent state per layer in floats (0 for softmax: unbounded).
     pub state: f64,
     pub seeds: usize,
@@ -98,6 +107,14 @@ pub fn summarise(header: &[String], rows: &[Vec<String>]) -> Vec<Summary> {
         col(header, rows, "state_floats"),
         col(header, rows, "accuracy"),
     );
+    let optional = |name: &str| {
+        if header.iter().any(|h| h == name) {
+            col_s(header, rows, name)
+        } else {
+            vec![String::new(); rows.len()]
+        }
+    };
+    let (lr, scale) = (optional("lr"), optional("performer_scale"));
     let whole = |x: f64| if x.is_finite() { x as usize } else { 0 };
     let mut groups: BTreeMap<(String, usize, usize, usize, String), Vec<usize>> = BTreeMap::new();
     for i in 0..rows.len() {
@@ -132,12 +149,21 @@ pub fn summarise(header: &[String], rows: &[Vec<String>]) -> Vec<Summary> {
                         .map(move |b| (parse(b) / s0).log2())
                 })
                 .collect();
+            let i0 = idx[0];
+            let mut setting = Vec::new();
+            if !lr[i0].is_empty() {
+                setting.push(format!("lr={}", lr[i0]));
+            }
+            if !scale[i0].is_empty() {
+                setting.push(format!("scale={}", scale[i0]));
+            }
             Summary {
                 model,
                 p,
                 l,
                 m,
                 beta_mode,
+                setting: setting.join(" "),
                 state: if state[idx[0]].is_finite() {
                     state[idx[0]]
                 } else {
@@ -160,6 +186,9 @@ pub fn summarise(header: &[String], rows: &[Vec<String>]) -> Vec<Summary> {
         })
         .collect()
 }
+
+/// The β mode learned from the authors' start `1/√d_head`.
+pub const AUTHORS: &str = "learned-authors";
 
 fn race<'a>(s: &'a [Summary], mode: &'a str) -> impl Iterator<Item = &'a Summary> + 'a {
     s.iter()
@@ -289,28 +318,29 @@ pub fn race_vs_performer_measure(s: &[Summary]) -> (Measure, String) {
     mean_difference(&terms, seeds, "", &parts)
 }
 
-/// Why the learned-β rows cannot test a claim about learning β: none of them moved β by
-/// [`MIN_BETA_MOVE_LOG2`] (or a move is not finite, which the verdict reports itself).
-fn beta_not_learned(s: &[Summary]) -> Option<String> {
-    let moves: Vec<f64> = race(s, "learned").map(|a| a.dlog2_beta).collect();
+/// Why the rows learned in `mode` cannot test a claim about learning β: none of them moved β
+/// by [`MIN_BETA_MOVE_LOG2`] (or a move is not finite, which the verdict reports itself).
+fn beta_not_learned(s: &[Summary], mode: &str) -> Option<String> {
+    let moves: Vec<f64> = race(s, mode).map(|a| a.dlog2_beta).collect();
     if moves.is_empty() || moves.iter().any(|m| !m.is_finite()) {
         return None;
     }
     let most = moves.iter().fold(0.0f64, |m, x| m.max(x.abs()));
     (most < MIN_BETA_MOVE_LOG2).then(|| {
         format!(
-            "training moved log2 β by at most {most:.2} (< {MIN_BETA_MOVE_LOG2}) in every learned (P, L): β was not learned in this budget"
+            "training moved log2 β by at most {most:.2} (< {MIN_BETA_MOVE_LOG2}) in every (P, L) learned as `{mode}`: β was not learned in this budget"
         )
     })
 }
 
-/// Mean over the (P, L) trained both ways, whose learned β moved by at least
-/// [`MIN_BETA_MOVE_LOG2`], of (learned-β accuracy − fixed-β accuracy).
+/// Mean over the (P, L) trained both ways from the same β (`learned` from the validated β,
+/// and `fixed` there), whose learned β moved by at least [`MIN_BETA_MOVE_LOG2`], of
+/// (learned-β accuracy − fixed-β accuracy).
 pub fn learned_vs_fixed_measure(s: &[Summary]) -> (Measure, String) {
     let mut terms = Vec::new();
     let mut parts = Vec::new();
     let mut seeds = usize::MAX;
-    if let Some(why) = beta_not_learned(s) {
+    if let Some(why) = beta_not_learned(s, "learned") {
         return (Measure::NotTestable(why.clone()), why);
     }
     for a in race(s, "learned").filter(|a| !(a.dlog2_beta.abs() < MIN_BETA_MOVE_LOG2)) {
@@ -332,8 +362,10 @@ pub fn learned_vs_fixed_measure(s: &[Summary]) -> (Measure, String) {
     mean_difference(&terms, seeds, "learned vs fixed ", &parts)
 }
 
-/// `log2(learned β / the β the fixed-input trade-off study validated)` per learned (P, L);
-/// `tradeoff` maps (P, L) to that β (`beta_chosen` of `tradeoff.csv`).
+/// `log2(learned β / the β the fixed-input trade-off study validated)` per (P, L) learned
+/// from the authors' start `1/√d_head` (`learned-authors`, far from every validated β, so
+/// landing near it is something training did); `tradeoff` maps (P, L) to that β
+/// (`beta_chosen` of `tradeoff.csv`).
 pub fn learned_beta_measure(
     s: &[Summary],
     tradeoff: &BTreeMap<(usize, usize), f64>,
@@ -341,10 +373,10 @@ pub fn learned_beta_measure(
     let mut logs = Vec::new();
     let mut parts = Vec::new();
     let mut missing = Vec::new();
-    if let Some(why) = beta_not_learned(s) {
+    if let Some(why) = beta_not_learned(s, AUTHORS) {
         return (Measure::NotTestable(why.clone()), why);
     }
-    for a in race(s, "learned").filter(|a| !(a.dlog2_beta.abs() < MIN_BETA_MOVE_LOG2)) {
+    for a in race(s, AUTHORS).filter(|a| !(a.dlog2_beta.abs() < MIN_BETA_MOVE_LOG2)) {
         match tradeoff.get(&(a.p, a.l)) {
             // A non-finite learned β is kept: the verdict says it is not finite.
             Some(&t) => {
@@ -403,6 +435,7 @@ fn summary_csv(ctx: &Ctx, s: &[Summary], source: &Path) -> Result<String> {
                 x.l.to_string(),
                 x.m.to_string(),
                 x.beta_mode.clone(),
+                x.setting.clone(),
                 f(x.state),
                 x.seeds.to_string(),
                 f(x.accuracy),
@@ -425,6 +458,7 @@ fn summary_csv(ctx: &Ctx, s: &[Summary], source: &Path) -> Result<String> {
             "l",
             "m_features",
             "beta_mode",
+            "setting",
             "state_floats",
             "seeds",
             "accuracy",
@@ -457,8 +491,12 @@ fn figure(ctx: &Ctx) -> Result<Vec<String>> {
             series_of(&|x| x.model == "race" && x.beta_mode == "fixed"),
         ),
         Series::new(
-            "soft RACE, learned β",
+            "soft RACE, learned β (from validated)",
             series_of(&|x| x.model == "race" && x.beta_mode == "learned"),
+        ),
+        Series::new(
+            "soft RACE, learned β (from 1/√d)",
+            series_of(&|x| x.model == "race" && x.beta_mode == AUTHORS),
         ),
         Series::new("Performer", series_of(&|x| x.model == "performer")),
         Series::new("linear", series_of(&|x| x.model == "linear")),
@@ -494,7 +532,11 @@ fn figure(ctx: &Ctx) -> Result<Vec<String>> {
 
 /// The summary CSV's rows as [`Summary`] (the figure reads them back).
 fn summarise_back(h: &[String], r: &[Vec<String>]) -> Vec<Summary> {
-    let (model, mode) = (col_s(h, r, "model"), col_s(h, r, "beta_mode"));
+    let (model, mode, setting) = (
+        col_s(h, r, "model"),
+        col_s(h, r, "beta_mode"),
+        col_s(h, r, "setting"),
+    );
     let num = |n: &str| col(h, r, n);
     let (p, l, m, st, seeds, acc, se, b) = (
         num("p"),
@@ -514,6 +556,7 @@ fn summarise_back(h: &[String], r: &[Vec<String>]) -> Vec<Summary> {
             l: l[i] as usize,
             m: m[i] as usize,
             beta_mode: mode[i].clone(),
+            setting: setting[i].clone(),
             state: st[i],
             seeds: seeds[i] as usize,
             accuracy: acc[i],
@@ -642,13 +685,18 @@ mod tests {
             l,
             m: if model == "race" { l << p } else { p },
             beta_mode: mode.into(),
+            setting: String::new(),
             state: 0.0,
             seeds: acc.len(),
             accuracy,
             se,
             beta_final: beta,
             // A learned β that moved by one octave (the gate needs 0.25).
-            dlog2_beta: if mode == "learned" { 1.0 } else { f64::NAN },
+            dlog2_beta: if mode.starts_with("learned") {
+                1.0
+            } else {
+                f64::NAN
+            },
         }]
     }
 
@@ -698,19 +746,25 @@ mod tests {
     fn a_beta_that_training_did_not_move_or_a_nan_beta_is_not_testable() {
         let mut s = row("race", 2, 2, "fixed", &[0.5, 0.52, 0.51], f64::NAN);
         s.extend(row("race", 2, 2, "learned", &[0.9, 0.91, 0.92], 4.0));
+        s.extend(row("race", 2, 2, AUTHORS, &[0.9, 0.91, 0.92], 4.0));
         s[1].dlog2_beta = 0.1;
         let (m, why) = learned_vs_fixed_measure(&s);
         assert_eq!(verdict("mqar-learned-beta", &m), Verdict::NotTestable);
         assert!(why.contains("not learned"), "{why}");
         let validated = BTreeMap::from([((2, 2), 4.0)]);
+        // The picture reads the rows learned from the authors' start, which moved.
         let (m, _) = learned_beta_measure(&s, &validated);
+        assert_eq!(verdict("mqar-learned-beta-picture", &m), Verdict::Holds);
+        s[2].dlog2_beta = -0.2;
+        let (m, why) = learned_beta_measure(&s, &validated);
         assert_eq!(
             verdict("mqar-learned-beta-picture", &m),
             Verdict::NotTestable
         );
+        assert!(why.contains("learned-authors"), "{why}");
         // A NaN learned β: not testable because of the NaN, said as such.
-        s[1].dlog2_beta = f64::NAN;
-        s[1].beta_final = f64::NAN;
+        s[2].dlog2_beta = f64::NAN;
+        s[2].beta_final = f64::NAN;
         let (m, _) = learned_beta_measure(&s, &validated);
         let j = judge(&specs().unwrap()["mqar-learned-beta-picture"].test, &m).unwrap();
         assert_eq!(j.verdict, Verdict::NotTestable);
@@ -719,11 +773,11 @@ mod tests {
 
     #[test]
     fn learned_beta_picture_and_softmax_ceiling_can_fail() {
-        let s = row("race", 2, 2, "learned", &[0.9, 0.9, 0.9], 40.0);
+        let s = row("race", 2, 2, AUTHORS, &[0.9, 0.9, 0.9], 40.0);
         let validated = BTreeMap::from([((2, 2), 2.0)]);
         let (m, _) = learned_beta_measure(&s, &validated);
         assert_eq!(verdict("mqar-learned-beta-picture", &m), Verdict::Fails);
-        let s = row("race", 2, 2, "learned", &[0.9, 0.9, 0.9], 3.0);
+        let s = row("race", 2, 2, AUTHORS, &[0.9, 0.9, 0.9], 3.0);
         let (m, _) = learned_beta_measure(&s, &validated);
         assert_eq!(verdict("mqar-learned-beta-picture", &m), Verdict::Holds);
         let (m, _) = learned_beta_measure(&s, &BTreeMap::new());
@@ -756,13 +810,14 @@ mod tests {
             "accuracy",
             "beta_start",
             "beta_final",
+            "lr",
         ]
         .map(String::from)
         .to_vec();
         let rows: Vec<Vec<String>> = [
-            "race,2,2,8,learned,520,0,0.5,4,4;16",
-            "race,2,2,8,learned,520,1,0.7,4,8;8",
-            "softmax,,,,,,0,1.0,,",
+            "race,2,2,8,learned,520,0,0.5,4,4;16,0.01",
+            "race,2,2,8,learned,520,1,0.7,4,8;8,0.01",
+            "softmax,,,,,,0,1.0,,,0.003",
         ]
         .iter()
         .map(|r| r.split(',').map(String::from).collect())
@@ -775,6 +830,7 @@ mod tests {
         // log2 moves 0, 2, 1, 1: mean 1.
         assert!((r.dlog2_beta - 1.0).abs() < 1e-12);
         assert_eq!(r.state, 520.0);
+        assert_eq!(r.setting, "lr=0.01");
         let sm = s.iter().find(|x| x.model == "softmax").unwrap();
         assert_eq!((sm.state, sm.seeds), (0.0, 1));
     }
