@@ -8,6 +8,7 @@ use common::assert_close;
 use racelab::analysis::metrics::rel_max_err;
 use racelab::backend::{BackwardInputs, Heads, PlanesF32, SoftGrads};
 use racelab::cpu::decode::Decoder;
+use racelab::cpu::simd::Level;
 use racelab::cpu::{soft_backward, soft_forward, token, HardMap, Isa, LinearMap, SoftMap};
 use racelab::reference::backward::soft_race_backward;
 use racelab::reference::baselines::{linear_attention, performer_attention, performer_omega};
@@ -110,12 +111,26 @@ fn cases() -> Vec<Case> {
     ]
 }
 
+/// Every SIMD level this CPU has (scalar, AVX2, AVX-512 as far as it goes), each once: the
+/// AVX2 path most machines take is tested on AVX-512 machines too.
 fn isas() -> Vec<Isa> {
-    let mut v = vec![Isa::SCALAR];
-    if racelab::cpu::simd::best_supported() != Isa::SCALAR {
-        v.push(racelab::cpu::simd::best_supported());
-    }
+    let mut v: Vec<Isa> = [Level::Scalar, Level::Avx2, Level::Avx512]
+        .into_iter()
+        .map(Isa::at_most)
+        .collect();
+    v.dedup();
     v
+}
+
+#[test]
+fn the_kernels_are_tested_at_every_level_the_cpu_has() {
+    let best = racelab::cpu::simd::best_supported().level();
+    let levels: Vec<Level> = isas().iter().map(|i| i.level()).collect();
+    let want: Vec<Level> = [Level::Scalar, Level::Avx2, Level::Avx512]
+        .into_iter()
+        .filter(|&l| l <= best)
+        .collect();
+    assert_eq!(levels, want);
 }
 
 /// f32 data and its exact f64 image.

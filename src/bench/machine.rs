@@ -2,7 +2,7 @@
 //! parallel STREAM-style triad) and f32 FMA throughput (independent FMA chains in the
 //! dispatched SIMD frame). Also a fast counter-based input filler.
 
-use crate::cpu::simd::{Isa, Level};
+use crate::cpu::simd::Isa;
 use rayon::prelude::*;
 use std::time::Instant;
 
@@ -55,16 +55,26 @@ pub fn bandwidth_gbs() -> f64 {
     best
 }
 
-/// Ten independent FMA chains per thread (enough to cover latency × ports), `iters` rounds;
-/// returns (flops, a value to keep the work alive).
+/// FMA chains of the AVX2 and AVX-512 probes (see [`fma_chains`]).
+#[cfg(target_arch = "x86_64")]
+const CHAINS_256: usize = 14;
+#[cfg(target_arch = "x86_64")]
+const CHAINS_512: usize = 24;
+
+/// Independent FMA chains per thread, `iters` rounds; returns (flops, a value to keep the work
+/// alive). A core needs latency × pipes FMAs in flight (4–5 cycles × 2 pipes: 8–10); the
+/// probe keeps more than that, so that it measures throughput on any current core: 14 on
+/// AVX2 (with the two constants, all 16 `ymm` registers) and 24 on AVX-512 (of 32 `zmm`).
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
 fn fma_chains(isa: Isa, iters: usize) -> (f64, f32) {
     #[cfg(target_arch = "x86_64")]
     {
+        use crate::cpu::simd::Level;
         use std::arch::x86_64::*;
         #[target_feature(enable = "avx512f")]
         unsafe fn z(iters: usize) -> f32 {
             let (x, y) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
-            let mut a = [_mm512_set1_ps(1.0); 10];
+            let mut a = [_mm512_set1_ps(1.0); CHAINS_512];
             for _ in 0..iters {
                 for v in a.iter_mut() {
                     *v = _mm512_fmadd_ps(*v, x, y);
@@ -75,7 +85,7 @@ fn fma_chains(isa: Isa, iters: usize) -> (f64, f32) {
         #[target_feature(enable = "avx2,fma")]
         unsafe fn y8(iters: usize) -> f32 {
             let (x, y) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
-            let mut a = [_mm256_set1_ps(1.0); 10];
+            let mut a = [_mm256_set1_ps(1.0); CHAINS_256];
             for _ in 0..iters {
                 for v in a.iter_mut() {
                     *v = _mm256_fmadd_ps(*v, x, y);
@@ -92,8 +102,8 @@ fn fma_chains(isa: Isa, iters: usize) -> (f64, f32) {
             // SAFETY: each branch runs only for an `Isa` at its level, which only detection
             // creates, after CPUID (`is_x86_feature_detected!`) reported the features the
             // function is compiled for.
-            Level::Avx512 => return ((iters * 10 * 16 * 2) as f64, unsafe { z(iters) }),
-            Level::Avx2 => return ((iters * 10 * 8 * 2) as f64, unsafe { y8(iters) }),
+            Level::Avx512 => return ((iters * CHAINS_512 * 16 * 2) as f64, unsafe { z(iters) }),
+            Level::Avx2 => return ((iters * CHAINS_256 * 8 * 2) as f64, unsafe { y8(iters) }),
             _ => {}
         }
     }

@@ -1,5 +1,6 @@
 //! Products with a small state, its chunks held in registers, for banks of at most 16
-//! features with AVX-512 (`(2, 2)`: 8 features): the causal sub-blocks' read-then-update in
+//! features (`(2, 2)`: 8 features), written once over 16-lane rows for every ISA
+//! ([`super::v16`]): the causal sub-blocks' read-then-update in
 //! one pass (`read_update`), and the non-causal passes' reads (`read`: `O = (Φ/Den) B`,
 //! `∂ℓ/∂V = Φ_K dB`) and updates (`update`: the key bank `Φ_Kᵀ [V | 1]`, `dB = (c ⊙ Φ_Q)ᵀ G`).
 //!
@@ -27,6 +28,9 @@
 //! about 1560 with one chunk per step. In the non-causal passes rows go in groups of 16, so a
 //! group stays in L1 over the chunks, with a drip per step as `gemm`'s tiles have (without
 //! it the prefetch and the write-behind stall).
+
+use super::simd::{Isa, Level};
+use super::v16::{self, f32x16, Task16, V16};
 
 /// The mass column's weights `ω_j` for [`read_update`]'s update.
 #[derive(Clone, Copy)]
@@ -58,9 +62,10 @@ pub(crate) struct Update<'a> {
     pub mass: Mass<'a>,
 }
 
-/// Whether [`read_update`] runs for this ISA and bank width.
-pub(crate) fn applies(isa: super::simd::Isa, m: usize) -> bool {
-    cfg!(target_arch = "x86_64") && isa.level() == super::simd::Level::Avx512 && m <= 16
+/// Whether [`read_update`] runs for this bank width (at most 16 features: a feature row is
+/// one 16-lane vector; every ISA, see [`super::v16`]).
+pub(crate) fn applies(_isa: Isa, m: usize) -> bool {
+    m <= 16
 }
 
 /// Read `D = A S` then update `local += Bᵀ X` (and the mass column) for the state
@@ -68,7 +73,7 @@ pub(crate) fn applies(isa: super::simd::Isa, m: usize) -> bool {
 /// used (the values and the mass column `dv`). Panics unless [`applies`] (a programming
 /// error) or when an operand is too short.
 pub(crate) fn read_update(
-    isa: super::simd::Isa,
+    isa: Isa,
     m: usize,
     dv: usize,
     (base, local, ld): (&[f32], &mut [f32], usize),
@@ -83,63 +88,40 @@ pub(crate) fn read_update(
         read.as_ref(),
         update.as_ref(),
     );
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: `applies` holds (AVX-512F present); every row read or written is in bounds
-    // (checked; rows of `a`, `b` are 16 floats, of the state `ld ≥ dv + 1`).
-    unsafe {
-        run(m, dv, (base, local.as_mut_ptr(), ld), read, update)
-    }
+    let local = Local::Mut(local);
+    v16::dispatch(isa, Pass::new(isa, m, dv, (base, local, ld), read, update))
 }
 
 /// `D = A S` alone, for a state `s` (`m` rows of stride `ld`) that is only read (the
 /// non-causal read of a finished bank, the keys' `Φ_K dB`).
-pub(crate) fn read(isa: super::simd::Isa, m: usize, dv: usize, (s, ld): (&[f32], usize), r: Read) {
+pub(crate) fn read(isa: Isa, m: usize, dv: usize, (s, ld): (&[f32], usize), r: Read) {
     check(isa, m, dv, (&[], s, ld), Some(&r), None);
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: as in `read_update`; without an update nothing is written through the state
-    // pointer (the shared slice's pointer cast to `*mut` is only read).
-    unsafe {
-        run(m, dv, (&[], s.as_ptr() as *mut f32, ld), Some(r), None)
-    }
+    let local = Local::Shared(s);
+    v16::dispatch(isa, Pass::new(isa, m, dv, (&[], local, ld), Some(r), None))
 }
 
 /// `local += Bᵀ X` (and the mass column as `u.mass` says) alone.
-pub(crate) fn update(
-    isa: super::simd::Isa,
-    m: usize,
-    dv: usize,
-    (local, ld): (&mut [f32], usize),
-    u: Update,
-) {
+pub(crate) fn update(isa: Isa, m: usize, dv: usize, (local, ld): (&mut [f32], usize), u: Update) {
     read_update(isa, m, dv, (&[], local, ld), None, Some(u))
 }
 
 /// `local = Bᵀ X` (and the mass column as `u.mass` says; [`Mass::Skip`] leaves it to the
 /// caller): [`update`] of a zeroed state, for banks built one block at a time.
-pub(crate) fn assign(
-    isa: super::simd::Isa,
-    m: usize,
-    dv: usize,
-    (local, ld): (&mut [f32], usize),
-    u: Update,
-) {
+pub(crate) fn assign(isa: Isa, m: usize, dv: usize, (local, ld): (&mut [f32], usize), u: Update) {
     local.fill(0.0);
     update(isa, m, dv, (local, ld), u)
 }
 
 /// The bounds every entry point asserts.
 fn check(
-    isa: super::simd::Isa,
+    isa: Isa,
     m: usize,
     dv: usize,
     (base, local, ld): (&[f32], &[f32], usize),
     read: Option<&Read>,
     update: Option<&Update>,
 ) {
-    assert!(
-        applies(isa, m),
-        "bank16: needs AVX-512 and at most 16 features"
-    );
+    assert!(applies(isa, m), "bank16: at most 16 features");
     assert!(ld > dv && local.len() >= m * ld && (base.is_empty() || base.len() >= m * ld));
     if let Some(r) = read {
         assert!(r.a.len() >= r.rows * 16);
@@ -154,19 +136,81 @@ fn check(
     }
 }
 
-/// [`avx512`] for `M = 8` or `16`, the rows in groups of at most [`GROUP`] (so that a group's
-/// rows stay in the L1 cache over the column chunks); a group's read comes before its update.
-///
-/// # Safety
-/// As [`avx512`].
-#[cfg(target_arch = "x86_64")]
-unsafe fn run(
+impl<'a, 'b> Pass<'a, 'b> {
+    fn new(
+        isa: Isa,
+        m: usize,
+        dv: usize,
+        (base, local, ld): (&'a [f32], Local<'a>, usize),
+        read: Option<Read<'b>>,
+        update: Option<Update<'b>>,
+    ) -> Self {
+        let wide = isa.level() == Level::Avx512;
+        Pass {
+            m,
+            dv,
+            base,
+            local,
+            ld,
+            read,
+            update,
+            wide,
+        }
+    }
+}
+
+/// The state's `local` part: written by an update, only read without one.
+enum Local<'a> {
+    Shared(&'a [f32]),
+    Mut(&'a mut [f32]),
+}
+
+impl Local<'_> {
+    #[inline(always)]
+    fn get(&self) -> &[f32] {
+        match self {
+            Local::Shared(x) => x,
+            Local::Mut(x) => x,
+        }
+    }
+}
+
+/// The pass of [`read_update`], as a task for [`v16::dispatch`].
+struct Pass<'a, 'b> {
     m: usize,
     dv: usize,
-    (base, lp, ld): (&[f32], *mut f32, usize),
-    read: Option<Read>,
-    update: Option<Update>,
-) {
+    base: &'a [f32],
+    local: Local<'a>,
+    ld: usize,
+    read: Option<Read<'b>>,
+    update: Option<Update<'b>>,
+    /// Two 16-column chunks per step at `m ≤ 8` (AVX-512: 32 registers hold them).
+    wide: bool,
+}
+
+impl Task16 for Pass<'_, '_> {
+    type Output = ();
+    #[inline(always)]
+    fn run<S: V16>(self, simd: S) {
+        run(simd, self)
+    }
+}
+
+/// [`read_update`]'s body for `M = 8` or `16` register rows, the rows in groups of at most
+/// [`GROUP`] (so that a group's rows stay in the L1 cache over the column chunks); a group's
+/// read comes before its update.
+#[inline(always)]
+fn run<S: V16>(simd: S, pass: Pass) {
+    let Pass {
+        m,
+        dv,
+        base,
+        mut local,
+        ld,
+        mut read,
+        update,
+        wide,
+    } = pass;
     let rows = match (&read, &update) {
         (Some(r), _) => r.rows,
         (None, Some(u)) => u.rows,
@@ -181,12 +225,11 @@ unsafe fn run(
         read.is_none() || update.is_none() || rows <= GROUP,
         "bank16: one group"
     );
-    let (mut read, update) = (read, update);
     // At least one group, so that an update of no rows still adds its (zero) masses.
     let mut g0 = 0;
     loop {
         let g1 = (g0 + GROUP).min(rows);
-        let r = read.as_mut().map(|r| {
+        let mut r = read.as_mut().map(|r| {
             let from = (g0 * r.ldd).min(r.d.len());
             Read {
                 a: &r.a[g0 * 16..],
@@ -205,13 +248,11 @@ unsafe fn run(
                 other => other,
             },
         });
-        // SAFETY: forwarded; the group's slices are the caller's from row g0.
-        unsafe {
-            if m <= 8 {
-                avx512::<8>(m, dv, (base, lp, ld), r, u)
-            } else {
-                avx512::<16>(m, dv, (base, lp, ld), r, u)
-            }
+        let st = (base, &mut local, ld);
+        if m <= 8 {
+            group::<S, 8>(simd, m, dv, st, r.as_mut(), u.as_ref(), wide);
+        } else {
+            group::<S, 16>(simd, m, dv, st, r.as_mut(), u.as_ref(), wide);
         }
         g0 = g1;
         if g0 >= rows {
@@ -223,115 +264,97 @@ unsafe fn run(
 /// Rows per group in [`run`].
 const GROUP: usize = 16;
 
-/// [`read_update`] with `M ≥ m` register rows (8 or 16), `CH` chunks of 16 columns per step
-/// (two for 8 rows: each broadcast then serves two FMAs, and the update has 16 independent
-/// sums rather than 8, which is what the FMA latency needs to keep both units busy).
-///
-/// # Safety
-/// The CPU must support AVX-512F; the operands are as [`check`] asserts, `lp` points at the
-/// state's `local` (written only with an update).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn avx512<const M: usize>(
+/// One group of rows with `M ≥ m` register rows (8 or 16): the column chunks, then the mass
+/// column. With `wide` and 8 rows, `CH = 2` chunks of 16 columns per step (each broadcast
+/// then serves two FMAs, and the update has 16 independent sums rather than 8, which is what
+/// the FMA latency needs to keep both units busy); else one.
+#[inline(always)]
+fn group<S: V16, const M: usize>(
+    simd: S,
     m: usize,
     dv: usize,
-    (base, lp, ld): (&[f32], *mut f32, usize),
-    mut read: Option<Read>,
-    update: Option<Update>,
+    (base, local, ld): (&[f32], &mut Local, usize),
+    mut read: Option<&mut Read>,
+    update: Option<&Update>,
+    wide: bool,
 ) {
     let mut c0 = 0;
-    if M == 8 {
+    if M == 8 && wide {
         while c0 + 32 <= dv {
-            step::<M, 2>(
-                m,
-                c0,
-                [0xffff; 2],
-                (base, lp, ld),
-                read.as_mut(),
-                update.as_ref(),
-            );
+            let st = (base, &mut *local, ld);
+            step::<S, M, 2>(simd, m, c0, [16; 2], st, read.as_deref_mut(), update);
             c0 += 32;
         }
     }
     while c0 < dv {
-        let km = if c0 + 16 <= dv {
-            0xffff
-        } else {
-            ((1u32 << (dv - c0)) - 1) as u16
-        };
-        step::<M, 1>(m, c0, [km], (base, lp, ld), read.as_mut(), update.as_ref());
+        let len = (dv - c0).min(16);
+        let st = (base, &mut *local, ld);
+        step::<S, M, 1>(simd, m, c0, [len], st, read.as_deref_mut(), update);
         c0 += 16;
     }
-    if let Some(u) = update.as_ref().filter(|u| !matches!(u.mass, Mass::Skip)) {
-        use std::arch::x86_64::*;
+    if let (Some(u), Local::Mut(lp)) = (update.filter(|u| !matches!(u.mass, Mass::Skip)), local) {
         // The mass column: Σ_j ω_j b_j, one 16-lane vector over the features.
-        let mut md = _mm512_setzero_ps();
+        let mut md = simd.splat_f32s(0.0);
         for j in 0..u.rows {
-            let row = _mm512_loadu_ps(u.b.as_ptr().add(j * 16));
+            let row = v16::load(simd, u.b, j * 16);
             md = match u.mass {
-                Mass::Ones => _mm512_add_ps(md, row),
-                Mass::NegS(s) => _mm512_fnmadd_ps(row, _mm512_set1_ps(s[j]), md),
+                Mass::Ones => simd.add_f32s(md, row),
+                Mass::NegS(s) => simd.mul_add_e_f32s(row, simd.splat_f32s(-s[j]), md),
                 Mass::Skip => md,
             };
         }
-        let mut lanes = [0.0f32; 16];
-        _mm512_storeu_ps(lanes.as_mut_ptr(), md);
-        for (f, &x) in lanes.iter().enumerate().take(m) {
-            *lp.add(f * ld + dv) += x;
+        for (f, &x) in v16::lanes(md).iter().enumerate().take(m) {
+            lp[f * ld + dv] += x;
         }
     }
 }
 
-/// Columns `c0 .. c0 + 16·CH` (chunk `c` masked by `km[c]`): the read over all rows, then the
-/// update.
-///
-/// # Safety
-/// As [`avx512`]; `lp` is the state's `local` (`m` rows of stride `ld`).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-#[inline]
-unsafe fn step<const M: usize, const CH: usize>(
+/// Columns `c0 .. c0 + 16·CH` (chunk `c` of `len[c]` columns): the read over all rows, then
+/// the update.
+#[inline(always)]
+fn step<S: V16, const M: usize, const CH: usize>(
+    simd: S,
     m: usize,
     c0: usize,
-    km: [u16; CH],
-    (base, lp, ld): (&[f32], *mut f32, usize),
+    len: [usize; CH],
+    (base, local, ld): (&[f32], &mut Local, usize),
     read: Option<&mut Read>,
     update: Option<&Update>,
 ) {
-    use std::arch::x86_64::*;
     let col = |c: usize| c0 + 16 * c;
+    let zero = simd.splat_f32s(0.0);
     if let Some(r) = read {
         // The state's chunks, S_f = base_f + local_f (0 for the padding rows f ≥ m).
-        let mut s = [[_mm512_setzero_ps(); CH]; M];
+        let lv = local.get();
+        let mut s = [[zero; CH]; M];
         for (f, sf) in s.iter_mut().enumerate().take(m) {
             for (c, sfc) in sf.iter_mut().enumerate() {
-                *sfc = _mm512_maskz_loadu_ps(km[c], lp.add(f * ld + col(c)));
+                *sfc = v16::load_n(simd, lv, f * ld + col(c), len[c]);
                 if !base.is_empty() {
-                    let b = _mm512_maskz_loadu_ps(km[c], base.as_ptr().add(f * ld + col(c)));
-                    *sfc = _mm512_add_ps(*sfc, b);
+                    let b = v16::load_n(simd, base, f * ld + col(c), len[c]);
+                    *sfc = simd.add_f32s(*sfc, b);
                 }
             }
         }
-        let (a, d) = (r.a.as_ptr(), r.d.as_mut_ptr());
         // Rows in groups of 4 (1 at the end), two chains (even and odd f) per row and chunk.
         let mut i = 0;
         while i < r.rows {
             let nr = if i + 4 <= r.rows { 4 } else { 1 };
-            let mut acc = [[[_mm512_setzero_ps(); 2]; CH]; 4];
+            let mut acc = [[[zero; 2]; CH]; 4];
             for f in (0..M).step_by(2) {
                 for (q, aq) in acc.iter_mut().enumerate().take(nr) {
-                    let row = a.add((i + q) * 16);
-                    let (x0, x1) = (_mm512_set1_ps(*row.add(f)), _mm512_set1_ps(*row.add(f + 1)));
+                    let row = &r.a[(i + q) * 16..(i + q) * 16 + 16];
+                    let (x0, x1) = (simd.splat_f32s(row[f]), simd.splat_f32s(row[f + 1]));
                     for (c, aqc) in aq.iter_mut().enumerate() {
-                        aqc[0] = _mm512_fmadd_ps(x0, s[f][c], aqc[0]);
-                        aqc[1] = _mm512_fmadd_ps(x1, s[f + 1][c], aqc[1]);
+                        aqc[0] = simd.mul_add_e_f32s(x0, s[f][c], aqc[0]);
+                        aqc[1] = simd.mul_add_e_f32s(x1, s[f + 1][c], aqc[1]);
                     }
                 }
             }
             for (q, aq) in acc.iter().enumerate().take(nr) {
                 for (c, aqc) in aq.iter().enumerate() {
-                    let out = d.add((i + q) * r.ldd + col(c));
-                    _mm512_mask_storeu_ps(out, km[c], _mm512_add_ps(aqc[0], aqc[1]));
+                    let at = (i + q) * r.ldd + col(c);
+                    v16::store_n(simd, r.d, at, len[c], simd.add_f32s(aqc[0], aqc[1]));
                 }
             }
             i += nr;
@@ -339,26 +362,25 @@ unsafe fn step<const M: usize, const CH: usize>(
         // Keep the prefetch and write-behind drips going, as `gemm`'s tiles do.
         super::mem::drip();
     }
-    if let Some(u) = update {
+    if let (Some(u), Local::Mut(lp)) = (update, local) {
         // Σ_j b_jf x_j from zero, then into local (as gemm's accumulate).
-        let mut dl = [[_mm512_setzero_ps(); CH]; M];
-        let (b, x) = (u.b.as_ptr(), u.x.as_ptr());
+        let mut dl = [[zero; CH]; M];
         for j in 0..u.rows {
-            let xv: [__m512; CH] =
-                std::array::from_fn(|c| _mm512_maskz_loadu_ps(km[c], x.add(j * u.ldx + col(c))));
-            let row = b.add(j * 16);
+            let xv: [f32x16; CH] =
+                std::array::from_fn(|c| v16::load_n(simd, u.x, j * u.ldx + col(c), len[c]));
+            let row = &u.b[j * 16..j * 16 + 16];
             for (f, df) in dl.iter_mut().enumerate() {
-                let bf = _mm512_set1_ps(*row.add(f));
+                let bf = simd.splat_f32s(row[f]);
                 for (c, dfc) in df.iter_mut().enumerate() {
-                    *dfc = _mm512_fmadd_ps(bf, xv[c], *dfc);
+                    *dfc = simd.mul_add_e_f32s(bf, xv[c], *dfc);
                 }
             }
         }
         for (f, df) in dl.iter().enumerate().take(m) {
             for (c, dfc) in df.iter().enumerate() {
-                let p = lp.add(f * ld + col(c));
-                let sum = _mm512_add_ps(_mm512_maskz_loadu_ps(km[c], p), *dfc);
-                _mm512_mask_storeu_ps(p, km[c], sum);
+                let at = f * ld + col(c);
+                let sum = simd.add_f32s(v16::load_n(simd, lp, at, len[c]), *dfc);
+                v16::store_n(simd, lp, at, len[c], sum);
             }
         }
         super::mem::drip();
@@ -396,121 +418,123 @@ mod tests {
     /// state's columns past `dv + 1` and the output's past `dv` must stay untouched.
     #[test]
     fn bank16_matches_its_definition() {
-        let isa = Isa::best();
-        if isa.level() != Level::Avx512 {
-            eprintln!("skipped: no AVX-512 (bank16 runs only there)");
-            return;
-        }
-        for m in 1..=16 {
-            for dv in [1, 5, 16, 33, 128] {
-                for rows in [0, 1, 7, 16, 40] {
-                    for (case, two) in [(0u64, false), (1, true)] {
-                        let seed = (m * 1000 + dv * 10 + rows) as u64 * 4 + case;
-                        let ld = dv + 3;
-                        let base = if two { values(seed, m * ld) } else { vec![] };
-                        let local0 = values(seed + 1, m * ld);
-                        let (a, b) = (rows16(seed + 2, rows, m), rows16(seed + 3, rows, m));
-                        let (ldx, ldd) = (dv + 2, dv + 1);
-                        let x = values(seed + 4, rows * ldx);
-                        let s = values(seed + 5, rows);
-                        let s_at = |f: usize, c: usize| {
-                            local0[f * ld + c] as f64
-                                + base.get(f * ld + c).map_or(0.0, |&v| v as f64)
-                        };
-                        let want_d = |i: usize, c: usize| {
-                            (0..m)
-                                .map(|f| a[i * 16 + f] as f64 * s_at(f, c))
-                                .sum::<f64>()
-                        };
-                        let check_d = |d: &[f32], what: &str| {
-                            for i in 0..rows {
-                                for c in 0..ldd {
-                                    let got = d[i * ldd + c];
-                                    if c < dv {
-                                        let want = want_d(i, c);
-                                        let tol = 1e-5 * (1.0 + want.abs());
-                                        assert!((got as f64 - want).abs() <= tol, "{what} m={m} dv={dv} rows={rows} two={two} D[{i}][{c}] = {got}, want {want}");
-                                    } else {
-                                        assert!(got.is_nan(), "{what}: wrote past dv");
-                                    }
-                                }
-                            }
-                        };
-                        for (mi, mass) in [Mass::Ones, Mass::NegS(&s), Mass::Skip]
-                            .into_iter()
-                            .enumerate()
-                        {
-                            let weight = |j: usize| match mi {
-                                0 => 1.0,
-                                1 => -(s[j] as f64),
-                                _ => 0.0,
+        let mut isas: Vec<Isa> = [Level::Scalar, Level::Avx2, Level::Avx512]
+            .into_iter()
+            .map(Isa::at_most)
+            .collect();
+        isas.dedup();
+        for isa in isas {
+            for m in 1..=16 {
+                for dv in [1, 5, 16, 33, 128] {
+                    for rows in [0, 1, 7, 16, 40] {
+                        for (case, two) in [(0u64, false), (1, true)] {
+                            let seed = (m * 1000 + dv * 10 + rows) as u64 * 4 + case;
+                            let ld = dv + 3;
+                            let base = if two { values(seed, m * ld) } else { vec![] };
+                            let local0 = values(seed + 1, m * ld);
+                            let (a, b) = (rows16(seed + 2, rows, m), rows16(seed + 3, rows, m));
+                            let (ldx, ldd) = (dv + 2, dv + 1);
+                            let x = values(seed + 4, rows * ldx);
+                            let s = values(seed + 5, rows);
+                            let s_at = |f: usize, c: usize| {
+                                local0[f * ld + c] as f64
+                                    + base.get(f * ld + c).map_or(0.0, |&v| v as f64)
                             };
-                            let check_local = |local: &[f32], what: &str| {
-                                for f in 0..m {
-                                    for c in 0..ld {
-                                        let got = local[f * ld + c] as f64;
-                                        let delta: f64 = if c < dv {
-                                            (0..rows)
-                                                .map(|j| {
-                                                    b[j * 16 + f] as f64 * x[j * ldx + c] as f64
-                                                })
-                                                .sum()
-                                        } else if c == dv {
-                                            (0..rows)
-                                                .map(|j| b[j * 16 + f] as f64 * weight(j))
-                                                .sum()
+                            let want_d = |i: usize, c: usize| {
+                                (0..m)
+                                    .map(|f| a[i * 16 + f] as f64 * s_at(f, c))
+                                    .sum::<f64>()
+                            };
+                            let check_d = |d: &[f32], what: &str| {
+                                for i in 0..rows {
+                                    for c in 0..ldd {
+                                        let got = d[i * ldd + c];
+                                        if c < dv {
+                                            let want = want_d(i, c);
+                                            let tol = 1e-5 * (1.0 + want.abs());
+                                            assert!((got as f64 - want).abs() <= tol, "{what} m={m} dv={dv} rows={rows} two={two} D[{i}][{c}] = {got}, want {want}");
                                         } else {
-                                            0.0
-                                        };
-                                        let want = local0[f * ld + c] as f64 + delta;
-                                        let tol = 1e-5 * (1.0 + want.abs());
-                                        assert!((got - want).abs() <= tol, "{what} m={m} dv={dv} rows={rows} mass={mi} local[{f}][{c}] = {got}, want {want}");
+                                            assert!(got.is_nan(), "{what}: wrote past dv");
+                                        }
                                     }
                                 }
                             };
-                            // Update alone (any number of rows).
-                            let mut local = local0.clone();
-                            let upd = || Update {
-                                b: &b,
-                                rows,
-                                x: &x,
-                                ldx,
-                                mass,
-                            };
-                            update(isa, m, dv, (&mut local, ld), upd());
-                            check_local(&local, "update");
-                            // Read and update in one pass (one group of rows at most).
-                            if rows <= GROUP {
-                                let mut local = local0.clone();
-                                let mut d = vec![f32::NAN; rows * ldd];
-                                let r = Read {
-                                    a: &a,
-                                    rows,
-                                    d: &mut d,
-                                    ldd,
+                            for (mi, mass) in [Mass::Ones, Mass::NegS(&s), Mass::Skip]
+                                .into_iter()
+                                .enumerate()
+                            {
+                                let weight = |j: usize| match mi {
+                                    0 => 1.0,
+                                    1 => -(s[j] as f64),
+                                    _ => 0.0,
                                 };
-                                let u = Some(upd());
-                                read_update(isa, m, dv, (&base, &mut local, ld), Some(r), u);
-                                check_d(&d, "read_update");
-                                check_local(&local, "read_update");
-                            }
-                        }
-                        // Read alone, of a state without a base part.
-                        if !two {
-                            let mut d = vec![f32::NAN; rows * ldd];
-                            read(
-                                isa,
-                                m,
-                                dv,
-                                (&local0, ld),
-                                Read {
-                                    a: &a,
+                                let check_local = |local: &[f32], what: &str| {
+                                    for f in 0..m {
+                                        for c in 0..ld {
+                                            let got = local[f * ld + c] as f64;
+                                            let delta: f64 = if c < dv {
+                                                (0..rows)
+                                                    .map(|j| {
+                                                        b[j * 16 + f] as f64 * x[j * ldx + c] as f64
+                                                    })
+                                                    .sum()
+                                            } else if c == dv {
+                                                (0..rows)
+                                                    .map(|j| b[j * 16 + f] as f64 * weight(j))
+                                                    .sum()
+                                            } else {
+                                                0.0
+                                            };
+                                            let want = local0[f * ld + c] as f64 + delta;
+                                            let tol = 1e-5 * (1.0 + want.abs());
+                                            assert!((got - want).abs() <= tol, "{what} m={m} dv={dv} rows={rows} mass={mi} local[{f}][{c}] = {got}, want {want}");
+                                        }
+                                    }
+                                };
+                                // Update alone (any number of rows).
+                                let mut local = local0.clone();
+                                let upd = || Update {
+                                    b: &b,
                                     rows,
-                                    d: &mut d,
-                                    ldd,
-                                },
-                            );
-                            check_d(&d, "read");
+                                    x: &x,
+                                    ldx,
+                                    mass,
+                                };
+                                update(isa, m, dv, (&mut local, ld), upd());
+                                check_local(&local, "update");
+                                // Read and update in one pass (one group of rows at most).
+                                if rows <= GROUP {
+                                    let mut local = local0.clone();
+                                    let mut d = vec![f32::NAN; rows * ldd];
+                                    let r = Read {
+                                        a: &a,
+                                        rows,
+                                        d: &mut d,
+                                        ldd,
+                                    };
+                                    let u = Some(upd());
+                                    read_update(isa, m, dv, (&base, &mut local, ld), Some(r), u);
+                                    check_d(&d, "read_update");
+                                    check_local(&local, "read_update");
+                                }
+                            }
+                            // Read alone, of a state without a base part.
+                            if !two {
+                                let mut d = vec![f32::NAN; rows * ldd];
+                                read(
+                                    isa,
+                                    m,
+                                    dv,
+                                    (&local0, ld),
+                                    Read {
+                                        a: &a,
+                                        rows,
+                                        d: &mut d,
+                                        ldd,
+                                    },
+                                );
+                                check_d(&d, "read");
+                            }
                         }
                     }
                 }

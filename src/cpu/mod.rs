@@ -24,6 +24,13 @@
 //! `N × R × d` intermediate. Every kernel is tested against [`crate::reference`] on the same
 //! (f32-rounded) planes.
 
+// Off x86-64 the AVX-512 fast paths are configured out, and with them the helpers and
+// imports only they use; the portable paths run there (NEON through LLVM's vectoriser).
+#![cfg_attr(
+    not(target_arch = "x86_64"),
+    allow(unused_imports, dead_code, unused_variables)
+)]
+
 pub mod bank16;
 pub mod decode;
 pub mod exact;
@@ -37,6 +44,7 @@ pub mod soft;
 pub mod state;
 pub mod stream;
 pub mod token;
+pub(crate) mod v16;
 
 pub use features::{FeatureMap, HardMap, LinearMap, PerformerMap, SoftMap};
 pub use saved::{Ctx, ForwardOut};

@@ -98,8 +98,38 @@ fn cpu_level() -> Level {
     Level::Scalar
 }
 
-/// The row primitives of the kernels.
-pub trait Simd: Copy {
+/// Only this module implements [`Simd`]: a type outside it could run any instructions.
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::Scalar {}
+    impl Sealed for super::Lanes {}
+    impl Sealed for super::Lanes512 {}
+}
+
+/// The row primitives of the kernels. Sealed: its implementations are [`Scalar`] and
+/// [`Lanes`] (portable code, safe on every CPU) and a crate-private AVX-512 form that only
+/// [`dispatch`]'s AVX-512 frame names, after detection. Code outside the crate therefore
+/// reaches AVX-512 instructions only through [`dispatch`] with a detected [`Isa`]:
+///
+/// ```compile_fail
+/// // The AVX-512 primitives cannot be named outside the crate.
+/// use racelab::cpu::simd::{Lanes512, Simd};
+/// let _ = Lanes512::dot(&[1.0; 16], &[1.0; 16]);
+/// ```
+///
+/// ```compile_fail
+/// // Nor can the trait be implemented there.
+/// #[derive(Clone, Copy)]
+/// struct Mine;
+/// impl racelab::cpu::simd::Simd for Mine {
+///     fn dot(a: &[f32], b: &[f32]) -> f32 { 0.0 }
+///     fn dot2(g: &[f32], x: &[f32], y: &[f32]) -> f32 { 0.0 }
+///     fn axpy(out: &mut [f32], w: f32, x: &[f32]) {}
+///     fn axpy2(out: &mut [f32], w: f32, x: &[f32], y: &[f32]) {}
+///     fn fma(a: f32, b: f32, c: f32) -> f32 { a * b + c }
+/// }
+/// ```
+pub trait Simd: Copy + sealed::Sealed {
     /// `Σ a_i b_i`.
     fn dot(a: &[f32], b: &[f32]) -> f32;
     /// `Σ g_i (x_i + y_i)` (reading a two-level state).
@@ -255,7 +285,7 @@ impl Simd for Lanes {
 /// auto-vectorised form was compiled to 128-bit vectors. Used only by the AVX-512 frame of
 /// [`dispatch`], which is entered only after CPUID confirmed AVX-512F.
 #[derive(Clone, Copy)]
-pub struct Lanes512;
+pub(crate) struct Lanes512;
 
 impl Simd for Lanes512 {
     #[inline(always)]

@@ -8,13 +8,14 @@ use crate::cpu::features::{FeatureMap, SoftMap};
 use crate::cpu::gemm::{gemm, Strided};
 use crate::cpu::mem::{ABuf, Out};
 use crate::cpu::saved::Ctx;
-use crate::cpu::simd::{add_into_f64, dispatch, in_frame, Isa, Level, Simd, WithSimd};
+use crate::cpu::simd::{add_into_f64, dispatch, in_frame, Isa, Simd, WithSimd};
 use crate::cpu::soft::banks::{
     add_rows, assign_bank, bank_dots, bank_views, inv_den, rows_of, saved_rows,
 };
 use crate::cpu::soft::block::{block_rows, Block};
 use crate::cpu::soft::probs::{lanes16, pad16};
 use crate::cpu::state::{bank_width, split_out};
+use crate::cpu::v16::{self, Task16, V16};
 use rayon::prelude::*;
 
 /// `out_i = c_i (a_i · b_i)` (`c_i = 1` without `c`) for the rows of two matrices with row
@@ -137,7 +138,7 @@ impl<'a> GFactors<'a> {
     }
 }
 
-/// [`query_rows16_avx512`] when it applies (AVX-512, feature rows of 16 floats: `mp = 16`),
+/// [`QueryRows16`] when it applies (feature rows of 16 floats: `mp = 16`),
 /// with the mass column `a` (`m ≤ 16` long) zero-padded; `None` otherwise, for the
 /// general sequence ([`RowDots`], [`GFactors`]).
 fn query_rows16(
@@ -147,56 +148,63 @@ fn query_rows16(
     (c, s): (&[f32], &mut [f32]),
     a: &[f32],
 ) -> Option<[f32; 16]> {
-    #[cfg(target_arch = "x86_64")]
-    if isa.level() == Level::Avx512 && mp == 16 {
+    if mp == 16 {
         assert!(phi.len() >= rows * 16 && gphi.len() >= rows * 16 && sphi.len() >= rows * 16);
         assert!(c.len() >= rows && s.len() >= rows && a.len() <= 16);
-        let a16 = lanes16(a);
-        // SAFETY: an `Isa` at Avx512 exists only where the CPU has AVX-512F; the rows are in
-        // bounds (asserted).
-        return Some(unsafe { query_rows16_avx512((phi, gphi, sphi), rows, (c, s), &a16) });
+        let task = QueryRows16 {
+            rows: (phi, gphi, sphi),
+            n: rows,
+            cs: (c, s),
+            a: lanes16(a),
+        };
+        return Some(v16::dispatch(isa, task));
     }
-    let _ = (isa, phi, gphi, sphi, mp, rows, c, s, a);
     None
 }
 
-/// The queries' per-row factors in one pass, for rows of 16 floats with AVX-512 (banks of
-/// at most 16 features): with `gphi_i = (g_i·B_f)_f` in, `s_i = c_i Σ_f φ_if gphi_if` into
+/// The queries' per-row factors in one pass, for rows of 16 floats (banks of at most 16
+/// features): with `gphi_i = (g_i·B_f)_f` in, `s_i = c_i Σ_f φ_if gphi_if` into
 /// `s`, `∂ℓ/∂φ_if = c_i (gphi_if − s_i A_f)` over `gphi`, `sphi_i = c_i φ_i` (stride 16, for
 /// `dB = sphiᵀ G`); returns the masses `dA_f = −Σ_i sphi_if s_i`. The same sums as
 /// [`RowDots`], [`GFactors::scale_phi_grads`] and [`GFactors::dbank`]'s scaling and masses,
 /// which take four passes over the rows.
 ///
-/// # Safety
-/// The CPU must support AVX-512F; `phi`, `gphi`, `sphi` hold `rows` rows of 16, `c` and `s`
-/// at least `rows` entries.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn query_rows16_avx512(
-    (phi, gphi, sphi): (&[f32], &mut [f32], &mut [f32]),
-    rows: usize,
-    (c, s): (&[f32], &mut [f32]),
-    a: &[f32; 16],
-) -> [f32; 16] {
-    use std::arch::x86_64::*;
-    let av = _mm512_loadu_ps(a.as_ptr());
-    let mut mass = _mm512_setzero_ps();
-    for i in 0..rows {
-        let ph = _mm512_loadu_ps(phi.as_ptr().add(i * 16));
-        let g = _mm512_loadu_ps(gphi.as_ptr().add(i * 16));
-        let ci = c[i];
-        let si = ci * _mm512_reduce_add_ps(_mm512_mul_ps(ph, g));
-        s[i] = si;
-        let (cv, sv) = (_mm512_set1_ps(ci), _mm512_set1_ps(si));
-        let gout = _mm512_mul_ps(cv, _mm512_fnmadd_ps(sv, av, g));
-        _mm512_storeu_ps(gphi.as_mut_ptr().add(i * 16), gout);
-        let sp = _mm512_mul_ps(ph, cv);
-        _mm512_storeu_ps(sphi.as_mut_ptr().add(i * 16), sp);
-        mass = _mm512_fnmadd_ps(sp, sv, mass);
+/// `phi`, `gphi`, `sphi` hold `n` rows of 16, `c` and `s` at least `n` entries. One source
+/// for every ISA ([`v16`]).
+struct QueryRows16<'a> {
+    rows: (&'a [f32], &'a mut [f32], &'a mut [f32]),
+    n: usize,
+    cs: (&'a [f32], &'a mut [f32]),
+    a: [f32; 16],
+}
+
+impl Task16 for QueryRows16<'_> {
+    type Output = [f32; 16];
+    #[inline(always)]
+    fn run<S: V16>(self, simd: S) -> [f32; 16] {
+        let QueryRows16 {
+            rows: (phi, gphi, sphi),
+            n,
+            cs: (c, s),
+            a,
+        } = self;
+        let av = v16::load(simd, &a, 0);
+        let mut mass = simd.splat_f32s(0.0);
+        for i in 0..n {
+            let ph = v16::load(simd, phi, i * 16);
+            let g = v16::load(simd, gphi, i * 16);
+            let ci = c[i];
+            let si = ci * simd.reduce_sum_f32s(simd.mul_f32s(ph, g));
+            s[i] = si;
+            let (cv, sv) = (simd.splat_f32s(ci), simd.splat_f32s(si));
+            let gout = simd.mul_f32s(cv, simd.negate_mul_add_e_f32s(sv, av, g));
+            v16::store(simd, gphi, i * 16, gout);
+            let sp = simd.mul_f32s(ph, cv);
+            v16::store(simd, sphi, i * 16, sp);
+            mass = simd.negate_mul_add_e_f32s(sp, sv, mass);
+        }
+        v16::lanes(mass)
     }
-    let mut out = [0.0f32; 16];
-    _mm512_storeu_ps(out.as_mut_ptr(), mass);
-    out
 }
 
 /// Backward, queries' side (blocked): `∂ℓ/∂q` into `dq` and the per-head `d𝔅 = Σ_i φ(q_i) ĝ_iᵀ/L`

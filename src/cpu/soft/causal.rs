@@ -384,29 +384,3 @@ pub(crate) fn sub_t(att: &[f32]) -> Strided<'_> {
 pub(crate) fn state_len(n: usize, m: usize, w: usize) -> usize {
     n.div_ceil(TB) * m * w
 }
-
-/// `Σ_f x_f t_f` for the `m ≤ 16` floats at `x` and 16-lane rows `t` (two chains).
-///
-/// # Safety
-/// The CPU must support AVX-512F; `x` points at `m` readable floats.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-#[inline]
-pub(crate) unsafe fn feature_row16(
-    x: *const f32,
-    t: &[std::arch::x86_64::__m512; 16],
-    m: usize,
-) -> std::arch::x86_64::__m512 {
-    use std::arch::x86_64::*;
-    let (mut q0, mut q1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-    let mut f = 0;
-    while f + 1 < m {
-        q0 = _mm512_fmadd_ps(_mm512_set1_ps(*x.add(f)), t[f], q0);
-        q1 = _mm512_fmadd_ps(_mm512_set1_ps(*x.add(f + 1)), t[f + 1], q1);
-        f += 2;
-    }
-    if f < m {
-        q0 = _mm512_fmadd_ps(_mm512_set1_ps(*x.add(f)), t[f], q0);
-    }
-    _mm512_add_ps(q0, q1)
-}

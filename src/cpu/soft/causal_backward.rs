@@ -10,7 +10,7 @@ use crate::cpu::features::{FeatureMap, SoftMap};
 use crate::cpu::gemm::Strided;
 use crate::cpu::mem::{ABuf, Out};
 use crate::cpu::saved::{exclusive_scan, Ctx};
-use crate::cpu::simd::{add_into_f64, Isa, Level};
+use crate::cpu::simd::{add_into_f64, Isa};
 use crate::cpu::soft::backward::GFactors;
 use crate::cpu::soft::banks::{add_rows, inv_den, rows_of, saved_rows};
 use crate::cpu::soft::block::{Block, T};
@@ -21,6 +21,7 @@ use crate::cpu::soft::causal::{
 use crate::cpu::soft::causal_forward::add_per_head;
 use crate::cpu::soft::probs::lanes16;
 use crate::cpu::state::{bank_width, split_out};
+use crate::cpu::v16::{self, Task16, V16};
 use rayon::prelude::*;
 
 /// The keys' `∂ℓ/∂φ_k` from `gphi_j = (x̂_j·dS_f)_f` without the mass column: adds `dA`
@@ -37,55 +38,61 @@ fn key_intra(
     pq: &[f32],
     a: &[f32],
 ) {
-    #[cfg(target_arch = "x86_64")]
-    if isa.level() == Level::Avx512 && mp == 16 && a.len() <= 16 {
+    if mp == 16 && a.len() <= 16 {
         assert!(rows <= TC && gphi.len() >= rows * 16 && pq.len() >= rows * 16);
         assert!(att.len() >= rows * TC);
-        let a16 = lanes16(a);
-        // SAFETY: an `Isa` at Avx512 exists only where the CPU has AVX-512F; every row read or
-        // written is in bounds (asserted).
-        unsafe { key_intra16_avx512(gphi, rows, att, pq, &a16) };
+        let task = KeyIntra16 {
+            gphi,
+            rows,
+            att,
+            pq,
+            a: lanes16(a),
+        };
+        v16::dispatch(isa, task);
         return;
     }
     add_rows(isa, gphi, mp, rows, a);
     tri_gemm(isa, gphi, mp, rows, mp, sub_t(att), pq, mp, 1.0, false);
 }
 
-/// [`key_intra`] for rows of 16 floats: row `j` is `gphi_j + a + Σ_{i≥j} att_ij φ(q_i)`, the
-/// `att_ij` broadcast from memory, two chains.
-///
-/// # Safety
-/// The CPU must support AVX-512F; `gphi` and `pq` hold `rows ≤ 16` rows of 16 floats, `att`
-/// `rows` rows of [`TC`].
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn key_intra16_avx512(
-    gphi: &mut [f32],
+/// [`key_intra`] for rows of 16 floats, one source for every ISA ([`v16`]): row `j` is
+/// `gphi_j + a + Σ_{i≥j} att_ij φ(q_i)`, the `att_ij` broadcast, two chains. `gphi` and `pq`
+/// hold `rows ≤ 16` rows of 16 floats, `att` `rows` rows of [`TC`].
+struct KeyIntra16<'a> {
+    gphi: &'a mut [f32],
     rows: usize,
-    att: &[f32],
-    pq: &[f32],
-    a: &[f32; 16],
-) {
-    use std::arch::x86_64::*;
-    let av = _mm512_loadu_ps(a.as_ptr());
-    let (at, q) = (att.as_ptr(), pq.as_ptr());
-    for j in 0..rows {
-        let out = gphi.as_mut_ptr().add(j * 16);
-        let mut g0 = _mm512_add_ps(_mm512_loadu_ps(out), av);
-        let mut g1 = _mm512_setzero_ps();
-        let mut i = j;
-        while i + 1 < rows {
-            let x0 = _mm512_set1_ps(*at.add(i * TC + j));
-            g0 = _mm512_fmadd_ps(x0, _mm512_loadu_ps(q.add(i * 16)), g0);
-            let x1 = _mm512_set1_ps(*at.add((i + 1) * TC + j));
-            g1 = _mm512_fmadd_ps(x1, _mm512_loadu_ps(q.add((i + 1) * 16)), g1);
-            i += 2;
+    att: &'a [f32],
+    pq: &'a [f32],
+    a: [f32; 16],
+}
+
+impl Task16 for KeyIntra16<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn run<S: V16>(self, simd: S) {
+        let KeyIntra16 {
+            gphi,
+            rows,
+            att,
+            pq,
+            a,
+        } = self;
+        let av = v16::load(simd, &a, 0);
+        let q = |i: usize| v16::load(simd, pq, i * 16);
+        for j in 0..rows {
+            let mut g0 = simd.add_f32s(v16::load(simd, gphi, j * 16), av);
+            let mut g1 = simd.splat_f32s(0.0);
+            let mut i = j;
+            while i + 1 < rows {
+                g0 = simd.mul_add_e_f32s(simd.splat_f32s(att[i * TC + j]), q(i), g0);
+                g1 = simd.mul_add_e_f32s(simd.splat_f32s(att[(i + 1) * TC + j]), q(i + 1), g1);
+                i += 2;
+            }
+            if i < rows {
+                g0 = simd.mul_add_e_f32s(simd.splat_f32s(att[i * TC + j]), q(i), g0);
+            }
+            v16::store(simd, gphi, j * 16, simd.add_f32s(g0, g1));
         }
-        if i < rows {
-            let x0 = _mm512_set1_ps(*at.add(i * TC + j));
-            g0 = _mm512_fmadd_ps(x0, _mm512_loadu_ps(q.add(i * 16)), g0);
-        }
-        _mm512_storeu_ps(out, _mm512_add_ps(g0, g1));
     }
 }
 

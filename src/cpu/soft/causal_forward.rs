@@ -8,22 +8,23 @@ use crate::cpu::bank16::{Mass, Read, Update};
 use crate::cpu::features::{FeatureMap, SoftMap};
 use crate::cpu::mem::{ABuf, Ahead, Out};
 use crate::cpu::saved::{exclusive_scan, Ctx};
-use crate::cpu::simd::{Isa, Level};
+use crate::cpu::simd::Isa;
 use crate::cpu::soft::banks::{rows_of, saved_pieces};
 use crate::cpu::soft::causal::{
-    blocks, feature_gram, feature_row16, mask, state_len, sub, sub_blocks, tri_gemm, FeatureRows,
-    Scale, Scratch, TwoLevel, GRAM_T_MAX_M, TB, TC,
+    blocks, feature_gram, mask, state_len, sub, sub_blocks, tri_gemm, FeatureRows, Scale, Scratch,
+    TwoLevel, GRAM_T_MAX_M, TB, TC,
 };
 use crate::cpu::soft::forward::{key_bank, normalise};
 use crate::cpu::soft::probs::lanes16;
 use crate::cpu::state::{bank_width, plan_segments, split_out};
+use crate::cpu::v16::{self, Task16, V16};
 use rayon::prelude::*;
 
 /// `att = tril(Φ_Q Φ_Kᵀ)` for a sub-block's feature rows (row stride [`TC`], 0 above the
 /// diagonal), and the causal forward's `Den_i = φ_i·A + Σ_{j≤i} att_ij` into `den[i·ldd]`
 /// (`A`: the mass column of the state entering the sub-block; the product with the state
-/// covers the value columns only). With AVX-512 and at most [`GRAM_T_MAX_M`] features (rows
-/// of 16 floats), one pass of 16-lane rows ([`lower_gram16_avx512`]); else
+/// covers the value columns only). With at most [`GRAM_T_MAX_M`] features (rows of 16
+/// floats), one pass of 16-lane rows ([`LowerGram16`]); else
 /// [`feature_gram`], [`mask`] and row sums.
 fn lower_gram(
     isa: Isa,
@@ -34,15 +35,20 @@ fn lower_gram(
     (den, ldd, a): (&mut [f32], usize, &[f32]),
 ) {
     assert_eq!(a.len(), m, "lower_gram: one mass per feature");
-    #[cfg(target_arch = "x86_64")]
-    if isa.level() == Level::Avx512 && mp == 16 && m <= GRAM_T_MAX_M {
+    if mp == 16 && m <= GRAM_T_MAX_M {
         assert!(rows <= TC && x.len() >= rows * 16 && att.len() >= rows * TC);
         assert!(m == 0 || yt.len() >= (m - 1) * ldt + rows);
         assert!(rows == 0 || den.len() > (rows - 1) * ldd);
-        let a16 = lanes16(a);
-        // SAFETY: an `Isa` at Avx512 exists only where the CPU has AVX-512F; every row read or
-        // written is in bounds (asserted).
-        unsafe { lower_gram16_avx512(x, (yt, ldt), m, rows, att, (den, ldd), &a16) };
+        let task = LowerGram16 {
+            x,
+            kt: (yt, ldt),
+            m,
+            rows,
+            att,
+            den: (den, ldd),
+            a: lanes16(a),
+        };
+        v16::dispatch(isa, task);
         return;
     }
     feature_gram(isa, att, (x, y, (yt, ldt), mp), m, rows, true);
@@ -57,38 +63,47 @@ fn lower_gram(
     }
 }
 
-/// [`lower_gram`] for banks of at most 16 features with AVX-512: row `i` of `Φ_Q Φ_Kᵀ` is
-/// `Σ_f φ_if (φ_f)ᵀ` over the transposed key features (one 16-lane vector per feature, loaded
-/// once per sub-block), masked to `j ≤ i` and stored; `Den_i` is one 16-lane sum of that row
-/// plus `φ_i ⊙ A`.
-///
-/// # Safety
-/// The CPU must support AVX-512F; `x` holds `rows ≤ 16` rows of 16 floats, `att` `rows` rows
-/// of [`TC`], `yt` `m ≤ 16` rows of `rows` (stride `ldt`), `den` `rows` entries of stride `ldd`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn lower_gram16_avx512(
-    x: &[f32],
-    (yt, ldt): (&[f32], usize),
+/// [`lower_gram`] for banks of at most 16 features, one source for every ISA ([`v16`]): row
+/// `i` of `Φ_Q Φ_Kᵀ` is `Σ_f φ_if (φ_f)ᵀ` over the transposed key features (one 16-lane
+/// vector per feature, loaded once per sub-block), kept for `j ≤ i` and stored; `Den_i` is
+/// one 16-lane sum of that row plus `φ_i ⊙ A`. `x` holds `rows ≤ 16` rows of 16 floats, `att`
+/// `rows` rows of [`TC`], the keys' transposed features `m ≤ 16` rows of `rows` (stride
+/// `ldt`), `den` `rows` entries of stride `ldd`.
+struct LowerGram16<'a> {
+    x: &'a [f32],
+    kt: (&'a [f32], usize),
     m: usize,
     rows: usize,
-    att: &mut [f32],
-    (den, ldd): (&mut [f32], usize),
-    a: &[f32; 16],
-) {
-    use std::arch::x86_64::*;
-    let kr = ((1u32 << rows) - 1) as u16;
-    let av = _mm512_loadu_ps(a.as_ptr());
-    let mut kt = [_mm512_setzero_ps(); 16];
-    for (f, t) in kt.iter_mut().enumerate().take(m) {
-        *t = _mm512_maskz_loadu_ps(kr, yt.as_ptr().add(f * ldt));
-    }
-    for i in 0..rows {
-        let ki = ((2u32 << i) - 1) as u16;
-        let row = x.as_ptr().add(i * 16);
-        let q = _mm512_maskz_mov_ps(ki, feature_row16(row, &kt, m));
-        _mm512_mask_storeu_ps(att.as_mut_ptr().add(i * TC), kr, q);
-        den[i * ldd] = _mm512_reduce_add_ps(_mm512_fmadd_ps(_mm512_loadu_ps(row), av, q));
+    att: &'a mut [f32],
+    den: (&'a mut [f32], usize),
+    a: [f32; 16],
+}
+
+impl Task16 for LowerGram16<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn run<S: V16>(self, simd: S) {
+        let LowerGram16 {
+            x,
+            kt: (yt, ldt),
+            m,
+            rows,
+            att,
+            den: (den, ldd),
+            a,
+        } = self;
+        let av = v16::load(simd, &a, 0);
+        let mut kt = [simd.splat_f32s(0.0); 16];
+        for (f, t) in kt.iter_mut().enumerate().take(m) {
+            *t = v16::load_n(simd, yt, f * ldt, rows);
+        }
+        for i in 0..rows {
+            let row = &x[i * 16..i * 16 + 16];
+            let q = v16::keep_first(simd, v16::feature_row(simd, row, &kt, m), i + 1);
+            v16::store_n(simd, att, i * TC, rows, q);
+            let phi = v16::load(simd, row, 0);
+            den[i * ldd] = simd.reduce_sum_f32s(simd.mul_add_e_f32s(phi, av, q));
+        }
     }
 }
 

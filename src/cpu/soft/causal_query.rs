@@ -4,16 +4,17 @@
 //! ([`super::causal_backward`]) reads what it leaves in the scratch.
 
 use super::causal::{
-    feature_gram, feature_row16, gram, mask, sub, tri_gemm, FeatureRows, Scale, Scratch, TwoLevel,
-    GRAM_T_MAX_M, TC,
+    feature_gram, gram, mask, sub, tri_gemm, FeatureRows, Scale, Scratch, TwoLevel, GRAM_T_MAX_M,
+    TC,
 };
 use crate::backend::Heads;
 use crate::cpu::features::{FeatureMap, SoftMap};
 use crate::cpu::mem::Ahead;
-use crate::cpu::simd::{dispatch, in_frame, Isa, Level, Simd, WithSimd};
+use crate::cpu::simd::{dispatch, in_frame, Isa, Simd, WithSimd};
 use crate::cpu::soft::backward::GFactors;
 use crate::cpu::soft::banks::{inv_den, rows_of, saved_rows};
 use crate::cpu::soft::probs::lanes16;
+use crate::cpu::v16::{self, Task16, V16};
 
 /// The inputs of the causal backward passes (`uq`, `uk`: the forward's saved `u`, or empty).
 pub(crate) struct Io<'a> {
@@ -193,7 +194,7 @@ impl WithSimd for CausalS<'_> {
     }
 }
 
-/// [`query_intra16_avx512`] when it applies (AVX-512, feature rows of 16 floats, at most
+/// [`QueryIntra16`] when it applies (feature rows of 16 floats, at most
 /// [`GRAM_T_MAX_M`] features, so the keys' transposed features are there); `false`
 /// otherwise, for the general sequence in [`Scratch::query_sub_block`].
 #[allow(clippy::too_many_arguments)]
@@ -207,21 +208,22 @@ pub(crate) fn query_intra16(
     (c, s): (&[f32], &mut [f32]),
     a: &[f32],
 ) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    if isa.level() == Level::Avx512 && mp == 16 && m <= GRAM_T_MAX_M {
+    if mp == 16 && m <= GRAM_T_MAX_M {
         assert!(rows <= TC && pq.len() >= rows * 16 && pk.len() >= rows * 16);
         assert!(gphi.len() >= rows * 16 && att.len() >= rows * TC && qk.len() >= rows * TC);
         assert!(c.len() >= rows && s.len() >= rows && a.len() == m);
         assert!(m == 0 || pkt.len() >= (m - 1) * tp + rows);
-        let a16 = lanes16(a);
-        // SAFETY: an `Isa` at Avx512 exists only where the CPU has AVX-512F; every row read or
-        // written is in bounds (asserted).
-        unsafe {
-            query_intra16_avx512((pq, pk, (pkt, tp)), m, rows, (gphi, att, qk), (c, s), &a16)
+        let task = QueryIntra16 {
+            phi: (pq, pk, (pkt, tp)),
+            m,
+            rows,
+            out: (gphi, att, qk),
+            cs: (c, s),
+            a: lanes16(a),
         };
+        v16::dispatch(isa, task);
         return true;
     }
-    let _ = (isa, pq, pk, pkt, tp, mp, m, rows, gphi, att, qk, c, s, a);
     false
 }
 
@@ -237,63 +239,74 @@ pub(crate) fn query_intra16(
 /// The same sums as [`feature_gram`], [`CausalS`], [`GFactors::scale_phi_grads`],
 /// [`scale_gv`], [`tri_gemm`] and [`mask`], which take six passes over the sub-block.
 ///
-/// # Safety
-/// The CPU must support AVX-512F; `pq`, `pk`, `gphi` hold `rows ≤ 16` rows of 16 floats,
-/// `att` and `qk` `rows` rows of [`TC`], `pkt` `m ≤ 16` rows of `rows` (stride `tp`).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn query_intra16_avx512(
-    (pq, pk, (pkt, tp)): (&[f32], &[f32], (&[f32], usize)),
+/// `pq`, `pk`, `gphi` hold `rows ≤ 16` rows of 16 floats, `att` and `qk` `rows` rows of
+/// [`TC`], `pkt` `m ≤ 16` rows of `rows` (stride `tp`). One source for every ISA ([`v16`]).
+struct QueryIntra16<'a> {
+    phi: (&'a [f32], &'a [f32], (&'a [f32], usize)),
     m: usize,
     rows: usize,
-    (gphi, att, qk): (&mut [f32], &mut [f32], &mut [f32]),
-    (c, s): (&[f32], &mut [f32]),
-    a: &[f32; 16],
-) {
-    use std::arch::x86_64::*;
-    let (kr, kf) = (((1u32 << rows) - 1) as u16, ((1u32 << m) - 1) as u16);
-    let mut kt = [_mm512_setzero_ps(); 16];
-    for (f, t) in kt.iter_mut().enumerate().take(m) {
-        *t = _mm512_maskz_loadu_ps(kr, pkt.as_ptr().add(f * tp));
-    }
-    let av = _mm512_loadu_ps(a.as_ptr());
-    // Σ_{j≤i} φ(k_j), so that Σ_{j≤i} c_i (att_ij − s_i) φ(k_j) = c_i (Σ_{j≤i} att_ij φ(k_j) −
-    // s_i Σ_{j≤i} φ(k_j)): the product over the row does not wait for s_i (and does not
-    // read back the scaled row just stored, which would stall on store forwarding).
-    let mut pre = _mm512_setzero_ps();
-    for i in 0..rows {
-        // Row i keeps the keys j ≤ i.
-        let ki = ((2u32 << i) - 1) as u16;
-        let arow = att.as_mut_ptr().add(i * TC);
-        let krow = |j: usize| _mm512_loadu_ps(pk.as_ptr().add(j * 16));
-        // Σ_{j≤i} (g_i·v_j) φ(k_j), two chains (even and odd j).
-        let (mut t0, mut t1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-        let mut j = 0;
-        while j < i {
-            t0 = _mm512_fmadd_ps(_mm512_set1_ps(*arow.add(j)), krow(j), t0);
-            t1 = _mm512_fmadd_ps(_mm512_set1_ps(*arow.add(j + 1)), krow(j + 1), t1);
-            j += 2;
+    out: (&'a mut [f32], &'a mut [f32], &'a mut [f32]),
+    cs: (&'a [f32], &'a mut [f32]),
+    a: [f32; 16],
+}
+
+impl Task16 for QueryIntra16<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn run<S: V16>(self, simd: S) {
+        let QueryIntra16 {
+            phi: (pq, pk, (pkt, tp)),
+            m,
+            rows,
+            out: (gphi, att, qk),
+            cs: (c, s),
+            a,
+        } = self;
+        let zero = simd.splat_f32s(0.0);
+        let mut kt = [zero; 16];
+        for (f, t) in kt.iter_mut().enumerate().take(m) {
+            *t = v16::load_n(simd, pkt, f * tp, rows);
         }
-        if j == i {
-            t0 = _mm512_fmadd_ps(_mm512_set1_ps(*arow.add(j)), krow(j), t0);
+        let av = v16::load(simd, &a, 0);
+        // Σ_{j≤i} φ(k_j), so that Σ_{j≤i} c_i (att_ij − s_i) φ(k_j) = c_i (Σ_{j≤i} att_ij φ(k_j)
+        // − s_i Σ_{j≤i} φ(k_j)): the product over the row does not wait for s_i (and does not
+        // read back the scaled row just stored, which would stall on store forwarding).
+        let mut pre = zero;
+        for i in 0..rows {
+            let krow = |j: usize| v16::load(simd, pk, j * 16);
+            let ar = i * TC;
+            // Σ_{j≤i} (g_i·v_j) φ(k_j), two chains (even and odd j).
+            let (mut t0, mut t1) = (zero, zero);
+            let mut j = 0;
+            while j < i {
+                t0 = simd.mul_add_e_f32s(simd.splat_f32s(att[ar + j]), krow(j), t0);
+                t1 = simd.mul_add_e_f32s(simd.splat_f32s(att[ar + j + 1]), krow(j + 1), t1);
+                j += 2;
+            }
+            if j == i {
+                t0 = simd.mul_add_e_f32s(simd.splat_f32s(att[ar + j]), krow(j), t0);
+            }
+            pre = simd.add_f32s(pre, krow(i));
+            // Row i keeps the keys j ≤ i.
+            let prow = &pq[i * 16..i * 16 + 16];
+            let q = v16::keep_first(simd, v16::feature_row(simd, prow, &kt, m), i + 1);
+            let ph = v16::load_n(simd, prow, 0, m);
+            let g = v16::load_n(simd, gphi, i * 16, m);
+            let at = v16::load_n(simd, att, ar, i + 1);
+            let ci = c[i];
+            let dot = simd.mul_add_e_f32s(q, at, simd.mul_f32s(ph, g));
+            let si = ci * simd.reduce_sum_f32s(dot);
+            s[i] = si;
+            let (cv, sv) = (simd.splat_f32s(ci), simd.splat_f32s(si));
+            // Only the sub-block's columns (a row is `TC` floats), and only j ≤ i.
+            let scaled = v16::keep_first(simd, simd.mul_f32s(cv, simd.sub_f32s(at, sv)), i + 1);
+            v16::store_n(simd, att, ar, rows, scaled);
+            v16::store_n(simd, qk, i * TC, rows, simd.mul_f32s(q, cv));
+            // c_i (g_i·S + Σ_j (g_i·v_j) φ(k_j) − s_i (A + Σ_{j≤i} φ(k_j))).
+            let gsum = simd.add_f32s(g, simd.add_f32s(t0, t1));
+            let gout = simd.negate_mul_add_e_f32s(sv, simd.add_f32s(av, pre), gsum);
+            let gout = simd.mul_f32s(cv, gout);
+            v16::store(simd, gphi, i * 16, gout);
         }
-        pre = _mm512_add_ps(pre, krow(i));
-        let prow = pq.as_ptr().add(i * 16);
-        let q = _mm512_maskz_mov_ps(ki, feature_row16(prow, &kt, m));
-        let ph = _mm512_maskz_loadu_ps(kf, prow);
-        let g = _mm512_maskz_loadu_ps(kf, gphi.as_ptr().add(i * 16));
-        let at = _mm512_maskz_loadu_ps(ki, arow);
-        let ci = c[i];
-        let si = ci * _mm512_reduce_add_ps(_mm512_fmadd_ps(q, at, _mm512_mul_ps(ph, g)));
-        s[i] = si;
-        let (cv, sv) = (_mm512_set1_ps(ci), _mm512_set1_ps(si));
-        // Only the sub-block's columns (a row is `TC` floats).
-        let at = _mm512_maskz_mul_ps(ki, cv, _mm512_sub_ps(at, sv));
-        _mm512_mask_storeu_ps(arow, kr, at);
-        _mm512_mask_storeu_ps(qk.as_mut_ptr().add(i * TC), kr, _mm512_mul_ps(q, cv));
-        // c_i (g_i·S + Σ_j (g_i·v_j) φ(k_j) − s_i (A + Σ_{j≤i} φ(k_j))).
-        let gsum = _mm512_add_ps(g, _mm512_add_ps(t0, t1));
-        let gout = _mm512_mul_ps(cv, _mm512_fnmadd_ps(sv, _mm512_add_ps(av, pre), gsum));
-        _mm512_storeu_ps(gphi.as_mut_ptr().add(i * 16), gout);
     }
 }

@@ -8,11 +8,12 @@ use crate::cpu::features::{FeatureMap, SoftMap};
 use crate::cpu::gemm::{gemm, Strided};
 use crate::cpu::mem::{ABuf, Ahead, Out};
 use crate::cpu::saved::Ctx;
-use crate::cpu::simd::{add_into_f64, in_frame, Isa, Level};
+use crate::cpu::simd::{add_into_f64, in_frame, Isa};
 use crate::cpu::soft::banks::{assign_bank, mass_columns, rows_of, saved_pieces, to_f32};
 use crate::cpu::soft::block::{block_rows, Block};
 use crate::cpu::soft::probs::lanes16;
 use crate::cpu::state::{bank_width, plan_segments, split_out};
+use crate::cpu::v16::{self, Task16, V16};
 use rayon::prelude::*;
 
 /// `Σ_j φ(k_j)[v_j, 1]` over `range` of head `h` (f64); with `save`, also the keys'
@@ -176,13 +177,17 @@ pub(crate) fn scaled_features(
     den: &mut [f32],
     floor: f32,
 ) -> usize {
-    #[cfg(target_arch = "x86_64")]
-    if mp == 16 && isa.level() == Level::Avx512 {
-        let a16 = lanes16(&a[..m]);
+    if mp == 16 {
         assert!(phi.len() >= rows * 16 && sphi.len() >= rows * 16 && den.len() >= rows);
-        // SAFETY: an `Isa` at Avx512 exists only where the CPU has AVX-512F; the rows read and
-        // written are in bounds (asserted).
-        return unsafe { scaled_rows16_avx512(phi, rows, &a16, scale, sphi, den, floor) };
+        let task = ScaledRows16 {
+            phi,
+            a: lanes16(&a[..m]),
+            scale,
+            sphi,
+            den: &mut den[..rows],
+            floor,
+        };
+        return v16::dispatch(isa, task);
     }
     let mut empty = 0;
     in_frame(
@@ -214,33 +219,34 @@ fn den_factor(d: f32, scale: f32, den: &mut f32, flagged: &mut usize, floor: f32
     1.0 / d
 }
 
-/// [`scaled_features`] for rows of 16 floats with AVX-512: per row one vector product, a
-/// horizontal sum, one division and one scaled store (as a plain loop the compiler made it
-/// scalar code, 4× slower).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn scaled_rows16_avx512(
-    phi: &[f32],
-    rows: usize,
-    a: &[f32; 16],
+/// [`scaled_features`] for rows of 16 floats, one source for every ISA ([`v16`]): per row
+/// one vector product, a horizontal sum, one division and one scaled store (as a plain loop
+/// the compiler made it scalar code, 4× slower).
+struct ScaledRows16<'a> {
+    phi: &'a [f32],
+    a: [f32; 16],
     scale: f32,
-    sphi: &mut [f32],
-    den: &mut [f32],
+    sphi: &'a mut [f32],
+    /// One entry per row.
+    den: &'a mut [f32],
     floor: f32,
-) -> usize {
-    use std::arch::x86_64::*;
-    let av = _mm512_loadu_ps(a.as_ptr());
-    let mut empty = 0;
-    for (i, de) in den[..rows].iter_mut().enumerate() {
-        let row = _mm512_loadu_ps(phi.as_ptr().add(i * 16));
-        let d = _mm512_reduce_add_ps(_mm512_mul_ps(row, av));
-        let c = den_factor(d, scale, de, &mut empty, floor);
-        _mm512_storeu_ps(
-            sphi.as_mut_ptr().add(i * 16),
-            _mm512_mul_ps(row, _mm512_set1_ps(c)),
-        );
+}
+
+impl Task16 for ScaledRows16<'_> {
+    type Output = usize;
+    #[inline(always)]
+    fn run<S: V16>(self, simd: S) -> usize {
+        let av = v16::load(simd, &self.a, 0);
+        let mut empty = 0;
+        for (i, de) in self.den.iter_mut().enumerate() {
+            let row = v16::load(simd, self.phi, i * 16);
+            let d = simd.reduce_sum_f32s(simd.mul_f32s(row, av));
+            let c = den_factor(d, self.scale, de, &mut empty, self.floor);
+            let out = simd.mul_f32s(row, simd.splat_f32s(c));
+            v16::store(simd, self.sphi, i * 16, out);
+        }
+        empty
     }
-    empty
 }
 
 /// `o_i = Num_i / Den_i` from `[Num | Den]` rows (stride `w`) and `den_i = Den_i·scale`; a
