@@ -89,9 +89,10 @@ pub(crate) trait Task16 {
     fn run<S: V16>(self, simd: S) -> Self::Output;
 }
 
-/// Run `task` with the 16-lane token for `isa` (see the module table). An `Isa` at a level
-/// comes from the same detection as the token, so the token exists; were it ever refused,
-/// the task would run on the scalar form, which every CPU has.
+/// Run `task` with the 16-lane token for `isa` (see the module table). The token comes from
+/// pulp's own detection, which asks for a little more than [`Isa`]'s (V4 also needs
+/// AVX-512BW/CD/VL, V3 BMI1/2 and LZCNT); on a CPU that has the `Isa` level but not the
+/// token, the task runs on the scalar form, which every CPU has.
 pub(crate) fn dispatch<T: Task16>(isa: Isa, task: T) -> T::Output {
     match isa.level() {
         #[cfg(target_arch = "x86_64")]
