@@ -1,5 +1,5 @@
 //! Throughput of `cpu::gemm` on the blocked kernels' shapes (developer tool).
-use racelab::cpu::gemm::{gemm, gemm_nt, Strided, Tri};
+use racelab::cpu::gemm::{gemm, Nt, Strided, Tri};
 use racelab::cpu::simd::{best_supported, Isa};
 use std::time::Instant;
 
@@ -67,7 +67,7 @@ fn main() {
         let gf = 2.0 * (rows * cols * k * reps) as f64 / s / 1e9;
         println!("{label:16} {gf:7.1} GFLOP/s (one core; peak ~262)");
     }
-    // gemm_nt: D = A Bᵀ (label, rows, cols, k).
+    // Nt: D = A Bᵀ (label, rows, cols, k).
     for (label, rows, cols, k) in [
         ("nt proj LP=4", 64, 4, 128),
         ("nt proj LP=16", 64, 16, 128),
@@ -94,7 +94,20 @@ fn main() {
         let reps = 200_000_000 / (rows * cols * k);
         let t = Instant::now();
         for _ in 0..reps {
-            gemm_nt(isa, Tri::Full, &mut d, cols, rows, cols, k, a, k, b, k);
+            Nt {
+                tri: Tri::Full,
+                d: &mut d,
+                ldd: cols,
+                rows,
+                cols,
+                k,
+                a,
+                lda: k,
+                b,
+                b2: None,
+                ldb: k,
+            }
+            .run(isa);
             std::hint::black_box(&mut d);
         }
         let s = t.elapsed().as_secs_f64();

@@ -17,6 +17,7 @@
 //!
 //! [`Scalar`]: super::simd::Scalar
 
+use super::native::{self, Native, TaskN};
 use super::simd::{dispatch, Isa, Level, Simd, WithSimd};
 
 const V: usize = 16;
@@ -465,104 +466,62 @@ fn transpose16(r: &[std::arch::x86_64::__m512; 16]) -> [std::arch::x86_64::__m51
 /// `D = A Bᵀ` by dot products: `D[i·ldd + j] = A_i · B_j` for `rows` rows of `A` and `cols`
 /// rows of `B`, each of length `k` (row strides `lda`, `ldb`). The projections `Z = X Wᵀ`
 /// and `∂ℓ/∂φ = G Bᵀ` have few, long output columns, where [`gemm`] would need a transposed
-/// copy and waste vector lanes; here each output is one 16-lane dot product. With AVX-512 and
-/// `k` a multiple of 16 a 4 × 4 register tile is reduced by one transpose-and-add tree;
-/// otherwise the [`Simd::dot`] primitive runs per output (the scalar twin included).
-/// With `tri` other than [`Tri::Full`] only the outputs on that triangle (`j ≤ i` or `j ≥ i`)
-/// are guaranteed; tiles wholly off it are skipped.
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_nt(
-    isa: Isa,
-    tri: Tri,
-    d: &mut [f32],
-    ldd: usize,
-    rows: usize,
-    cols: usize,
-    k: usize,
-    a: &[f32],
-    lda: usize,
-    b: &[f32],
-    ldb: usize,
-) {
-    gemm_nt2(isa, tri, d, ldd, rows, cols, k, a, lda, (b, &[]), ldb)
+/// copy and waste vector lanes. With `b2`, `B` is read as the sum `b + b2` of two matrices of
+/// the same shape: `D[i·ldd + j] = A_i · (B_j + B2_j)`, a two-level state without
+/// materialising the sum. With `tri` other than [`Tri::Full`] only the outputs on that
+/// triangle (`j ≤ i` or `j ≥ i`) are guaranteed; tiles wholly off it are skipped.
+///
+/// Written once over [`Native`] tokens: a register tile of `RT` rows × `QT` columns of
+/// accumulators at the CPU's width, one load of each row chunk and column chunk per step, and
+/// one [`Native::reduce_tile`] for the tile's dot products (see [`Nt::tiles`] for the tile
+/// shapes).
+pub struct Nt<'a> {
+    pub tri: Tri,
+    pub d: &'a mut [f32],
+    pub ldd: usize,
+    pub rows: usize,
+    pub cols: usize,
+    pub k: usize,
+    pub a: &'a [f32],
+    pub lda: usize,
+    pub b: &'a [f32],
+    pub b2: Option<&'a [f32]>,
+    pub ldb: usize,
 }
 
-/// [`gemm_nt`] with `B` read as the sum `b.0 + b.1` of two matrices of the same shape (none
-/// when `b.1` is empty): `D[i·ldd + j] = A_i · (B_j + B2_j)`, a two-level state without
-/// materialising the sum.
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_nt2(
-    isa: Isa,
-    tri: Tri,
-    d: &mut [f32],
-    ldd: usize,
-    rows: usize,
-    cols: usize,
-    k: usize,
-    a: &[f32],
-    lda: usize,
-    (b, b2): (&[f32], &[f32]),
-    ldb: usize,
-) {
-    if rows == 0 || cols == 0 {
-        return;
-    }
-    assert!(d.len() >= (rows - 1) * ldd + cols, "gemm_nt: D too short");
-    assert!(a.len() >= (rows - 1) * lda + k, "gemm_nt: A too short");
-    assert!(b.len() >= (cols - 1) * ldb + k, "gemm_nt: B too short");
-    assert!(
-        b2.is_empty() || b2.len() >= (cols - 1) * ldb + k,
-        "gemm_nt: B2 too short"
-    );
-    #[cfg(target_arch = "x86_64")]
-    if isa.level() == Level::Avx512 && k.is_multiple_of(16) && k > 0 {
-        // SAFETY: an `Isa` at Avx512 exists only after CPUID confirmed AVX-512F; the
-        // operand lengths were asserted above.
-        unsafe {
-            if b2.is_empty() {
-                nt_avx512::<false>(tri, d, ldd, rows, cols, k, a, lda, (b, b), ldb)
-            } else {
-                nt_avx512::<true>(tri, d, ldd, rows, cols, k, a, lda, (b, b2), ldb)
-            }
-        };
-        return;
-    }
-    struct Dots<'a> {
-        tri: Tri,
-        d: &'a mut [f32],
-        ldd: usize,
-        rows: usize,
-        cols: usize,
-        k: usize,
-        a: &'a [f32],
-        lda: usize,
-        b: &'a [f32],
-        b2: &'a [f32],
-        ldb: usize,
-    }
-    impl WithSimd for Dots<'_> {
-        type Output = ();
-        #[inline(always)]
-        fn run<S: Simd>(self) {
-            for i in 0..self.rows {
-                let ai = &self.a[i * self.lda..i * self.lda + self.k];
-                for j in 0..self.cols {
-                    if (self.tri == Tri::Lower && j > i) || (self.tri == Tri::Upper && j < i) {
-                        continue;
-                    }
-                    let bj = &self.b[j * self.ldb..j * self.ldb + self.k];
-                    self.d[i * self.ldd + j] = if self.b2.is_empty() {
-                        S::dot(ai, bj)
-                    } else {
-                        S::dot2(ai, bj, &self.b2[j * self.ldb..j * self.ldb + self.k])
-                    };
-                }
-            }
+impl Nt<'_> {
+    /// Run at `isa`. Panics (a programming error, not bad user input) if an operand is too
+    /// short for the shape.
+    pub fn run(self, isa: Isa) {
+        let (rows, cols, k) = (self.rows, self.cols, self.k);
+        if rows == 0 || cols == 0 {
+            return;
         }
+        assert!(
+            self.d.len() >= (rows - 1) * self.ldd + cols,
+            "gemm_nt: D too short"
+        );
+        assert!(
+            self.a.len() >= (rows - 1) * self.lda + k,
+            "gemm_nt: A too short"
+        );
+        assert!(
+            self.b.len() >= (cols - 1) * self.ldb + k,
+            "gemm_nt: B too short"
+        );
+        assert!(
+            self.b2
+                .is_none_or(|b2| b2.len() >= (cols - 1) * self.ldb + k),
+            "gemm_nt: B2 too short"
+        );
+        native::dispatch(isa, self)
     }
-    dispatch(
-        isa,
-        Dots {
+
+    /// All tiles of `RT` rows × `QT` columns (`TWO`: `B` is `b + b2`). Rows and columns past
+    /// the end of a partial tile repeat the last one (their sums are not stored).
+    #[inline(always)]
+    fn tiles<S: Native, const TWO: bool, const RT: usize, const QT: usize>(self, s: S) {
+        let Nt {
             tri,
             d,
             ldd,
@@ -574,171 +533,178 @@ pub fn gemm_nt2(
             b,
             b2,
             ldb,
-        },
-    );
-}
-
-/// The 16 horizontal sums of `v[0..16]` in one vector: lane `4k + j` holds the sum of
-/// `v[4j + k]` (a transpose-and-add tree: 128-bit blocks, then lanes; 15 adds in all).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn hsum16x(v: &[std::arch::x86_64::__m512; 16]) -> std::arch::x86_64::__m512 {
-    use std::arch::x86_64::*;
-    // Block k of g[j] holds four partial sums of v[4j + k].
-    let g = [0, 1, 2, 3].map(|j| {
-        let pair = |a: __m512, b: __m512| {
-            _mm512_add_ps(
-                _mm512_shuffle_f32x4::<0b01_00_01_00>(a, b),
-                _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b),
-            )
-        };
-        let (ab, cd) = (
-            pair(v[4 * j], v[4 * j + 1]),
-            pair(v[4 * j + 2], v[4 * j + 3]),
-        );
-        _mm512_add_ps(
-            _mm512_shuffle_f32x4::<0b10_00_10_00>(ab, cd),
-            _mm512_shuffle_f32x4::<0b11_01_11_01>(ab, cd),
-        )
-    });
-    // 4 × 4 transpose-and-add inside each 128-bit block.
-    let u0 = _mm512_add_ps(
-        _mm512_unpacklo_ps(g[0], g[1]),
-        _mm512_unpackhi_ps(g[0], g[1]),
-    );
-    let u1 = _mm512_add_ps(
-        _mm512_unpacklo_ps(g[2], g[3]),
-        _mm512_unpackhi_ps(g[2], g[3]),
-    );
-    _mm512_add_ps(
-        _mm512_shuffle_ps::<0b01_00_01_00>(u0, u1),
-        _mm512_shuffle_ps::<0b11_10_11_10>(u0, u1),
-    )
-}
-
-/// [`gemm_nt2`] with AVX-512 intrinsics for `k` a multiple of 16 (`TWO`: `B` is `w + w2`): sixteen `zmm` accumulators
-/// (four rows × four columns), one load of each row chunk and column chunk per step, and one
-/// transpose-and-add tree ([`hsum16x`]) for the sixteen dot products.
-///
-/// # Safety
-/// The CPU must support AVX-512F, and the operands must be as long as [`gemm_nt`] asserts.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn nt_avx512<const TWO: bool>(
-    tri: Tri,
-    z: &mut [f32],
-    ldz: usize,
-    rows: usize,
-    lp: usize,
-    d: usize,
-    x: &[f32],
-    ldx: usize,
-    w: (&[f32], &[f32]),
-    ldw: usize,
-) {
-    // Two-part `B`: tiles of 8 rows × 2 columns, so each `B` row (two loads and an add) is read
-    // half as often (measured: 4 × 4 tiles read a 2 × 36 KiB state twice as often, 40% slower).
-    if TWO {
-        // SAFETY: as for this function.
-        unsafe { nt_tiles::<true, 8, 2>(tri, z, ldz, rows, lp, d, x, ldx, w, ldw) }
-    } else {
-        // SAFETY: as for this function.
-        unsafe { nt_tiles::<false, 4, 4>(tri, z, ldz, rows, lp, d, x, ldx, w, ldw) }
+        } = self;
+        let b2 = b2.unwrap_or(b);
+        let mut i = 0;
+        while i < rows {
+            let nr = (rows - i).min(RT);
+            let xr: [&[f32]; RT] = std::array::from_fn(|r| {
+                let o = (i + r.min(nr - 1)) * lda;
+                &a[o..o + k]
+            });
+            let xv = xr.map(|x| S::as_simd_f32s(x));
+            let mut p = 0;
+            while p < cols {
+                let np = (cols - p).min(QT);
+                let off = match tri {
+                    Tri::Full => false,
+                    Tri::Lower => p > i + nr - 1,
+                    Tri::Upper => p + np - 1 < i,
+                };
+                if off {
+                    p += QT;
+                    continue;
+                }
+                let at = |q: usize| (p + q.min(np - 1)) * ldb;
+                let wv: [_; QT] = std::array::from_fn(|q| S::as_simd_f32s(&b[at(q)..at(q) + k]));
+                let wv2: [_; QT] = std::array::from_fn(|q| {
+                    let o = if TWO { at(q) } else { 0 };
+                    S::as_simd_f32s(&b2[o..o + k])
+                });
+                let mut acc = [[s.splat_f32s(0.0); QT]; RT];
+                let step = |acc: &mut [[S::f32s; QT]; RT], xs: [S::f32s; RT], w: [S::f32s; QT]| {
+                    for (q, &wq) in w.iter().enumerate() {
+                        for (r, &x) in xs.iter().enumerate() {
+                            acc[r][q] = s.mul_add_e_f32s(x, wq, acc[r][q]);
+                        }
+                    }
+                };
+                for c in 0..xv[0].0.len() {
+                    let xs = xv.map(|x| x.0[c]);
+                    let w = std::array::from_fn(|q| {
+                        if TWO {
+                            s.add_f32s(wv[q].0[c], wv2[q].0[c])
+                        } else {
+                            wv[q].0[c]
+                        }
+                    });
+                    step(&mut acc, xs, w);
+                }
+                if !xv[0].1.is_empty() {
+                    let xs = xv.map(|x| s.partial_load_f32s(x.1));
+                    let w = std::array::from_fn(|q| {
+                        let wq = s.partial_load_f32s(wv[q].1);
+                        if TWO {
+                            s.add_f32s(wq, s.partial_load_f32s(wv2[q].1))
+                        } else {
+                            wq
+                        }
+                    });
+                    step(&mut acc, xs, w);
+                }
+                let out = s.reduce_tile(&acc);
+                // Whole `QT`-wide pieces by fixed-size copies (a variable-length copy is a
+                // `memcpy` call, as long as the tile's arithmetic at these sizes).
+                for (r, row) in out.iter().enumerate().take(nr) {
+                    let o = (i + r) * ldd + p;
+                    if np == QT {
+                        d[o..o + QT].copy_from_slice(row);
+                    } else {
+                        d[o..o + np].copy_from_slice(&row[..np]);
+                    }
+                }
+                super::mem::drip();
+                p += QT;
+            }
+            i += RT;
+        }
     }
 }
 
-/// [`nt_avx512`] with register tiles of `RT` rows × `QT` columns (`RT·QT = 16` accumulators).
-///
-/// # Safety
-/// As [`nt_avx512`].
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn nt_tiles<const TWO: bool, const RT: usize, const QT: usize>(
-    tri: Tri,
-    z: &mut [f32],
-    ldz: usize,
-    rows: usize,
-    lp: usize,
-    d: usize,
-    x: &[f32],
-    ldx: usize,
-    (w, w2): (&[f32], &[f32]),
-    ldw: usize,
-) {
-    use std::arch::x86_64::*;
-    // Accumulator of (row r, column q): lane ℓ = QT·r + q of the reduced vector comes from
-    // accumulator 4(ℓ mod 4) + ℓ/4 ([`hsum16x`]'s order), so each row's sums are contiguous.
-    let slot = |r: usize, q: usize| {
-        let l = QT * r + q;
-        4 * (l % 4) + l / 4
-    };
-    let mut i = 0;
-    while i < rows {
-        let nr = (rows - i).min(RT);
-        // Rows past the end repeat the last row (their sums are not stored).
-        let xr: [usize; RT] = std::array::from_fn(|r| (i + r.min(nr - 1)) * ldx);
-        let mut p = 0;
-        while p < lp {
-            let np = (lp - p).min(QT);
-            // Tiles wholly off the wanted triangle are skipped.
-            let off = match tri {
-                Tri::Full => false,
-                Tri::Lower => p > i + nr - 1,
-                Tri::Upper => p + np - 1 < i,
-            };
-            if off {
-                p += QT;
-                continue;
-            }
-            let pw: [usize; QT] = std::array::from_fn(|q| (p + q.min(np - 1)) * ldw);
-            let mut acc = [_mm512_setzero_ps(); 16];
-            let mut c = 0;
-            while c < d {
-                // SAFETY: `xr[r] ≤ (rows−1)·ldx` and `pw[q] ≤ (lp−1)·ldw` with `c + 16 ≤ d`, and
-                // `gemm_nt2` asserted the lengths, so every 16-float load is in bounds.
-                unsafe {
-                    let xs = xr.map(|o| _mm512_loadu_ps(x.as_ptr().add(o + c)));
-                    for (q, &o) in pw.iter().enumerate() {
-                        let mut wq = _mm512_loadu_ps(w.as_ptr().add(o + c));
-                        if TWO {
-                            wq = _mm512_add_ps(wq, _mm512_loadu_ps(w2.as_ptr().add(o + c)));
-                        }
-                        for (r, &xv) in xs.iter().enumerate() {
-                            let a = slot(r, q);
-                            acc[a] = _mm512_fmadd_ps(xv, wq, acc[a]);
-                        }
-                    }
-                }
-                c += 16;
-            }
-            let mut out = [0.0f32; 16];
-            // SAFETY: `out` holds exactly one 512-bit vector.
-            unsafe { _mm512_storeu_ps(out.as_mut_ptr(), hsum16x(&acc)) };
-            // Whole `QT`-wide pieces by fixed-size copies (a variable-length copy is a `memcpy`
-            // call, as long as the tile's arithmetic at these sizes).
-            for r in 0..nr {
-                let o = (i + r) * ldz + p;
-                if np == QT {
-                    let piece: &[f32; QT] = out[QT * r..QT * r + QT].try_into().unwrap();
-                    z[o..o + QT].copy_from_slice(piece);
-                } else {
-                    for q in 0..np {
-                        z[o + q] = out[QT * r + q];
-                    }
-                }
-            }
-            super::mem::drip();
-            p += QT;
+impl TaskN for Nt<'_> {
+    type Output = ();
+    /// Tile shapes: 4 × 4 (16 accumulators), or 8 rows × 2 columns for a two-part `B` (each
+    /// `B` chunk, two loads and an add, then serves 8 rows: measured 40% faster than 4 × 4 on
+    /// a 2 × 36 KiB causal state with AVX-512); with AVX2's sixteen `ymm` registers 3 × 4 and
+    /// 4 × 2, so that accumulators and operands fit.
+    #[inline(always)]
+    fn run<S: Native>(self, s: S) {
+        match (S::LANES, self.b2.is_some()) {
+            (8, false) => self.tiles::<S, false, 3, 4>(s),
+            (8, true) => self.tiles::<S, true, 4, 2>(s),
+            (_, false) => self.tiles::<S, false, 4, 4>(s),
+            (_, true) => self.tiles::<S, true, 8, 2>(s),
         }
-        i += RT;
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every ISA's `A Bᵀ` (one- and two-part `B`, full and triangular) matches the f64 sum at
+    /// whole and partial tiles and at `k` not a multiple of any width, and writes nothing
+    /// outside the outputs it guarantees.
+    #[test]
+    fn nt_matches_its_definition() {
+        let isas = [Level::Scalar, Level::Avx2, Level::Avx512].map(Isa::at_most);
+        for (rows, cols, k) in [
+            (1, 1, 1),
+            (7, 4, 128),
+            (64, 4, 128),
+            (13, 9, 37),
+            (5, 16, 5),
+        ] {
+            let (lda, ldb, ldd) = (k + 3, k + 1, cols + 2);
+            let a: Vec<f32> = (0..rows * lda)
+                .map(|i| ((i * 7 % 13) as f32) * 0.1 - 0.6)
+                .collect();
+            let b: Vec<f32> = (0..cols * ldb)
+                .map(|i| ((i * 5 % 11) as f32) * 0.1 - 0.5)
+                .collect();
+            let b2: Vec<f32> = (0..cols * ldb)
+                .map(|i| ((i * 3 % 7) as f32) * 0.2 - 0.7)
+                .collect();
+            for isa in isas {
+                for two in [false, true] {
+                    for tri in [Tri::Full, Tri::Lower, Tri::Upper] {
+                        let mut d = vec![f32::NAN; rows * ldd];
+                        Nt {
+                            tri,
+                            d: &mut d,
+                            ldd,
+                            rows,
+                            cols,
+                            k,
+                            a: &a,
+                            lda,
+                            b: &b,
+                            b2: two.then_some(&b2[..]),
+                            ldb,
+                        }
+                        .run(isa);
+                        for i in 0..rows {
+                            for j in 0..ldd {
+                                let got = d[i * ldd + j];
+                                let wanted = match tri {
+                                    Tri::Full => j < cols,
+                                    Tri::Lower => j < cols && j <= i,
+                                    Tri::Upper => j < cols && j >= i,
+                                };
+                                if j >= cols {
+                                    assert!(got.is_nan(), "{isa:?} wrote padding ({i},{j})");
+                                }
+                                if !wanted {
+                                    continue;
+                                }
+                                let want: f64 = (0..k)
+                                    .map(|c| {
+                                        let bj = b[j * ldb + c] as f64
+                                            + if two { b2[j * ldb + c] as f64 } else { 0.0 };
+                                        a[i * lda + c] as f64 * bj
+                                    })
+                                    .sum();
+                                assert!(
+                                    (got as f64 - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                                    "{isa:?} {rows}x{cols}x{k} two={two} {tri:?} ({i},{j}): {got} vs {want}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     /// Every ISA's transpose equals the element-by-element definition, at whole and partial
     /// 16 × 16 tiles, with strides wider than the matrix, and never writes outside it.

@@ -37,6 +37,7 @@ pub mod exact;
 pub mod features;
 pub mod gemm;
 pub mod mem;
+pub(crate) mod native;
 pub mod recompute;
 pub mod saved;
 pub mod simd;

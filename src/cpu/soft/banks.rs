@@ -4,7 +4,7 @@
 
 use crate::backend::Heads;
 use crate::cpu::bank16::{self, Mass, Update};
-use crate::cpu::gemm::{gemm, gemm_nt, transpose_into, Strided, Tri};
+use crate::cpu::gemm::{gemm, transpose_into, Nt, Strided, Tri};
 use crate::cpu::mem::ABuf;
 use crate::cpu::simd::{in_frame, Isa};
 use crate::cpu::soft::probs::pad16;
@@ -56,7 +56,7 @@ pub(crate) fn gemm_ext(
     }
 }
 
-/// Banks with at most this many feature rows are read by dot products ([`gemm_nt`]); wider
+/// Banks with at most this many feature rows are read by dot products ([`Nt`]); wider
 /// ones through a transposed copy of their values ([`values_t`]) and [`gemm`]'s tiles.
 pub(crate) const NT_MAX_M: usize = 32;
 
@@ -73,8 +73,8 @@ pub(crate) fn values_t(isa: Isa, bank: &[f32], m: usize, dv: usize, w: usize) ->
 
 /// `out[i·mp + f] = x_i · B_f` for `rows` rows `x` (stride `dv`) and the value part of a bank
 /// (`m × w`): through `bt`, [`values_t`] of the same bank, with [`gemm`]'s tiles, or by dot
-/// products ([`gemm_nt`]) when `bt` is empty. (The causal passes read a state that changes
-/// every sub-block by dot products on its two parts, `gemm_nt2`: a transposed copy per
+/// products ([`Nt`]) when `bt` is empty. (The causal passes read a state that changes
+/// every sub-block by dot products on its two parts, [`Nt::b2`]: a transposed copy per
 /// sub-block costs more than it saves, measured.)
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn bank_dots(
@@ -90,7 +90,20 @@ pub(crate) fn bank_dots(
     bt: &[f32],
 ) {
     if bt.is_empty() {
-        gemm_nt(isa, Tri::Full, out, mp, rows, m, dv, x, dv, bank, w);
+        Nt {
+            tri: Tri::Full,
+            d: out,
+            ldd: mp,
+            rows,
+            cols: m,
+            k: dv,
+            a: x,
+            lda: dv,
+            b: bank,
+            b2: None,
+            ldb: w,
+        }
+        .run(isa);
     } else {
         gemm(
             isa,

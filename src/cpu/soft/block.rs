@@ -4,7 +4,7 @@
 
 use crate::backend::Heads;
 use crate::cpu::features::{FeatureMap, SoftMap};
-use crate::cpu::gemm::{gemm, gemm_nt, transpose_into, Strided, Tri};
+use crate::cpu::gemm::{gemm, transpose_into, Nt, Strided, Tri};
 use crate::cpu::mem::{ABuf, Ahead};
 use crate::cpu::simd::{dispatch, in_frame, Isa, Level};
 use crate::cpu::soft::banks::rows_of;
@@ -97,7 +97,20 @@ impl Block {
             return;
         }
         let z = &mut self.z;
-        gemm_nt(self.isa, Tri::Full, z, lp, rows, lp, d, x, d, &self.w, d);
+        Nt {
+            tri: Tri::Full,
+            d: z,
+            ldd: lp,
+            rows,
+            cols: lp,
+            k: d,
+            a: x,
+            lda: d,
+            b: &self.w,
+            b2: None,
+            ldb: d,
+        }
+        .run(self.isa);
         self.probs_and_tree::<true>(map, rows);
     }
 

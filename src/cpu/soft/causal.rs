@@ -4,7 +4,7 @@
 
 use crate::cpu::bank16::{self, Mass, Read, Update};
 use crate::cpu::features::{FeatureMap, SoftMap};
-use crate::cpu::gemm::{gemm, gemm_nt, gemm_nt2, Gemm, Strided, Tri};
+use crate::cpu::gemm::{gemm, Gemm, Nt, Strided, Tri};
 use crate::cpu::mem::ABuf;
 use crate::cpu::simd::{in_frame, Isa};
 use crate::cpu::soft::banks::gemm_ext;
@@ -62,7 +62,7 @@ pub(crate) fn mask(isa: Isa, a: &mut [f32], rows: usize, lower: bool, scale: Sca
 }
 
 /// The two-level [`Bank`] (f64 base, f32 block-local part). Products read the state as
-/// `base32 + local` inside their tiles ([`Gemm::b2`], [`gemm_nt2`]): a refreshed copy of the sum
+/// `base32 + local` inside their tiles ([`Gemm::b2`], [`Nt::b2`]): a refreshed copy of the sum
 /// per sub-block cost about 170 cycles per token and head at `(4, 4)` in each pass, measured.
 ///
 /// After [`TwoLevel::restart`] at a saved block-start state it is one f32 matrix (`local`,
@@ -181,19 +181,21 @@ impl TwoLevel {
     #[inline]
     pub(crate) fn dots(&self, out: &mut [f32], ldo: usize, rows: usize, x: &[f32], dv: usize) {
         let (isa, m, w) = (self.isa, self.bank.m, self.bank.w);
-        gemm_nt2(
-            isa,
-            Tri::Full,
-            out,
-            ldo,
+        let (b, b2) = self.parts();
+        Nt {
+            tri: Tri::Full,
+            d: out,
+            ldd: ldo,
             rows,
-            m,
-            dv,
-            x,
-            dv,
-            self.parts(),
-            w,
-        );
+            cols: m,
+            k: dv,
+            a: x,
+            lda: dv,
+            b,
+            b2: (!b2.is_empty()).then_some(b2),
+            ldb: w,
+        }
+        .run(isa);
     }
     /// The state's mass column `A_f = S[f][dv]` (contiguous).
     pub(crate) fn masses(&self, dv: usize, out: &mut Vec<f32>) {
@@ -291,7 +293,20 @@ pub(crate) fn gram(
     lower: bool,
 ) {
     let tri = if lower { Tri::Lower } else { Tri::Upper };
-    gemm_nt(isa, tri, att, TC, rows, rows, k, x, ldx, y, ldy);
+    Nt {
+        tri,
+        d: att,
+        ldd: TC,
+        rows,
+        cols: rows,
+        k,
+        a: x,
+        lda: ldx,
+        b: y,
+        b2: None,
+        ldb: ldy,
+    }
+    .run(isa);
 }
 
 /// Banks of at most this many features take their `Φ Φᵀ` grams from a transposed copy of

@@ -15,7 +15,7 @@
 //!
 //! Every product is one call on the block (the bank is read once per block, not once per
 //! token): [`gemm`](crate::cpu::gemm::gemm) register tiles, or
-//! [`gemm_nt`](crate::cpu::gemm::gemm_nt) dot products where the output has few columns and a
+//! [`Nt`](crate::cpu::gemm::Nt) dot products where the output has few columns and a
 //! long inner dimension. The extension columns are never materialised:
 //! `Φᵀ[V, 1] = [ΦᵀV, Φᵀ1]`, and `Ĝ`'s per-row scale `1/(L·Den)` is folded into `Φ` or into the
 //! `T × m` result.
