@@ -29,6 +29,7 @@
 //! group stays in L1 over the chunks, with a drip per step as `gemm`'s tiles have (without
 //! it the prefetch and the write-behind stall).
 
+use super::native::{self, Native, TaskN};
 use super::simd::{Isa, Level};
 use super::v16::{self, f32x16, Task16, V16};
 
@@ -89,7 +90,7 @@ pub(crate) fn read_update(
         update.as_ref(),
     );
     let local = Local::Mut(local);
-    v16::dispatch(isa, Pass::new(isa, m, dv, (base, local, ld), read, update))
+    Pass::new(isa, m, dv, (base, local, ld), read, update).run(isa)
 }
 
 /// `D = A S` alone, for a state `s` (`m` rows of stride `ld`) that is only read (the
@@ -97,7 +98,7 @@ pub(crate) fn read_update(
 pub(crate) fn read(isa: Isa, m: usize, dv: usize, (s, ld): (&[f32], usize), r: Read) {
     check(isa, m, dv, (&[], s, ld), Some(&r), None);
     let local = Local::Shared(s);
-    v16::dispatch(isa, Pass::new(isa, m, dv, (&[], local, ld), Some(r), None))
+    Pass::new(isa, m, dv, (&[], local, ld), Some(r), None).run(isa)
 }
 
 /// `local += Bᵀ X` (and the mass column as `u.mass` says) alone.
@@ -188,6 +189,19 @@ struct Pass<'a, 'b> {
     wide: bool,
 }
 
+impl Pass<'_, '_> {
+    /// AVX-512 holds the state's chunks in its 32 registers ([`run`]); every other ISA
+    /// (sixteen `ymm` on AVX2, NEON's 32 `q` registers hold a quarter of a 16-lane chunk each)
+    /// streams them from L1 at its own width ([`run_n`]).
+    fn run(self, isa: Isa) {
+        if isa.level() == Level::Avx512 {
+            v16::dispatch(isa, self)
+        } else {
+            native::dispatch(isa, self)
+        }
+    }
+}
+
 impl Task16 for Pass<'_, '_> {
     type Output = ();
     #[inline(always)]
@@ -196,20 +210,27 @@ impl Task16 for Pass<'_, '_> {
     }
 }
 
-/// [`read_update`]'s body for `M = 8` or `16` register rows, the rows in groups of at most
-/// [`GROUP`] (so that a group's rows stay in the L1 cache over the column chunks); a group's
-/// read comes before its update.
+impl TaskN for Pass<'_, '_> {
+    type Output = ();
+    #[inline(always)]
+    fn run<S: Native>(self, simd: S) {
+        run_n(simd, self)
+    }
+}
+
+/// The groups of [`run`] (rows in groups of at most [`GROUP`], a group's read before its
+/// update), each by `body`.
 #[inline(always)]
-fn run<S: V16>(simd: S, pass: Pass) {
+fn groups(pass: Pass, mut body: impl FnMut(StateMut, Option<&mut Read>, Option<&Update>)) {
     let Pass {
-        m,
-        dv,
+        dv: _,
+        m: _,
         base,
         mut local,
         ld,
         mut read,
         update,
-        wide,
+        wide: _,
     } = pass;
     let rows = match (&read, &update) {
         (Some(r), _) => r.rows,
@@ -248,17 +269,174 @@ fn run<S: V16>(simd: S, pass: Pass) {
                 other => other,
             },
         });
-        let st = (base, &mut local, ld);
-        if m <= 8 {
-            group::<S, 8>(simd, m, dv, st, r.as_mut(), u.as_ref(), wide);
-        } else {
-            group::<S, 16>(simd, m, dv, st, r.as_mut(), u.as_ref(), wide);
-        }
+        body((base, &mut local, ld), r.as_mut(), u.as_ref());
         g0 = g1;
         if g0 >= rows {
             break;
         }
     }
+}
+
+/// The state as a group sees it: `base` (may be empty), `local`, their row stride.
+type StateMut<'s, 'a> = (&'a [f32], &'s mut Local<'a>, usize);
+
+/// The mass column of a group's update: `local_f[dv] += Σ_j ω_j b_jf` (plain loops over the
+/// 16-float rows, which the frame vectorises).
+#[inline(always)]
+fn mass_column(m: usize, dv: usize, (lp, ld): (&mut [f32], usize), u: &Update) {
+    let mut md = [0.0f32; 16];
+    for j in 0..u.rows {
+        let row: &[f32; 16] = u.b[j * 16..j * 16 + 16].try_into().unwrap();
+        let w = match u.mass {
+            Mass::Ones => 1.0,
+            Mass::NegS(s) => -s[j],
+            Mass::Skip => return,
+        };
+        md.iter_mut().zip(row).for_each(|(a, &b)| *a += w * b);
+    }
+    for (f, &x) in md.iter().enumerate().take(m) {
+        lp[f * ld + dv] += x;
+    }
+}
+
+/// Rows per register tile of [`run_n`]'s read.
+const NR: usize = 4;
+/// Column chunks (of the native width) per step of [`run_n`].
+const CH_N: usize = 2;
+/// Features per pass of [`run_n`]'s update (one accumulator each).
+const FB: usize = 8;
+
+/// [`run`] at the native width, for ISAs whose registers cannot hold a 16-column chunk of
+/// the state: per step of `CH_N` chunks of columns, the read keeps `NR × CH_N`
+/// accumulators and loads each state chunk `S_f = base_f + local_f` from L1 once per tile of
+/// `NR` rows (sums over `f` in order); the update keeps `FB` feature rows' accumulators of
+/// one chunk, sums over `j` in order from zero, then adds them to `local`.
+#[inline(always)]
+fn run_n<S: Native>(simd: S, pass: Pass) {
+    let (m, dv) = (pass.m, pass.dv);
+    let lanes = S::LANES;
+    groups(
+        pass,
+        #[inline(always)]
+        |(base, local, ld), mut read, update| {
+            let zero = simd.splat_f32s(0.0);
+            let mut c0 = 0;
+            while c0 < dv {
+                let len: [usize; CH_N] =
+                    std::array::from_fn(|c| dv.saturating_sub(c0 + c * lanes).min(lanes));
+                let at = |c: usize| c0 + c * lanes;
+                if let Some(r) = read.as_deref_mut() {
+                    let lv = local.get();
+                    let mut i = 0;
+                    while i < r.rows {
+                        let nr = (r.rows - i).min(NR);
+                        // Rows past the end repeat the last one (their sums are not stored).
+                        let arow: [&[f32]; NR] = std::array::from_fn(|q| {
+                            let o = (i + q.min(nr - 1)) * 16;
+                            &r.a[o..o + 16]
+                        });
+                        let mut acc = [[zero; CH_N]; NR];
+                        for f in 0..m {
+                            let sv: [S::f32s; CH_N] = std::array::from_fn(
+                                #[inline(always)]
+                                |c| {
+                                    let v = load(simd, lv, f * ld + at(c), len[c]);
+                                    if base.is_empty() {
+                                        v
+                                    } else {
+                                        simd.add_f32s(v, load(simd, base, f * ld + at(c), len[c]))
+                                    }
+                                },
+                            );
+                            for (q, aq) in acc.iter_mut().enumerate() {
+                                let x = simd.splat_f32s(arow[q][f]);
+                                for (c, aqc) in aq.iter_mut().enumerate() {
+                                    *aqc = simd.mul_add_e_f32s(x, sv[c], *aqc);
+                                }
+                            }
+                        }
+                        for (q, aq) in acc.iter().enumerate().take(nr) {
+                            for (c, &v) in aq.iter().enumerate() {
+                                store(simd, r.d, (i + q) * r.ldd + at(c), len[c], v);
+                            }
+                        }
+                        i += NR;
+                    }
+                    super::mem::drip();
+                }
+                if let (Some(u), Local::Mut(lp)) = (update, &mut *local) {
+                    for c in 0..CH_N {
+                        if len[c] == 0 {
+                            continue;
+                        }
+                        let mut f0 = 0;
+                        while f0 < m {
+                            let mut dl = [zero; FB];
+                            for j in 0..u.rows {
+                                let xv = load(simd, u.x, j * u.ldx + at(c), len[c]);
+                                let row = &u.b[j * 16 + f0..j * 16 + f0 + FB];
+                                for (f, df) in dl.iter_mut().enumerate() {
+                                    *df = simd.mul_add_e_f32s(simd.splat_f32s(row[f]), xv, *df);
+                                }
+                            }
+                            for (f, &df) in dl.iter().enumerate().take(m - f0) {
+                                let o = (f0 + f) * ld + at(c);
+                                let sum = simd.add_f32s(load(simd, lp, o, len[c]), df);
+                                store(simd, lp, o, len[c], sum);
+                            }
+                            f0 += FB;
+                        }
+                    }
+                    super::mem::drip();
+                }
+                c0 += CH_N * lanes;
+            }
+            if let (Some(u), Local::Mut(lp)) = (update, local) {
+                mass_column(m, dv, (lp, ld), u);
+            }
+        },
+    );
+}
+
+/// `len ≤ LANES` floats of `x` from `at`, the rest zero (one plain load when whole).
+#[inline(always)]
+fn load<S: Native>(simd: S, x: &[f32], at: usize, len: usize) -> S::f32s {
+    if len == S::LANES {
+        S::as_simd_f32s(&x[at..at + len]).0[0]
+    } else if len == 0 {
+        simd.splat_f32s(0.0)
+    } else {
+        simd.partial_load_f32s(&x[at..at + len])
+    }
+}
+
+/// The first `len ≤ LANES` lanes of `v` into `out` from `at` (one plain store when whole).
+#[inline(always)]
+fn store<S: Native>(simd: S, out: &mut [f32], at: usize, len: usize, v: S::f32s) {
+    if len == S::LANES {
+        S::as_mut_simd_f32s(&mut out[at..at + len]).0[0] = v;
+    } else if len > 0 {
+        simd.partial_store_f32s(&mut out[at..at + len], v)
+    }
+}
+
+/// [`read_update`]'s body for `M = 8` or `16` register rows, the rows in groups of at most
+/// [`GROUP`] (so that a group's rows stay in the L1 cache over the column chunks); a group's
+/// read comes before its update.
+#[inline(always)]
+fn run<S: V16>(simd: S, pass: Pass) {
+    let (m, dv, wide) = (pass.m, pass.dv, pass.wide);
+    groups(
+        pass,
+        #[inline(always)]
+        |st, r, u| {
+            if m <= 8 {
+                group::<S, 8>(simd, m, dv, st, r, u, wide);
+            } else {
+                group::<S, 16>(simd, m, dv, st, r, u, wide);
+            }
+        },
+    );
 }
 
 /// Rows per group in [`run`].

@@ -562,35 +562,37 @@ impl Nt<'_> {
                     S::as_simd_f32s(&b2[o..o + k])
                 });
                 let mut acc = [[s.splat_f32s(0.0); QT]; RT];
-                let step = |acc: &mut [[S::f32s; QT]; RT], xs: [S::f32s; RT], w: [S::f32s; QT]| {
-                    for (q, &wq) in w.iter().enumerate() {
-                        for (r, &x) in xs.iter().enumerate() {
-                            acc[r][q] = s.mul_add_e_f32s(x, wq, acc[r][q]);
-                        }
-                    }
-                };
                 for c in 0..xv[0].0.len() {
                     let xs = xv.map(|x| x.0[c]);
-                    let w = std::array::from_fn(|q| {
-                        if TWO {
-                            s.add_f32s(wv[q].0[c], wv2[q].0[c])
-                        } else {
-                            wv[q].0[c]
-                        }
-                    });
-                    step(&mut acc, xs, w);
+                    let w = std::array::from_fn(
+                        #[inline(always)]
+                        |q| {
+                            if TWO {
+                                s.add_f32s(wv[q].0[c], wv2[q].0[c])
+                            } else {
+                                wv[q].0[c]
+                            }
+                        },
+                    );
+                    outer(s, &mut acc, xs, w);
                 }
                 if !xv[0].1.is_empty() {
-                    let xs = xv.map(|x| s.partial_load_f32s(x.1));
-                    let w = std::array::from_fn(|q| {
-                        let wq = s.partial_load_f32s(wv[q].1);
-                        if TWO {
-                            s.add_f32s(wq, s.partial_load_f32s(wv2[q].1))
-                        } else {
-                            wq
-                        }
-                    });
-                    step(&mut acc, xs, w);
+                    let xs = std::array::from_fn(
+                        #[inline(always)]
+                        |r| s.partial_load_f32s(xv[r].1),
+                    );
+                    let w = std::array::from_fn(
+                        #[inline(always)]
+                        |q| {
+                            let wq = s.partial_load_f32s(wv[q].1);
+                            if TWO {
+                                s.add_f32s(wq, s.partial_load_f32s(wv2[q].1))
+                            } else {
+                                wq
+                            }
+                        },
+                    );
+                    outer(s, &mut acc, xs, w);
                 }
                 let out = s.reduce_tile(&acc);
                 // Whole `QT`-wide pieces by fixed-size copies (a variable-length copy is a
@@ -607,6 +609,21 @@ impl Nt<'_> {
                 p += QT;
             }
             i += RT;
+        }
+    }
+}
+
+/// `acc[r][q] += xs[r] · w[q]`, lane by lane.
+#[inline(always)]
+fn outer<S: Native, const RT: usize, const QT: usize>(
+    s: S,
+    acc: &mut [[S::f32s; QT]; RT],
+    xs: [S::f32s; RT],
+    w: [S::f32s; QT],
+) {
+    for (q, &wq) in w.iter().enumerate() {
+        for (r, &x) in xs.iter().enumerate() {
+            acc[r][q] = s.mul_add_e_f32s(x, wq, acc[r][q]);
         }
     }
 }

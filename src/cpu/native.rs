@@ -31,7 +31,15 @@ pub(crate) trait Native: pulp::Simd {
         self,
         acc: &[[Self::f32s; QT]; RT],
     ) -> [[f32; QT]; RT] {
-        std::array::from_fn(|r| std::array::from_fn(|q| self.reduce_sum_f32s(acc[r][q])))
+        std::array::from_fn(
+            #[inline(always)]
+            |r| {
+                std::array::from_fn(
+                    #[inline(always)]
+                    |q| self.reduce_sum_f32s(acc[r][q]),
+                )
+            },
+        )
     }
 }
 
@@ -43,9 +51,15 @@ impl Native for pulp::x86::V4 {
         acc: &[[Self::f32s; QT]; RT],
     ) -> [[f32; QT]; RT] {
         if RT * QT != 16 {
-            return std::array::from_fn(|r| {
-                std::array::from_fn(|q| self.reduce_sum_f32s(acc[r][q]))
-            });
+            return std::array::from_fn(
+                #[inline(always)]
+                |r| {
+                    std::array::from_fn(
+                        #[inline(always)]
+                        |q| self.reduce_sum_f32s(acc[r][q]),
+                    )
+                },
+            );
         }
         // Accumulator of (row r, column q): lane ℓ = QT·r + q of the reduced vector comes from
         // input 4(ℓ mod 4) + ℓ/4 ([`hsum16x`]'s order), so each row's sums are contiguous.
