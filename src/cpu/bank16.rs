@@ -29,9 +29,10 @@
 //! group stays in L1 over the chunks, with a drip per step as `gemm`'s tiles have (without
 //! it the prefetch and the write-behind stall).
 
+use super::gemm::{load, store};
 use super::native::{self, Native, TaskN};
 use super::simd::{Isa, Level};
-use super::v16::{self, f32x16, Task16, V16};
+use super::v16::{self, Task16, V16};
 
 /// The mass column's weights `ω_j` for [`read_update`]'s update.
 #[derive(Clone, Copy)]
@@ -337,17 +338,14 @@ fn run_n<S: Native>(simd: S, pass: Pass) {
                         });
                         let mut acc = [[zero; CH_N]; NR];
                         for f in 0..m {
-                            let sv: [S::f32s; CH_N] = std::array::from_fn(
-                                #[inline(always)]
-                                |c| {
-                                    let v = load(simd, lv, f * ld + at(c), len[c]);
-                                    if base.is_empty() {
-                                        v
-                                    } else {
-                                        simd.add_f32s(v, load(simd, base, f * ld + at(c), len[c]))
-                                    }
-                                },
-                            );
+                            let mut sv = [zero; CH_N];
+                            for (c, v) in sv.iter_mut().enumerate() {
+                                *v = load(simd, lv, f * ld + at(c), len[c]);
+                                if !base.is_empty() {
+                                    let b = load(simd, base, f * ld + at(c), len[c]);
+                                    *v = simd.add_f32s(*v, b);
+                                }
+                            }
                             for (q, aq) in acc.iter_mut().enumerate() {
                                 let x = simd.splat_f32s(arow[q][f]);
                                 for (c, aqc) in aq.iter_mut().enumerate() {
@@ -396,28 +394,6 @@ fn run_n<S: Native>(simd: S, pass: Pass) {
             }
         },
     );
-}
-
-/// `len ≤ LANES` floats of `x` from `at`, the rest zero (one plain load when whole).
-#[inline(always)]
-fn load<S: Native>(simd: S, x: &[f32], at: usize, len: usize) -> S::f32s {
-    if len == S::LANES {
-        S::as_simd_f32s(&x[at..at + len]).0[0]
-    } else if len == 0 {
-        simd.splat_f32s(0.0)
-    } else {
-        simd.partial_load_f32s(&x[at..at + len])
-    }
-}
-
-/// The first `len ≤ LANES` lanes of `v` into `out` from `at` (one plain store when whole).
-#[inline(always)]
-fn store<S: Native>(simd: S, out: &mut [f32], at: usize, len: usize, v: S::f32s) {
-    if len == S::LANES {
-        S::as_mut_simd_f32s(&mut out[at..at + len]).0[0] = v;
-    } else if len > 0 {
-        simd.partial_store_f32s(&mut out[at..at + len], v)
-    }
 }
 
 /// [`read_update`]'s body for `M = 8` or `16` register rows, the rows in groups of at most
@@ -544,8 +520,11 @@ fn step<S: V16, const M: usize, const CH: usize>(
         // Σ_j b_jf x_j from zero, then into local (as gemm's accumulate).
         let mut dl = [[zero; CH]; M];
         for j in 0..u.rows {
-            let xv: [f32x16; CH] =
-                std::array::from_fn(|c| v16::load_n(simd, u.x, j * u.ldx + col(c), len[c]));
+            // (A loop, not `std::array::from_fn`, whose closure is compiled outside the frame.)
+            let mut xv = [zero; CH];
+            for (c, x) in xv.iter_mut().enumerate() {
+                *x = v16::load_n(simd, u.x, j * u.ldx + col(c), len[c]);
+            }
             let row = &u.b[j * 16..j * 16 + 16];
             for (f, df) in dl.iter_mut().enumerate() {
                 let bf = simd.splat_f32s(row[f]);

@@ -18,9 +18,7 @@
 //! [`Scalar`]: super::simd::Scalar
 
 use super::native::{self, Native, TaskN};
-use super::simd::{dispatch, Isa, Level, Simd, WithSimd};
-
-const V: usize = 16;
+use super::simd::{Isa, Level};
 
 /// A row-major or transposed operand: element `(i, k)` is `data[i·rs + k·cs]`.
 #[derive(Clone, Copy)]
@@ -107,7 +105,7 @@ impl Gemm<'_> {
                 );
             }
         }
-        dispatch(isa, self)
+        native::dispatch(isa, self)
     }
 }
 
@@ -139,10 +137,10 @@ impl Shape<'_> {
     }
 }
 
-impl WithSimd for Gemm<'_> {
+impl TaskN for Gemm<'_> {
     type Output = ();
     #[inline(always)]
-    fn run<S: Simd>(self) {
+    fn run<S: Native>(self, s: S) {
         let d = self.d;
         let g = Shape {
             ldd: self.ldd,
@@ -158,156 +156,142 @@ impl WithSimd for Gemm<'_> {
             tri: self.tri,
         };
         if g.b2.is_empty() {
-            columns::<S, false>(&g, d)
+            columns::<S, false>(s, &g, d)
         } else {
-            columns::<S, true>(&g, d)
+            columns::<S, true>(s, &g, d)
         }
     }
 }
 
-/// All column groups (`TWO`: `B` is `b + b2`).
+/// All column groups (`TWO`: `B` is `b + b2`), in vectors of the native width `VW`: groups
+/// of 4 vectors (2 with AVX2's sixteen registers, and for a two-part `B`), then 2, then 1,
+/// then the last `cols mod VW` columns as one partial vector.
 #[inline(always)]
-fn columns<S: Simd, const TWO: bool>(g: &Shape, d: &mut [f32]) {
-    let full = g.cols / V;
+fn columns<S: Native, const TWO: bool>(s: S, g: &Shape, d: &mut [f32]) {
+    let vw = S::LANES;
+    let full = g.cols / vw;
     let mut j = 0;
     // Two-part `B`: 8 × 2-vector tiles, so each `B` row (two loads and an add per vector) is
     // read for 8 rows of `A` (measured: 25% faster than 4 × 4 tiles on a causal state).
-    while !TWO && j + 4 <= full {
-        rows_for::<S, 4, TWO>(g, d, j * V);
+    while !TWO && vw != 8 && j + 4 <= full {
+        rows_for::<S, 4, TWO>(s, g, d, j * vw, vw);
         j += 4;
     }
-    while TWO && j + 2 <= full {
-        rows_for::<S, 2, TWO>(g, d, j * V);
-        j += 2;
-    }
-    if j + 2 <= full {
-        rows_for::<S, 2, TWO>(g, d, j * V);
+    while j + 2 <= full {
+        rows_for::<S, 2, TWO>(s, g, d, j * vw, vw);
         j += 2;
     }
     if j < full {
-        rows_for::<S, 1, TWO>(g, d, j * V);
+        rows_for::<S, 1, TWO>(s, g, d, j * vw, vw);
     }
-    if !g.cols.is_multiple_of(V) {
-        for i in 0..g.rows {
-            tail::<S>(g, d, i, full * V);
-        }
+    if !g.cols.is_multiple_of(vw) {
+        rows_for::<S, 1, TWO>(s, g, d, full * vw, g.cols % vw);
     }
 }
 
-/// All rows for the `NV` vectors of columns starting at `c0`, in tiles of up to 4 (or 8 when
-/// `NV = 1`, where one `B` load would otherwise serve too few FMAs, and for a two-part `B`).
+/// All rows for the `NV` vectors of columns starting at `c0` (the last one `last` columns
+/// wide), in tiles of up to 4 rows, or 8 where one `B` load would otherwise serve too few
+/// FMAs (`NV = 1`, and a two-part `B` at `NV = 2` on 32-register ISAs).
 #[inline(always)]
-fn rows_for<S: Simd, const NV: usize, const TWO: bool>(g: &Shape, d: &mut [f32], c0: usize) {
+fn rows_for<S: Native, const NV: usize, const TWO: bool>(
+    s: S,
+    g: &Shape,
+    d: &mut [f32],
+    c0: usize,
+    last: usize,
+) {
     let mut i = 0;
-    if NV == 1 || (TWO && NV == 2) {
+    if NV == 1 || (TWO && NV == 2 && S::LANES != 8) {
         while i + 8 <= g.rows {
-            tile::<S, 8, NV, TWO>(g, d, i, c0);
+            tile::<S, 8, NV, TWO>(s, g, d, i, c0, last);
             i += 8;
         }
     }
     while i + 4 <= g.rows {
-        tile::<S, 4, NV, TWO>(g, d, i, c0);
+        tile::<S, 4, NV, TWO>(s, g, d, i, c0, last);
         i += 4;
     }
     match g.rows - i {
-        3 => tile::<S, 3, NV, TWO>(g, d, i, c0),
-        2 => tile::<S, 2, NV, TWO>(g, d, i, c0),
-        1 => tile::<S, 1, NV, TWO>(g, d, i, c0),
+        3 => tile::<S, 3, NV, TWO>(s, g, d, i, c0, last),
+        2 => tile::<S, 2, NV, TWO>(s, g, d, i, c0, last),
+        1 => tile::<S, 1, NV, TWO>(s, g, d, i, c0, last),
         _ => {}
     }
 }
 
-/// The register tile: rows `i0..i0+MR`, columns `c0..c0+16·NV`.
+/// The register tile: rows `i0..i0+MR`, `NV` vectors of columns from `c0`, the last one
+/// `last` columns wide (partial loads and stores when `last < VW`).
 #[inline(always)]
-fn tile<S: Simd, const MR: usize, const NV: usize, const TWO: bool>(
+fn tile<S: Native, const MR: usize, const NV: usize, const TWO: bool>(
+    s: S,
     g: &Shape,
     d: &mut [f32],
     i0: usize,
     c0: usize,
+    last: usize,
 ) {
-    let mut acc = [[[0.0f32; V]; NV]; MR];
+    let vw = S::LANES;
+    let len = |j: usize| if j + 1 == NV { last } else { vw };
+    let zero = s.splat_f32s(0.0);
+    let mut acc = [[zero; NV]; MR];
     let (a, b) = (g.a, g.b);
     let (k0, k1) = g.k_range(i0, i0 + MR);
     for k in k0..k1 {
-        let brow = &b[k * g.ldb + c0..k * g.ldb + c0 + NV * V];
-        let mut bv = [[0.0f32; V]; NV];
+        let o = k * g.ldb + c0;
+        let mut bv = [zero; NV];
         for (j, x) in bv.iter_mut().enumerate() {
-            x.copy_from_slice(&brow[j * V..(j + 1) * V]);
-        }
-        if TWO {
-            let brow2 = &g.b2[k * g.ldb + c0..k * g.ldb + c0 + NV * V];
-            for (j, x) in bv.iter_mut().enumerate() {
-                for l in 0..V {
-                    x[l] += brow2[j * V + l];
-                }
+            *x = load(s, b, o + j * vw, len(j));
+            if TWO {
+                *x = s.add_f32s(*x, load(s, g.b2, o + j * vw, len(j)));
             }
         }
         for (r, row) in acc.iter_mut().enumerate() {
             // SAFETY: `Gemm::run` asserted that the last element `(rows−1)·rs + (k−1)·cs` of A
             // is in bounds; here `i0 + r < rows` and `k < g.k`.
-            let x = unsafe { *a.data.get_unchecked((i0 + r) * a.rs + k * a.cs) };
-            for (c, bb) in row.iter_mut().zip(&bv) {
-                for l in 0..V {
-                    c[l] = S::fma(x, bb[l], c[l]);
-                }
+            let x = s.splat_f32s(unsafe { *a.data.get_unchecked((i0 + r) * a.rs + k * a.cs) });
+            for (c, &bb) in row.iter_mut().zip(&bv) {
+                *c = s.mul_add_e_f32s(x, bb, *c);
             }
         }
         if (k - k0) % 16 == 15 {
             super::mem::drip();
         }
     }
-    store(g, d, &acc, i0, c0);
+    let alpha = s.splat_f32s(g.alpha);
+    for (r, row) in acc.iter().enumerate() {
+        let o = (i0 + r) * g.ldd + c0;
+        for (j, &c) in row.iter().enumerate() {
+            let at = o + j * vw;
+            let v = if g.accumulate {
+                s.mul_add_e_f32s(alpha, c, load(s, d, at, len(j)))
+            } else {
+                s.mul_f32s(alpha, c)
+            };
+            store(s, d, at, len(j), v);
+        }
+    }
     super::mem::drip();
 }
 
+/// `len ≤ LANES` floats of `x` from `at`, the rest zero (one plain load when whole).
 #[inline(always)]
-fn store<const MR: usize, const NV: usize>(
-    g: &Shape,
-    d: &mut [f32],
-    acc: &[[[f32; V]; NV]; MR],
-    i0: usize,
-    c0: usize,
-) {
-    for (r, row) in acc.iter().enumerate() {
-        let o = (i0 + r) * g.ldd + c0;
-        let out = &mut d[o..o + NV * V];
-        for (j, c) in row.iter().enumerate() {
-            let out = &mut out[j * V..(j + 1) * V];
-            if g.accumulate {
-                for l in 0..V {
-                    out[l] += g.alpha * c[l];
-                }
-            } else {
-                for l in 0..V {
-                    out[l] = g.alpha * c[l];
-                }
-            }
-        }
+pub(crate) fn load<S: Native>(s: S, x: &[f32], at: usize, len: usize) -> S::f32s {
+    if len == S::LANES {
+        S::as_simd_f32s(&x[at..at + len]).0[0]
+    } else if len == 0 {
+        s.splat_f32s(0.0)
+    } else {
+        s.partial_load_f32s(&x[at..at + len])
     }
 }
 
-/// Row `i`, columns `c0..cols` (fewer than 16), through a zero-padded copy of each `B` row.
+/// The first `len ≤ LANES` lanes of `v` into `out` from `at` (one plain store when whole).
 #[inline(always)]
-fn tail<S: Simd>(g: &Shape, d: &mut [f32], i: usize, c0: usize) {
-    let n = g.cols - c0;
-    let mut acc = [0.0f32; V];
-    let (k0, k1) = g.k_range(i, i + 1);
-    for k in k0..k1 {
-        let mut bv = [0.0f32; V];
-        bv[..n].copy_from_slice(&g.b[k * g.ldb + c0..k * g.ldb + c0 + n]);
-        if !g.b2.is_empty() {
-            let b2 = &g.b2[k * g.ldb + c0..k * g.ldb + c0 + n];
-            bv[..n].iter_mut().zip(b2).for_each(|(x, &y)| *x += y);
-        }
-        let x = g.a.data[i * g.a.rs + k * g.a.cs];
-        for l in 0..V {
-            acc[l] = S::fma(x, bv[l], acc[l]);
-        }
-    }
-    let o = i * g.ldd + c0;
-    let out = &mut d[o..o + n];
-    for l in 0..n {
-        out[l] = if g.accumulate { out[l] } else { 0.0 } + g.alpha * acc[l];
+pub(crate) fn store<S: Native>(s: S, out: &mut [f32], at: usize, len: usize, v: S::f32s) {
+    if len == S::LANES {
+        S::as_mut_simd_f32s(&mut out[at..at + len]).0[0] = v;
+    } else if len > 0 {
+        s.partial_store_f32s(&mut out[at..at + len], v)
     }
 }
 
@@ -561,37 +545,32 @@ impl Nt<'_> {
                     let o = if TWO { at(q) } else { 0 };
                     S::as_simd_f32s(&b2[o..o + k])
                 });
-                let mut acc = [[s.splat_f32s(0.0); QT]; RT];
+                let zero = s.splat_f32s(0.0);
+                let mut acc = [[zero; QT]; RT];
+                let (mut xs, mut w) = ([zero; RT], [zero; QT]);
                 for c in 0..xv[0].0.len() {
-                    let xs = xv.map(|x| x.0[c]);
-                    let w = std::array::from_fn(
-                        #[inline(always)]
-                        |q| {
-                            if TWO {
-                                s.add_f32s(wv[q].0[c], wv2[q].0[c])
-                            } else {
-                                wv[q].0[c]
-                            }
-                        },
-                    );
+                    for (x, v) in xs.iter_mut().zip(&xv) {
+                        *x = v.0[c];
+                    }
+                    for (q, wq) in w.iter_mut().enumerate() {
+                        *wq = if TWO {
+                            s.add_f32s(wv[q].0[c], wv2[q].0[c])
+                        } else {
+                            wv[q].0[c]
+                        };
+                    }
                     outer(s, &mut acc, xs, w);
                 }
                 if !xv[0].1.is_empty() {
-                    let xs = std::array::from_fn(
-                        #[inline(always)]
-                        |r| s.partial_load_f32s(xv[r].1),
-                    );
-                    let w = std::array::from_fn(
-                        #[inline(always)]
-                        |q| {
-                            let wq = s.partial_load_f32s(wv[q].1);
-                            if TWO {
-                                s.add_f32s(wq, s.partial_load_f32s(wv2[q].1))
-                            } else {
-                                wq
-                            }
-                        },
-                    );
+                    for (x, v) in xs.iter_mut().zip(&xv) {
+                        *x = s.partial_load_f32s(v.1);
+                    }
+                    for (q, wq) in w.iter_mut().enumerate() {
+                        *wq = s.partial_load_f32s(wv[q].1);
+                        if TWO {
+                            *wq = s.add_f32s(*wq, s.partial_load_f32s(wv2[q].1));
+                        }
+                    }
                     outer(s, &mut acc, xs, w);
                 }
                 let out = s.reduce_tile(&acc);

@@ -31,15 +31,7 @@ pub(crate) trait Native: pulp::Simd {
         self,
         acc: &[[Self::f32s; QT]; RT],
     ) -> [[f32; QT]; RT] {
-        std::array::from_fn(
-            #[inline(always)]
-            |r| {
-                std::array::from_fn(
-                    #[inline(always)]
-                    |q| self.reduce_sum_f32s(acc[r][q]),
-                )
-            },
-        )
+        lane_sums(self, acc)
     }
 }
 
@@ -51,27 +43,40 @@ impl Native for pulp::x86::V4 {
         acc: &[[Self::f32s; QT]; RT],
     ) -> [[f32; QT]; RT] {
         if RT * QT != 16 {
-            return std::array::from_fn(
-                #[inline(always)]
-                |r| {
-                    std::array::from_fn(
-                        #[inline(always)]
-                        |q| self.reduce_sum_f32s(acc[r][q]),
-                    )
-                },
-            );
+            return lane_sums(self, acc);
         }
         // Accumulator of (row r, column q): lane ℓ = QT·r + q of the reduced vector comes from
         // input 4(ℓ mod 4) + ℓ/4 ([`hsum16x`]'s order), so each row's sums are contiguous.
-        let v: [std::arch::x86_64::__m512; 16] = std::array::from_fn(|a| {
+        let mut v = [pulp::cast(self.splat_f32s(0.0)); 16];
+        for (a, va) in v.iter_mut().enumerate() {
             let l = 4 * (a % 4) + a / 4;
-            pulp::cast(acc[l / QT][l % QT])
-        });
+            *va = pulp::cast(acc[l / QT][l % QT]);
+        }
         // SAFETY: `self` is a V4 token, which only pulp's detection creates after finding
         // AVX-512F (with BW, CD, DQ, VL) on this CPU.
         let s: [f32; 16] = pulp::cast(unsafe { hsum16x(&v) });
-        std::array::from_fn(|r| std::array::from_fn(|q| s[QT * r + q]))
+        let mut out = [[0.0; QT]; RT];
+        for (r, row) in out.iter_mut().enumerate() {
+            row.copy_from_slice(&s[QT * r..QT * r + QT]);
+        }
+        out
     }
+}
+
+/// [`Native::reduce_tile`] by one lane sum per accumulator. (Plain loops: a closure passed
+/// to `std::array::from_fn` is compiled outside the SIMD frame, without its features.)
+#[inline(always)]
+fn lane_sums<S: pulp::Simd, const RT: usize, const QT: usize>(
+    s: S,
+    acc: &[[S::f32s; QT]; RT],
+) -> [[f32; QT]; RT] {
+    let mut out = [[0.0; QT]; RT];
+    for (o, a) in out.iter_mut().zip(acc) {
+        for (x, &v) in o.iter_mut().zip(a) {
+            *x = s.reduce_sum_f32s(v);
+        }
+    }
+    out
 }
 
 #[cfg(target_arch = "x86_64")]
