@@ -1,5 +1,5 @@
 //! Throughput of `cpu::gemm` on the blocked kernels' shapes (developer tool).
-use racelab::cpu::gemm::{gemm, Nt, Strided, Tri};
+use racelab::cpu::gemm::{gemm, Mat, MatMut, Nt, Strided, Tri};
 use racelab::cpu::simd::{best_supported, Isa};
 use std::time::Instant;
 
@@ -46,7 +46,14 @@ fn main() {
         };
         // check against a plain loop
         for isa in [Isa::SCALAR, isa] {
-            gemm(isa, d, cols, rows, cols, k, av, b, cols, 1.0, false);
+            gemm(
+                isa,
+                MatMut::new(d, rows, cols, cols),
+                av,
+                Mat::new(b, k, cols, cols),
+                1.0,
+                false,
+            );
             let mut err = 0.0f32;
             for i in 0..rows {
                 for j in 0..cols {
@@ -61,7 +68,14 @@ fn main() {
         let reps = 200_000_000 / (rows * cols * k);
         let t = Instant::now();
         for _ in 0..reps {
-            gemm(isa, d, cols, rows, cols, k, av, b, cols, 1.0, true);
+            gemm(
+                isa,
+                MatMut::new(d, rows, cols, cols),
+                av,
+                Mat::new(b, k, cols, cols),
+                1.0,
+                true,
+            );
         }
         let s = t.elapsed().as_secs_f64();
         let gf = 2.0 * (rows * cols * k * reps) as f64 / s / 1e9;

@@ -295,31 +295,60 @@ pub(crate) fn store<S: Native>(s: S, out: &mut [f32], at: usize, len: usize, v: 
     }
 }
 
-/// `D (=|+=) α A B`; see [`Gemm`].
-#[allow(clippy::too_many_arguments)]
-pub fn gemm(
-    isa: Isa,
-    d: &mut [f32],
-    ldd: usize,
-    rows: usize,
-    cols: usize,
-    k: usize,
-    a: Strided,
-    b: &[f32],
-    ldb: usize,
-    alpha: f32,
-    accumulate: bool,
-) {
+/// A row-major `rows × cols` operand: element `(i, j)` is `data[i·ld + j]`.
+#[derive(Clone, Copy)]
+pub struct Mat<'a> {
+    pub data: &'a [f32],
+    pub rows: usize,
+    pub cols: usize,
+    pub ld: usize,
+}
+
+impl<'a> Mat<'a> {
+    pub fn new(data: &'a [f32], rows: usize, cols: usize, ld: usize) -> Self {
+        Mat {
+            data,
+            rows,
+            cols,
+            ld,
+        }
+    }
+}
+
+/// A row-major `rows × cols` output: element `(i, j)` is `data[i·ld + j]`.
+pub struct MatMut<'a> {
+    pub data: &'a mut [f32],
+    pub rows: usize,
+    pub cols: usize,
+    pub ld: usize,
+}
+
+impl<'a> MatMut<'a> {
+    pub fn new(data: &'a mut [f32], rows: usize, cols: usize, ld: usize) -> Self {
+        MatMut {
+            data,
+            rows,
+            cols,
+            ld,
+        }
+    }
+}
+
+/// `D (=|+=) α A B` for `D` (`rows × cols`), `A` (`rows × k`, read through its strides) and
+/// `B` (`k × cols`); see [`Gemm`]. Panics (a programming error) when `B`'s columns are not
+/// `D`'s.
+pub fn gemm(isa: Isa, d: MatMut, a: Strided, b: Mat, alpha: f32, accumulate: bool) {
+    assert_eq!(b.cols, d.cols, "gemm: B and D columns");
     Gemm {
-        d,
-        ldd,
-        rows,
-        cols,
-        k,
+        d: d.data,
+        ldd: d.ld,
+        rows: d.rows,
+        cols: d.cols,
+        k: b.rows,
         a,
-        b,
+        b: b.data,
         b2: None,
-        ldb,
+        ldb: b.ld,
         alpha,
         accumulate,
         tri: Tri::Full,

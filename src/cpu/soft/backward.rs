@@ -5,7 +5,7 @@
 use crate::backend::{BackwardInputs, GradsMut, Heads};
 use crate::cpu::bank16::{self, Read};
 use crate::cpu::features::{FeatureMap, SoftMap};
-use crate::cpu::gemm::{gemm, Strided};
+use crate::cpu::gemm::{gemm, Mat, MatMut, Strided};
 use crate::cpu::mem::{ABuf, Out};
 use crate::cpu::saved::Ctx;
 use crate::cpu::simd::{add_into_f64, dispatch, in_frame, Isa, Simd, WithSimd};
@@ -110,7 +110,14 @@ impl<'a> GFactors<'a> {
             },
         );
         let sp = Strided::transposed(sphi, m);
-        gemm(isa, d32, w, m, dv, rows, sp, self.g, dv, 1.0, accumulate);
+        gemm(
+            isa,
+            MatMut::new(d32, m, dv, w),
+            sp,
+            Mat::new(self.g, rows, dv, dv),
+            1.0,
+            accumulate,
+        );
         // Masses: mass_f −= Σ_i (c ⊙ Φ)_if s_i, summed contiguously, then into column `dv`.
         let mut mass = [0.0f32; 1024];
         let mass = &mut mass[..m.min(1024)];
@@ -358,7 +365,14 @@ pub fn key_grads(
                                 bank16::read(isa, m, dv, (db, w), r);
                             } else {
                                 let phi = Strided::rows(&blk.phi, mp);
-                                gemm(isa, x, dv, rows, dv, m, phi, db, w, 1.0, false)
+                                gemm(
+                                    isa,
+                                    MatMut::new(x, rows, dv, dv),
+                                    phi,
+                                    Mat::new(db, m, dv, w),
+                                    1.0,
+                                    false,
+                                )
                             }
                         });
                         ahead.step();

@@ -4,28 +4,19 @@
 
 use crate::backend::Heads;
 use crate::cpu::bank16::{self, Mass, Update};
-use crate::cpu::gemm::{gemm, transpose_into, Nt, Strided, Tri};
+use crate::cpu::gemm::{gemm, transpose_into, Mat, MatMut, Nt, Strided, Tri};
 use crate::cpu::mem::ABuf;
 use crate::cpu::simd::{in_frame, Isa};
 use crate::cpu::soft::probs::pad16;
 use crate::cpu::state::split_out;
 
 /// `D[:, :dv] (=|+=) α A V` and `D[:, dv] (=|+=) α A 1` (the extension `X̂ = [V, 1]` without
-/// building it): `A` is `rows × k`, `V` is `k × dv` (row stride `dv`), `D` has stride `ldd`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm_ext(
-    isa: Isa,
-    d: &mut [f32],
-    ldd: usize,
-    rows: usize,
-    k: usize,
-    a: Strided,
-    v: &[f32],
-    dv: usize,
-    alpha: f32,
-    accumulate: bool,
-) {
-    gemm(isa, d, ldd, rows, dv, k, a, v, dv, alpha, accumulate);
+/// building it): `A` is `rows × k`, `V` is `k × dv`, `D` is `rows × dv` with its column `dv`
+/// inside the row stride.
+pub(crate) fn gemm_ext(isa: Isa, d: MatMut, a: Strided, v: Mat, alpha: f32, accumulate: bool) {
+    let (rows, k, dv, ldd) = (d.rows, v.rows, v.cols, d.ld);
+    let d = d.data;
+    gemm(isa, MatMut::new(d, rows, dv, ldd), a, v, alpha, accumulate);
     // Row sums of A into column `dv` of D: k outer when A is a transpose (its rows are
     // contiguous columns of the original), summed contiguously in the SIMD frame first for
     // up to 1024 rows; else one row at a time.
@@ -107,14 +98,9 @@ pub(crate) fn bank_dots(
     } else {
         gemm(
             isa,
-            out,
-            mp,
-            rows,
-            mp,
-            dv,
+            MatMut::new(out, rows, mp, mp),
             Strided::rows(x, dv),
-            bt,
-            mp,
+            Mat::new(bt, dv, mp, mp),
             1.0,
             false,
         );
@@ -221,9 +207,23 @@ pub(crate) fn assign_bank(
     }
     let pt = Strided::transposed(phi, mp);
     if ones {
-        gemm_ext(isa, bank, w, m, rows, pt, x, dv, 1.0, false);
+        gemm_ext(
+            isa,
+            MatMut::new(bank, m, dv, w),
+            pt,
+            Mat::new(x, rows, dv, dv),
+            1.0,
+            false,
+        );
     } else {
-        gemm(isa, bank, w, m, dv, rows, pt, x, dv, 1.0, false);
+        gemm(
+            isa,
+            MatMut::new(bank, m, dv, w),
+            pt,
+            Mat::new(x, rows, dv, dv),
+            1.0,
+            false,
+        );
     }
 }
 

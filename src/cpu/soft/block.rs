@@ -4,7 +4,7 @@
 
 use crate::backend::Heads;
 use crate::cpu::features::{FeatureMap, SoftMap};
-use crate::cpu::gemm::{gemm, transpose_into, Nt, Strided, Tri};
+use crate::cpu::gemm::{gemm, transpose_into, Mat, MatMut, Nt, Strided, Tri};
 use crate::cpu::mem::{ABuf, Ahead};
 use crate::cpu::simd::{dispatch, in_frame, Isa, Level};
 use crate::cpu::soft::banks::rows_of;
@@ -344,7 +344,12 @@ impl Block {
             }
         };
         gemm(
-            self.isa, out, d, rows, d, self.lp, dz, &self.w, d, 1.0, false,
+            self.isa,
+            MatMut::new(out, rows, d, d),
+            dz,
+            Mat::new(&self.w, self.lp, d, d),
+            1.0,
+            false,
         );
     }
 }

@@ -4,7 +4,7 @@
 
 use crate::cpu::bank16::{self, Mass, Read, Update};
 use crate::cpu::features::{FeatureMap, SoftMap};
-use crate::cpu::gemm::{gemm, Gemm, Nt, Strided, Tri};
+use crate::cpu::gemm::{gemm, Gemm, Mat, MatMut, Nt, Strided, Tri};
 use crate::cpu::mem::ABuf;
 use crate::cpu::simd::{in_frame, Isa};
 use crate::cpu::soft::banks::gemm_ext;
@@ -136,13 +136,9 @@ impl TwoLevel {
         let pt = Strided::transposed(phi, mp);
         gemm_ext(
             self.isa,
-            &mut self.bank.local,
-            w,
-            m,
-            rows,
+            MatMut::new(&mut self.bank.local, m, dv, w),
             pt,
-            x,
-            dv,
+            Mat::new(x, rows, dv, dv),
             1.0,
             true,
         );
@@ -335,14 +331,9 @@ pub(crate) fn feature_gram(
     }
     gemm(
         isa,
-        att,
-        TC,
-        rows,
-        rows,
-        m,
+        MatMut::new(att, rows, rows, TC),
         Strided::rows(x, mp),
-        yt,
-        ldt,
+        Mat::new(yt, m, rows, ldt),
         1.0,
         false,
     );
@@ -351,30 +342,19 @@ pub(crate) fn feature_gram(
 /// `D += α A B` for a masked `rows × rows` block `A` (a sub-block matrix with row stride
 /// [`TC`], or its transpose), lower- or upper-triangular (the [`Gemm`] tiles skip the zero
 /// triangle).
-#[allow(clippy::too_many_arguments)]
 #[inline]
-pub(crate) fn tri_gemm(
-    isa: Isa,
-    d: &mut [f32],
-    ldd: usize,
-    rows: usize,
-    cols: usize,
-    att: Strided,
-    b: &[f32],
-    ldb: usize,
-    alpha: f32,
-    lower: bool,
-) {
+pub(crate) fn tri_gemm(isa: Isa, d: MatMut, att: Strided, b: Mat, alpha: f32, lower: bool) {
+    assert_eq!((b.rows, b.cols), (d.rows, d.cols), "tri_gemm: B's shape");
     Gemm {
-        d,
-        ldd,
-        rows,
-        cols,
-        k: rows,
+        d: d.data,
+        ldd: d.ld,
+        rows: d.rows,
+        cols: d.cols,
+        k: d.rows,
         a: att,
-        b,
+        b: b.data,
         b2: None,
-        ldb,
+        ldb: b.ld,
         alpha,
         accumulate: true,
         tri: if lower { Tri::Lower } else { Tri::Upper },

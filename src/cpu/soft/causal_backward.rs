@@ -7,7 +7,7 @@ use super::causal_query::{scale_gv, Io};
 use crate::backend::{BackwardInputs, GradsMut, Heads};
 use crate::cpu::bank16::{Mass, Read, Update};
 use crate::cpu::features::{FeatureMap, SoftMap};
-use crate::cpu::gemm::Strided;
+use crate::cpu::gemm::{Mat, MatMut, Strided};
 use crate::cpu::mem::{ABuf, Out};
 use crate::cpu::saved::{exclusive_scan, Ctx};
 use crate::cpu::simd::{add_into_f64, Isa};
@@ -52,7 +52,14 @@ fn key_intra(
         return;
     }
     add_rows(isa, gphi, mp, rows, a);
-    tri_gemm(isa, gphi, mp, rows, mp, sub_t(att), pq, mp, 1.0, false);
+    tri_gemm(
+        isa,
+        MatMut::new(gphi, rows, mp, mp),
+        sub_t(att),
+        Mat::new(pq, rows, mp, mp),
+        1.0,
+        false,
+    );
 }
 
 /// [`key_intra`] for rows of 16 floats, one source for every ISA ([`v16`]): row `j` is
@@ -227,7 +234,14 @@ fn key_values(
     let (dv, m, w) = (f.dv, sk.bank.m, sk.bank.w);
     if !sk.fused() {
         sk.product(x, rows, dv, pk, mp, dv);
-        tri_gemm(isa, x, dv, rows, dv, tri, f.g, dv, 1.0, false);
+        tri_gemm(
+            isa,
+            MatMut::new(x, rows, dv, dv),
+            tri,
+            Mat::new(f.g, rows, dv, dv),
+            1.0,
+            false,
+        );
         f.dbank(isa, pq, mp, m, rows, sphi, &mut sk.bank.local, w, true);
         return;
     }
@@ -252,7 +266,14 @@ fn key_values(
         mass,
     };
     sk.read_update(dv, Some(read), Some(update));
-    tri_gemm(isa, x, dv, rows, dv, tri, g, dv, 1.0, false);
+    tri_gemm(
+        isa,
+        MatMut::new(x, rows, dv, dv),
+        tri,
+        Mat::new(g, rows, dv, dv),
+        1.0,
+        false,
+    );
 }
 
 /// Causal backward from a causal [`Ctx`] (either causal forward's); writes every entry of
@@ -378,7 +399,14 @@ pub fn causal_backward_from(
                     add_rows(isa, gphi, mp, r2, &sc.mass);
                     gram(isa, &mut sc.att, vb, dv, gb, dv, r2, dv, false);
                     scale_gv(isa, &mut sc.att, r2, f.c, f.s, false);
-                    tri_gemm(isa, gphi, mp, r2, mp, sub(&sc.att), pq, mp, 1.0, false);
+                    tri_gemm(
+                        isa,
+                        MatMut::new(gphi, r2, mp, mp),
+                        sub(&sc.att),
+                        Mat::new(pq, r2, mp, mp),
+                        1.0,
+                        false,
+                    );
                     // ∂ℓ/∂v = Φ_K dS_B + triu(Φ_K Φ_Qᵀ) (c ⊙ G).
                     let pqt = (&sc.qb.phit()[off..], sc.qb.tp());
                     feature_gram(isa, &mut sc.att, (pk, pq, pqt, mp), m, r2, false);

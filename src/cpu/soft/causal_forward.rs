@@ -6,6 +6,7 @@
 use crate::backend::Heads;
 use crate::cpu::bank16::{Mass, Read, Update};
 use crate::cpu::features::{FeatureMap, SoftMap};
+use crate::cpu::gemm::{Mat, MatMut};
 use crate::cpu::mem::{ABuf, Ahead, Out};
 use crate::cpu::saved::{exclusive_scan, Ctx};
 use crate::cpu::simd::Isa;
@@ -272,7 +273,14 @@ pub fn causal_forward_from(
                         let pkt = (&sc.kb.phit()[off..], sc.kb.tp());
                         let den = (&mut sc.acc[dv..], w, &sc.mass[..]);
                         lower_gram(isa, &mut sc.att, (pq, pk, pkt, mp), m, r2, den);
-                        tri_gemm(isa, &mut sc.acc, w, r2, dv, sub(&sc.att), vb, dv, 1.0, true);
+                        tri_gemm(
+                            isa,
+                            MatMut::new(&mut sc.acc, r2, dv, w),
+                            sub(&sc.att),
+                            Mat::new(vb, r2, dv, dv),
+                            1.0,
+                            true,
+                        );
                         let t2 = a2 - start;
                         let (ot, dt) = (&mut op[t2 * dv..(t2 + r2) * dv], &mut dp[t2..t2 + r2]);
                         out.produce(ot, &mut ob, |x| {

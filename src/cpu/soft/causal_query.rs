@@ -9,6 +9,7 @@ use super::causal::{
 };
 use crate::backend::Heads;
 use crate::cpu::features::{FeatureMap, SoftMap};
+use crate::cpu::gemm::{Mat, MatMut};
 use crate::cpu::mem::Ahead;
 use crate::cpu::simd::{dispatch, in_frame, Isa, Simd, WithSimd};
 use crate::cpu::soft::backward::GFactors;
@@ -129,7 +130,14 @@ impl Scratch {
         let f = GFactors::of(c, s, gb, dv);
         f.scale_phi_grads(isa, gphi, mp, r2, &self.mass);
         scale_gv(isa, att, r2, f.c, f.s, true);
-        tri_gemm(isa, gphi, mp, r2, mp, sub(att), pk, mp, 1.0, true);
+        tri_gemm(
+            isa,
+            MatMut::new(gphi, r2, mp, mp),
+            sub(att),
+            Mat::new(pk, r2, mp, mp),
+            1.0,
+            true,
+        );
         mask(isa, qk, r2, true, Scale::Rows(f.c));
     }
 }

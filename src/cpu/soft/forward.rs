@@ -5,7 +5,7 @@
 use crate::backend::Heads;
 use crate::cpu::bank16::{self, Read};
 use crate::cpu::features::{FeatureMap, SoftMap};
-use crate::cpu::gemm::{gemm, Strided};
+use crate::cpu::gemm::{gemm, Mat, MatMut, Strided};
 use crate::cpu::mem::{ABuf, Ahead, Out};
 use crate::cpu::saved::Ctx;
 use crate::cpu::simd::{add_into_f64, in_frame, Isa};
@@ -148,7 +148,14 @@ pub fn read_into(
                             bank16::read(isa, m, dv, (&banks32[h], w), r);
                         } else {
                             let sp = Strided::rows(&sphi, mp);
-                            gemm(isa, x, dv, rows, dv, m, sp, &banks32[h], w, 1.0, false);
+                            gemm(
+                                isa,
+                                MatMut::new(x, rows, dv, dv),
+                                sp,
+                                Mat::new(&banks32[h], m, dv, w),
+                                1.0,
+                                false,
+                            );
                         }
                     });
                     a = b;
