@@ -1,21 +1,22 @@
 //! Small dense products for the blocked kernels: `D (=|+=) α · A · B` with `A` read through
-//! arbitrary strides (so `Φᵀ` costs nothing) and `B` row-major.
+//! arbitrary strides (so `Φᵀ` costs nothing) and `B` row-major ([`Gemm`], [`gemm`]), and
+//! `D = A · Bᵀ` by dot products ([`Nt`]).
 //!
 //! The shapes here are skinny (one side is `m = L·2^P`, `L·P`, or a block of 32–64 tokens),
 //! where general GEMM libraries spend their time packing and in edge kernels. This one does
-//! not pack: a register tile of `MR` rows × `NV` vectors of 16 columns of `D` stays in registers
-//! while `k` runs; each step loads `NV` vectors of a `B` row and broadcasts `MR` entries of `A`:
+//! not pack: a register tile of `MR` rows × `NV` vectors of `W` columns of `D` (`W` the CPU's
+//! vector width) stays in registers while `k` runs; each step loads `NV` vectors of a `B` row
+//! and broadcasts `MR` entries of `A`:
 //!
 //! ```text
-//! D[i, 16j..16j+16] = α Σ_k A[i·rs + k·cs] · B[k·ldb + 16j .. 16j + 16]
+//! D[i, Wj..Wj+W] = α Σ_k A[i·rs + k·cs] · B[k·ldb + Wj .. Wj + W]
 //! ```
 //!
-//! Written once over [`Simd::fma`] with fixed-size lane arrays: inside [`dispatch`]'s AVX-512
-//! frame every tile is a block of `zmm` FMAs (AVX2: pairs of `ymm`); the [`Scalar`] twin runs
-//! the same loops with unfused `a·b + c`. Columns past the last whole vector go through a
-//! copied, zero-padded vector, so any `cols` is exact and no read leaves its slice.
-//!
-//! [`Scalar`]: super::simd::Scalar
+//! Written once over [`Native`] tokens ([`super::native`]): `zmm` tiles on AVX-512, `ymm` on
+//! AVX2 (fewer vectors per tile: it has sixteen registers, not 32), NEON's `q` registers on
+//! aarch64, and plain unfused `a·b + c` on the scalar token. The last `cols mod W` columns are
+//! one partial vector (masked loads and stores), so any `cols` is exact and no access leaves
+//! its slice.
 
 use super::native::{self, Native, TaskN};
 use super::simd::{Isa, Level};
@@ -512,20 +513,20 @@ impl Nt<'_> {
         }
         assert!(
             self.d.len() >= (rows - 1) * self.ldd + cols,
-            "gemm_nt: D too short"
+            "Nt: D too short"
         );
         assert!(
             self.a.len() >= (rows - 1) * self.lda + k,
-            "gemm_nt: A too short"
+            "Nt: A too short"
         );
         assert!(
             self.b.len() >= (cols - 1) * self.ldb + k,
-            "gemm_nt: B too short"
+            "Nt: B too short"
         );
         assert!(
             self.b2
                 .is_none_or(|b2| b2.len() >= (cols - 1) * self.ldb + k),
-            "gemm_nt: B2 too short"
+            "Nt: B2 too short"
         );
         native::dispatch(isa, self)
     }
