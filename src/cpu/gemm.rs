@@ -515,14 +515,8 @@ impl Nt<'_> {
             self.d.len() >= (rows - 1) * self.ldd + cols,
             "Nt: D too short"
         );
-        assert!(
-            self.a.len() >= (rows - 1) * self.lda + k,
-            "Nt: A too short"
-        );
-        assert!(
-            self.b.len() >= (cols - 1) * self.ldb + k,
-            "Nt: B too short"
-        );
+        assert!(self.a.len() >= (rows - 1) * self.lda + k, "Nt: A too short");
+        assert!(self.b.len() >= (cols - 1) * self.ldb + k, "Nt: B too short");
         assert!(
             self.b2
                 .is_none_or(|b2| b2.len() >= (cols - 1) * self.ldb + k),
