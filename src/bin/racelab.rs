@@ -459,15 +459,15 @@ fn mpi_run(
         }
         Ok(None) => Ok(()),
         Err(e) if e.every_rank => {
-            eprintln!("error (rank {rank} of {size}): {}", e.error);
+            error_line(&format!("error (rank {rank} of {size}): {}", e.error));
             drop(comm);
             std::process::exit(2)
         }
         Err(e) => {
-            eprintln!(
+            error_line(&format!(
                 "error (rank {rank} of {size}, ending the job with MPI_Abort): {}",
                 e.error
-            );
+            ));
             comm.abort(2)
         }
     }
@@ -537,9 +537,16 @@ fn main() {
         }
     };
     if let Err(e) = r {
-        eprintln!("error: {e:#}");
+        error_line(&format!("error: {e:#}"));
         std::process::exit(2);
     }
+}
+
+/// `msg` and a newline to stderr in one write: `eprintln!` writes its pieces one by one, and
+/// the ranks of an MPI job share one stderr, where pieces of their lines would interleave.
+fn error_line(msg: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().lock().write_all(format!("{msg}\n").as_bytes());
 }
 
 fn run_attend(a: AttendArgs) -> Result<()> {
