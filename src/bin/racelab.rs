@@ -546,7 +546,9 @@ fn main() {
 /// the ranks of an MPI job share one stderr, where pieces of their lines would interleave.
 fn error_line(msg: &str) {
     use std::io::Write;
-    let _ = std::io::stderr().lock().write_all(format!("{msg}\n").as_bytes());
+    let _ = std::io::stderr()
+        .lock()
+        .write_all(format!("{msg}\n").as_bytes());
 }
 
 fn run_attend(a: AttendArgs) -> Result<()> {
