@@ -205,25 +205,15 @@ pub(crate) fn assign_bank(
         };
         return bank16::assign(isa, m, dv, (bank, w), u);
     }
-    let pt = Strided::transposed(phi, mp);
+    let (d, pt, xm) = (
+        MatMut::new(bank, m, dv, w),
+        Strided::transposed(phi, mp),
+        Mat::new(x, rows, dv, dv),
+    );
     if ones {
-        gemm_ext(
-            isa,
-            MatMut::new(bank, m, dv, w),
-            pt,
-            Mat::new(x, rows, dv, dv),
-            1.0,
-            false,
-        );
+        gemm_ext(isa, d, pt, xm, 1.0, false);
     } else {
-        gemm(
-            isa,
-            MatMut::new(bank, m, dv, w),
-            pt,
-            Mat::new(x, rows, dv, dv),
-            1.0,
-            false,
-        );
+        gemm(isa, d, pt, xm, 1.0, false);
     }
 }
 
