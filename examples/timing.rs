@@ -3,7 +3,7 @@
 //! `RAYON_NUM_THREADS=1 cargo run --release --example timing` (env: `N` tokens, default 2^16;
 //! `ENGINE=1` times the per-token engine instead of the production blocked paths; `PL=2|3|4`
 //! and `CAUSAL=0|1` pick one row, `REPS` the repeats; `VEC=1` uses plain, unaligned vectors).
-use racelab::backend::{BackwardInputs, GradsMut, Heads, PlanesF32};
+use racelab::backend::{BackwardInputs, ForwardInputs, GradsMut, Heads, PlanesF32};
 use racelab::cpu::{detected_isa, soft_backward_into, soft_forward_into, token, Ctx, Isa, SoftMap};
 use racelab::hashing::Planes;
 use std::time::Instant;
@@ -36,9 +36,9 @@ fn main() {
     };
     let (q, k, v, g) = (fill(1), fill(2), fill(3), fill(4));
     let (mut o, mut dq, mut dk, mut dv) = (fill(5), fill(6), fill(7), fill(8));
-    type Fwd = fn(&SoftMap, Heads, Heads, Heads, bool, Isa, &mut [f32], Ctx) -> (usize, Ctx);
+    type Fwd = fn(&SoftMap, ForwardInputs, bool, Isa, &mut [f32], Ctx) -> (usize, Ctx);
     let fwd: Fwd = if engine {
-        |m, q, k, v, c, i, o, reuse| token::forward_into(m, q, k, v, c, i, o, reuse.den)
+        |m, x, c, i, o, reuse| token::forward_into(m, x, c, i, o, reuse.den)
     } else {
         soft_forward_into
     };
@@ -61,16 +61,8 @@ fn main() {
             let (mut tf, mut tb, mut reuse) = (f64::MAX, f64::MAX, Ctx::default());
             for _ in 0..reps {
                 let s = Instant::now();
-                let (_, ctx) = fwd(
-                    &map,
-                    h(&q, hd, n, d),
-                    h(&k, hd, n, d),
-                    h(&v, hd, n, d),
-                    causal,
-                    isa,
-                    &mut o,
-                    reuse,
-                );
+                let x = ForwardInputs::new(h(&q, hd, n, d), h(&k, hd, n, d), h(&v, hd, n, d));
+                let (_, ctx) = fwd(&map, x, causal, isa, &mut o, reuse);
                 tf = tf.min(s.elapsed().as_secs_f64());
                 let s = Instant::now();
                 let bwd = if engine {

@@ -385,7 +385,7 @@ fn reference_gradients_match_finite_differences() {
 #[test]
 fn denominators_below_the_floor_are_flagged_not_guessed() {
     use racelab::cpu::recompute::den_floor;
-    use racelab::cpu::soft::read_into;
+    use racelab::cpu::soft::{read_into, KeyTotals, QueryOut};
     let (p, l, d, dv, n) = (2, 2, 8, 4, 70);
     let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, 4).unwrap());
     let map = SoftMap {
@@ -410,7 +410,17 @@ fn denominators_below_the_floor_are_flagged_not_guessed() {
             let (mut o, mut den) = (vec![9.0f32; n * dv], vec![9.0f32; n]);
             let q = Heads::new(1, n, d, &q);
             let bk = [bank(s)];
-            let (flagged, _) = read_into(&map, isa, q, &bk, dv, &mut o, &mut den, &mut [], floor);
+            let keys = KeyTotals {
+                banks: &bk,
+                dv,
+                floor,
+            };
+            let out = QueryOut {
+                o: &mut o,
+                den: &mut den,
+                uq: &mut [],
+            };
+            let (flagged, _) = read_into(&map, isa, q, keys, out);
             let o64: Vec<f64> = o.iter().map(|&x| x as f64).collect();
             let d64: Vec<f64> = den.iter().map(|&x| x as f64 / s).collect();
             (flagged, o64, d64)

@@ -303,16 +303,9 @@ fn soft_forward<'py>(
             beta: beta as f32,
         };
         let mut o = output(qh.heads * qh.n * vh.cols);
-        let (_, ctx) = cpu::soft_forward_into(
-            &map,
-            qh,
-            kh,
-            vh,
-            causal,
-            cpu::detected_isa(),
-            &mut o,
-            pooled_ctx(),
-        );
+        let x = racelab::backend::ForwardInputs::new(qh, kh, vh);
+        let (_, ctx) =
+            cpu::soft_forward_into(&map, x, causal, cpu::detected_isa(), &mut o, pooled_ctx());
         (o, ctx)
     });
     let o = aligned(py, o, &[qh.heads, qh.n, vh.cols])?;

@@ -21,7 +21,7 @@
 pub mod types;
 
 pub use crate::params::RaceParams;
-pub use types::{BackwardInputs, GradsMut, Heads, PlanesF32, SoftGrads};
+pub use types::{BackwardInputs, ForwardInputs, GradsMut, Heads, PlanesF32, SoftGrads};
 
 use crate::cpu::recompute::Recomputed;
 use crate::error::{RaceError, Result};

@@ -87,6 +87,20 @@ impl SoftGrads {
     }
 }
 
+/// What a forward reads: the queries, keys and values (`[heads, n, cols]` each).
+#[derive(Debug, Clone, Copy)]
+pub struct ForwardInputs<'a> {
+    pub q: Heads<'a>,
+    pub k: Heads<'a>,
+    pub v: Heads<'a>,
+}
+
+impl<'a> ForwardInputs<'a> {
+    pub fn new(q: Heads<'a>, k: Heads<'a>, v: Heads<'a>) -> Self {
+        ForwardInputs { q, k, v }
+    }
+}
+
 /// What a backward reads: the inputs `q`, `k`, `v`, the forward's output `o` and the upstream
 /// gradient `g = ∂ℓ/∂Ô` (`[heads, n, dv]`).
 #[derive(Debug, Clone, Copy)]
@@ -101,6 +115,10 @@ pub struct BackwardInputs<'a> {
 impl<'a> BackwardInputs<'a> {
     pub fn new(q: Heads<'a>, k: Heads<'a>, v: Heads<'a>, o: Heads<'a>, g: Heads<'a>) -> Self {
         BackwardInputs { q, k, v, o, g }
+    }
+    /// The forward's part of these inputs.
+    pub fn forward(&self) -> ForwardInputs<'a> {
+        ForwardInputs::new(self.q, self.k, self.v)
     }
 }
 

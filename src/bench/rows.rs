@@ -173,8 +173,9 @@ impl<'a> Recorder<'a> {
             let mut recomputed = [cpu::recompute::Recomputed::default(), Default::default()];
             let mut once = |causal: bool| {
                 let slot = &mut reuse[causal as usize];
+                let x = crate::backend::ForwardInputs::new(qh, kh, vh);
                 let (_, ctx) =
-                    soft_forward_into(&map, qh, kh, vh, causal, isa, &mut o, std::mem::take(slot));
+                    soft_forward_into(&map, x, causal, isa, &mut o, std::mem::take(slot));
                 if cfg.backward {
                     let db = soft_backward_into(
                         &map,

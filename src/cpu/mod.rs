@@ -52,8 +52,8 @@ pub use saved::{Ctx, ForwardOut};
 pub use simd::{detected_isa, Isa};
 
 use crate::backend::{
-    BackwardInputs, Decode, Device, Forward, GradsMut, Heads, PlanesF32, RaceParams, SoftGrads,
-    SoftRace,
+    BackwardInputs, Decode, Device, Forward, ForwardInputs, GradsMut, Heads, PlanesF32, RaceParams,
+    SoftGrads, SoftRace,
 };
 use crate::error::{RaceError, Result};
 use crate::params::Combine;
@@ -64,23 +64,21 @@ use crate::params::Combine;
 /// [`Ctx::recomputed`]); the returned count is the rows with no key at all. `reuse` is a previous context whose
 /// buffers are recycled (`Ctx::default()` for none): a training loop or a benchmark then
 /// does not pay fresh pages for the per-token saved values every step.
-#[allow(clippy::too_many_arguments)]
 pub fn soft_forward_into(
     map: &SoftMap,
-    q: Heads,
-    k: Heads,
-    v: Heads,
+    x: ForwardInputs,
     causal: bool,
     isa: Isa,
     o: &mut [f32],
     reuse: Ctx,
 ) -> (usize, Ctx) {
+    let ForwardInputs { q, k, v } = x;
     let (flagged, mut ctx) = if causal {
         soft::causal_forward_into(map, isa, q, k, v, o, reuse)
     } else {
         soft::forward_into(map, isa, q, k, v, o, reuse)
     };
-    let empty = recompute::finish_forward(map, q, k, v, causal, flagged, o, &mut ctx);
+    let empty = recompute::finish_forward(map, x, causal, flagged, o, &mut ctx);
     (empty, ctx)
 }
 
@@ -94,7 +92,8 @@ pub fn soft_forward(
     isa: Isa,
 ) -> ForwardOut {
     let mut o = vec![0.0f32; q.heads * q.n * v.cols];
-    let (empty_rows, ctx) = soft_forward_into(map, q, k, v, causal, isa, &mut o, Ctx::default());
+    let x = ForwardInputs::new(q, k, v);
+    let (empty_rows, ctx) = soft_forward_into(map, x, causal, isa, &mut o, Ctx::default());
     ForwardOut { o, empty_rows, ctx }
 }
 

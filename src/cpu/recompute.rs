@@ -30,7 +30,7 @@
 
 use super::features::SoftMap;
 use super::saved::Ctx;
-use crate::backend::{BackwardInputs, GradsMut, Heads, PlanesF32};
+use crate::backend::{BackwardInputs, ForwardInputs, GradsMut, Heads};
 
 use crate::reference::logdomain::soft_race_rows_log;
 use crate::tensor::Mat;
@@ -90,18 +90,15 @@ struct HeadExact {
 
 /// The exact pass over every head with flagged rows (`g`: the upstream gradient, for the
 /// backward). Causal, only keys up to the last flagged row are read.
-#[allow(clippy::too_many_arguments)]
 fn exact(
-    planes: &PlanesF32,
-    beta: f32,
-    q: Heads,
-    k: Heads,
-    v: Heads,
+    map: &SoftMap,
+    x: ForwardInputs,
     g: Option<Heads>,
     causal: bool,
     rows: &[usize],
 ) -> Vec<HeadExact> {
-    let p64 = planes.to_planes();
+    let (ForwardInputs { q, k, v }, beta) = (x, map.beta);
+    let p64 = map.planes.to_planes();
     by_head(rows, q.n)
         .into_par_iter()
         .map(|hr| {
@@ -134,21 +131,17 @@ fn exact(
 
 /// Write the exact outputs of the flagged `rows` into `o` (`[heads, n, dv]`). Returns the
 /// rows that have no key at all (left 0) and what was recomputed.
-#[allow(clippy::too_many_arguments)]
 pub fn forward(
-    planes: &PlanesF32,
-    beta: f32,
-    q: Heads,
-    k: Heads,
-    v: Heads,
+    map: &SoftMap,
+    x: ForwardInputs,
     causal: bool,
     rows: Vec<usize>,
     o: &mut [f32],
 ) -> (usize, Recomputed) {
     let t = Instant::now();
-    let dv = v.cols;
+    let (q, dv) = (x.q, x.v.cols);
     let mut empty = 0;
-    for he in exact(planes, beta, q, k, v, None, causal, &rows) {
+    for he in exact(map, x, None, causal, &rows) {
         empty += he.out.empty_rows;
         for (t, &i) in he.pos.iter().enumerate() {
             let at = (he.h * q.n + i) * dv;
@@ -169,23 +162,18 @@ pub fn forward(
 
 /// Add the flagged `rows`' exact share of every gradient (`g`: `∂ℓ/∂Ô`, `[heads, n, dv]`) to
 /// `dq`, `dk`, `dv`; returns their share of `∂ℓ/∂β`. The kernel gave these rows none.
-#[allow(clippy::too_many_arguments)]
 pub fn backward(
-    planes: &PlanesF32,
-    beta: f32,
-    q: Heads,
-    k: Heads,
-    v: Heads,
+    map: &SoftMap,
+    x: ForwardInputs,
     g: Heads,
     causal: bool,
     rows: &[usize],
-    dq: &mut [f32],
-    dk: &mut [f32],
-    dv: &mut [f32],
+    out: GradsMut,
 ) -> f64 {
+    let (ForwardInputs { q, k, v }, GradsMut { dq, dk, dv }) = (x, out);
     let (d, cv) = (q.cols, v.cols);
     let mut dbeta = 0.0;
-    for he in exact(planes, beta, q, k, v, Some(g), causal, rows) {
+    for he in exact(map, x, Some(g), causal, rows) {
         let gr = &he.out.grads;
         dbeta += gr.dbeta;
         for (t, &i) in he.pos.iter().enumerate() {
@@ -213,12 +201,9 @@ pub fn backward(
 
 /// After a soft-RACE forward kernel that flagged `flagged` rows: recompute them into `o` and
 /// record them in `ctx`. Returns the rows with no key at all (left 0).
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn finish_forward(
     map: &SoftMap,
-    q: Heads,
-    k: Heads,
-    v: Heads,
+    x: ForwardInputs,
     causal: bool,
     flagged_rows: usize,
     o: &mut [f32],
@@ -229,7 +214,7 @@ pub(crate) fn finish_forward(
         return 0;
     }
     let rows = flagged(&ctx.den);
-    let (empty, rec) = forward(map.planes, map.beta, q, k, v, causal, rows, o);
+    let (empty, rec) = forward(map, x, causal, rows, o);
     ctx.recomputed = rec;
     empty
 }
@@ -240,11 +225,7 @@ pub(crate) fn finish_backward(map: &SoftMap, ctx: &Ctx, x: BackwardInputs, out: 
     if rows.is_empty() {
         return 0.0;
     }
-    let BackwardInputs { q, k, v, g, .. } = x;
-    let GradsMut { dq, dk, dv } = out;
-    backward(
-        map.planes, map.beta, q, k, v, g, ctx.causal, rows, dq, dk, dv,
-    )
+    backward(map, x.forward(), x.g, ctx.causal, rows, out)
 }
 
 #[cfg(test)]

@@ -31,21 +31,25 @@ pub struct Ctx {
     pub recomputed: Recomputed,
 }
 
+/// A forward's recycled buffers ([`Ctx::recycle`]): the denominators (`[heads, n]`) and the
+/// saved `u` of the queries and of the keys (`[heads, n, L·P]` each).
+#[derive(Debug, Default)]
+pub struct Buffers {
+    pub den: Vec<f32>,
+    pub uq: Vec<f32>,
+    pub uk: Vec<f32>,
+}
+
 impl Ctx {
     /// This context's buffers, resized for a forward over `q`, `k` with `map`'s `L·P`:
     /// the denominators and the saved `u` of queries and keys (contents are overwritten).
-    pub(crate) fn recycle(
-        self,
-        map: &crate::cpu::SoftMap,
-        q: &Heads,
-        k: &Heads,
-    ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    pub(crate) fn recycle(self, map: &crate::cpu::SoftMap, q: &Heads, k: &Heads) -> Buffers {
         let lp = map.planes.l * map.planes.p;
         let (mut den, mut uq, mut uk) = (self.den, self.uq, self.uk);
         den.resize(q.heads * q.n, 0.0);
         uq.resize(q.heads * q.n * lp, 0.0);
         uk.resize(k.heads * k.n * lp, 0.0);
-        (den, uq, uk)
+        Buffers { den, uq, uk }
     }
 
     /// The saved `u` of the queries and of the keys when they match `[heads, n, lp]` for

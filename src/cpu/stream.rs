@@ -21,7 +21,7 @@
 
 use super::soft::{
     causal_backward::query_totals, causal_backward_from, causal_forward_from, key_banks, key_grads,
-    query_grads, read_into, Boundary,
+    query_grads, read_into, Boundary, KeyTotals, QueryOut,
 };
 use super::state::plan_segments;
 use super::{Ctx, SoftMap};
@@ -331,7 +331,17 @@ fn plain_stream(
         den.resize(heads * len, 0.0);
         uq.resize(heads * len * lp, 0.0);
         let qh = r.heads(&c.q, len);
-        let (flagged, segs) = read_into(map, isa, qh, &banks, d, &mut o, &mut den, &mut uq, floor);
+        let keys = KeyTotals {
+            banks: &banks,
+            dv: d,
+            floor,
+        };
+        let out = QueryOut {
+            o: &mut o,
+            den: &mut den,
+            uq: &mut uq,
+        };
+        let (flagged, segs) = read_into(map, isa, qh, keys, out);
         flagged_rows += flagged;
         checksum += checksum_of(&o);
         dq.resize(heads * len * d, 0.0);
@@ -429,7 +439,7 @@ fn causal_stream(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::{BackwardInputs, GradsMut};
+    use crate::backend::{BackwardInputs, ForwardInputs, GradsMut};
 
     const SHAPE: (usize, usize, usize, usize, usize, f32, u64) =
         (2 * CHUNK + 1234, 2, 16, 2, 2, 4.0, 11);
@@ -454,16 +464,9 @@ mod tests {
             Heads::new(heads, n, d, x)
         }
         let mut o = vec![0.0f32; heads * n * d];
-        let (_, ctx) = super::super::soft_forward_into(
-            &map,
-            h(&q, heads, n, d),
-            h(&k, heads, n, d),
-            h(&v, heads, n, d),
-            causal,
-            isa,
-            &mut o,
-            Default::default(),
-        );
+        let x = ForwardInputs::new(h(&q, heads, n, d), h(&k, heads, n, d), h(&v, heads, n, d));
+        let (_, ctx) =
+            super::super::soft_forward_into(&map, x, causal, isa, &mut o, Default::default());
         let (mut dq, mut dk, mut dv) = (o.clone(), o.clone(), o.clone());
         let dbeta = crate::cpu::soft_backward_into(
             &map,

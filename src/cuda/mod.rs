@@ -27,8 +27,11 @@
 //! and recomputed exactly on the host ([`finish_forward`], [`finish_backward`]): the GPU
 //! never returns such a row unflagged.
 
-use crate::backend::{Decode, Device, Forward, Heads, PlanesF32, RaceParams, SoftGrads, SoftRace};
+use crate::backend::{
+    Decode, Device, Forward, ForwardInputs, Heads, PlanesF32, RaceParams, SoftGrads, SoftRace,
+};
 use crate::cpu::recompute::{self, Recomputed};
+use crate::cpu::SoftMap;
 
 use crate::error::{RaceError, Result};
 
@@ -185,16 +188,13 @@ pub fn finish_forward(
         };
     }
     let [q, k, v] = qkv.map(|x| x.to_f32());
-    let (empty_rows, recomputed) = recompute::forward(
-        planes,
-        beta,
+    let x = ForwardInputs::new(
         Heads::new(s.heads, s.n, s.d, &q),
         Heads::new(s.heads, s.n, s.d, &k),
         Heads::new(s.heads, s.n, s.dv, &v),
-        causal,
-        rows,
-        &mut o,
     );
+    let map = SoftMap { planes, beta };
+    let (empty_rows, recomputed) = recompute::forward(&map, x, causal, rows, &mut o);
     GpuForward {
         o,
         den,
@@ -221,19 +221,14 @@ pub fn finish_backward(
         return;
     }
     let [q, k, v] = qkv.map(|x| x.to_f32());
-    gr.dbeta += recompute::backward(
-        planes,
-        beta,
+    let x = ForwardInputs::new(
         Heads::new(s.heads, s.n, s.d, &q),
         Heads::new(s.heads, s.n, s.d, &k),
         Heads::new(s.heads, s.n, s.dv, &v),
-        Heads::new(s.heads, s.n, s.dv, g),
-        causal,
-        &fwd.recomputed.rows,
-        &mut gr.dq,
-        &mut gr.dk,
-        &mut gr.dv,
     );
+    let (map, g) = (SoftMap { planes, beta }, Heads::new(s.heads, s.n, s.dv, g));
+    let rows = &fwd.recomputed.rows;
+    gr.dbeta += recompute::backward(&map, x, g, causal, rows, gr.as_mut());
 }
 
 /// Floats of dynamic shared memory a block of `warps` warps needs (the layout `carve` makes

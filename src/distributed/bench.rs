@@ -293,8 +293,9 @@ impl<'a> OneProcess<'a> {
         let isa = crate::cpu::detected_isa();
         let t0 = Instant::now();
         let ctx = std::mem::take(&mut self.ctx);
+        let x = crate::backend::ForwardInputs::new(q, k, v);
         let (_, c) =
-            crate::cpu::soft_forward_into(&self.map, q, k, v, self.causal, isa, &mut self.o, ctx);
+            crate::cpu::soft_forward_into(&self.map, x, self.causal, isa, &mut self.o, ctx);
         let oh = Heads::new(q.heads, q.n, v.cols, &self.o);
         let x = crate::backend::BackwardInputs::new(q, k, v, oh, g);
         crate::cpu::soft_backward_into(&self.map, &c, x, isa, self.gr.as_mut());

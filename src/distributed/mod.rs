@@ -317,9 +317,9 @@ impl<C: Comm> Distributed<C> {
             };
             soft::causal_forward_from(map, isa, q, k, v, o, reuse, from)
         } else {
-            let (den, uq, mut uk) = reuse.recycle(map, &q, &k);
+            let mut bufs = reuse.recycle(map, &q, &k);
             let mut banks = if k.n > 0 {
-                soft::key_banks(map, isa, k, v, &mut uk)
+                soft::key_banks(map, isa, k, v, &mut bufs.uk)
             } else {
                 zeros()
             };
@@ -327,13 +327,13 @@ impl<C: Comm> Distributed<C> {
             if q.n == 0 {
                 let ctx = Ctx {
                     banks,
-                    uk,
+                    uk: bufs.uk,
                     ..Ctx::default()
                 };
                 return (0, ctx);
             }
             let floor = den_floor(map.width(), keys);
-            soft::read_ctx(map, isa, q, banks, dv, o, (den, uq, uk), floor)
+            soft::read_ctx(map, isa, q, (banks, dv), o, bufs, floor)
         }
     }
 

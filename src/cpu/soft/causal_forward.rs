@@ -8,14 +8,14 @@ use crate::cpu::bank16::{Mass, Read, Update};
 use crate::cpu::features::{FeatureMap, SoftMap};
 use crate::cpu::gemm::{Mat, MatMut};
 use crate::cpu::mem::{ABuf, Ahead, Out};
-use crate::cpu::saved::{exclusive_scan, Ctx};
+use crate::cpu::saved::{exclusive_scan, Buffers, Ctx};
 use crate::cpu::simd::Isa;
 use crate::cpu::soft::banks::{rows_of, saved_pieces};
 use crate::cpu::soft::causal::{
     blocks, feature_gram, mask, state_len, sub, sub_blocks, tri_gemm, FeatureRows, Scale, Scratch,
     TwoLevel, GRAM_T_MAX_M, TB, TC,
 };
-use crate::cpu::soft::forward::{key_bank, normalise};
+use crate::cpu::soft::forward::{key_bank, normalise, DenRule};
 use crate::cpu::soft::probs::lanes16;
 use crate::cpu::state::{bank_width, plan_segments, split_out};
 use crate::cpu::v16::{self, Task16, V16};
@@ -191,7 +191,11 @@ pub fn causal_forward_from(
     let (heads, n, dv, m, w) = (q.heads, q.n, v.cols, map.width(), bank_width(v.cols));
     let lp = map.planes.l * map.planes.p;
     let mut states = std::mem::take(&mut reuse.states);
-    let (mut den, mut uq, mut uk) = reuse.recycle(map, &q, &k);
+    let Buffers {
+        mut den,
+        mut uq,
+        mut uk,
+    } = reuse.recycle(map, &q, &k);
     let (segs, bases) = forward_bases(map, isa, k, v, from.state);
     let ns = segs.len();
     // One segment per head: the state entering each block, for the one-pass backward.
@@ -203,10 +207,10 @@ pub fn causal_forward_from(
         states.clear();
         (0..heads * ns).map(|_| None).collect()
     };
-    let (den_scale, floor) = (
-        map.den_scale(),
-        crate::cpu::recompute::den_floor(m, from.keys),
-    );
+    let rule = DenRule {
+        scale: map.den_scale(),
+        floor: crate::cpu::recompute::den_floor(m, from.keys),
+    };
     let out = Out::for_len(isa, o.len());
     let empty: usize = split_out(o, n, dv, &segs)
         .into_par_iter()
@@ -284,7 +288,7 @@ pub fn causal_forward_from(
                         let t2 = a2 - start;
                         let (ot, dt) = (&mut op[t2 * dv..(t2 + r2) * dv], &mut dp[t2..t2 + r2]);
                         out.produce(ot, &mut ob, |x| {
-                            empty += normalise(isa, &sc.acc, w, r2, dv, den_scale, x, dt, floor);
+                            empty += normalise(isa, Mat::new(&sc.acc, r2, dv + 1, w), rule, x, dt);
                         });
                         if !fused {
                             st.add_tokens(pk, mp, r2, vb, dv);

@@ -7,12 +7,12 @@ use crate::cpu::bank16::{self, Read};
 use crate::cpu::features::{FeatureMap, SoftMap};
 use crate::cpu::gemm::{gemm, Mat, MatMut, Strided};
 use crate::cpu::mem::{ABuf, Ahead, Out};
-use crate::cpu::saved::Ctx;
+use crate::cpu::saved::{Buffers, Ctx};
 use crate::cpu::simd::{add_into_f64, in_frame, Isa};
 use crate::cpu::soft::banks::{assign_bank, mass_columns, rows_of, saved_pieces, to_f32};
 use crate::cpu::soft::block::{block_rows, Block};
 use crate::cpu::soft::probs::lanes16;
-use crate::cpu::state::{bank_width, plan_segments, split_out};
+use crate::cpu::state::{bank_width, plan_segments, split_out, KeyTotals};
 use crate::cpu::v16::{self, Task16, V16};
 use rayon::prelude::*;
 
@@ -90,24 +90,23 @@ pub fn key_banks(map: &SoftMap, isa: Isa, k: Heads, v: Heads, uk: &mut [f32]) ->
 /// The division is folded into the features: `Den_i = φ_i·A` first ([`scaled_features`]),
 /// then `o = (c ⊙ Φ) B` with `c_i = 1/Den_i` straight into the output rows, so no
 /// `T × (dv + 1)` accumulator is stored and read back.
-#[allow(clippy::too_many_arguments)]
 pub fn read_into(
     map: &SoftMap,
     isa: Isa,
     q: Heads,
-    banks: &[Vec<f64>],
-    dv: usize,
-    o: &mut [f32],
-    den: &mut [f32],
-    uq: &mut [f32],
-    floor: f32,
+    keys: KeyTotals,
+    out: QueryOut,
 ) -> (usize, Vec<(usize, usize)>) {
+    let (KeyTotals { banks, dv, floor }, QueryOut { o, den, uq }) = (keys, out);
     let (heads, n, m, w) = (q.heads, q.n, map.width(), bank_width(dv));
     let banks32 = to_f32(banks);
     let am = mass_columns(&banks32, m, w, dv);
     let segs = plan_segments(n, heads);
     let tb = block_rows(m);
-    let inv_l = map.den_scale();
+    let rule = DenRule {
+        scale: map.den_scale(),
+        floor,
+    };
     let lp = map.planes.l * map.planes.p;
     let out = Out::for_len(isa, o.len()).queued(m <= 16);
     let empty: usize = split_out(o, n, dv, &segs)
@@ -133,9 +132,8 @@ pub fn read_into(
                     ahead.step();
                     let dt = &mut dp[t0..t0 + rows];
                     let mp = blk.mp;
-                    empty += scaled_features(
-                        isa, &blk.phi, mp, m, rows, &am[h], inv_l, &mut sphi, dt, floor,
-                    );
+                    let phi = Mat::new(&blk.phi, rows, m, mp);
+                    empty += scaled_features(isa, phi, &am[h], rule, &mut sphi, dt);
                     ahead.step();
                     ob.produce(t0 * dv, rows * dv, |x| {
                         if bank16::applies(isa, m) {
@@ -167,23 +165,44 @@ pub fn read_into(
     (empty, segs)
 }
 
-/// `Den_i = φ_i·A` for the rows of `phi` (`rows × m`, stride `mp`) and the bank's mass
-/// column `a`; `den_i = Den_i·scale`, and `sphi_i = φ_i / Den_i` (stride `mp`). A row with
-/// `Den` below `floor` ([`crate::cpu::recompute::den_floor`]) or not finite is flagged: `den_i = 0`
-/// and `sphi_i = 0`, so its output is 0. Returns the number of flagged rows.
-#[allow(clippy::too_many_arguments)]
+/// The denominator rule of a read: `den_i = Den_i·scale` is saved, and a row whose `Den` is
+/// below `floor` ([`crate::cpu::recompute::den_floor`]) or not finite is flagged.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DenRule {
+    pub scale: f32,
+    pub floor: f32,
+}
+
+/// Where a non-causal read writes: the outputs `o` (`[heads, n, dv]`), the denominators
+/// `den` (`[heads, n]`) and the queries' `u = tanh(Wq)` (`[heads, n, L·P]`, or empty: not
+/// saved). All are overwritten.
+pub struct QueryOut<'a> {
+    pub o: &'a mut [f32],
+    pub den: &'a mut [f32],
+    pub uq: &'a mut [f32],
+}
+
+/// `Den_i = φ_i·A` for the rows of `phi` (`rows × m`, stride `ld`) and the bank's mass
+/// column `a`; `den_i = Den_i·scale`, and `sphi_i = φ_i / Den_i` (the stride of `phi`). A row
+/// flagged by `rule` gets `den_i = 0` and `sphi_i = 0`, so its output is 0. Returns the number
+/// of flagged rows.
 pub(crate) fn scaled_features(
     isa: Isa,
-    phi: &[f32],
-    mp: usize,
-    m: usize,
-    rows: usize,
+    phi: Mat,
     a: &[f32],
-    scale: f32,
+    rule: DenRule,
     sphi: &mut [f32],
     den: &mut [f32],
-    floor: f32,
 ) -> usize {
+    let (
+        Mat {
+            data: phi,
+            rows,
+            cols: m,
+            ld: mp,
+        },
+        DenRule { scale, floor },
+    ) = (phi, rule);
     if mp == 16 {
         assert!(phi.len() >= rows * 16 && sphi.len() >= rows * 16 && den.len() >= rows);
         let task = ScaledRows16 {
@@ -256,21 +275,26 @@ impl Task16 for ScaledRows16<'_> {
     }
 }
 
-/// `o_i = Num_i / Den_i` from `[Num | Den]` rows (stride `w`) and `den_i = Den_i·scale`; a
-/// flagged row (`Den` below `floor` or not finite, see [`crate::cpu::saved::finish_row`]) is
-/// written as 0 and counted.
-#[allow(clippy::too_many_arguments)]
+/// `o_i = Num_i / Den_i` from the `[Num | Den]` rows of `acc` (`dv + 1` columns) into `o`
+/// (stride `dv`), and `den_i = Den_i·scale`; a row flagged by `rule` (see
+/// [`crate::cpu::saved::finish_row`]) is written as 0 and counted.
 pub(crate) fn normalise(
     isa: Isa,
-    acc: &[f32],
-    w: usize,
-    rows: usize,
-    dv: usize,
-    scale: f32,
+    acc: Mat,
+    rule: DenRule,
     o: &mut [f32],
     den: &mut [f32],
-    floor: f32,
 ) -> usize {
+    let (
+        Mat {
+            data: acc,
+            rows,
+            cols,
+            ld: w,
+        },
+        DenRule { scale, floor },
+    ) = (acc, rule);
+    let dv = cols - 1;
     in_frame(
         isa,
         #[inline(always)]
@@ -301,27 +325,40 @@ pub fn forward_into(
     o: &mut [f32],
     reuse: Ctx,
 ) -> (usize, Ctx) {
-    let (den, uq, mut uk) = reuse.recycle(map, &q, &k);
-    let banks = key_banks(map, isa, k, v, &mut uk);
+    let mut bufs = reuse.recycle(map, &q, &k);
+    let banks = key_banks(map, isa, k, v, &mut bufs.uk);
     let floor = crate::cpu::recompute::den_floor(map.width(), k.n);
-    read_ctx(map, isa, q, banks, v.cols, o, (den, uq, uk), floor)
+    read_ctx(map, isa, q, (banks, v.cols), o, bufs, floor)
 }
 
-/// [`read_into`] with the `banks` of every key, and the non-causal context it leaves for the
-/// backward (`den`, `uq` overwritten; `uk` the keys' saved `u`, or empty): `(flagged rows,
-/// context)`.
-#[allow(clippy::too_many_arguments)]
+/// [`read_into`] with the `banks` of every key (and the value width `dv`), and the non-causal
+/// context it leaves for the backward (`bufs`: `den`, `uq` overwritten; `uk` the keys' saved
+/// `u`, or empty): `(flagged rows, context)`.
 pub fn read_ctx(
     map: &SoftMap,
     isa: Isa,
     q: Heads,
-    banks: Vec<Vec<f64>>,
-    dv: usize,
+    (banks, dv): (Vec<Vec<f64>>, usize),
     o: &mut [f32],
-    (mut den, mut uq, uk): (Vec<f32>, Vec<f32>, Vec<f32>),
+    bufs: Buffers,
     floor: f32,
 ) -> (usize, Ctx) {
-    let (flagged, segs) = read_into(map, isa, q, &banks, dv, o, &mut den, &mut uq, floor);
+    let Buffers {
+        mut den,
+        mut uq,
+        uk,
+    } = bufs;
+    let keys = KeyTotals {
+        banks: &banks,
+        dv,
+        floor,
+    };
+    let out = QueryOut {
+        o,
+        den: &mut den,
+        uq: &mut uq,
+    };
+    let (flagged, segs) = read_into(map, isa, q, keys, out);
     let ctx = Ctx {
         causal: false,
         segs,

@@ -66,12 +66,13 @@ pub mod causal_query;
 pub mod forward;
 pub mod probs;
 
+pub use crate::cpu::state::KeyTotals;
 pub use backward::{backward_into, key_grads, query_grads};
 pub use block::{block_rows, T};
 pub use causal::{TB, TC};
 pub use causal_backward::{causal_backward_from, causal_backward_into};
 pub use causal_forward::{causal_forward_from, causal_forward_into, Boundary};
-pub use forward::{forward_into, key_banks, read_ctx, read_into};
+pub use forward::{forward_into, key_banks, read_ctx, read_into, QueryOut};
 
 /// Floats per token and head the production forwards keep for the backward: the
 /// denominator, the saved `u` of queries and keys (`L·P` each) and, causal, the block-start

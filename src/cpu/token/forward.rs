@@ -11,11 +11,11 @@
 //! State per (head, segment) is one bank of `m × bank_width(dv)` numbers; no `N × m × d` array is
 //! ever formed. A row with denominator 0 is 0 and counted.
 
-use crate::backend::Heads;
+use crate::backend::{ForwardInputs, Heads};
 use crate::cpu::features::FeatureMap;
 use crate::cpu::saved::{exclusive_scan, finish_row, Ctx, ForwardOut};
 use crate::cpu::simd::{dispatch, Isa, Simd, WithSimd};
-use crate::cpu::state::{bank_width, ext_buffer, plan_segments, split_out, Bank};
+use crate::cpu::state::{bank_width, ext_buffer, plan_segments, split_out, Bank, KeyTotals};
 use rayon::prelude::*;
 
 struct TotalsTask<'a, F> {
@@ -163,7 +163,8 @@ pub fn forward<F: FeatureMap>(
     isa: Isa,
 ) -> ForwardOut {
     let mut o = vec![0.0f32; q.heads * q.n * v.cols];
-    let (empty_rows, ctx) = forward_into(map, q, k, v, causal, isa, &mut o, Vec::new());
+    let x = ForwardInputs::new(q, k, v);
+    let (empty_rows, ctx) = forward_into(map, x, causal, isa, &mut o, Vec::new());
     ForwardOut { o, empty_rows, ctx }
 }
 
@@ -171,22 +172,19 @@ pub fn forward<F: FeatureMap>(
 /// so repeated calls (benchmarks, training loops) do not pay page faults for fresh buffers.
 /// Returns the empty-row count and the context. Soft RACE's flagged rows are recomputed
 /// exactly ([`crate::cpu::recompute`]); other maps' flagged rows are zero and counted as empty.
-#[allow(clippy::too_many_arguments)]
 pub fn forward_into<F: FeatureMap>(
     map: &F,
-    q: Heads,
-    k: Heads,
-    v: Heads,
+    x: ForwardInputs,
     causal: bool,
     isa: Isa,
     o: &mut [f32],
     den: Vec<f32>,
 ) -> (usize, Ctx) {
-    let (flagged, mut ctx) = engine_forward(map, q, k, v, causal, isa, o, den);
+    let (flagged, mut ctx) = engine_forward(map, x, causal, isa, o, den);
     match map.as_soft() {
         Some(soft) => {
             let empty =
-                crate::cpu::recompute::finish_forward(soft, q, k, v, causal, flagged, o, &mut ctx);
+                crate::cpu::recompute::finish_forward(soft, x, causal, flagged, o, &mut ctx);
             (empty, ctx)
         }
         None => (flagged, ctx),
@@ -194,17 +192,15 @@ pub fn forward_into<F: FeatureMap>(
 }
 
 /// The per-token engine itself: flagged rows are zero and counted.
-#[allow(clippy::too_many_arguments)]
 fn engine_forward<F: FeatureMap>(
     map: &F,
-    q: Heads,
-    k: Heads,
-    v: Heads,
+    x: ForwardInputs,
     causal: bool,
     isa: Isa,
     o: &mut [f32],
     mut den: Vec<f32>,
 ) -> (usize, Ctx) {
+    let ForwardInputs { q, k, v } = x;
     let (heads, n, dv) = (q.heads, q.n, v.cols);
     assert_eq!(
         o.len(),
@@ -218,7 +214,12 @@ fn engine_forward<F: FeatureMap>(
     if !causal {
         let banks = key_banks(map, k, v, isa);
         let qseg = plan_segments(n, heads);
-        let empty = read_banks(map, q, &banks, dv, &qseg, o, &mut den, isa, floor);
+        let keys = KeyTotals {
+            banks: &banks,
+            dv,
+            floor,
+        };
+        let empty = read_banks(map, isa, q, keys, &qseg, (o, &mut den));
         return (
             empty,
             Ctx {
@@ -300,20 +301,18 @@ pub fn key_banks<F: FeatureMap>(map: &F, k: Heads, v: Heads, isa: Isa) -> Vec<Ve
         .collect()
 }
 
-/// Non-causal pass 2: `o_i = num_i/den_i` from the per-head banks; returns the flagged rows
-/// (denominator below `floor`, see [`finish_row`]).
-#[allow(clippy::too_many_arguments)]
+/// Non-causal pass 2: `o_i = num_i/den_i` from the per-head banks into `o` (`[heads, n, dv]`)
+/// and `den` (`[heads, n]`) over the query segments `segs`; returns the flagged rows
+/// (denominator below the keys' floor, see [`finish_row`]).
 pub fn read_banks<F: FeatureMap>(
     map: &F,
-    q: Heads,
-    banks: &[Vec<f64>],
-    dv: usize,
-    segs: &[(usize, usize)],
-    o: &mut [f32],
-    den: &mut [f32],
     isa: Isa,
-    floor: f32,
+    q: Heads,
+    keys: KeyTotals,
+    segs: &[(usize, usize)],
+    (o, den): (&mut [f32], &mut [f32]),
 ) -> usize {
+    let KeyTotals { banks, dv, floor } = keys;
     let n = q.n;
     let banks32: Vec<Vec<f32>> = banks
         .iter()
