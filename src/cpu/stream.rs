@@ -21,7 +21,7 @@
 
 use super::soft::{
     causal_backward::query_totals, causal_backward_from, causal_forward_from, key_banks, key_grads,
-    query_grads, read_into, Boundary, KeyTotals, QueryOut,
+    query_grads, read_into, Boundary, KeyTotals, QueryOut, QuerySaved,
 };
 use super::state::plan_segments;
 use super::{Ctx, SoftMap};
@@ -346,7 +346,13 @@ fn plain_stream(
         checksum += checksum_of(&o);
         dq.resize(heads * len * d, 0.0);
         let gh = r.heads(&c.g, len);
-        let (parts, db) = query_grads(map, isa, &banks, &segs, &den, qh, &uq, gh, &mut dq);
+        let saved = QuerySaved {
+            banks: &banks,
+            segs: &segs,
+            den: &den,
+            uq: &uq,
+        };
+        let (parts, db) = query_grads(map, isa, saved, qh, gh, &mut dq);
         checksum += checksum_of(&dq);
         dbeta += db;
         add_banks(&mut dbanks, &parts, 1.0);
@@ -361,7 +367,8 @@ fn plain_stream(
         let (kh, vh) = (r.heads(&c.k, len), r.heads(&c.v, len));
         dk.resize(heads * len * d, 0.0);
         dvv.resize(heads * len * d, 0.0);
-        dbeta += key_grads(map, isa, &dbanks, &segs, kh, &[], vh, &mut dk, &mut dvv);
+        let keys = (&dbanks[..], &segs[..]);
+        dbeta += key_grads(map, isa, keys, (kh, &[]), vh, (&mut dk, &mut dvv));
         checksum += checksum_of(&dk) + checksum_of(&dvv);
     }
     ([flagged_rows as f64, dbeta, checksum], coll)

@@ -405,8 +405,7 @@ impl<C: Comm> Distributed<C> {
         } else {
             let (uq, uk) = ctx.saved_u(&q, &k, lp);
             let (mut dbanks, dbeta_q) = if q.n > 0 {
-                let (b, s, den) = (&ctx.banks, &ctx.segs, &ctx.den);
-                soft::query_grads(map, isa, b, s, den, q, uq, g, gr.dq)
+                soft::query_grads(map, isa, soft::QuerySaved::of(ctx, uq), q, g, gr.dq)
             } else {
                 (vec![vec![0.0; mw]; heads], 0.0)
             };
@@ -415,7 +414,8 @@ impl<C: Comm> Distributed<C> {
                 return dbeta_q;
             }
             let ksegs = crate::cpu::state::plan_segments(k.n, heads);
-            dbeta_q + soft::key_grads(map, isa, &dbanks, &ksegs, k, uk, v, gr.dk, gr.dv)
+            let keys = (&dbanks[..], &ksegs[..]);
+            dbeta_q + soft::key_grads(map, isa, keys, (k, uk), v, (gr.dk, gr.dv))
         }
     }
 

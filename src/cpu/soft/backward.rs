@@ -83,22 +83,26 @@ impl<'a> GFactors<'a> {
         )
     }
 
-    /// `d𝔅 (=|+=) Φᵀ Ĝ`: `dB_f = Σ_i c_i φ_if g_i`, `dA_f = −Σ_i c_i φ_if s_i`, into `d32`
-    /// (`m × w`), through the scratch `sphi` (`rows × m`, receives `c ⊙ Φ`).
-    #[allow(clippy::too_many_arguments)]
+    /// `d𝔅 (=|+=) Φᵀ Ĝ`: `dB_f = Σ_i c_i φ_if g_i`, `dA_f = −Σ_i c_i φ_if s_i`, for the
+    /// feature rows `phi` (`rows × m`), into `d32` (`m` rows of stride `w`), through the
+    /// scratch `sphi` (`rows × m`, receives `c ⊙ Φ`).
     pub(crate) fn dbank(
         &self,
         isa: Isa,
-        phi: &[f32],
-        mp: usize,
-        m: usize,
-        rows: usize,
+        phi: Mat,
         sphi: &mut [f32],
-        d32: &mut [f32],
-        w: usize,
+        (d32, w): (&mut [f32], usize),
         accumulate: bool,
     ) {
-        let dv = self.dv;
+        let (
+            Mat {
+                data: phi,
+                rows,
+                cols: m,
+                ld: mp,
+            },
+            dv,
+        ) = (phi, self.dv);
         in_frame(
             isa,
             #[inline(always)]
@@ -214,6 +218,29 @@ impl Task16 for QueryRows16<'_> {
     }
 }
 
+/// What the queries' backward reads from the forward: the per-head key totals `banks` (f64),
+/// the query segments `segs`, the denominators `den` (`[heads, n]`) and the queries' saved
+/// `u = tanh(Wq)` (`uq`, `[heads, n, L·P]`, or empty: recomputed from Q).
+#[derive(Clone, Copy)]
+pub struct QuerySaved<'a> {
+    pub banks: &'a [Vec<f64>],
+    pub segs: &'a [(usize, usize)],
+    pub den: &'a [f32],
+    pub uq: &'a [f32],
+}
+
+impl<'a> QuerySaved<'a> {
+    /// A non-causal context's part for the queries (`uq` empty unless it fits `q`).
+    pub fn of(ctx: &'a Ctx, uq: &'a [f32]) -> Self {
+        QuerySaved {
+            banks: &ctx.banks,
+            segs: &ctx.segs,
+            den: &ctx.den,
+            uq,
+        }
+    }
+}
+
 /// Backward, queries' side (blocked): `∂ℓ/∂q` into `dq` and the per-head `d𝔅 = Σ_i φ(q_i) ĝ_iᵀ/L`
 /// (f64); returns `(d𝔅 per head, the queries' share of ∂ℓ/∂beta)`.
 ///
@@ -222,18 +249,20 @@ impl Task16 for QueryRows16<'_> {
 /// with `Num_i = Σ_f φ_if B_f`, so `s_i = c_i Σ_f φ_if (g_i·B_f)` from the products
 /// `g_i·B_f` that `∂ℓ/∂φ` needs anyway (the same f32 bank as the forward's read). `uq` is
 /// the forward's saved `u = tanh(Wq)` (`[heads, n, L·P]`); empty: recomputed from `q`.
-#[allow(clippy::too_many_arguments)]
 pub fn query_grads(
     map: &SoftMap,
     isa: Isa,
-    banks: &[Vec<f64>],
-    segs: &[(usize, usize)],
-    den: &[f32],
+    saved: QuerySaved,
     q: Heads,
-    uq: &[f32],
     g: Heads,
     dq: &mut [f32],
 ) -> (Vec<Vec<f64>>, f64) {
+    let QuerySaved {
+        banks,
+        segs,
+        den,
+        uq,
+    } = saved;
     let (heads, n, d, dv, m, w) = (
         q.heads,
         q.n,
@@ -290,7 +319,13 @@ pub fn query_grads(
                         let f = GFactors::of(&c, &sv, gb, dv);
                         ahead.step();
                         f.scale_phi_grads(isa, &mut gphi, mp, rows, &am[h]);
-                        f.dbank(isa, &blk.phi, mp, m, rows, &mut sphi, &mut d32, w, false);
+                        f.dbank(
+                            isa,
+                            Mat::new(&blk.phi, rows, m, mp),
+                            &mut sphi,
+                            (&mut d32, w),
+                            false,
+                        );
                     }
                     ahead.step();
                     add_into_f64(isa, &mut d64, &d32);
@@ -312,19 +347,17 @@ pub fn query_grads(
     (dbanks, qres.iter().map(|x| x.2).sum())
 }
 
-/// Backward, keys' side (blocked): `∂ℓ/∂k`, `∂ℓ/∂v` into `dk`, `dvv` from the per-head `d𝔅`;
-/// returns the keys' share of `∂ℓ/∂beta`. `∂ℓ/∂φ_jf = v_j·dB_f + dA_f`, `∂ℓ/∂v_j = Σ_f φ_jf dB_f`.
-#[allow(clippy::too_many_arguments)]
+/// Backward, keys' side (blocked): `∂ℓ/∂k`, `∂ℓ/∂v` into `dk`, `dvv` from the per-head `d𝔅`
+/// (`dbanks`) over the key segments `segs`; `uk` is the keys' saved `u = tanh(Wk)` (`[heads,
+/// n, L·P]`, or empty: recomputed from `k`). Returns the keys' share of `∂ℓ/∂beta`.
+/// `∂ℓ/∂φ_jf = v_j·dB_f + dA_f`, `∂ℓ/∂v_j = Σ_f φ_jf dB_f`.
 pub fn key_grads(
     map: &SoftMap,
     isa: Isa,
-    dbanks: &[Vec<f64>],
-    segs: &[(usize, usize)],
-    k: Heads,
-    uk: &[f32],
+    (dbanks, segs): (&[Vec<f64>], &[(usize, usize)]),
+    (k, uk): (Heads, &[f32]),
     v: Heads,
-    dk: &mut [f32],
-    dvv: &mut [f32],
+    (dk, dvv): (&mut [f32], &mut [f32]),
 ) -> f64 {
     let (d, dv, m, w) = (k.cols, v.cols, map.width(), bank_width(v.cols));
     let lp = map.planes.l * map.planes.p;
@@ -395,8 +428,7 @@ pub fn backward_into(map: &SoftMap, isa: Isa, ctx: &Ctx, x: BackwardInputs, out:
     let GradsMut { dq, dk, dv: dvv } = out;
     assert!(!ctx.causal, "blocked backward is the non-causal path");
     let _ = o; // not read: see `query_grads`
-    let (banks, segs, den) = (&ctx.banks, &ctx.segs, &ctx.den);
     let (uq, uk) = ctx.saved_u(&q, &k, map.planes.l * map.planes.p);
-    let (dbanks, dbeta_q) = query_grads(map, isa, banks, segs, den, q, uq, g, dq);
-    dbeta_q + key_grads(map, isa, &dbanks, segs, k, uk, v, dk, dvv)
+    let (dbanks, dbeta_q) = query_grads(map, isa, QuerySaved::of(ctx, uq), q, g, dq);
+    dbeta_q + key_grads(map, isa, (&dbanks, &ctx.segs), (k, uk), v, (dk, dvv))
 }

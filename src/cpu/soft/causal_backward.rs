@@ -177,7 +177,13 @@ fn query_total(
         qb.features_of(map, rows_of(&q, h, a, b), u, rows);
         inv_den(&den[h * n + a..h * n + b], inv_l, &mut c);
         let f = GFactors::of(&c, &s_all[h * n + a..h * n + b], gb, dv);
-        f.dbank(isa, &qb.phi, mp, m, rows, &mut sphi, &mut d32, w, false);
+        f.dbank(
+            isa,
+            Mat::new(&qb.phi, rows, m, mp),
+            &mut sphi,
+            (&mut d32, w),
+            false,
+        );
         add_into_f64(isa, &mut d64, &d32);
         a = b;
     }
@@ -242,7 +248,13 @@ fn key_values(
             1.0,
             false,
         );
-        f.dbank(isa, pq, mp, m, rows, sphi, &mut sk.bank.local, w, true);
+        f.dbank(
+            isa,
+            Mat::new(pq, rows, m, mp),
+            sphi,
+            (&mut sk.bank.local, w),
+            true,
+        );
         return;
     }
     // c ⊙ Φ_Q in rows of 16 (the features' padding lanes are zero).

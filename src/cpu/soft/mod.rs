@@ -67,7 +67,7 @@ pub mod forward;
 pub mod probs;
 
 pub use crate::cpu::state::KeyTotals;
-pub use backward::{backward_into, key_grads, query_grads};
+pub use backward::{backward_into, key_grads, query_grads, QuerySaved};
 pub use block::{block_rows, T};
 pub use causal::{TB, TC};
 pub use causal_backward::{causal_backward_from, causal_backward_into};

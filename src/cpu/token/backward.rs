@@ -254,10 +254,10 @@ pub fn soft_backward_into(
     isa: Isa,
     out: GradsMut,
 ) -> f64 {
-    let BackwardInputs { q, k, v, o, g } = x;
+    let BackwardInputs { q, v, o, g, .. } = x;
     let GradsMut { dq, dk, dv } = out;
     let (heads, ns, m, w) = (q.heads, ctx.segs.len(), map.width(), bank_width(v.cols));
-    let (dbanks, dbeta_q) = query_side(map, ctx, q, k, v, o, g, isa, dq);
+    let (dbanks, dbeta_q) = query_side(map, ctx, x, isa, dq);
     let dbases: Vec<Vec<f64>> = if ctx.causal {
         let totals: Vec<Vec<f64>> = if ns > 1 {
             (0..heads * ns)
@@ -284,26 +284,20 @@ pub fn soft_backward_into(
     } else {
         (0..heads * ns).map(|i| dbanks[i / ns].clone()).collect()
     };
-    let dbeta_k = key_side(
-        map, &dbases, &ctx.segs, ctx.causal, q, k, v, o, g, &ctx.den, isa, dk, dv,
-    );
+    let dbeta_k = key_side(map, ctx, &dbases, x, isa, (dk, dv));
     dbeta_q + dbeta_k + crate::cpu::recompute::finish_backward(map, ctx, x, GradsMut { dq, dk, dv })
 }
 
 /// Queries' side of the backward: `∂ℓ/∂q` (into `dq`), the non-causal per-head `[dB | dA]` totals (empty
 /// when causal), and the queries' share of `∂ℓ/∂beta`.
-#[allow(clippy::too_many_arguments)]
 pub fn query_side(
     map: &SoftMap,
     ctx: &Ctx,
-    q: Heads,
-    k: Heads,
-    v: Heads,
-    o: Heads,
-    g: Heads,
+    x: BackwardInputs,
     isa: Isa,
     dq: &mut [f32],
 ) -> (Vec<Vec<f64>>, f64) {
+    let BackwardInputs { q, k, v, o, g } = x;
     let (heads, n, d, m, w) = (q.heads, q.n, q.cols, map.width(), bank_width(v.cols));
     let (segs, ns, den) = (&ctx.segs, ctx.segs.len(), &ctx.den);
     dq.iter_mut().for_each(|x| *x = 0.0);
@@ -343,24 +337,19 @@ pub fn query_side(
     (per_head, res.iter().map(|x| x.2).sum())
 }
 
-/// Keys' side of the backward from the `[dB | dA]` each (head, segment) starts with:
-/// `∂ℓ/∂k`, `∂ℓ/∂v` into `dk`, `dvv`; returns the keys' share of `∂ℓ/∂beta`. Non-causal runs never read q, o, g, den.
-#[allow(clippy::too_many_arguments)]
+/// Keys' side of the backward from the `[dB | dA]` each (head, segment) of `ctx` starts with
+/// (`dbases`): `∂ℓ/∂k`, `∂ℓ/∂v` into `dk`, `dvv`; returns the keys' share of `∂ℓ/∂beta`.
+/// Non-causal runs never read q, o, g or the context's `den`.
 pub fn key_side(
     map: &SoftMap,
+    ctx: &Ctx,
     dbases: &[Vec<f64>],
-    segs: &[(usize, usize)],
-    causal: bool,
-    q: Heads,
-    k: Heads,
-    v: Heads,
-    o: Heads,
-    g: Heads,
-    den: &[f32],
+    x: BackwardInputs,
     isa: Isa,
-    dk: &mut [f32],
-    dvv: &mut [f32],
+    (dk, dvv): (&mut [f32], &mut [f32]),
 ) -> f64 {
+    let BackwardInputs { q, k, v, o, g } = x;
+    let (segs, causal, den) = (&ctx.segs, ctx.causal, &ctx.den[..]);
     let (d, dv, ns) = (k.cols, v.cols, segs.len());
     dk.iter_mut().for_each(|x| *x = 0.0);
     dvv.iter_mut().for_each(|x| *x = 0.0);
