@@ -402,19 +402,17 @@ fn run_bench_distributed(a: BenchArgs, (p, l): (usize, usize)) -> Result<()> {
                     progress(m)
                 }
             };
-            let (n, h, d, beta) = (spec.n, spec.heads, spec.d, spec.beta as f32);
-            let rep = racelab::cpu::stream::run_on(
-                comm,
-                n,
-                h,
-                d,
+            let stream = racelab::cpu::stream::StreamSpec {
+                n: spec.n,
+                heads: spec.heads,
+                d: spec.d,
                 p,
                 l,
-                beta,
-                spec.seed,
-                spec.causal,
-                &show,
-            )?;
+                beta: spec.beta as f32,
+                seed: spec.seed,
+                causal: spec.causal,
+            };
+            let rep = racelab::cpu::stream::run_on(comm, stream, &show)?;
             (serde_json::to_string(&rep).unwrap_or_default(), format!(
                 "streaming {}forward+backward over {} ({}): N = {}, {} heads, d = {}, (P,L) = ({p},{l}): {:.1} s ({:.1}% in collectives), {:.3e} tokens/s, peak RSS per rank {:?} MiB",
                 if rep.causal { "causal " } else { "" }, rep.ranks, rep.transport, rep.n, rep.heads, rep.d, rep.seconds,
@@ -830,17 +828,17 @@ fn run_bench(a: BenchArgs) -> Result<()> {
     if a.stream {
         let n = a.n.first().copied().unwrap_or(100_000_000);
         let (p, l) = pl[0];
-        let rep = racelab::cpu::stream::run(
+        let spec = racelab::cpu::stream::StreamSpec {
             n,
-            a.heads,
-            a.d,
+            heads: a.heads,
+            d: a.d,
             p,
             l,
-            a.beta as f32,
-            a.common.seed,
-            a.causal,
-            &progress,
-        )?;
+            beta: a.beta as f32,
+            seed: a.common.seed,
+            causal: a.causal,
+        };
+        let rep = racelab::cpu::stream::run(spec, &progress)?;
         if a.common.json {
             println!("{}", serde_json::to_string(&rep)?);
         } else {

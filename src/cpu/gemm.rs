@@ -361,7 +361,6 @@ pub fn gemm(isa: Isa, d: MatMut, a: Strided, b: Mat, alpha: f32, accumulate: boo
 /// (entries of `out` outside the transpose are left as they are). With AVX-512: 16 × 16
 /// tiles through registers (masked loads and stores at the edges, four shuffle stages);
 /// otherwise element by element.
-#[allow(clippy::too_many_arguments)]
 pub fn transpose_into(
     isa: Isa,
     x: &[f32],

@@ -25,7 +25,7 @@ use super::soft::{
 };
 use super::state::plan_segments;
 use super::{Ctx, SoftMap};
-use crate::backend::{BackwardInputs, GradsMut, Heads, PlanesF32};
+use crate::backend::{BackwardInputs, ForwardInputs, GradsMut, Heads, PlanesF32};
 use crate::distributed::{slice_of, Comm, Solo};
 use crate::error::{RaceError, Result};
 use crate::hashing::Planes;
@@ -104,20 +104,24 @@ fn checksum_of(x: &[f32]) -> f64 {
     parts.iter().sum()
 }
 
+/// What a streamed run computes: `N` tokens of `heads` heads with `d = dv` (Q, K, V and the
+/// upstream gradient generated from `seed`, `seed + 1`, …), planes `(P, L)` from `seed`, at
+/// `beta`, causal or not.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamSpec {
+    pub n: usize,
+    pub heads: usize,
+    pub d: usize,
+    pub p: usize,
+    pub l: usize,
+    pub beta: f32,
+    pub seed: u64,
+    pub causal: bool,
+}
+
 /// Run streaming forward+backward on one process.
-#[allow(clippy::too_many_arguments)]
-pub fn run(
-    n: usize,
-    heads: usize,
-    d: usize,
-    p: usize,
-    l: usize,
-    beta: f32,
-    seed: u64,
-    causal: bool,
-    progress: &dyn Fn(&str),
-) -> Result<StreamReport> {
-    run_on(&Solo, n, heads, d, p, l, beta, seed, causal, progress)
+pub fn run(spec: StreamSpec, progress: &dyn Fn(&str)) -> Result<StreamReport> {
+    run_on(&Solo, spec, progress)
 }
 
 /// Add `part` into `acc`, head by head.
@@ -186,8 +190,9 @@ impl Run<'_> {
             keys: self.n,
         };
         let [q, k, v] = [&c.q, &c.k, &c.v].map(|x| self.heads(x, len));
+        let x = ForwardInputs::new(q, k, v);
         let (flagged, ctx) =
-            causal_forward_from(&self.map, self.isa, q, k, v, &mut o, Ctx::default(), from);
+            causal_forward_from(&self.map, self.isa, x, &mut o, Ctx::default(), from);
         (o, flagged, ctx)
     }
     /// The chunk's `Σ φ(q) ĝᵀ` per head, from its forward.
@@ -202,19 +207,17 @@ use super::FeatureMap;
 
 /// Run streaming forward+backward over the ranks of `comm`, each streaming its slice of the
 /// token axis ([`slice_of`]); every rank returns the same report.
-#[allow(clippy::too_many_arguments)]
-pub fn run_on(
-    comm: &dyn Comm,
-    n: usize,
-    heads: usize,
-    d: usize,
-    p: usize,
-    l: usize,
-    beta: f32,
-    seed: u64,
-    causal: bool,
-    progress: &dyn Fn(&str),
-) -> Result<StreamReport> {
+pub fn run_on(comm: &dyn Comm, spec: StreamSpec, progress: &dyn Fn(&str)) -> Result<StreamReport> {
+    let StreamSpec {
+        n,
+        heads,
+        d,
+        p,
+        l,
+        beta,
+        seed,
+        causal,
+    } = spec;
     if n == 0 || heads == 0 || d == 0 {
         return Err(RaceError::param("n", "streaming needs N, heads and d ≥ 1"));
     }
@@ -446,7 +449,7 @@ fn causal_stream(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::{BackwardInputs, ForwardInputs, GradsMut};
+    use crate::backend::{BackwardInputs, GradsMut};
 
     const SHAPE: (usize, usize, usize, usize, usize, f32, u64) =
         (2 * CHUNK + 1234, 2, 16, 2, 2, 4.0, 11);
@@ -510,15 +513,21 @@ mod tests {
         let (n, heads, d, p, l, beta, seed) = SHAPE;
         for causal in [false, true] {
             let (want, scale) = in_memory(causal);
-            let one = run(n, heads, d, p, l, beta, seed, causal, &|_| {}).unwrap();
+            let spec = StreamSpec {
+                n,
+                heads,
+                d,
+                p,
+                l,
+                beta,
+                seed,
+                causal,
+            };
+            let one = run(spec, &|_| {}).unwrap();
             let ranks: Vec<StreamReport> = std::thread::scope(|s| {
                 let hs: Vec<_> = crate::distributed::thread_group(3)
                     .into_iter()
-                    .map(|c| {
-                        s.spawn(move || {
-                            run_on(&c, n, heads, d, p, l, beta, seed, causal, &|_| {}).unwrap()
-                        })
-                    })
+                    .map(|c| s.spawn(move || run_on(&c, spec, &|_| {}).unwrap()))
                     .collect();
                 hs.into_iter().map(|h| h.join().unwrap()).collect()
             });

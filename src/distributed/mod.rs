@@ -315,7 +315,8 @@ impl<C: Comm> Distributed<C> {
                 state: Some(&before),
                 keys,
             };
-            soft::causal_forward_from(map, isa, q, k, v, o, reuse, from)
+            let x = crate::backend::ForwardInputs::new(q, k, v);
+            soft::causal_forward_from(map, isa, x, o, reuse, from)
         } else {
             let mut bufs = reuse.recycle(map, &q, &k);
             let mut banks = if k.n > 0 {

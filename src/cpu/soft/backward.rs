@@ -294,7 +294,11 @@ pub fn query_grads(
                     let uqb = saved_rows(uq, n, lp, h, a, b);
                     let mut ahead = blk.start(map, (&q, uqb), &g, h, (a, b), next);
                     inv_den(&den[h * n + a..h * n + b], inv_l, &mut c);
-                    bank_dots(isa, &mut gphi, mp, rows, m, gb, dv, bank, w, &bt[h]);
+                    let (gm, x) = (
+                        MatMut::new(&mut gphi, rows, m, mp),
+                        Mat::new(gb, rows, dv, dv),
+                    );
+                    bank_dots(isa, gm, x, (bank, w), &bt[h]);
                     let rows16 = query_rows16(
                         isa,
                         (&blk.phi, &mut gphi, &mut sphi, mp),
@@ -304,7 +308,11 @@ pub fn query_grads(
                     );
                     if let Some(mass) = rows16 {
                         ahead.step();
-                        assign_bank(isa, m, dv, (&mut d32, w), (&sphi, 16), rows, gb, false);
+                        let (db, sp) = (
+                            MatMut::new(&mut d32, m, dv, w),
+                            Mat::new(&sphi, rows, m, 16),
+                        );
+                        assign_bank(isa, db, sp, Mat::new(gb, rows, dv, dv), false);
                         (0..m).for_each(|f| d32[f * w + dv] = mass[f]);
                     } else {
                         let s_rows = RowDots {
@@ -383,7 +391,11 @@ pub fn key_grads(
                         let next = (b + tb).min(end);
                         let ukb = saved_rows(uk, k.n, lp, h, a, b);
                         let mut ahead = blk.start(map, (&k, ukb), &v, h, (a, b), next);
-                        bank_dots(isa, &mut gphi, mp, rows, m, vb, dv, db, w, &dbt[h]);
+                        let (gm, x) = (
+                            MatMut::new(&mut gphi, rows, m, mp),
+                            Mat::new(vb, rows, dv, dv),
+                        );
+                        bank_dots(isa, gm, x, (db, w), &dbt[h]);
                         add_rows(isa, &mut gphi, mp, rows, &dam[h]);
                         ahead.step();
                         let t0 = a - segs[s].0;

@@ -62,24 +62,22 @@ pub(crate) fn values_t(isa: Isa, bank: &[f32], m: usize, dv: usize, w: usize) ->
     out
 }
 
-/// `out[i·mp + f] = x_i · B_f` for `rows` rows `x` (stride `dv`) and the value part of a bank
-/// (`m × w`): through `bt`, [`values_t`] of the same bank, with [`gemm`]'s tiles, or by dot
-/// products ([`Nt`]) when `bt` is empty. (The causal passes read a state that changes
-/// every sub-block by dot products on its two parts, [`Nt::b2`]: a transposed copy per
-/// sub-block costs more than it saves, measured.)
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn bank_dots(
-    isa: Isa,
-    out: &mut [f32],
-    mp: usize,
-    rows: usize,
-    m: usize,
-    x: &[f32],
-    dv: usize,
-    bank: &[f32],
-    w: usize,
-    bt: &[f32],
-) {
+/// `out[i][f] = x_i · B_f` (`out`: `rows × m`, stride `mp`) for the rows `x` (`rows × dv`,
+/// stride `dv`) and the value part of a bank (`m` rows of stride `w`): through `bt`,
+/// [`values_t`] of the same bank, with [`gemm`]'s tiles, or by dot products ([`Nt`]) when `bt`
+/// is empty. (The causal passes read a state that changes every sub-block by dot products on
+/// its two parts, [`Nt::b2`]: a transposed copy per sub-block costs more than it saves,
+/// measured.)
+pub(crate) fn bank_dots(isa: Isa, out: MatMut, x: Mat, (bank, w): (&[f32], usize), bt: &[f32]) {
+    let MatMut {
+        data: out,
+        rows,
+        cols: m,
+        ld: mp,
+    } = out;
+    let Mat {
+        data: x, cols: dv, ..
+    } = x;
     if bt.is_empty() {
         Nt {
             tri: Tri::Full,
@@ -178,22 +176,28 @@ pub(crate) fn rows_of<'a>(x: &Heads<'a>, h: usize, a: usize, b: usize) -> &'a [f
     &x.data[(h * x.n + a) * x.cols..(h * x.n + b) * x.cols]
 }
 
-/// `bank = Φᵀ X` for `rows` feature rows `phi` (row stride `mp`) and value rows `x` (stride
-/// `dv`), overwriting the bank's first `dv` columns (`m` rows of stride `w`); with `ones` the
-/// mass column too (`Φᵀ [X | 1]`), else it is left for the caller. [`bank16::assign`] where
-/// it applies (`mp` is then 16), else a product with `Φ` read transposed.
-#[allow(clippy::too_many_arguments)]
+/// `bank = Φᵀ X` for the feature rows `phi` (`rows × m`, stride `mp`) and the value rows `x`
+/// (`rows × dv`, stride `dv`), overwriting the bank's first `dv` columns (`bank`: `m × dv`,
+/// stride `w`); with `ones` the mass column `dv` too (`Φᵀ [X | 1]`), else it is left for the
+/// caller. [`bank16::assign`] where it applies (`mp` is then 16), else a product with `Φ` read
+/// transposed.
 #[inline]
-pub(crate) fn assign_bank(
-    isa: Isa,
-    m: usize,
-    dv: usize,
-    (bank, w): (&mut [f32], usize),
-    (phi, mp): (&[f32], usize),
-    rows: usize,
-    x: &[f32],
-    ones: bool,
-) {
+pub(crate) fn assign_bank(isa: Isa, bank: MatMut, phi: Mat, x: Mat, ones: bool) {
+    let MatMut {
+        data: bank,
+        rows: m,
+        cols: dv,
+        ld: w,
+    } = bank;
+    let (
+        Mat {
+            data: phi,
+            rows,
+            ld: mp,
+            ..
+        },
+        x,
+    ) = (phi, x.data);
     if bank16::applies(isa, m) {
         let mass = if ones { Mass::Ones } else { Mass::Skip };
         let u = Update {

@@ -143,7 +143,6 @@ impl Block {
     /// Start a backward block `a..b` of head `h`: arm the [`Ahead`] drip with the rows
     /// `b..next` of `other` and, unless its `u` is saved, of `x`; then the features of `x`'s
     /// rows (from the saved `u` when given).
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn start<'a>(
         &mut self,
         map: &SoftMap,

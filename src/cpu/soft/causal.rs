@@ -145,7 +145,6 @@ impl TwoLevel {
     }
     /// `D = X S` for `rows` rows of `x` (`rows × m`, row stride `ldx`) and the state `S`
     /// (`m × w`), into `d` (row stride `w`, first `cols` columns).
-    #[allow(clippy::too_many_arguments)]
     #[inline]
     pub(crate) fn product(
         &self,
@@ -273,22 +272,24 @@ pub(crate) fn blocks(start: usize, end: usize, rev: bool) -> Vec<(usize, usize)>
     sub_blocks(start, end, TB, rev)
 }
 
-/// `att[i][j] = x_i · y_j` (row stride [`TC`]) on the triangle that is kept (`lower`:
-/// `j ≤ i`, else `j ≥ i`); entries off it may be written too, and [`mask`] clears them.
-#[allow(clippy::too_many_arguments)]
+/// `att[i][j] = x_i · y_j` (row stride [`TC`]) for the rows of `x` and `y` (the same number
+/// of rows and columns), on the triangle that is kept (`lower`: `j ≤ i`, else `j ≥ i`);
+/// entries off it may be written too, and [`mask`] clears them.
 #[inline]
-pub(crate) fn gram(
-    isa: Isa,
-    att: &mut [f32],
-    x: &[f32],
-    ldx: usize,
-    y: &[f32],
-    ldy: usize,
-    rows: usize,
-    k: usize,
-    lower: bool,
-) {
+pub(crate) fn gram(isa: Isa, att: &mut [f32], x: Mat, y: Mat, lower: bool) {
+    debug_assert!(x.rows == y.rows && x.cols == y.cols);
     let tri = if lower { Tri::Lower } else { Tri::Upper };
+    let (
+        Mat {
+            data: x,
+            rows,
+            cols: k,
+            ld: ldx,
+        },
+        Mat {
+            data: y, ld: ldy, ..
+        },
+    ) = (x, y);
     Nt {
         tri,
         d: att,
@@ -327,7 +328,13 @@ pub(crate) fn feature_gram(
     lower: bool,
 ) {
     if m > GRAM_T_MAX_M {
-        return gram(isa, att, x, mp, y, mp, rows, mp, lower);
+        return gram(
+            isa,
+            att,
+            Mat::new(x, rows, mp, mp),
+            Mat::new(y, rows, mp, mp),
+            lower,
+        );
     }
     gemm(
         isa,

@@ -104,31 +104,13 @@ impl Task16 for KeyIntra16<'_> {
 }
 
 /// Each `(head, segment)`'s own `[dB | dA] = Σ φ(q_i) ĝ_iᵀ` (for the suffix scan of the causal
-/// backward; all zero with one segment per head, where no scan is needed). `s_all` holds
-/// `s_i = g_i·ô_i` (`[heads, n]`), `uq` the saved `u` of the queries (or is empty).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn suffix_totals(
-    map: &SoftMap,
-    isa: Isa,
-    q: Heads,
-    uq: &[f32],
-    g: Heads,
-    den: &[f32],
-    s_all: &[f32],
-    segs: &[(usize, usize)],
-    heads: usize,
-) -> Vec<Vec<f64>> {
-    let (ns, m, w) = (segs.len(), map.width(), bank_width(g.cols));
+/// backward; all zero with one segment per head, where no scan is needed), over the segments
+/// `segs` of every head of `x`.
+fn suffix_totals(map: &SoftMap, isa: Isa, x: QueryRows, segs: &[(usize, usize)]) -> Vec<Vec<f64>> {
+    let (heads, ns, m, w) = (x.q.heads, segs.len(), map.width(), bank_width(x.g.cols));
     if ns <= 1 {
         return vec![vec![0.0; m * w]; heads * ns];
     }
-    let x = QueryRows {
-        q,
-        uq,
-        g,
-        den,
-        s_all,
-    };
     (0..heads * ns)
         .into_par_iter()
         .map(|i| query_total(map, isa, &x, i / ns, segs[i % ns]))
@@ -379,7 +361,14 @@ pub fn causal_backward_from(
         })
         .sum();
     // Suffix [dB | dA] entering each segment from the right.
-    let totals = suffix_totals(map, isa, q, uq, g, den, &s_all, segs, heads);
+    let rows = QueryRows {
+        q,
+        uq,
+        g,
+        den,
+        s_all: &s_all,
+    };
+    let totals = suffix_totals(map, isa, rows, segs);
     let mut dbases = exclusive_scan(&totals, heads, ns, true);
     if let Some(after) = after {
         add_per_head(&mut dbases, after, ns);
@@ -409,7 +398,13 @@ pub fn causal_backward_from(
                     st.dots(gphi, mp, r2, vb, dv);
                     st.masses(dv, &mut sc.mass);
                     add_rows(isa, gphi, mp, r2, &sc.mass);
-                    gram(isa, &mut sc.att, vb, dv, gb, dv, r2, dv, false);
+                    gram(
+                        isa,
+                        &mut sc.att,
+                        Mat::new(vb, r2, dv, dv),
+                        Mat::new(gb, r2, dv, dv),
+                        false,
+                    );
                     scale_gv(isa, &mut sc.att, r2, f.c, f.s, false);
                     tri_gemm(
                         isa,

@@ -3,7 +3,7 @@
 //! exclusive scans of their totals, and with one segment per head the state entering every
 //! block of [`super::causal::TB`] tokens is saved for the one-pass backward.
 
-use crate::backend::Heads;
+use crate::backend::{ForwardInputs, Heads};
 use crate::cpu::bank16::{Mass, Read, Update};
 use crate::cpu::features::{FeatureMap, SoftMap};
 use crate::cpu::gemm::{Mat, MatMut};
@@ -172,22 +172,21 @@ pub fn causal_forward_into(
     o: &mut [f32],
     reuse: Ctx,
 ) -> (usize, Ctx) {
-    causal_forward_from(map, isa, q, k, v, o, reuse, Boundary::whole(k.n))
+    let x = ForwardInputs::new(q, k, v);
+    causal_forward_from(map, isa, x, o, reuse, Boundary::whole(k.n))
 }
 
 /// [`causal_forward_into`] for a slice of the token axis that starts from `from.state`
 /// (per head, the keys' `[B | A]` before the slice): every token also sees those keys.
-#[allow(clippy::too_many_arguments)]
 pub fn causal_forward_from(
     map: &SoftMap,
     isa: Isa,
-    q: Heads,
-    k: Heads,
-    v: Heads,
+    x: ForwardInputs,
     o: &mut [f32],
     mut reuse: Ctx,
     from: Boundary,
 ) -> (usize, Ctx) {
+    let ForwardInputs { q, k, v } = x;
     let (heads, n, dv, m, w) = (q.heads, q.n, v.cols, map.width(), bank_width(v.cols));
     let lp = map.planes.l * map.planes.p;
     let mut states = std::mem::take(&mut reuse.states);

@@ -104,7 +104,13 @@ impl Scratch {
         let (pq, pk) = (&self.qb.phi[off * mp..], &self.kb.phi[off * mp..]);
         let gphi = &mut self.gphi[off * mp..];
         st.dots(gphi, mp, r2, gb, dv);
-        gram(isa, att, gb, dv, vb, dv, r2, dv, true);
+        gram(
+            isa,
+            att,
+            Mat::new(gb, r2, dv, dv),
+            Mat::new(vb, r2, dv, dv),
+            true,
+        );
         st.masses(dv, &mut self.mass);
         let pkt = (&self.kb.phit()[off..], self.kb.tp());
         let (c, s) = (&self.c[off..off + r2], &mut self.s[off..off + r2]);
@@ -205,7 +211,6 @@ impl WithSimd for CausalS<'_> {
 /// [`QueryIntra16`] when it applies (feature rows of 16 floats, at most
 /// [`GRAM_T_MAX_M`] features, so the keys' transposed features are there); `false`
 /// otherwise, for the general sequence in [`Scratch::query_sub_block`].
-#[allow(clippy::too_many_arguments)]
 #[inline]
 pub(crate) fn query_intra16(
     isa: Isa,

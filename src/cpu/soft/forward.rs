@@ -45,16 +45,11 @@ pub(crate) fn key_bank(
         }
         ahead.step();
         let vb = rows_of(&v, h, a, b);
-        assign_bank(
-            isa,
-            m,
-            dv,
-            (&mut b32, w),
-            (&blk.phi, blk.mp),
-            rows,
-            vb,
-            true,
+        let (bank, phi) = (
+            MatMut::new(&mut b32, m, dv, w),
+            Mat::new(&blk.phi, rows, m, blk.mp),
         );
+        assign_bank(isa, bank, phi, Mat::new(vb, rows, dv, dv), true);
         ahead.step();
         add_into_f64(isa, &mut b64, &b32);
         a = b;

@@ -20,7 +20,6 @@ pub(crate) fn lanes16(a: &[f32]) -> [f32; 16] {
 /// planes (`lp × d`), in f64 and rounded once ([`crate::cpu::features::bit_probs_f64`]): at
 /// [`crate::cpu::features::PROJ_F64_BETA`] and above, `2β` would magnify the f32 roundings of `z`
 /// and `u` (absolute errors) into the weights.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn probs_f64(
     u: &mut [f32],
     on: &mut [f32],
