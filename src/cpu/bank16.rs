@@ -304,14 +304,16 @@ fn mass_column(m: usize, dv: usize, (lp, ld): (&mut [f32], usize), u: &Update) {
 const NR: usize = 4;
 /// Column chunks (of the native width) per step of [`run_n`].
 const CH_N: usize = 2;
-/// Features per pass of [`run_n`]'s update (one accumulator each).
-const FB: usize = 8;
+/// Features per pass of [`run_n`]'s update (one accumulator per feature and column chunk:
+/// `FB × CH_N` of them, with `CH_N` value chunks and one broadcast, fit AVX2's sixteen
+/// registers).
+const FB: usize = 4;
 
 /// [`run`] at the native width, for ISAs whose registers cannot hold a 16-column chunk of
-/// the state: per step of `CH_N` chunks of columns, the read keeps `NR × CH_N`
+/// the state: per step of `CH_N` chunks of columns ([`step_n`]), the read keeps `NR × CH_N`
 /// accumulators and loads each state chunk `S_f = base_f + local_f` from L1 once per tile of
 /// `NR` rows (sums over `f` in order); the update keeps `FB` feature rows' accumulators of
-/// one chunk, sums over `j` in order from zero, then adds them to `local`.
+/// the `CH_N` chunks, sums over `j` in order from zero, then adds them to `local`.
 #[inline(always)]
 fn run_n<S: Native>(simd: S, pass: Pass) {
     let (m, dv) = (pass.m, pass.dv);
@@ -320,72 +322,20 @@ fn run_n<S: Native>(simd: S, pass: Pass) {
         pass,
         #[inline(always)]
         |(base, local, ld), mut read, update| {
-            let zero = simd.splat_f32s(0.0);
             let mut c0 = 0;
             while c0 < dv {
-                let len: [usize; CH_N] =
-                    std::array::from_fn(|c| dv.saturating_sub(c0 + c * lanes).min(lanes));
-                let at = |c: usize| c0 + c * lanes;
-                if let Some(r) = read.as_deref_mut() {
-                    let lv = local.get();
-                    let mut i = 0;
-                    while i < r.rows {
-                        let nr = (r.rows - i).min(NR);
-                        // Rows past the end repeat the last one (their sums are not stored).
-                        let arow: [&[f32]; NR] = std::array::from_fn(|q| {
-                            let o = (i + q.min(nr - 1)) * 16;
-                            &r.a[o..o + 16]
-                        });
-                        let mut acc = [[zero; CH_N]; NR];
-                        for f in 0..m {
-                            let mut sv = [zero; CH_N];
-                            for (c, v) in sv.iter_mut().enumerate() {
-                                *v = load(simd, lv, f * ld + at(c), len[c]);
-                                if !base.is_empty() {
-                                    let b = load(simd, base, f * ld + at(c), len[c]);
-                                    *v = simd.add_f32s(*v, b);
-                                }
-                            }
-                            for (q, aq) in acc.iter_mut().enumerate() {
-                                let x = simd.splat_f32s(arow[q][f]);
-                                for (c, aqc) in aq.iter_mut().enumerate() {
-                                    *aqc = simd.mul_add_e_f32s(x, sv[c], *aqc);
-                                }
-                            }
-                        }
-                        for (q, aq) in acc.iter().enumerate().take(nr) {
-                            for (c, &v) in aq.iter().enumerate() {
-                                store(simd, r.d, (i + q) * r.ldd + at(c), len[c], v);
-                            }
-                        }
-                        i += NR;
-                    }
-                    super::mem::drip();
+                let mut len = [0usize; CH_N];
+                for (c, l) in len.iter_mut().enumerate() {
+                    *l = dv.saturating_sub(c0 + c * lanes).min(lanes);
                 }
-                if let (Some(u), Local::Mut(lp)) = (update, &mut *local) {
-                    for c in 0..CH_N {
-                        if len[c] == 0 {
-                            continue;
-                        }
-                        let mut f0 = 0;
-                        while f0 < m {
-                            let mut dl = [zero; FB];
-                            for j in 0..u.rows {
-                                let xv = load(simd, u.x, j * u.ldx + at(c), len[c]);
-                                let row = &u.b[j * 16 + f0..j * 16 + f0 + FB];
-                                for (f, df) in dl.iter_mut().enumerate() {
-                                    *df = simd.mul_add_e_f32s(simd.splat_f32s(row[f]), xv, *df);
-                                }
-                            }
-                            for (f, &df) in dl.iter().enumerate().take(m - f0) {
-                                let o = (f0 + f) * ld + at(c);
-                                let sum = simd.add_f32s(load(simd, lp, o, len[c]), df);
-                                store(simd, lp, o, len[c], sum);
-                            }
-                            f0 += FB;
-                        }
-                    }
-                    super::mem::drip();
+                let state = (base, &mut *local, ld);
+                // Whole chunks (every step but perhaps the last) are a separate instance, with
+                // no partial loads: those are calls, around which the accumulators would be
+                // kept in memory.
+                if len == [lanes; CH_N] {
+                    step_n::<S, true>(simd, (m, c0, len), state, read.as_deref_mut(), update);
+                } else {
+                    step_n::<S, false>(simd, (m, c0, len), state, read.as_deref_mut(), update);
                 }
                 c0 += CH_N * lanes;
             }
@@ -394,6 +344,87 @@ fn run_n<S: Native>(simd: S, pass: Pass) {
             }
         },
     );
+}
+
+/// One step of [`run_n`]: the columns `c0..` in `CH_N` chunks of `len` lanes (`FULL`: every
+/// chunk whole).
+#[inline(always)]
+fn step_n<S: Native, const FULL: bool>(
+    simd: S,
+    (m, c0, len): (usize, usize, [usize; CH_N]),
+    (base, local, ld): StateMut,
+    read: Option<&mut Read>,
+    update: Option<&Update>,
+) {
+    let lanes = S::LANES;
+    let len = if FULL { [lanes; CH_N] } else { len };
+    let zero = simd.splat_f32s(0.0);
+    let at = |c: usize| c0 + c * lanes;
+    if let Some(r) = read {
+        let lv = local.get();
+        let mut i = 0;
+        while i < r.rows {
+            let nr = (r.rows - i).min(NR);
+            // Rows past the end repeat the last one (their sums are not stored).
+            let mut arow: [&[f32]; NR] = [&[]; NR];
+            for (q, a) in arow.iter_mut().enumerate() {
+                let o = (i + q.min(nr - 1)) * 16;
+                *a = &r.a[o..o + 16];
+            }
+            let mut acc = [[zero; CH_N]; NR];
+            for f in 0..m {
+                let mut sv = [zero; CH_N];
+                for (c, v) in sv.iter_mut().enumerate() {
+                    *v = load(simd, lv, f * ld + at(c), len[c]);
+                    if !base.is_empty() {
+                        let b = load(simd, base, f * ld + at(c), len[c]);
+                        *v = simd.add_f32s(*v, b);
+                    }
+                }
+                for (q, aq) in acc.iter_mut().enumerate() {
+                    let x = simd.splat_f32s(arow[q][f]);
+                    for (c, aqc) in aq.iter_mut().enumerate() {
+                        *aqc = simd.mul_add_e_f32s(x, sv[c], *aqc);
+                    }
+                }
+            }
+            for (q, aq) in acc.iter().enumerate().take(nr) {
+                for (c, &v) in aq.iter().enumerate() {
+                    store(simd, r.d, (i + q) * r.ldd + at(c), len[c], v);
+                }
+            }
+            i += NR;
+        }
+        super::mem::drip();
+    }
+    if let (Some(u), Local::Mut(lp)) = (update, local) {
+        let mut f0 = 0;
+        while f0 < m {
+            let mut dl = [[zero; CH_N]; FB];
+            for j in 0..u.rows {
+                let mut xv = [zero; CH_N];
+                for (c, x) in xv.iter_mut().enumerate() {
+                    *x = load(simd, u.x, j * u.ldx + at(c), len[c]);
+                }
+                let row = &u.b[j * 16 + f0..j * 16 + f0 + FB];
+                for (f, df) in dl.iter_mut().enumerate() {
+                    let b = simd.splat_f32s(row[f]);
+                    for (c, d) in df.iter_mut().enumerate() {
+                        *d = simd.mul_add_e_f32s(b, xv[c], *d);
+                    }
+                }
+            }
+            for (f, df) in dl.iter().enumerate().take(m - f0) {
+                for (c, &d) in df.iter().enumerate() {
+                    let o = (f0 + f) * ld + at(c);
+                    let sum = simd.add_f32s(load(simd, lp, o, len[c]), d);
+                    store(simd, lp, o, len[c], sum);
+                }
+            }
+            f0 += FB;
+        }
+        super::mem::drip();
+    }
 }
 
 /// [`read_update`]'s body for `M = 8` or `16` register rows, the rows in groups of at most
