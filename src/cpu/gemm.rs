@@ -237,13 +237,16 @@ fn tile<S: Native, const MR: usize, const NV: usize, const TWO: bool>(
     let mut acc = [[zero; NV]; MR];
     let (a, b) = (g.a, g.b);
     let (k0, k1) = g.k_range(i0, i0 + MR);
+    let span = (NV - 1) * vw + last;
     for k in k0..k1 {
         let o = k * g.ldb + c0;
+        // One bounds check per row of `B` (the loads below are then within `row`).
+        let row = &b[o..o + span];
         let mut bv = [zero; NV];
         for (j, x) in bv.iter_mut().enumerate() {
-            *x = load(s, b, o + j * vw, len(j));
+            *x = load(s, row, j * vw, len(j));
             if TWO {
-                *x = s.add_f32s(*x, load(s, g.b2, o + j * vw, len(j)));
+                *x = s.add_f32s(*x, load(s, &g.b2[o..o + span], j * vw, len(j)));
             }
         }
         for (r, row) in acc.iter_mut().enumerate() {
