@@ -363,7 +363,7 @@ pub fn gemm(isa: Isa, d: MatMut, a: Strided, b: Mat, alpha: f32, accumulate: boo
 /// `out[c·ld_out + r] = x[r·ld + c]` for a `rows × cols` matrix; `ld ≥ cols`, `ld_out ≥ rows`
 /// (entries of `out` outside the transpose are left as they are). With AVX-512: 16 × 16
 /// tiles through registers (masked loads and stores at the edges, four shuffle stages);
-/// otherwise element by element.
+/// otherwise 8 × 8 tiles at the native width ([`Native::transpose8`]: shuffles on AVX2).
 pub fn transpose_into(
     isa: Isa,
     x: &[f32],
@@ -390,10 +390,65 @@ pub fn transpose_into(
         unsafe { transpose_avx512(x, rows, cols, ld, out, ld_out) };
         return;
     }
-    let _ = isa;
-    for r in 0..rows {
-        for c in 0..cols {
-            out[c * ld_out + r] = x[r * ld + c];
+    let task = Transpose {
+        x: Mat::new(x, rows, cols, ld),
+        out,
+        ld_out,
+    };
+    native::dispatch(isa, task)
+}
+
+/// [`transpose_into`] at the native width: 8 × 8 tiles by [`Native::transpose8`], the edges
+/// element by element.
+struct Transpose<'a> {
+    x: Mat<'a>,
+    out: &'a mut [f32],
+    ld_out: usize,
+}
+
+impl TaskN for Transpose<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn run<S: Native>(self, s: S) {
+        let (
+            Mat {
+                data: x,
+                rows,
+                cols,
+                ld,
+            },
+            out,
+            ldo,
+        ) = (self.x, self.out, self.ld_out);
+        let (r8, c8) = (rows - rows % 8, cols - cols % 8);
+        let mut r0 = 0;
+        while r0 < r8 {
+            let mut c0 = 0;
+            while c0 < c8 {
+                let mut t = [[0.0f32; 8]; 8];
+                for (i, ti) in t.iter_mut().enumerate() {
+                    let o = (r0 + i) * ld + c0;
+                    *ti = x[o..o + 8].try_into().unwrap();
+                }
+                let t = s.transpose8(&t);
+                for (j, tj) in t.iter().enumerate() {
+                    let o = (c0 + j) * ldo + r0;
+                    out[o..o + 8].copy_from_slice(tj);
+                }
+                super::mem::drip();
+                c0 += 8;
+            }
+            for r in r0..r0 + 8 {
+                for c in c8..cols {
+                    out[c * ldo + r] = x[r * ld + c];
+                }
+            }
+            r0 += 8;
+        }
+        for r in r8..rows {
+            for c in 0..cols {
+                out[c * ldo + r] = x[r * ld + c];
+            }
         }
     }
 }

@@ -33,6 +33,19 @@ pub(crate) trait Native: pulp::Simd {
     ) -> [[f32; QT]; RT] {
         lane_sums(self, acc)
     }
+
+    /// `t[j][i] = r[i][j]`: the transpose of an 8 × 8 tile ([`crate::cpu::gemm::transpose_into`]).
+    /// By element (which the frame vectorises as it can); AVX2 by shuffles.
+    #[inline(always)]
+    fn transpose8(self, r: &[[f32; 8]; 8]) -> [[f32; 8]; 8] {
+        let mut t = [[0.0f32; 8]; 8];
+        for (i, ri) in r.iter().enumerate() {
+            for (j, &x) in ri.iter().enumerate() {
+                t[j][i] = x;
+            }
+        }
+        t
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -80,7 +93,38 @@ fn lane_sums<S: pulp::Simd, const RT: usize, const QT: usize>(
 }
 
 #[cfg(target_arch = "x86_64")]
-impl Native for pulp::x86::V3 {}
+impl Native for pulp::x86::V3 {
+    /// Rows interleaved in pairs (`unpack`), then in fours (`shuffle`), then 128-bit halves
+    /// exchanged (`permute2f128`): 24 shuffles for 64 elements.
+    #[inline(always)]
+    fn transpose8(self, r: &[[f32; 8]; 8]) -> [[f32; 8]; 8] {
+        use std::arch::x86_64::__m256;
+        let avx = self.avx;
+        let mut v: [__m256; 8] = [pulp::cast([0.0f32; 8]); 8];
+        for (vi, ri) in v.iter_mut().zip(r) {
+            *vi = pulp::cast(*ri);
+        }
+        let mut t = v;
+        for p in 0..4 {
+            t[2 * p] = avx._mm256_unpacklo_ps(v[2 * p], v[2 * p + 1]);
+            t[2 * p + 1] = avx._mm256_unpackhi_ps(v[2 * p], v[2 * p + 1]);
+        }
+        let mut s = t;
+        for g in 0..2 {
+            let (a, b, c, d) = (t[4 * g], t[4 * g + 1], t[4 * g + 2], t[4 * g + 3]);
+            s[4 * g] = avx._mm256_shuffle_ps::<0x44>(a, c);
+            s[4 * g + 1] = avx._mm256_shuffle_ps::<0xEE>(a, c);
+            s[4 * g + 2] = avx._mm256_shuffle_ps::<0x44>(b, d);
+            s[4 * g + 3] = avx._mm256_shuffle_ps::<0xEE>(b, d);
+        }
+        let mut out = [[0.0f32; 8]; 8];
+        for e in 0..4 {
+            out[e] = pulp::cast(avx._mm256_permute2f128_ps::<0x20>(s[e], s[4 + e]));
+            out[4 + e] = pulp::cast(avx._mm256_permute2f128_ps::<0x31>(s[e], s[4 + e]));
+        }
+        out
+    }
+}
 
 #[cfg(target_arch = "aarch64")]
 impl Native for pulp::aarch64::Neon {}
