@@ -238,8 +238,17 @@ fn tile<S: Native, const MR: usize, const NV: usize, const TWO: bool>(
     let (a, b) = (g.a, g.b);
     let (k0, k1) = g.k_range(i0, i0 + MR);
     let span = (NV - 1) * vw + last;
-    for k in k0..k1 {
-        let o = k * g.ldb + c0;
+    // Offsets stepped rather than multiplied (`o`: row `k` of `B` from column `c0`; `ak`:
+    // column `k` of A), so that the loop's integer work stays below its FMAs.
+    let (mut o, mut ak, mut tick) = (k0 * g.ldb + c0, k0 * a.cs, 0);
+    let rows: [usize; MR] = {
+        let mut r0 = [0; MR];
+        for (r, x) in r0.iter_mut().enumerate() {
+            *x = (i0 + r) * a.rs;
+        }
+        r0
+    };
+    for _ in k0..k1 {
         // One bounds check per row of `B` (the loads below are then within `row`).
         let row = &b[o..o + span];
         let mut bv = [zero; NV];
@@ -249,15 +258,17 @@ fn tile<S: Native, const MR: usize, const NV: usize, const TWO: bool>(
                 *x = s.add_f32s(*x, load(s, &g.b2[o..o + span], j * vw, len(j)));
             }
         }
-        for (r, row) in acc.iter_mut().enumerate() {
+        for (row, &ar) in acc.iter_mut().zip(&rows) {
             // SAFETY: `Gemm::run` asserted that the last element `(rows−1)·rs + (k−1)·cs` of A
-            // is in bounds; here `i0 + r < rows` and `k < g.k`.
-            let x = s.splat_f32s(unsafe { *a.data.get_unchecked((i0 + r) * a.rs + k * a.cs) });
+            // is in bounds; here `ar + ak = (i0 + r)·rs + k·cs` with `i0 + r < rows`, `k < g.k`.
+            let x = s.splat_f32s(unsafe { *a.data.get_unchecked(ar + ak) });
             for (c, &bb) in row.iter_mut().zip(&bv) {
                 *c = s.mul_add_e_f32s(x, bb, *c);
             }
         }
-        if (k - k0) % 16 == 15 {
+        (o, ak, tick) = (o + g.ldb, ak + a.cs, tick + 1);
+        if tick == 16 {
+            tick = 0;
             super::mem::drip();
         }
     }
