@@ -357,7 +357,6 @@ fn step_n<S: Native, const FULL: bool>(
     update: Option<&Update>,
 ) {
     let lanes = S::LANES;
-    let len = if FULL { [lanes; CH_N] } else { len };
     let zero = simd.splat_f32s(0.0);
     let at = |c: usize| c0 + c * lanes;
     if let Some(r) = read {
@@ -375,9 +374,9 @@ fn step_n<S: Native, const FULL: bool>(
             for f in 0..m {
                 let mut sv = [zero; CH_N];
                 for (c, v) in sv.iter_mut().enumerate() {
-                    *v = load(simd, lv, f * ld + at(c), len[c]);
+                    *v = load_n::<S, FULL>(simd, lv, f * ld + at(c), len[c]);
                     if !base.is_empty() {
-                        let b = load(simd, base, f * ld + at(c), len[c]);
+                        let b = load_n::<S, FULL>(simd, base, f * ld + at(c), len[c]);
                         *v = simd.add_f32s(*v, b);
                     }
                 }
@@ -390,7 +389,7 @@ fn step_n<S: Native, const FULL: bool>(
             }
             for (q, aq) in acc.iter().enumerate().take(nr) {
                 for (c, &v) in aq.iter().enumerate() {
-                    store(simd, r.d, (i + q) * r.ldd + at(c), len[c], v);
+                    store_n::<S, FULL>(simd, r.d, (i + q) * r.ldd + at(c), len[c], v);
                 }
             }
             i += NR;
@@ -404,7 +403,7 @@ fn step_n<S: Native, const FULL: bool>(
             for j in 0..u.rows {
                 let mut xv = [zero; CH_N];
                 for (c, x) in xv.iter_mut().enumerate() {
-                    *x = load(simd, u.x, j * u.ldx + at(c), len[c]);
+                    *x = load_n::<S, FULL>(simd, u.x, j * u.ldx + at(c), len[c]);
                 }
                 let row = &u.b[j * 16 + f0..j * 16 + f0 + FB];
                 for (f, df) in dl.iter_mut().enumerate() {
@@ -417,13 +416,34 @@ fn step_n<S: Native, const FULL: bool>(
             for (f, df) in dl.iter().enumerate().take(m - f0) {
                 for (c, &d) in df.iter().enumerate() {
                     let o = (f0 + f) * ld + at(c);
-                    let sum = simd.add_f32s(load(simd, lp, o, len[c]), d);
-                    store(simd, lp, o, len[c], sum);
+                    let sum = simd.add_f32s(load_n::<S, FULL>(simd, lp, o, len[c]), d);
+                    store_n::<S, FULL>(simd, lp, o, len[c], sum);
                 }
             }
             f0 += FB;
         }
         super::mem::drip();
+    }
+}
+
+/// [`load`] in [`step_n`]: a whole chunk by one plain load when `FULL` (no partial path in
+/// that instance, whatever the optimiser makes of `len`).
+#[inline(always)]
+fn load_n<S: Native, const FULL: bool>(s: S, x: &[f32], at: usize, len: usize) -> S::f32s {
+    if FULL {
+        S::as_simd_f32s(&x[at..at + S::LANES]).0[0]
+    } else {
+        load(s, x, at, len)
+    }
+}
+
+/// [`store`] in [`step_n`], as [`load_n`].
+#[inline(always)]
+fn store_n<S: Native, const FULL: bool>(s: S, out: &mut [f32], at: usize, len: usize, v: S::f32s) {
+    if FULL {
+        S::as_mut_simd_f32s(&mut out[at..at + S::LANES]).0[0] = v;
+    } else {
+        store(s, out, at, len, v)
     }
 }
 
