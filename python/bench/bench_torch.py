@@ -35,7 +35,7 @@ from pathlib import Path
 
 SETTINGS = {"default": {}, "thp": {"THP_MEM_ALLOC_ENABLE": "1"}}
 FIELDS = [
-    "allocator", "thp_mode", "impl", "causal", "n", "heads", "d", "p", "l", "beta", "threads",
+    "allocator", "thp_mode", "isa", "impl", "causal", "n", "heads", "d", "p", "l", "beta", "threads",
     "seconds_median", "seconds_min", "runs", "peak_rss_gib", "status",
 ]
 
@@ -123,7 +123,10 @@ def run_one(args, setting, impl, causal, n, limit):
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, preexec_fn=cap)
-    row = {"allocator": setting, "thp_mode": thp_mode(), "impl": impl, "causal": causal, "n": n,
+    import racelab
+
+    # The machine's level (racelab's detection), for every row: PyTorch's kernels run on it too.
+    row = {"allocator": setting, "thp_mode": thp_mode(), "isa": racelab.cpu_isa(), "impl": impl, "causal": causal, "n": n,
            "heads": args.heads, "d": args.d, "p": args.p, "l": args.l, "beta": args.beta,
            "threads": args.threads, "runs": args.runs}
     if run.returncode == 0:
@@ -165,7 +168,10 @@ def main():
     limit = available_bytes()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"revision": revision(), "machine": cpu_model(), "cores": os.cpu_count(),
+    import racelab
+
+    meta = {"revision": revision(), "machine": cpu_model(), "isa": racelab.cpu_isa(),
+            "cores": os.cpu_count(),
             "memory_available_gib": round(limit / 2**30, 2), "address_space_cap_gib": round(limit / 2**30, 2),
             "thp_mode": thp_mode(), "torch": torch.__version__, "python": platform.python_version(),
             "threads": args.threads, "seed": args.seed, "runs": args.runs,

@@ -20,13 +20,20 @@ from . import _racelab
 
 __version__ = _racelab.__version__
 
-__all__ = ["planes", "attend", "cuda_available", "empty_cache", "__version__"]
+__all__ = ["planes", "attend", "cuda_available", "cpu_isa", "empty_cache", "__version__"]
 
 
 def empty_cache():
     """Free the output buffers and saved contexts racelab keeps for reuse (its caching
     allocator: a training step's outputs reuse the freed buffers of the same size)."""
     _racelab.empty_cache()
+
+
+def cpu_isa():
+    """The level the CPU kernels run at here: ``"avx512f"``, ``"avx2+fma"`` or ``"scalar"``
+    (``RACELAB_ISA`` lowers it; on aarch64 ``"scalar"``, where the native-width passes run on
+    NEON, its baseline)."""
+    return _racelab.cpu_isa()
 
 
 def cuda_available():

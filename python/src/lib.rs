@@ -501,6 +501,13 @@ fn cuda_available() -> bool {
     racelab::cuda::ensure_device().is_ok()
 }
 
+/// The level the CPU kernels run at here: `avx512f`, `avx2+fma` or `scalar` (`RACELAB_ISA`
+/// lowers it; on aarch64 `scalar`, where the native-width passes run on NEON, its baseline).
+#[pyfunction]
+fn cpu_isa() -> &'static str {
+    cpu::detected_isa().name()
+}
+
 #[pymodule]
 fn _racelab(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
@@ -512,6 +519,7 @@ fn _racelab(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(soft_forward_f64, m)?)?;
     m.add_function(wrap_pyfunction!(soft_backward_f64, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
+    m.add_function(wrap_pyfunction!(cpu_isa, m)?)?;
     m.add_function(wrap_pyfunction!(empty_cache, m)?)?;
     Ok(())
 }
