@@ -102,8 +102,8 @@ impl TwoLevel {
             (&self.bank.base32, &self.bank.local)
         }
     }
-    /// Whether [`TwoLevel::read_update`] runs ([`bank16::applies`]: AVX-512, at most 16
-    /// features, so feature rows are 16 floats).
+    /// Whether [`TwoLevel::read_update`] runs ([`bank16::applies`]: at most 16 features, so a
+    /// feature row is one 16-lane vector, at every ISA).
     #[inline]
     pub(crate) fn fused(&self) -> bool {
         bank16::applies(self.isa, self.bank.m)
