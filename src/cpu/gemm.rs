@@ -249,13 +249,24 @@ fn tile<S: Native, const MR: usize, const NV: usize, const TWO: bool>(
         r0
     };
     for _ in k0..k1 {
-        // One bounds check per row of `B` (the loads below are then within `row`).
-        let row = &b[o..o + span];
+        // SAFETY: `Gemm::run` asserted that the last element `(k−1)·ldb + cols − 1` of `B`
+        // (and of `b2`, when there is one) is in bounds; here `o = k·ldb + c0` with `k < g.k`
+        // and `c0 + span ≤ cols`. The loads below are then within `row` (no check per `k`).
+        let (row, row2) = unsafe {
+            (
+                b.get_unchecked(o..o + span),
+                if TWO {
+                    g.b2.get_unchecked(o..o + span)
+                } else {
+                    &[][..]
+                },
+            )
+        };
         let mut bv = [zero; NV];
         for (j, x) in bv.iter_mut().enumerate() {
             *x = load(s, row, j * vw, len(j));
             if TWO {
-                *x = s.add_f32s(*x, load(s, &g.b2[o..o + span], j * vw, len(j)));
+                *x = s.add_f32s(*x, load(s, row2, j * vw, len(j)));
             }
         }
         for (row, &ar) in acc.iter_mut().zip(&rows) {
