@@ -154,7 +154,7 @@ struct FillTask<'a> {
 impl crate::cpu::simd::WithSimd for FillTask<'_> {
     type Output = ();
     #[inline(always)]
-    fn run<S: crate::cpu::simd::Simd>(self) {
+    fn run<S: crate::cpu::simd::Simd>(self, _simd: S) {
         for (i, x) in self.out.iter_mut().enumerate() {
             *x = counter_uniform(self.seed, self.base + i as u64);
         }

@@ -28,8 +28,8 @@ struct FeatTask<'a> {
 impl WithSimd for FeatTask<'_> {
     type Output = ();
     #[inline(always)]
-    fn run<S: Simd>(self) {
-        self.map.features::<S>(self.x, false, self.out)
+    fn run<S: Simd>(self, simd: S) {
+        self.map.features(simd, self.x, false, self.out)
     }
 }
 

@@ -82,7 +82,7 @@ struct RowsTask<'a> {
 impl WithSimd for RowsTask<'_> {
     type Output = ();
     #[inline(always)]
-    fn run<S: Simd>(self) {
+    fn run<S: Simd>(self, _simd: S) {
         let int_gamma = match self.kind {
             Exact::Angular { gamma } if gamma.fract() == 0.0 && gamma <= 64.0 => Some(gamma as u32),
             _ => None,

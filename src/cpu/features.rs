@@ -24,7 +24,7 @@ pub trait FeatureMap: Sync {
         1.0
     }
     /// `out = φ(x)` (`out.len() == width()`); `key` selects the key-side variant.
-    fn features<S: Simd>(&self, x: &[f32], key: bool, out: &mut [f32]);
+    fn features<S: Simd>(&self, simd: S, x: &[f32], key: bool, out: &mut [f32]);
     /// The soft-RACE map, whose flagged rows [`super::recompute`] can finish exactly; other
     /// maps leave them flagged (zero and counted as empty).
     fn as_soft(&self) -> Option<&SoftMap<'_>> {
@@ -112,7 +112,7 @@ pub struct SoftMap<'a> {
 impl SoftMap<'_> {
     /// Features of table `l` into `out` (length R); returns the per-bit state for backward.
     #[inline(always)]
-    pub fn table<S: Simd>(&self, l: usize, x: &[f32], out: &mut [f32]) -> BitState {
+    pub fn table<S: Simd>(&self, simd: S, l: usize, x: &[f32], out: &mut [f32]) -> BitState {
         let p = self.planes.p;
         let mut st = BitState {
             u: [0.0; MAX_P],
@@ -125,7 +125,7 @@ impl SoftMap<'_> {
                 (st.u[b], st.on[b], st.off[b]) = bit_probs_f64(w, x, self.beta);
                 continue;
             }
-            let u = tanh_f32(S::dot(w, x));
+            let u = tanh_f32(simd.dot(w, x));
             let t = 2.0 * self.beta * u;
             st.u[b] = u;
             st.on[b] = sigmoid32(t);
@@ -159,10 +159,10 @@ impl FeatureMap for SoftMap<'_> {
         1.0 / self.planes.l as f32
     }
     #[inline(always)]
-    fn features<S: Simd>(&self, x: &[f32], _key: bool, out: &mut [f32]) {
+    fn features<S: Simd>(&self, simd: S, x: &[f32], _key: bool, out: &mut [f32]) {
         let r = self.planes.r();
         for l in 0..self.planes.l {
-            self.table::<S>(l, x, &mut out[l * r..(l + 1) * r]);
+            self.table(simd, l, x, &mut out[l * r..(l + 1) * r]);
         }
     }
 }
@@ -183,13 +183,13 @@ impl FeatureMap for HardMap<'_> {
         1.0 / self.planes.l as f32
     }
     #[inline(always)]
-    fn features<S: Simd>(&self, x: &[f32], _key: bool, out: &mut [f32]) {
+    fn features<S: Simd>(&self, simd: S, x: &[f32], _key: bool, out: &mut [f32]) {
         let r = self.planes.r();
         out.iter_mut().for_each(|o| *o = 0.0);
         for l in 0..self.planes.l {
             let mut code = 0usize;
             for b in 0..self.planes.p {
-                code = (code << 1) | (S::dot(self.planes.row(l, b), x) >= 0.0) as usize;
+                code = (code << 1) | (simd.dot(self.planes.row(l, b), x) >= 0.0) as usize;
             }
             out[l * r + code] = 1.0;
         }
@@ -209,7 +209,7 @@ impl FeatureMap for LinearMap {
         self.d
     }
     #[inline(always)]
-    fn features<S: Simd>(&self, x: &[f32], _key: bool, out: &mut [f32]) {
+    fn features<S: Simd>(&self, _simd: S, x: &[f32], _key: bool, out: &mut [f32]) {
         for (o, &t) in out.iter_mut().zip(x) {
             *o = if t > 0.0 { t + 1.0 } else { t.exp() };
         }
@@ -230,10 +230,10 @@ pub struct PerformerMap {
 impl PerformerMap {
     /// Log-features `ωx' − |x'|²/2` into `out`.
     #[inline(always)]
-    pub fn logits<S: Simd>(&self, x: &[f32], out: &mut [f32]) {
-        let sq = S::dot(x, x) * self.root_scale * self.root_scale * 0.5;
+    pub fn logits<S: Simd>(&self, simd: S, x: &[f32], out: &mut [f32]) {
+        let sq = simd.dot(x, x) * self.root_scale * self.root_scale * 0.5;
         for (f, o) in out.iter_mut().enumerate() {
-            *o = S::dot(&self.omega[f * self.d..(f + 1) * self.d], x) * self.root_scale - sq;
+            *o = simd.dot(&self.omega[f * self.d..(f + 1) * self.d], x) * self.root_scale - sq;
         }
     }
 }
@@ -246,8 +246,8 @@ impl FeatureMap for PerformerMap {
         self.d
     }
     #[inline(always)]
-    fn features<S: Simd>(&self, x: &[f32], key: bool, out: &mut [f32]) {
-        self.logits::<S>(x, out);
+    fn features<S: Simd>(&self, simd: S, x: &[f32], key: bool, out: &mut [f32]) {
+        self.logits(simd, x, out);
         let shift = if key {
             self.key_shift
         } else {
@@ -266,12 +266,12 @@ struct KeyShiftTask<'a> {
 impl super::simd::WithSimd for KeyShiftTask<'_> {
     type Output = f32;
     #[inline(always)]
-    fn run<S: Simd>(self) -> f32 {
+    fn run<S: Simd>(self, simd: S) -> f32 {
         let mut buf = vec![0.0f32; self.map.m];
         let mut mx = f32::NEG_INFINITY;
         for h in 0..self.k.heads {
             for j in 0..self.k.n {
-                self.map.logits::<S>(self.k.row(h, j), &mut buf);
+                self.map.logits(simd, self.k.row(h, j), &mut buf);
                 mx = buf.iter().cloned().fold(mx, f32::max);
             }
         }

@@ -103,6 +103,7 @@ mod sealed {
     pub trait Sealed {}
     impl Sealed for super::Scalar {}
     impl Sealed for super::Lanes {}
+    #[cfg(target_arch = "x86_64")]
     impl Sealed for super::Lanes512 {}
 }
 
@@ -114,7 +115,8 @@ mod sealed {
 /// ```compile_fail
 /// // The AVX-512 primitives cannot be named outside the crate.
 /// use racelab::cpu::simd::{Lanes512, Simd};
-/// let _ = Lanes512::dot(&[1.0; 16], &[1.0; 16]);
+/// let forged: Lanes512 = unsafe { std::mem::zeroed() };
+/// let _ = forged.dot(&[1.0; 16], &[1.0; 16]);
 /// ```
 ///
 /// ```compile_fail
@@ -122,34 +124,34 @@ mod sealed {
 /// #[derive(Clone, Copy)]
 /// struct Mine;
 /// impl racelab::cpu::simd::Simd for Mine {
-///     fn dot(a: &[f32], b: &[f32]) -> f32 { 0.0 }
-///     fn dot2(g: &[f32], x: &[f32], y: &[f32]) -> f32 { 0.0 }
-///     fn axpy(out: &mut [f32], w: f32, x: &[f32]) {}
-///     fn axpy2(out: &mut [f32], w: f32, x: &[f32], y: &[f32]) {}
-///     fn fma(a: f32, b: f32, c: f32) -> f32 { a * b + c }
+///     fn dot(self, a: &[f32], b: &[f32]) -> f32 { 0.0 }
+///     fn dot2(self, g: &[f32], x: &[f32], y: &[f32]) -> f32 { 0.0 }
+///     fn axpy(self, out: &mut [f32], w: f32, x: &[f32]) {}
+///     fn axpy2(self, out: &mut [f32], w: f32, x: &[f32], y: &[f32]) {}
+///     fn fma(self, a: f32, b: f32, c: f32) -> f32 { a * b + c }
 /// }
 /// ```
 pub trait Simd: Copy + sealed::Sealed {
     /// `Σ a_i b_i`.
-    fn dot(a: &[f32], b: &[f32]) -> f32;
+    fn dot(self, a: &[f32], b: &[f32]) -> f32;
     /// `Σ g_i (x_i + y_i)` (reading a two-level state).
-    fn dot2(g: &[f32], x: &[f32], y: &[f32]) -> f32;
+    fn dot2(self, g: &[f32], x: &[f32], y: &[f32]) -> f32;
     /// `out += w · x`.
-    fn axpy(out: &mut [f32], w: f32, x: &[f32]);
+    fn axpy(self, out: &mut [f32], w: f32, x: &[f32]);
     /// `out += w · (x + y)`.
-    fn axpy2(out: &mut [f32], w: f32, x: &[f32], y: &[f32]);
+    fn axpy2(self, out: &mut [f32], w: f32, x: &[f32], y: &[f32]);
     /// `a·b + c`: fused in [`Lanes`] (one FMA instruction in the SIMD frames), unfused in
     /// [`Scalar`] (where a fused multiply-add would be a slow library call).
-    fn fma(a: f32, b: f32, c: f32) -> f32;
+    fn fma(self, a: f32, b: f32, c: f32) -> f32;
     /// `out[c] = Σ_f φ_f (x[f·w + c] + y[f·w + c])` for `c < out.len()`, `f < φ.len()`
     /// (reading a two-level bank with weights φ).
     #[inline(always)]
-    fn rows_combine(phi: &[f32], x: &[f32], y: &[f32], w: usize, out: &mut [f32]) {
+    fn rows_combine(self, phi: &[f32], x: &[f32], y: &[f32], w: usize, out: &mut [f32]) {
         out.iter_mut().for_each(|o| *o = 0.0);
         let n = out.len();
         for (f, &p) in phi.iter().enumerate() {
             if p != 0.0 {
-                Self::axpy2(out, p, &x[f * w..f * w + n], &y[f * w..f * w + n]);
+                self.axpy2(out, p, &x[f * w..f * w + n], &y[f * w..f * w + n]);
             }
         }
     }
@@ -161,11 +163,11 @@ pub struct Scalar;
 
 impl Simd for Scalar {
     #[inline(always)]
-    fn fma(a: f32, b: f32, c: f32) -> f32 {
+    fn fma(self, a: f32, b: f32, c: f32) -> f32 {
         a * b + c
     }
     #[inline(always)]
-    fn dot(a: &[f32], b: &[f32]) -> f32 {
+    fn dot(self, a: &[f32], b: &[f32]) -> f32 {
         let mut s = 0.0f32;
         for i in 0..a.len().min(b.len()) {
             s += a[i] * b[i];
@@ -173,7 +175,7 @@ impl Simd for Scalar {
         s
     }
     #[inline(always)]
-    fn dot2(g: &[f32], x: &[f32], y: &[f32]) -> f32 {
+    fn dot2(self, g: &[f32], x: &[f32], y: &[f32]) -> f32 {
         let mut s = 0.0f32;
         for i in 0..g.len() {
             s += g[i] * (x[i] + y[i]);
@@ -181,13 +183,13 @@ impl Simd for Scalar {
         s
     }
     #[inline(always)]
-    fn axpy(out: &mut [f32], w: f32, x: &[f32]) {
+    fn axpy(self, out: &mut [f32], w: f32, x: &[f32]) {
         for (o, &xi) in out.iter_mut().zip(x) {
             *o += w * xi;
         }
     }
     #[inline(always)]
-    fn axpy2(out: &mut [f32], w: f32, x: &[f32], y: &[f32]) {
+    fn axpy2(self, out: &mut [f32], w: f32, x: &[f32], y: &[f32]) {
         for i in 0..out.len() {
             out[i] += w * (x[i] + y[i]);
         }
@@ -216,11 +218,11 @@ fn hsum(acc: [f32; W]) -> f32 {
 
 impl Simd for Lanes {
     #[inline(always)]
-    fn fma(a: f32, b: f32, c: f32) -> f32 {
+    fn fma(self, a: f32, b: f32, c: f32) -> f32 {
         a.mul_add(b, c)
     }
     #[inline(always)]
-    fn dot(a: &[f32], b: &[f32]) -> f32 {
+    fn dot(self, a: &[f32], b: &[f32]) -> f32 {
         let n = a.len().min(b.len());
         let (a, b) = (&a[..n], &b[..n]);
         // Four independent 16-lane accumulators: one would chain every FMA on the previous
@@ -249,7 +251,7 @@ impl Simd for Lanes {
         hsum(sum)
     }
     #[inline(always)]
-    fn dot2(g: &[f32], x: &[f32], y: &[f32]) -> f32 {
+    fn dot2(self, g: &[f32], x: &[f32], y: &[f32]) -> f32 {
         let n = g.len();
         let (x, y) = (&x[..n], &y[..n]);
         let mut acc = [0.0f32; W];
@@ -265,14 +267,14 @@ impl Simd for Lanes {
         hsum(acc)
     }
     #[inline(always)]
-    fn axpy(out: &mut [f32], w: f32, x: &[f32]) {
+    fn axpy(self, out: &mut [f32], w: f32, x: &[f32]) {
         let x = &x[..out.len()];
         for (o, &xi) in out.iter_mut().zip(x) {
             *o = w.mul_add(xi, *o);
         }
     }
     #[inline(always)]
-    fn axpy2(out: &mut [f32], w: f32, x: &[f32], y: &[f32]) {
+    fn axpy2(self, out: &mut [f32], w: f32, x: &[f32], y: &[f32]) {
         let n = out.len();
         let (x, y) = (&x[..n], &y[..n]);
         for i in 0..n {
@@ -282,66 +284,44 @@ impl Simd for Lanes {
 }
 
 /// [`Lanes`] with `dot` written in AVX-512 intrinsics (four `zmm` accumulators): the
-/// auto-vectorised form was compiled to 128-bit vectors. Used only by the AVX-512 frame of
-/// [`dispatch`], which is entered only after CPUID confirmed AVX-512F.
+/// auto-vectorised form was compiled to 128-bit vectors. It holds a `pulp::x86::V4` token,
+/// which only pulp's run-time detection creates, so even inside the crate no value of it (and
+/// so no call of its methods) exists on a CPU without AVX-512; [`dispatch`] makes the one.
+#[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
-pub(crate) struct Lanes512;
+pub(crate) struct Lanes512(pulp::x86::V4);
 
+#[cfg(target_arch = "x86_64")]
 impl Simd for Lanes512 {
     #[inline(always)]
-    fn fma(a: f32, b: f32, c: f32) -> f32 {
-        Lanes::fma(a, b, c)
+    fn fma(self, a: f32, b: f32, c: f32) -> f32 {
+        Lanes.fma(a, b, c)
     }
     #[inline(always)]
-    fn dot(a: &[f32], b: &[f32]) -> f32 {
-        #[cfg(target_arch = "x86_64")]
-        {
-            // SAFETY: `Lanes512` is only instantiated inside `dispatch`'s AVX-512 frame, which
-            // runs only when `best_supported()` (CPUID) reported AVX-512F.
-            unsafe { dot512(a, b) }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        Lanes::dot(a, b)
+    fn dot(self, a: &[f32], b: &[f32]) -> f32 {
+        // SAFETY: `self` holds a V4 token, which exists only where pulp's detection found
+        // AVX-512F (with BW, CD, DQ, VL) on this CPU; `dot512` keeps its accesses in bounds.
+        unsafe { dot512(a, b) }
     }
     #[inline(always)]
-    fn rows_combine(phi: &[f32], x: &[f32], y: &[f32], w: usize, out: &mut [f32]) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            // SAFETY: as in `dot`.
-            unsafe { rows_combine512(phi, x, y, w, out) }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        Lanes::rows_combine(phi, x, y, w, out)
+    fn rows_combine(self, phi: &[f32], x: &[f32], y: &[f32], w: usize, out: &mut [f32]) {
+        // SAFETY: as in `dot` (the token proves AVX-512F).
+        unsafe { rows_combine512(phi, x, y, w, out) }
     }
     #[inline(always)]
-    fn dot2(g: &[f32], x: &[f32], y: &[f32]) -> f32 {
-        #[cfg(target_arch = "x86_64")]
-        {
-            // SAFETY: as in `dot`.
-            unsafe { dot2_512(g, x, y) }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        Lanes::dot2(g, x, y)
+    fn dot2(self, g: &[f32], x: &[f32], y: &[f32]) -> f32 {
+        // SAFETY: as in `dot` (the token proves AVX-512F).
+        unsafe { dot2_512(g, x, y) }
     }
     #[inline(always)]
-    fn axpy(out: &mut [f32], w: f32, x: &[f32]) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            // SAFETY: as in `dot`.
-            unsafe { axpy2_512(out, w, x, None) }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        Lanes::axpy(out, w, x)
+    fn axpy(self, out: &mut [f32], w: f32, x: &[f32]) {
+        // SAFETY: as in `dot` (the token proves AVX-512F).
+        unsafe { axpy2_512(out, w, x, None) }
     }
     #[inline(always)]
-    fn axpy2(out: &mut [f32], w: f32, x: &[f32], y: &[f32]) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            // SAFETY: as in `dot`.
-            unsafe { axpy2_512(out, w, x, Some(y)) }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        Lanes::axpy2(out, w, x, y)
+    fn axpy2(self, out: &mut [f32], w: f32, x: &[f32], y: &[f32]) {
+        // SAFETY: as in `dot` (the token proves AVX-512F).
+        unsafe { axpy2_512(out, w, x, Some(y)) }
     }
 }
 
@@ -494,37 +474,42 @@ fn dot512(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// A unit of kernel work, generic over the primitives. Implementations mark `run` as
-/// `#[inline(always)]` so it is compiled inside the ISA frame of [`dispatch`].
+/// `#[inline(always)]` so it is compiled inside the ISA frame of [`dispatch`]; `simd` is the
+/// value whose methods are the primitives (`simd.dot(a, b)`).
 pub trait WithSimd {
     type Output;
-    fn run<S: Simd>(self) -> Self::Output;
+    fn run<S: Simd>(self, simd: S) -> Self::Output;
 }
 
-/// Run `task` with the primitives for `isa`.
+/// Run `task` with the primitives for `isa`. At AVX-512 the primitives are a value holding
+/// pulp's `V4` token; a CPU with the `Isa` level but not every feature pulp asks for (BW, CD,
+/// VL) runs the AVX2 form.
 pub fn dispatch<T: WithSimd>(isa: Isa, task: T) -> T::Output {
     match isa.level() {
         #[cfg(target_arch = "x86_64")]
         Level::Avx512 => {
-            #[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
-            unsafe fn frame<T: WithSimd>(t: T) -> T::Output {
-                t.run::<Lanes512>()
+            if let Some(v4) = pulp::x86::V4::try_new() {
+                #[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
+                fn frame<T: WithSimd>(t: T, simd: Lanes512) -> T::Output {
+                    t.run(simd)
+                }
+                // SAFETY: `v4` exists, so pulp's detection found AVX-512F/DQ (and AVX2, FMA)
+                // on this CPU: the features this frame is compiled with.
+                return unsafe { frame(task, Lanes512(v4)) };
             }
-            // SAFETY: an `Isa` at Avx512 is only created by detection, after
-            // `is_x86_feature_detected!` confirmed avx512f, avx512dq and fma on this CPU, so the
-            // instructions this frame is compiled with exist here.
-            unsafe { frame(task) }
+            dispatch(Isa::at_most(Level::Avx2), task)
         }
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 => {
             #[target_feature(enable = "avx2,fma")]
-            unsafe fn frame<T: WithSimd>(t: T) -> T::Output {
-                t.run::<Lanes>()
+            fn frame<T: WithSimd>(t: T) -> T::Output {
+                t.run(Lanes)
             }
             // SAFETY: an `Isa` at Avx2 is only created by detection, after
             // `is_x86_feature_detected!` confirmed avx2 and fma on this CPU.
             unsafe { frame(task) }
         }
-        _ => task.run::<Scalar>(),
+        _ => task.run(Scalar),
     }
 }
 
@@ -541,7 +526,7 @@ pub fn in_frame<R, F: FnOnce() -> R>(isa: Isa, f: F) -> R {
     impl<R, F: FnOnce() -> R> WithSimd for Task<F> {
         type Output = R;
         #[inline(always)]
-        fn run<S: Simd>(self) -> R {
+        fn run<S: Simd>(self, _simd: S) -> R {
             (self.0)()
         }
     }

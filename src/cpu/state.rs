@@ -76,11 +76,11 @@ impl Bank {
 
     /// `local_f += φ_f · x` for every non-zero `φ_f`.
     #[inline(always)]
-    pub fn add<S: Simd>(&mut self, phi: &[f32], scale: f32, x: &[f32]) {
+    pub fn add<S: Simd>(&mut self, simd: S, phi: &[f32], scale: f32, x: &[f32]) {
         let w = self.w;
         for (f, &p) in phi.iter().enumerate() {
             if p != 0.0 {
-                S::axpy(&mut self.local[f * w..(f + 1) * w], p * scale, x);
+                simd.axpy(&mut self.local[f * w..(f + 1) * w], p * scale, x);
             }
         }
     }
@@ -122,15 +122,15 @@ impl Bank {
 
     /// `out = Σ_f φ_f (base_f + local_f)[..out.len()]` (overwritten).
     #[inline(always)]
-    pub fn read<S: Simd>(&self, phi: &[f32], out: &mut [f32]) {
-        S::rows_combine(phi, &self.base32, &self.local, self.w, out);
+    pub fn read<S: Simd>(&self, simd: S, phi: &[f32], out: &mut [f32]) {
+        simd.rows_combine(phi, &self.base32, &self.local, self.w, out);
     }
 
     /// `(base_f + local_f) · g`.
     #[inline(always)]
-    pub fn dot_row<S: Simd>(&self, f: usize, g: &[f32]) -> f32 {
+    pub fn dot_row<S: Simd>(&self, simd: S, f: usize, g: &[f32]) -> f32 {
         let w = self.w;
-        S::dot2(
+        simd.dot2(
             g,
             &self.base32[f * w..f * w + g.len()],
             &self.local[f * w..f * w + g.len()],
@@ -139,9 +139,9 @@ impl Bank {
 
     /// `out += p · (base_f + local_f)[..out.len()]`.
     #[inline(always)]
-    pub fn axpy_row<S: Simd>(&self, out: &mut [f32], p: f32, f: usize) {
+    pub fn axpy_row<S: Simd>(&self, simd: S, out: &mut [f32], p: f32, f: usize) {
         let (w, n) = (self.w, out.len());
-        S::axpy2(
+        simd.axpy2(
             out,
             p,
             &self.base32[f * w..f * w + n],

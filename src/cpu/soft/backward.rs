@@ -33,10 +33,10 @@ pub(crate) struct RowDots<'a> {
 impl WithSimd for RowDots<'_> {
     type Output = ();
     #[inline(always)]
-    fn run<S: Simd>(self) {
+    fn run<S: Simd>(self, simd: S) {
         for (i, o) in self.out.iter_mut().enumerate() {
             let (a, b) = (&self.a[i * self.ld..], &self.b[i * self.ld..]);
-            let dot = S::dot(&a[..self.len], &b[..self.len]);
+            let dot = simd.dot(&a[..self.len], &b[..self.len]);
             *o = self.c.map_or(dot, |c| c[i] * dot);
         }
     }

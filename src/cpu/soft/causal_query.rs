@@ -197,12 +197,12 @@ struct CausalS<'a> {
 impl WithSimd for CausalS<'_> {
     type Output = ();
     #[inline(always)]
-    fn run<S: Simd>(self) {
+    fn run<S: Simd>(self, simd: S) {
         let (mp, m) = (self.mp, self.m);
         for (i, si) in self.s.iter_mut().enumerate() {
-            let bank = S::dot(&self.pq[i * mp..i * mp + m], &self.gphi[i * mp..i * mp + m]);
+            let bank = simd.dot(&self.pq[i * mp..i * mp + m], &self.gphi[i * mp..i * mp + m]);
             let row = i * TC..i * TC + i + 1;
-            let intra = S::dot(&self.qk[row.clone()], &self.att[row]);
+            let intra = simd.dot(&self.qk[row.clone()], &self.att[row]);
             *si = self.c[i] * (bank + intra);
         }
     }

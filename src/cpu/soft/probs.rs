@@ -55,7 +55,7 @@ pub(crate) struct BitProbs<'a, const TANH: bool> {
 impl<const TANH: bool> WithSimd for BitProbs<'_, TANH> {
     type Output = ();
     #[inline(always)]
-    fn run<S: Simd>(self) {
+    fn run<S: Simd>(self, _simd: S) {
         // Whole 16-lane chunks straight from the slices; the last partial one through a
         // zero-padded copy (a variable-length copy per chunk would be a `memcpy` call).
         let beta = self.beta;

@@ -27,6 +27,7 @@ use rayon::prelude::*;
 /// returns this table's `∂ℓ/∂beta` contribution.
 #[inline(always)]
 fn table_backward<S: Simd>(
+    simd: S,
     map: &SoftMap,
     l: usize,
     st: &BitState,
@@ -44,7 +45,7 @@ fn table_backward<S: Simd>(
         for (b, &cb) in c[..p].iter().enumerate() {
             let (u, cc) = (st.u[b], 2.0 * st.on[b] * st.off[b] * cb);
             dbeta += u * cc;
-            S::axpy(dx, map.beta * cc * (1.0 - u * u), map.planes.row(l, b));
+            simd.axpy(dx, map.beta * cc * (1.0 - u * u), map.planes.row(l, b));
         }
         return dbeta;
     }
@@ -60,14 +61,14 @@ fn table_backward<S: Simd>(
         let u = st.u[b];
         dbeta += u * c;
         let dz = map.beta * c * (1.0 - u * u);
-        S::axpy(dx, dz, map.planes.row(l, b));
+        simd.axpy(dx, dz, map.planes.row(l, b));
     }
     dbeta
 }
 
 /// `ĝ_i = [G_i/Den_i, −G_iᵀÔ_i/Den_i]`.
 #[inline(always)]
-fn g_ext<S: Simd>(g: &[f32], o: &[f32], den: f32, out: &mut [f32]) {
+fn g_ext<S: Simd>(simd: S, g: &[f32], o: &[f32], den: f32, out: &mut [f32]) {
     let dv = g.len();
     if den == 0.0 {
         out.iter_mut().for_each(|x| *x = 0.0);
@@ -77,7 +78,7 @@ fn g_ext<S: Simd>(g: &[f32], o: &[f32], den: f32, out: &mut [f32]) {
     for (x, &gi) in out[..dv].iter_mut().zip(g) {
         *x = gi * inv;
     }
-    out[dv] = -S::dot(g, o) * inv;
+    out[dv] = -simd.dot(g, o) * inv;
 }
 
 /// Queries' side: `∂ℓ/∂q` from a state (fixed bank or prefix), and optionally the query
@@ -101,7 +102,7 @@ struct QueryGradTask<'a> {
 impl WithSimd for QueryGradTask<'_> {
     type Output = (Vec<f64>, f64);
     #[inline(always)]
-    fn run<S: Simd>(self) -> (Vec<f64>, f64) {
+    fn run<S: Simd>(self, simd: S) -> (Vec<f64>, f64) {
         let map = self.map;
         let (r, tables, dv, d) = (map.planes.r(), map.planes.l, self.v.cols, map.planes.d);
         let inv_l = 1.0 / tables as f32;
@@ -118,12 +119,13 @@ impl WithSimd for QueryGradTask<'_> {
         let mut dbeta = 0.0f64;
         for (t, i) in (self.range.0..self.range.1).enumerate() {
             if self.causal {
-                map.features::<S>(self.k.row(self.h, i), true, &mut phi_k);
+                map.features(simd, self.k.row(self.h, i), true, &mut phi_k);
                 ext[..dv].copy_from_slice(self.v.row(self.h, i));
-                state.add::<S>(&phi_k, 1.0, &ext);
+                state.add(simd, &phi_k, 1.0, &ext);
             }
             let gi = (self.h * self.q.n) + i;
-            g_ext::<S>(
+            g_ext(
+                simd,
                 self.g.row(self.h, i),
                 self.o.row(self.h, i),
                 self.den[gi],
@@ -132,19 +134,19 @@ impl WithSimd for QueryGradTask<'_> {
             let dx = &mut self.dq[t * d..(t + 1) * d];
             let mut db = 0.0f32;
             for l in 0..tables {
-                let st = map.table::<S>(l, self.q.row(self.h, i), &mut phi);
+                let st = map.table(simd, l, self.q.row(self.h, i), &mut phi);
                 for (rr, g) in gphi[..r].iter_mut().enumerate() {
-                    *g = state.dot_row::<S>(l * r + rr, &gx) * inv_l;
+                    *g = state.dot_row(simd, l * r + rr, &gx) * inv_l;
                 }
                 if !self.causal {
                     for (rr, &p) in phi.iter().enumerate() {
                         if p != 0.0 {
                             let f = l * r + rr;
-                            S::axpy(&mut dbank.local[f * w..(f + 1) * w], p * inv_l, &gx);
+                            simd.axpy(&mut dbank.local[f * w..(f + 1) * w], p * inv_l, &gx);
                         }
                     }
                 }
-                db += table_backward::<S>(map, l, &st, &phi, &gphi, &mut scratch, dx);
+                db += table_backward(simd, map, l, &st, &phi, &gphi, &mut scratch, dx);
             }
             dbeta += db as f64;
             if self.causal {
@@ -184,7 +186,7 @@ struct KeyGradTask<'a> {
 impl WithSimd for KeyGradTask<'_> {
     type Output = f64;
     #[inline(always)]
-    fn run<S: Simd>(self) -> f64 {
+    fn run<S: Simd>(self, simd: S) -> f64 {
         let map = self.map;
         let (r, tables, dv, d) = (map.planes.r(), map.planes.l, self.v.cols, map.planes.d);
         let inv_l = 1.0 / tables as f32;
@@ -208,29 +210,30 @@ impl WithSimd for KeyGradTask<'_> {
             let t = j - a;
             if self.causal {
                 let gi = self.h * self.q.n + j;
-                g_ext::<S>(
+                g_ext(
+                    simd,
                     self.g.row(self.h, j),
                     self.o.row(self.h, j),
                     self.den[gi],
                     &mut gx,
                 );
-                map.features::<S>(self.q.row(self.h, j), false, &mut phi_q);
-                dbank.add::<S>(&phi_q, inv_l, &gx);
+                map.features(simd, self.q.row(self.h, j), false, &mut phi_q);
+                dbank.add(simd, &phi_q, inv_l, &gx);
             }
             ext[..dv].copy_from_slice(self.v.row(self.h, j));
             let dxk = &mut self.dk[t * d..(t + 1) * d];
             let dvj = &mut self.dv[t * dv..(t + 1) * dv];
             let mut db = 0.0f32;
             for l in 0..tables {
-                let st = map.table::<S>(l, self.k.row(self.h, j), &mut phi);
+                let st = map.table(simd, l, self.k.row(self.h, j), &mut phi);
                 for rr in 0..r {
                     let f = l * r + rr;
-                    gphi[rr] = dbank.dot_row::<S>(f, &ext);
+                    gphi[rr] = dbank.dot_row(simd, f, &ext);
                     if phi[rr] != 0.0 {
-                        dbank.axpy_row::<S>(dvj, phi[rr], f);
+                        dbank.axpy_row(simd, dvj, phi[rr], f);
                     }
                 }
-                db += table_backward::<S>(map, l, &st, &phi, &gphi, &mut scratch, dxk);
+                db += table_backward(simd, map, l, &st, &phi, &gphi, &mut scratch, dxk);
             }
             dbeta += db as f64;
             dbank.tick();
@@ -394,22 +397,23 @@ struct SuffixTotalTask<'a> {
 impl WithSimd for SuffixTotalTask<'_> {
     type Output = Vec<f64>;
     #[inline(always)]
-    fn run<S: Simd>(self) -> Vec<f64> {
+    fn run<S: Simd>(self, simd: S) -> Vec<f64> {
         let (m, dv) = (self.map.width(), self.o.cols);
         let inv_l = 1.0 / self.map.planes.l as f32;
         let mut bank = Bank::new(m, bank_width(dv), None);
         let mut phi = vec![0.0f32; m];
         let mut gx = vec![0.0f32; bank_width(dv)];
         for i in self.range.0..self.range.1 {
-            g_ext::<S>(
+            g_ext(
+                simd,
                 self.g.row(self.h, i),
                 self.o.row(self.h, i),
                 self.den[self.h * self.q.n + i],
                 &mut gx,
             );
             self.map
-                .features::<S>(self.q.row(self.h, i), false, &mut phi);
-            bank.add::<S>(&phi, inv_l, &gx);
+                .features(simd, self.q.row(self.h, i), false, &mut phi);
+            bank.add(simd, &phi, inv_l, &gx);
             bank.tick();
         }
         bank.total()

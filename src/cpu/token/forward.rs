@@ -29,16 +29,16 @@ struct TotalsTask<'a, F> {
 impl<F: FeatureMap> WithSimd for TotalsTask<'_, F> {
     type Output = Vec<f64>;
     #[inline(always)]
-    fn run<S: Simd>(self) -> Vec<f64> {
+    fn run<S: Simd>(self, simd: S) -> Vec<f64> {
         let (m, dv) = (self.map.width(), self.v.cols);
         let mut bank = Bank::new(m, bank_width(dv), None);
         let mut phi = vec![0.0f32; m];
         let mut ext = ext_buffer(dv);
         for j in self.range.0..self.range.1 {
             self.map
-                .features::<S>(self.k.row(self.h, j), true, &mut phi);
+                .features(simd, self.k.row(self.h, j), true, &mut phi);
             ext[..dv].copy_from_slice(self.v.row(self.h, j));
-            bank.add::<S>(&phi, 1.0, &ext);
+            bank.add(simd, &phi, 1.0, &ext);
             bank.tick();
         }
         bank.total()
@@ -82,7 +82,7 @@ struct ReadTask<'a, F> {
 impl<F: FeatureMap> WithSimd for ReadTask<'_, F> {
     type Output = usize;
     #[inline(always)]
-    fn run<S: Simd>(self) -> usize {
+    fn run<S: Simd>(self, simd: S) -> usize {
         let m = self.map.width();
         let (dv, w) = (self.dv, bank_width(self.dv));
         let mut phi = vec![0.0f32; m];
@@ -90,11 +90,11 @@ impl<F: FeatureMap> WithSimd for ReadTask<'_, F> {
         let mut empty = 0;
         for (t, i) in (self.range.0..self.range.1).enumerate() {
             self.map
-                .features::<S>(self.q.row(self.h, i), false, &mut phi);
+                .features(simd, self.q.row(self.h, i), false, &mut phi);
             acc.iter_mut().for_each(|a| *a = 0.0);
             for (f, &p) in phi.iter().enumerate() {
                 if p != 0.0 {
-                    S::axpy(&mut acc, p, &self.bank[f * w..(f + 1) * w]);
+                    simd.axpy(&mut acc, p, &self.bank[f * w..(f + 1) * w]);
                 }
             }
             empty += finish_row(
@@ -125,7 +125,7 @@ struct CausalTask<'a, F> {
 impl<F: FeatureMap> WithSimd for CausalTask<'_, F> {
     type Output = usize;
     #[inline(always)]
-    fn run<S: Simd>(self) -> usize {
+    fn run<S: Simd>(self, simd: S) -> usize {
         let (m, dv) = (self.map.width(), self.v.cols);
         let mut bank = Bank::new(m, bank_width(dv), Some(self.base));
         let mut phi = vec![0.0f32; m];
@@ -134,12 +134,12 @@ impl<F: FeatureMap> WithSimd for CausalTask<'_, F> {
         let mut empty = 0;
         for (t, i) in (self.range.0..self.range.1).enumerate() {
             self.map
-                .features::<S>(self.k.row(self.h, i), true, &mut phi);
+                .features(simd, self.k.row(self.h, i), true, &mut phi);
             ext[..dv].copy_from_slice(self.v.row(self.h, i));
-            bank.add::<S>(&phi, 1.0, &ext);
+            bank.add(simd, &phi, 1.0, &ext);
             self.map
-                .features::<S>(self.q.row(self.h, i), false, &mut phi);
-            bank.read::<S>(&phi, &mut acc);
+                .features(simd, self.q.row(self.h, i), false, &mut phi);
+            bank.read(simd, &phi, &mut acc);
             empty += finish_row(
                 &acc,
                 &mut self.o[t * dv..(t + 1) * dv],
