@@ -5,13 +5,16 @@
 //! once per [`Simd`] implementation:
 //!
 //! - [`Scalar`]: plain sequential loops, the always-tested twin;
-//! - [`Lanes`]: 16 independent accumulators with `mul_add`, which LLVM turns into one AVX-512
-//!   or two AVX2+FMA registers when compiled inside [`dispatch`]'s `#[target_feature]` frames.
+//! - [`Lanes`]: 16 independent accumulators with `mul_add`, which LLVM turns into two
+//!   AVX2+FMA registers when compiled inside [`dispatch`]'s `#[target_feature]` frame;
+//! - a crate-private AVX-512 form in intrinsics, a value holding pulp's `V4` token.
 //!
-//! A kernel is a value implementing [`WithSimd`]; [`dispatch`] runs its `#[inline(always)]`
-//! `run::<S>` body inside a function compiled for the detected ISA, so every primitive is
-//! inlined and vectorised there. An [`Isa`] is created only by runtime detection, so no safe
-//! call reaches a block the CPU cannot run. `RACELAB_ISA=scalar|avx2` lowers the detected
+//! The primitives are methods of a value (`simd.dot(a, b)`). A kernel is a value implementing
+//! [`WithSimd`]; [`dispatch`] runs its `#[inline(always)]` `run(simd)` body inside a function
+//! compiled for the detected ISA, so every primitive is inlined and vectorised there. An
+//! [`Isa`] is created only by runtime detection, and the AVX-512 value only from a token that
+//! pulp's detection creates, so no safe call, inside the crate or out, reaches an instruction
+//! the CPU lacks. `RACELAB_ISA=scalar|avx2` lowers the detected
 //! level (tests use it to run both twins on the same inputs).
 
 use std::sync::OnceLock;
@@ -108,9 +111,9 @@ mod sealed {
 }
 
 /// The row primitives of the kernels. Sealed: its implementations are [`Scalar`] and
-/// [`Lanes`] (portable code, safe on every CPU) and a crate-private AVX-512 form that only
-/// [`dispatch`]'s AVX-512 frame names, after detection. Code outside the crate therefore
-/// reaches AVX-512 instructions only through [`dispatch`] with a detected [`Isa`]:
+/// [`Lanes`] (portable code, safe on every CPU) and a crate-private AVX-512 form whose value
+/// holds a detection-created `V4` token (only [`dispatch`] makes one). Code outside the crate
+/// therefore reaches AVX-512 instructions only through [`dispatch`] with a detected [`Isa`]:
 ///
 /// ```compile_fail
 /// // The AVX-512 primitives cannot be named outside the crate.
@@ -583,6 +586,48 @@ pub fn tanh_f32(z: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every primitive, at every level this CPU has (each value made by [`dispatch`]), agrees
+    /// with the scalar twin, over lengths with and without a partial last vector.
+    #[test]
+    fn the_primitives_agree_at_every_level() {
+        struct All<'a>(&'a [f32], &'a [f32], &'a [f32], usize);
+        impl WithSimd for All<'_> {
+            type Output = Vec<f32>;
+            #[inline(always)]
+            fn run<S: Simd>(self, simd: S) -> Vec<f32> {
+                let (x, y, g, n) = (self.0, self.1, self.2, self.3);
+                let mut out = vec![simd.dot(&x[..n], &y[..n]), simd.dot2(&g[..n], x, y)];
+                let mut a = g[..n].to_vec();
+                simd.axpy(&mut a, 0.5, x);
+                simd.axpy2(&mut a, -0.25, x, y);
+                out.extend(a);
+                let mut rc = vec![0.0; n.min(5)];
+                simd.rows_combine(&g[..3], x, y, 7, &mut rc);
+                out.extend(rc);
+                out.push(simd.fma(1.5, -2.0, 0.25));
+                out
+            }
+        }
+        let v = |k: f32| {
+            (0..100)
+                .map(|i| ((i as f32 * k).sin()))
+                .collect::<Vec<f32>>()
+        };
+        let (x, y, g) = (v(0.7), v(1.3), v(2.1));
+        for n in [1, 15, 16, 17, 37, 64, 100] {
+            let want = All(&x, &y, &g, n).run(Scalar);
+            for level in [Level::Scalar, Level::Avx2, Level::Avx512] {
+                let got = dispatch(Isa::at_most(level), All(&x, &y, &g, n));
+                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                        "{level:?} n={n} #{i}: {a} vs {b}"
+                    );
+                }
+            }
+        }
+    }
 
     /// Asking for a level the CPU lacks gives the best one it has, never more; the scalar
     /// level is always there.
