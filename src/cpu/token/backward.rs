@@ -24,12 +24,11 @@ use crate::params::MAX_P;
 use rayon::prelude::*;
 
 /// Back-propagate `gphi` (one table, length R) through the factorised softmax into `dx`;
-/// returns this table's `∂ℓ/∂beta` contribution.
+/// returns this table's `∂ℓ/∂beta` contribution. `table` is the map and the table's index `l`.
 #[inline(always)]
 fn table_backward<S: Simd>(
     simd: S,
-    map: &SoftMap,
-    l: usize,
+    (map, l): (&SoftMap, usize),
     st: &BitState,
     phi: &[f32],
     gphi: &[f32],
@@ -146,7 +145,7 @@ impl WithSimd for QueryGradTask<'_> {
                         }
                     }
                 }
-                db += table_backward(simd, map, l, &st, &phi, &gphi, &mut scratch, dx);
+                db += table_backward(simd, (map, l), &st, &phi, &gphi, &mut scratch, dx);
             }
             dbeta += db as f64;
             if self.causal {
@@ -233,7 +232,7 @@ impl WithSimd for KeyGradTask<'_> {
                         dbank.axpy_row(simd, dvj, phi[rr], f);
                     }
                 }
-                db += table_backward(simd, map, l, &st, &phi, &gphi, &mut scratch, dxk);
+                db += table_backward(simd, (map, l), &st, &phi, &gphi, &mut scratch, dxk);
             }
             dbeta += db as f64;
             dbank.tick();
