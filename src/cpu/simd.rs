@@ -609,11 +609,7 @@ mod tests {
                 out
             }
         }
-        let v = |k: f32| {
-            (0..100)
-                .map(|i| ((i as f32 * k).sin()))
-                .collect::<Vec<f32>>()
-        };
+        let v = |k: f32| (0..100).map(|i| (i as f32 * k).sin()).collect::<Vec<f32>>();
         let (x, y, g) = (v(0.7), v(1.3), v(2.1));
         for n in [1, 15, 16, 17, 37, 64, 100] {
             let want = All(&x, &y, &g, n).run(Scalar);
