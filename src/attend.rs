@@ -103,7 +103,7 @@ impl AttendOptions {
         let hashing = self.method.uses_planes();
         crate::memory::Work {
             method: self.method.name(),
-            device,
+            kernels: device.kernels(),
             p: if hashing {
                 self.planes.as_ref().map_or(self.p, |pl| pl.p)
             } else {
@@ -162,7 +162,19 @@ pub struct AttendResult {
     pub planes: Option<Planes>,
     /// Soft RACE on the CPU and CUDA kernels: the rows whose denominator f32 cannot hold,
     /// flagged by the kernel and recomputed exactly ([`crate::cpu::recompute`]).
-    pub recomputed: crate::cpu::recompute::Recomputed,
+    pub recomputed: crate::backend::Recomputed,
+}
+
+/// The backend for `device` (for CUDA, after checking that a device is there).
+pub fn for_device(device: Device) -> Result<Box<dyn crate::backend::SoftRace>> {
+    Ok(match device {
+        Device::Reference => Box::new(crate::reference::ReferenceRace),
+        Device::Cpu => Box::new(crate::cpu::CpuRace::detected()),
+        Device::Cuda => {
+            crate::cuda::ensure_device()?;
+            Box::new(crate::cuda::CudaRace)
+        }
+    })
 }
 
 /// Validate the table counts, then refuse work whose buffers cannot fit ([`crate::memory`]),
@@ -196,21 +208,23 @@ pub fn resolve_planes(opts: &AttendOptions, d: usize) -> Result<Option<Planes>> 
     }
 }
 
-/// Run one operator (f64 reference) on `[N,d]`, `[H,N,d]` or `[B,H,N,d]` inputs.
-pub fn attend(
+/// The checks every device makes before anything is allocated: the shapes of `q`, `k`, `v`,
+/// the method's own parameters (β, γ, the Performer's feature count, the logit scale) and,
+/// for the angular methods, rows with a direction.
+fn validate(
     q: &Tensor<f64>,
     k: &Tensor<f64>,
     v: &Tensor<f64>,
     opts: &AttendOptions,
-) -> Result<AttendResult> {
+) -> Result<AttnShape> {
     let shape = check_qkv(q, k, v, opts.causal)?;
     match opts.method {
         Method::Soft => validate_beta(opts.beta)?,
         Method::Angular => validate_gamma(opts.gamma)?,
-        Method::Performer if opts.features == 0 => {
+        Method::Performer if opts.features == 0 && opts.omega.is_none() => {
             return Err(RaceError::param(
                 "features",
-                "Performer needs m ≥ 1 random features",
+                "Performer needs m ≥ 1 random features; use --features 256, say",
             ))
         }
         _ => {}
@@ -219,19 +233,30 @@ pub fn attend(
         if !(s.is_finite() && s > 0.0) {
             return Err(RaceError::param(
                 "scale",
-                format!("scale = {s}; use a finite value > 0"),
+                format!("scale = {s}; use a finite value > 0 (default 1/sqrt(d))"),
             ));
         }
     }
-    check_memory(opts, &shape, Device::Reference)?;
-    let planes = resolve_planes(opts, shape.d)?;
-    let (qh, kh, vh) = (q.heads("q")?, k.heads("k")?, v.heads("v")?);
     if matches!(opts.method, Method::Angular | Method::Hard) {
-        for (h, (qm, km)) in qh.iter().zip(&kh).enumerate() {
+        for (h, (qm, km)) in q.heads("q")?.iter().zip(k.heads("k")?.iter()).enumerate() {
             check_nonzero_rows(&format!("q (head {h})"), *qm)?;
             check_nonzero_rows(&format!("k (head {h})"), *km)?;
         }
     }
+    Ok(shape)
+}
+
+/// Run one operator (f64 reference) on `[N,d]`, `[H,N,d]` or `[B,H,N,d]` inputs.
+pub fn attend(
+    q: &Tensor<f64>,
+    k: &Tensor<f64>,
+    v: &Tensor<f64>,
+    opts: &AttendOptions,
+) -> Result<AttendResult> {
+    let shape = validate(q, k, v, opts)?;
+    check_memory(opts, &shape, Device::Reference)?;
+    let planes = resolve_planes(opts, shape.d)?;
+    let (qh, kh, vh) = (q.heads("q")?, k.heads("k")?, v.heads("v")?);
     let omega = match (&opts.omega, opts.method) {
         (_, m) if m != Method::Performer => None,
         (Some(w), _) if w.cols != shape.d => {
@@ -314,20 +339,9 @@ pub fn attend_with(
     if device == Device::Reference {
         return attend(q, k, v, opts);
     }
-    let shape = check_qkv(q, k, v, opts.causal)?;
+    let shape = validate(q, k, v, opts)?;
     if opts.combine != Combine::Paper && opts.method == Method::Soft {
         return Err(RaceError::param("combine", "the authors' combine rule exists in the reference backend only; use --device reference"));
-    }
-    match opts.method {
-        Method::Soft => validate_beta(opts.beta)?,
-        Method::Angular => validate_gamma(opts.gamma)?,
-        _ => {}
-    }
-    if matches!(opts.method, Method::Angular | Method::Hard) {
-        for (h, (qm, km)) in q.heads("q")?.iter().zip(k.heads("k")?.iter()).enumerate() {
-            check_nonzero_rows(&format!("q (head {h})"), *qm)?;
-            check_nonzero_rows(&format!("k (head {h})"), *km)?;
-        }
     }
     check_memory(opts, &shape, device)?;
     let planes = resolve_planes(opts, shape.d)?;
@@ -344,10 +358,10 @@ pub fn attend_with(
     );
     let p32 = planes.as_ref().map(PlanesF32::from_planes);
     let isa = cpu::detected_isa();
-    let mut recomputed = crate::cpu::recompute::Recomputed::default();
+    let mut recomputed = crate::backend::Recomputed::default();
     let (o, empty_rows): (Vec<f32>, usize) = match (device, opts.method) {
         (_, Method::Soft) => {
-            let f = crate::backend::for_device(device)?.forward(
+            let f = for_device(device)?.forward(
                 &opts.race_params(),
                 p32.as_ref().expect("soft RACE has planes"),
                 qh,

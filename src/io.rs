@@ -12,7 +12,7 @@ use std::path::Path;
 const MAGIC: &[u8] = b"\x93NUMPY";
 
 /// Element type of an array on disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Dtype {
     F32,
     F64,

@@ -8,7 +8,7 @@
 //! - the f32 kernels: the f32 copies of the inputs and output, one f64 bank `m_f × w` per
 //!   (head, segment) plus its f32 views per thread, a block workspace of `128 × m_f` floats
 //!   (features, their gradients, products) per thread, and what the forward keeps for the
-//!   backward ([`crate::cpu::soft::saved_floats_per_token`]);
+//!   backward ([`saved_floats_per_token`]);
 //! - the f64 reference: soft RACE's log-feature banks `(n + m) × m_f` and its `m_f × (dv+1)`
 //!   scaled states, hard LSH's bucket sums, exact attention's `n × m` score matrix, per head,
 //!   for as many heads as run at once;
@@ -16,15 +16,57 @@
 //! and compared with the memory the machine has available (`MemAvailable`) or a given
 //! `--max-memory`. A refusal names P, L, N, the bytes needed and the fix.
 
-use crate::backend::Device;
 use crate::error::{RaceError, Result};
+
+/// Which kernels run the work: their buffers differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernels {
+    /// The f64 references (log-feature banks, score matrices).
+    Reference,
+    /// The f32 kernels (CPU and CUDA: f32 copies, banks, block workspaces, saved values).
+    F32,
+}
+
+impl Kernels {
+    /// How a refusal names them.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Kernels::Reference => "the f64 reference",
+            Kernels::F32 => "the f32 kernels",
+        }
+    }
+}
+
+/// Tokens per saved causal state of the f32 kernels (`cpu::soft::TB`; a test there keeps the
+/// two equal).
+pub const STATE_BLOCK: usize = 128;
+
+/// Row width of a bank for values of width `dv` in the f32 kernels: `dv + 1` (values and mass)
+/// rounded up to whole 16-float vectors (`cpu::state::bank_width` is this).
+pub fn bank_width(dv: usize) -> usize {
+    (dv + 1).next_multiple_of(16)
+}
+
+/// Floats per token and head the f32 kernels' forwards keep for the backward: the
+/// denominator, the saved `u` of queries and keys (`L·P` each) and, causal, the block-start
+/// states (`m·w` per block of [`STATE_BLOCK`] tokens, `m = L·2^P`; at most, since they are
+/// kept only with one segment per head). Saturates rather than overflows.
+pub fn saved_floats_per_token(l: usize, p: usize, dv: usize, causal: bool) -> f64 {
+    let m = l as f64 * 2f64.powi(p.min(1023) as i32);
+    let states = if causal {
+        m * bank_width(dv) as f64 / STATE_BLOCK as f64
+    } else {
+        0.0
+    };
+    1.0 + 2.0 * l as f64 * p as f64 + states
+}
 
 /// What an operator is asked to compute, for its memory estimate.
 #[derive(Debug, Clone, Copy)]
 pub struct Work {
     /// Operator name for the message (`soft`, `hard`, …).
     pub method: &'static str,
-    pub device: Device,
+    pub kernels: Kernels,
     /// Features per token and table `2^P` (1 for methods without tables) and tables `L`.
     pub p: usize,
     pub l: usize,
@@ -71,8 +113,8 @@ impl Work {
         // The planes, f64 and their f32 copy.
         let planes = sat_mul(&[self.l as u64, self.p as u64, d, 12]);
         let at_once = h.min(threads);
-        match self.device {
-            Device::Reference => {
+        match self.kernels {
+            Kernels::Reference => {
                 let per_head = if self.quadratic {
                     sat_mul(&[n, m, 8])
                 } else {
@@ -84,7 +126,7 @@ impl Work {
                     .saturating_add(sat_mul(&[h, n, dv, 8]))
                     .saturating_add(planes)
             }
-            Device::Cpu | Device::Cuda => {
+            Kernels::F32 => {
                 let copies = sat_mul(&[h, 4]).saturating_mul(
                     (n * d + m * d + m * dv + n * dv) * if self.backward { 2 } else { 1 },
                 );
@@ -104,13 +146,12 @@ impl Work {
 
 impl Work {
     /// What the f32 kernels' forward keeps for the backward
-    /// ([`crate::cpu::soft::saved_floats_per_token`] per token; 0 without tables).
+    /// ([`saved_floats_per_token`] per token; 0 without tables).
     pub fn saved_bytes(&self) -> u64 {
         if self.p == 0 {
             return 0;
         }
-        let per_token =
-            crate::cpu::soft::saved_floats_per_token(self.l, self.p, self.dv, self.causal);
+        let per_token = saved_floats_per_token(self.l, self.p, self.dv, self.causal);
         // Causal states grow with m_f: floats_per_token counts them per token.
         let f = per_token * (self.heads as f64) * (self.n as f64) * 4.0;
         if f >= u64::MAX as f64 {
@@ -139,7 +180,7 @@ impl Work {
 pub fn kernel_state_bytes(features: u64, heads: usize, dv: usize) -> u64 {
     let threads = rayon::current_num_threads().max(1) as u64;
     let h = heads as u64;
-    let w = (dv as u64 + 1).next_multiple_of(16);
+    let w = bank_width(dv) as u64;
     let segments = (2 * threads).div_ceil(h.max(1)).max(1);
     sat_mul(&[h, segments, features, w, 8])
         .saturating_add(sat_mul(&[threads, features, w, 4 * 3]))
@@ -190,7 +231,7 @@ pub fn check_need(work: &Work, need: u64, max_memory: Option<u64>) -> Result<()>
         "`{}` on {} with {tables}N = {} queries, {} keys, {} heads, d = {}, dv = {} needs about {} \
          ({} bytes), more than {source} ({}); {fix}, or set --max-memory if more is available",
         work.method,
-        work.device.name(),
+        work.kernels.name(),
         work.n,
         work.m,
         work.heads,
@@ -250,7 +291,7 @@ mod tests {
     fn soft(p: usize, l: usize, n: usize) -> Work {
         Work {
             method: "soft",
-            device: Device::Cpu,
+            kernels: Kernels::F32,
             p,
             l,
             heads: 1,

@@ -91,10 +91,6 @@ impl RaceParams {
         validate_pl(self.p, self.l)?;
         validate_beta(self.beta)
     }
-    /// The planes these parameters draw (`[L, P, d]`, seeded by `seed`).
-    pub fn planes(&self, d: usize) -> Result<crate::hashing::Planes> {
-        crate::hashing::Planes::gaussian(self.l, self.p, d, self.seed)
-    }
 }
 
 /// Check P and L (shared by hard and soft estimators).

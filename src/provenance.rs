@@ -28,7 +28,9 @@ fn git(args: &[&str]) -> Option<String> {
 }
 
 impl Provenance {
-    pub fn collect() -> Self {
+    /// The machine, revision and time of a run; `isa` is the SIMD level the kernels detected
+    /// (`cpu::detected_isa().name()`), given by the caller so this file names nothing above it.
+    pub fn collect(isa: &str) -> Self {
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         let cpu = cpuinfo
             .lines()
@@ -78,7 +80,7 @@ impl Provenance {
                 .unwrap_or(1),
             threads: rayon::current_num_threads(),
             memory_gib: mem_kb / 1024.0 / 1024.0,
-            isa: crate::cpu::detected_isa().name().to_string(),
+            isa: isa.to_string(),
             unix_time: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())

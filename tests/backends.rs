@@ -12,7 +12,8 @@ mod common;
 
 use common::rel;
 
-use racelab::backend::{for_device, Device, Heads, PlanesF32, RaceParams, SoftRace};
+use racelab::attend::for_device;
+use racelab::backend::{Device, Heads, PlanesF32, RaceParams, SoftRace};
 use racelab::hashing::Planes;
 use racelab::params::Combine;
 use racelab::rng::SeededRng;

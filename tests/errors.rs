@@ -244,12 +244,33 @@ fn cli_bad_inputs_exit_nonzero_with_message() {
             vec!["--method", "soft", "--combine", "mean"],
             "authors",
         ),
+        ("dtype", vec!["--method", "soft", "--dtype", "f16"], "f64"),
     ] {
         let e = cli_fail(tag, &ok, &args);
         assert!(
             e.contains(&format!("--{tag}")) && e.contains(values),
             "{tag}: {e}"
         );
+    }
+    // One validation on every device: a Performer with no features and a non-positive logit
+    // scale are refused on the CPU as on the reference (they once gave all-NaN output and
+    // empty rows with exit 0 there).
+    for device in ["cpu", "reference"] {
+        let dev = ["--device", device];
+        let e = cli_fail(
+            "features",
+            &ok,
+            &[&["--method", "performer", "--features", "0"][..], &dev].concat(),
+        );
+        assert!(e.contains("`features`"), "{device}: {e}");
+        for method in ["performer", "softmax"] {
+            let e = cli_fail(
+                "scale",
+                &ok,
+                &[&["--method", method, "--scale", "-1"][..], &dev].concat(),
+            );
+            assert!(e.contains("`scale`"), "{device} {method}: {e}");
+        }
     }
     // Work that cannot fit is refused before allocating, naming P, L, N, the bytes and the
     // fix (here: P = 20, L = 100 is 10^8 features per token, tens of GiB of state).

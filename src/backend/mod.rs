@@ -8,7 +8,8 @@
 //!   log domain, exact at any β), [`cpu::CpuRace`](crate::cpu::CpuRace) (the production f32
 //!   kernels), [`cuda::CudaRace`](crate::cuda::CudaRace) (the CUDA kernels; built without the
 //!   `cuda` feature, its stub returns the no-device error);
-//! - [`Device`]: which one, as the command line names it; [`for_device`] returns it;
+//! - [`Device`]: which one, as the command line names it ([`crate::attend::for_device`], above
+//!   the backends, returns it);
 //! - the shared types ([`types`]): `[heads, n, cols]` f32 rows ([`Heads`]), planes rounded to
 //!   f32 ([`PlanesF32`]), gradients ([`SoftGrads`]);
 //! - the parameters travel as one [`RaceParams`] (P, L, β, combine rule, causal, seed).
@@ -21,9 +22,8 @@
 pub mod types;
 
 pub use crate::params::RaceParams;
-pub use types::{BackwardInputs, ForwardInputs, GradsMut, Heads, PlanesF32, SoftGrads};
+pub use types::{BackwardInputs, ForwardInputs, GradsMut, Heads, PlanesF32, Recomputed, SoftGrads};
 
-use crate::cpu::recompute::Recomputed;
 use crate::error::{RaceError, Result};
 use serde::Serialize;
 
@@ -45,6 +45,14 @@ impl Device {
             Device::Reference => "reference",
             Device::Cpu => "cpu",
             Device::Cuda => "cuda",
+        }
+    }
+
+    /// The kernels this device runs, for the memory estimate.
+    pub fn kernels(&self) -> crate::memory::Kernels {
+        match self {
+            Device::Reference => crate::memory::Kernels::Reference,
+            Device::Cpu | Device::Cuda => crate::memory::Kernels::F32,
         }
     }
 }
@@ -115,18 +123,6 @@ pub trait SoftRace: Send + Sync {
         planes: &PlanesF32,
         dv: usize,
     ) -> Result<Box<dyn Decode>>;
-}
-
-/// The backend for `device` (for CUDA, after checking that a device is there).
-pub fn for_device(device: Device) -> Result<Box<dyn SoftRace>> {
-    Ok(match device {
-        Device::Reference => Box::new(crate::reference::ReferenceRace),
-        Device::Cpu => Box::new(crate::cpu::CpuRace::detected()),
-        Device::Cuda => {
-            crate::cuda::ensure_device()?;
-            Box::new(crate::cuda::CudaRace)
-        }
-    })
 }
 
 /// The checks every backend makes before it computes: parameters, planes against them, the
@@ -216,7 +212,7 @@ pub fn check_inputs(
     }
     Ok(crate::memory::Work {
         method: "soft",
-        device: Device::Cpu,
+        kernels: crate::memory::Kernels::F32,
         p: params.p,
         l: params.l,
         heads: q.heads,

@@ -1,7 +1,16 @@
 //! The types every backend shares: inputs as `[heads, n, cols]` f32 rows ([`Heads`]), planes
-//! rounded to f32 ([`PlanesF32`]) and the gradients of a scalar loss ([`SoftGrads`]).
+//! rounded to f32 ([`PlanesF32`]), the gradients of a scalar loss ([`SoftGrads`]) and the rows
+//! a forward recomputed exactly ([`Recomputed`]).
 
 use crate::hashing::Planes;
+
+/// Rows an f32 backend flagged (denominator below its floor) and recomputed exactly after a
+/// forward (flat indices `head·n + i`; see [`crate::cpu::recompute`]), and the seconds it took.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Recomputed {
+    pub rows: Vec<usize>,
+    pub seconds: f64,
+}
 
 /// `[heads, n, cols]` row-major f32 input.
 #[derive(Debug, Clone, Copy)]

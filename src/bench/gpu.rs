@@ -2,8 +2,8 @@
 //! kernels timed run by run, and the card's ceilings (copy bandwidth and FP32 FMA rate)
 //! measured with the probes of [`crate::cuda`], against which GPU rows are floored.
 
+use crate::backend::Recomputed;
 use crate::backend::{Heads, PlanesF32};
-use crate::cpu::recompute::Recomputed;
 use crate::error::Result;
 use std::time::Instant;
 

@@ -320,7 +320,7 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
         crossovers,
         causal_ratios: s.causal_ratios,
         skipped: s.skipped,
-        provenance: Provenance::collect(),
+        provenance: Provenance::collect(crate::cpu::detected_isa().name()),
         out_dir: None,
         seed: cfg.seed,
         beta: cfg.beta,

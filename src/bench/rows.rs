@@ -102,7 +102,7 @@ impl<'a> Recorder<'a> {
             .pl
             .iter()
             .map(|&(p, l)| {
-                let ctx = |c| cpu::soft::saved_floats_per_token(l, p, dv, c);
+                let ctx = |c| crate::memory::saved_floats_per_token(l, p, dv, c);
                 if cfg.causal_ratio {
                     ctx(false) + ctx(true)
                 } else {
@@ -170,7 +170,7 @@ impl<'a> Recorder<'a> {
             // context per mode.
             let mut reuse = [cpu::Ctx::default(), cpu::Ctx::default()];
             // What the last run of each mode recomputed (the context holds it).
-            let mut recomputed = [cpu::recompute::Recomputed::default(), Default::default()];
+            let mut recomputed = [crate::backend::Recomputed::default(), Default::default()];
             let mut once = |causal: bool| {
                 let slot = &mut reuse[causal as usize];
                 let x = crate::backend::ForwardInputs::new(qh, kh, vh);

@@ -43,7 +43,6 @@ pub mod saved;
 pub mod simd;
 pub mod soft;
 pub mod state;
-pub mod stream;
 pub mod token;
 pub(crate) mod v16;
 

@@ -3,6 +3,7 @@
 //! per-row finish `o = num/den` with its flag for rows f32 cannot hold.
 
 use crate::backend::Heads;
+pub use crate::backend::Recomputed;
 
 /// What the forward pass keeps for the backward pass.
 #[derive(Debug, Clone, Default)]
@@ -43,7 +44,12 @@ pub struct Buffers {
 impl Ctx {
     /// This context's buffers, resized for a forward over `q`, `k` with `map`'s `L·P`:
     /// the denominators and the saved `u` of queries and keys (contents are overwritten).
-    pub(crate) fn recycle(self, map: &crate::cpu::SoftMap, q: &Heads, k: &Heads) -> Buffers {
+    pub(crate) fn recycle(
+        self,
+        map: &crate::cpu::features::SoftMap,
+        q: &Heads,
+        k: &Heads,
+    ) -> Buffers {
         let lp = map.planes.l * map.planes.p;
         let (mut den, mut uq, mut uk) = (self.den, self.uq, self.uk);
         den.resize(q.heads * q.n, 0.0);
@@ -61,14 +67,6 @@ impl Ctx {
         let uk: &[f32] = if fits(&self.uk, k) { &self.uk } else { &[] };
         (uq, uk)
     }
-}
-
-/// Rows recomputed exactly after a forward (flat indices `head·n + i`; see
-/// [`crate::cpu::recompute`]) and the seconds it took.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Recomputed {
-    pub rows: Vec<usize>,
-    pub seconds: f64,
 }
 
 /// Output of the forward pass.

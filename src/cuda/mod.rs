@@ -27,10 +27,11 @@
 //! and recomputed exactly on the host ([`finish_forward`], [`finish_backward`]): the GPU
 //! never returns such a row unflagged.
 
+use crate::backend::Recomputed;
 use crate::backend::{
     Decode, Device, Forward, ForwardInputs, Heads, PlanesF32, RaceParams, SoftGrads, SoftRace,
 };
-use crate::cpu::recompute::{self, Recomputed};
+use crate::cpu::recompute;
 use crate::cpu::SoftMap;
 
 use crate::error::{RaceError, Result};

@@ -7,8 +7,8 @@ use super::{
     allow_shared, bwd_dev, cuda_err, dims, finish_backward, finish_forward, fwd_dev, gpu, host,
     out_buf, upload, Bufs, Dev, Dims, Gpu,
 };
+use crate::backend::Recomputed;
 use crate::backend::{Heads, PlanesF32, SoftGrads};
-use crate::cpu::recompute::Recomputed;
 use crate::cuda::{check_problem, GpuInput, GpuShape};
 use crate::error::{RaceError, Result};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};

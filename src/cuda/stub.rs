@@ -58,7 +58,7 @@ impl<'a> Resident<'a> {
     pub fn run(&mut self, _: bool) -> Result<()> {
         Err(off())
     }
-    pub fn recompute(&self, _: bool) -> Result<crate::cpu::recompute::Recomputed> {
+    pub fn recompute(&self, _: bool) -> Result<crate::backend::Recomputed> {
         Err(off())
     }
 }

@@ -4,9 +4,9 @@
 //! with the collectives' share and the bytes per layer; `--check` compares the result with
 //! the single-process kernels on rank 0.
 
+use super::stream::gen_chunk;
 use super::{slice_of, Comm, Distributed, Traffic};
 use crate::backend::{GradsMut, Heads, PlanesF32, RaceParams, SoftRace};
-use crate::cpu::stream::gen_chunk;
 use crate::error::{RaceError, Result};
 use crate::hashing::Planes;
 use crate::params::Combine;
@@ -249,7 +249,7 @@ pub fn run<C: Comm + Send + Sync>(comm: C, s: &Spec) -> Result<Row> {
         one_process_ratio,
         check,
         seed: s.seed,
-        provenance: crate::provenance::Provenance::collect(),
+        provenance: crate::provenance::Provenance::collect(crate::cpu::detected_isa().name()),
     })
 }
 

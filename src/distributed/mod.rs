@@ -51,6 +51,7 @@ pub mod model;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 pub mod scaling;
+pub mod stream;
 
 pub use comm::{thread_group, Comm, Solo, ThreadComm};
 

@@ -296,7 +296,7 @@ mod tests {
             one_process_ratio: None,
             provenance: crate::provenance::Provenance {
                 cores: 2,
-                ..crate::provenance::Provenance::collect()
+                ..crate::provenance::Provenance::collect(crate::cpu::detected_isa().name())
             },
         }
     }

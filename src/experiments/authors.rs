@@ -124,7 +124,7 @@ fn compute_csv(ctx: &Ctx, cfg: &Config, inputs: &[super::Instance], c: f64) -> R
                 .map(|c| (0..n).map(|j| v.at(j, c)).sum::<f64>() / n as f64)
                 .collect();
             let uniform = Mat::from_vec(n, v.cols, mean.repeat(n));
-            let (qu, ku) = (super::real::unit_rows(q), super::real::unit_rows(k));
+            let (qu, ku) = (super::data::unit_rows(q), super::data::unit_rows(k));
             let mut out = Vec::new();
             for (kind, qq, kk) in [("raw", q, k), ("unit", &qu, &ku)] {
                 for combine in [Combine::Paper, Combine::Authors] {

@@ -4,10 +4,24 @@
 //!   kernel heatmaps show blocks (the structure of the paper's Fig. 3);
 //! - [`concentrated_unit`]: unit rows around one shared direction, so every row has kernel
 //!   mass `≥ C1·N` for a sizeable `C1` (Theorem 2's row-mass condition);
-//! - [`gaussian`]: i.i.d. N(0,1) (values).
+//! - [`gaussian`]: i.i.d. N(0,1) (values);
+//! - [`unit_rows`], [`take_rows`]: the row helpers the experiments share.
 
 use crate::rng::{stream, SeededRng};
 use crate::tensor::Mat;
+
+/// Rows scaled to unit norm (zero rows left as they are).
+pub fn unit_rows(m: &Mat<f64>) -> Mat<f64> {
+    let mut out = m.clone();
+    normalise_rows(&mut out);
+    out
+}
+
+/// The first `n` rows.
+pub fn take_rows(m: &Mat<f64>, n: usize) -> Mat<f64> {
+    let n = n.min(m.rows);
+    Mat::from_vec(n, m.cols, m.data[..n * m.cols].to_vec())
+}
 
 fn normalise_rows(m: &mut Mat<f64>) {
     for i in 0..m.rows {

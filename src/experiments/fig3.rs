@@ -6,12 +6,14 @@
 //! The claim: each soft panel converges to its L = ∞ limit `g^P` (quadrature) like L^-1/2,
 //! leaving the soft-hash bias `‖g^P − κ^P‖_F/‖κ^P‖_F`, reported as the floor.
 
+use super::data::unit_rows;
 use super::{claim_id, data, f, load_config, write_csv, Claim, Ctx, ExpResult, Measure};
 use crate::error::Result;
 use crate::hashing::{soft_feature_bank, Planes};
 use crate::reference::angular::{angular_matrix, kappa};
 use crate::reference::expected::GTable;
 use crate::reference::kernels::{hard_matrix, soft_matrix};
+use crate::reference::softmax::softmax_matrix;
 use crate::stats::loglog_slope;
 use crate::tensor::Mat;
 use rayon::prelude::*;
@@ -29,22 +31,6 @@ pub struct Config {
     pub hard: (usize, usize),
     /// L values of each soft panel's convergence study.
     pub convergence_ls: Vec<usize>,
-}
-
-/// Row-softmax weights `softmax(s·q_iᵀk_j)` as a matrix.
-pub fn softmax_matrix(q: &Mat<f64>, k: &Mat<f64>, s: f64) -> Mat<f64> {
-    let mut m = Mat::zeros(q.rows, k.rows);
-    for i in 0..q.rows {
-        let logits: Vec<f64> = (0..k.rows)
-            .map(|j| s * crate::hashing::dot(q.row(i), k.row(j)))
-            .collect();
-        let mx = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let z: f64 = logits.iter().map(|l| (l - mx).exp()).sum();
-        for (j, l) in logits.iter().enumerate() {
-            m.data[i * k.rows + j] = (l - mx).exp() / z;
-        }
-    }
-    m
 }
 
 /// Inputs for a Fig. 3 run on given Q/K.
@@ -172,7 +158,7 @@ struct PanelStats {
 fn heatmaps(ctx: &Ctx, cfg: &Config, inp: &FigInputs) -> Result<(String, Vec<PanelStats>)> {
     let (q, k) = (&inp.q, &inp.k);
     let d = q.cols;
-    let (qu, ku) = (super::real::unit_rows(q), super::real::unit_rows(k));
+    let (qu, ku) = (unit_rows(q), unit_rows(k));
     let scale = inp.softmax_scale.unwrap_or(cfg.softmax_scale);
     let sm = softmax_matrix(q, k, scale);
     let row_max: Vec<f64> = (0..sm.rows)
@@ -250,10 +236,7 @@ fn heatmaps(ctx: &Ctx, cfg: &Config, inp: &FigInputs) -> Result<(String, Vec<Pan
 /// config's L values (planes of the largest L, read by prefixes), mean over plane seeds.
 fn convergence_csv(ctx: &Ctx, cfg: &Config, inp: &FigInputs) -> Result<String> {
     let d = inp.q.cols;
-    let (qu, ku) = (
-        super::real::unit_rows(&inp.q),
-        super::real::unit_rows(&inp.k),
-    );
+    let (qu, ku) = (unit_rows(&inp.q), unit_rows(&inp.k));
     let mut rows = Vec::new();
     for (i, &(p, _, beta)) in cfg.soft.iter().enumerate() {
         let limit = expected_matrix(&qu, &ku, &GTable::new(beta, 256), p);

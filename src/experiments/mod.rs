@@ -204,7 +204,7 @@ pub fn write_csv(
         "seed": ctx.seed,
         "quick": ctx.quick,
         "params": params,
-        "provenance": Provenance::collect(),
+        "provenance": Provenance::collect(crate::cpu::detected_isa().name()),
     });
     let m = ctx.out.join(format!("{name}.meta.json"));
     std::fs::write(&m, serde_json::to_string_pretty(&meta).unwrap_or_default())

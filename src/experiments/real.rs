@@ -5,6 +5,7 @@
 //! against different targets compare), and the effect of Q/K norms on soft RACE (tanh
 //! saturation) with and without normalising.
 
+use super::data::{take_rows, unit_rows};
 use super::{f, quantile, read_csv, verdict::mean_se, write_csv, Claim, Ctx, ExpResult, Measure};
 use crate::analysis::metrics::{frob, rms_row_err};
 use crate::error::{RaceError, Result};
@@ -13,7 +14,7 @@ use crate::io::read_npy;
 use crate::params::Combine;
 use crate::reference::angular::{angular_attention, angular_matrix};
 use crate::reference::kernels::soft_matrix;
-use crate::reference::softmax::softmax_attention;
+use crate::reference::softmax::{softmax_attention, softmax_matrix};
 use crate::tensor::Mat;
 use rayon::prelude::*;
 use std::path::{Path, PathBuf};
@@ -125,25 +126,6 @@ impl RealData {
     }
 }
 
-/// Rows scaled to unit norm (zero rows left as they are).
-pub fn unit_rows(m: &Mat<f64>) -> Mat<f64> {
-    let mut out = m.clone();
-    for i in 0..m.rows {
-        let r = out.row_mut(i);
-        let n = r.iter().map(|x| x * x).sum::<f64>().sqrt();
-        if n > 0.0 {
-            r.iter_mut().for_each(|x| *x /= n);
-        }
-    }
-    out
-}
-
-/// The first `n` rows.
-pub fn take_rows(m: &Mat<f64>, n: usize) -> Mat<f64> {
-    let n = n.min(m.rows);
-    Mat::from_vec(n, m.cols, m.data[..n * m.cols].to_vec())
-}
-
 fn mean_norm(m: &Mat<f64>) -> f64 {
     (0..m.rows)
         .map(|i| m.row(i).iter().map(|x| x * x).sum::<f64>().sqrt())
@@ -196,7 +178,7 @@ fn heatmaps_csv(ctx: &Ctx, rd: &RealData, dir: &Path) -> Result<String> {
         let (q, k) = (take_rows(&q, show), take_rows(&k, show));
         panels.push((
             format!("L{layer} h{h} softmax"),
-            super::fig3::softmax_matrix(&q, &k, rd.scale),
+            softmax_matrix(&q, &k, rd.scale),
         ));
         panels.push((
             format!("L{layer} h{h} angular g=4"),

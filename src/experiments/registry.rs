@@ -329,8 +329,8 @@ pub fn real_fig3_inputs(dir: &Path) -> Result<fig3::FigInputs> {
     let (q, k, _) = rd.head(layer, 0)?;
     let n = q.rows.min(96);
     Ok(fig3::FigInputs {
-        q: real::take_rows(&q, n),
-        k: real::take_rows(&k, n),
+        q: super::data::take_rows(&q, n),
+        k: super::data::take_rows(&k, n),
         label: format!("{} layer {layer} head 0, first {n} tokens", rd.model),
         stem: "fig3_real".into(),
         softmax_scale: Some(rd.scale),

@@ -285,7 +285,7 @@ pub fn write_report(
     total_seconds: f64,
     seeds: &[u64],
 ) -> Result<std::path::PathBuf> {
-    let prov = Provenance::collect();
+    let prov = Provenance::collect(crate::cpu::detected_isa().name());
     let all: Vec<&Claim> = results.iter().flat_map(|r| &r.claims).collect();
     let seeds_txt = seeds
         .iter()

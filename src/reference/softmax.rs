@@ -34,3 +34,17 @@ pub fn softmax_attention(
     }
     ratio_rows(num, &den)
 }
+
+/// Row-softmax weights `softmax(s·q_iᵀk_j)` as a matrix.
+pub fn softmax_matrix(q: &Mat<f64>, k: &Mat<f64>, s: f64) -> Mat<f64> {
+    let mut m = Mat::zeros(q.rows, k.rows);
+    for i in 0..q.rows {
+        let logits: Vec<f64> = (0..k.rows).map(|j| s * dot(q.row(i), k.row(j))).collect();
+        let mx = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let z: f64 = logits.iter().map(|l| (l - mx).exp()).sum();
+        for (j, l) in logits.iter().enumerate() {
+            m.data[i * k.rows + j] = (l - mx).exp() / z;
+        }
+    }
+    m
+}

@@ -74,12 +74,17 @@ pub use causal_backward::{causal_backward_from, causal_backward_into};
 pub use causal_forward::{causal_forward_from, causal_forward_into, Boundary};
 pub use forward::{forward_into, key_banks, read_ctx, read_into, QueryOut};
 
-/// Floats per token and head the production forwards keep for the backward: the
-/// denominator, the saved `u` of queries and keys (`L·P` each) and, causal, the block-start
-/// states ([`Ctx::states`](crate::cpu::Ctx::states), `m·w` per block of [`TB`] tokens; at
-/// most, since they are kept only with one segment per head).
-pub fn saved_floats_per_token(l: usize, p: usize, dv: usize, causal: bool) -> f64 {
-    let (m, w) = ((l << p) as f64, crate::cpu::state::bank_width(dv) as f64);
-    let states = if causal { m * w / TB as f64 } else { 0.0 };
-    1.0 + 2.0 * (l * p) as f64 + states
+#[cfg(test)]
+mod tests {
+    /// The memory model's constants are the kernels' ([`crate::memory::saved_floats_per_token`]).
+    #[test]
+    fn the_memory_model_knows_the_kernels_block_and_bank_width() {
+        assert_eq!(crate::memory::STATE_BLOCK, super::TB);
+        for dv in [1, 15, 16, 63, 64, 127, 128, 129] {
+            assert_eq!(
+                crate::memory::bank_width(dv),
+                crate::cpu::state::bank_width(dv)
+            );
+        }
+    }
 }

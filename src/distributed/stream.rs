@@ -19,14 +19,14 @@
 //! Gradients are consumed into checksums too: the point is throughput and peak memory at
 //! 10^8–10^9 tokens.
 
-use super::soft::{
+use super::{slice_of, Comm, Solo};
+use crate::backend::{BackwardInputs, ForwardInputs, GradsMut, Heads, PlanesF32};
+use crate::cpu::soft::{
     causal_backward::query_totals, causal_backward_from, causal_forward_from, key_banks, key_grads,
     query_grads, read_into, Boundary, KeyTotals, QueryOut, QuerySaved,
 };
-use super::state::plan_segments;
-use super::{Ctx, SoftMap};
-use crate::backend::{BackwardInputs, ForwardInputs, GradsMut, Heads, PlanesF32};
-use crate::distributed::{slice_of, Comm, Solo};
+use crate::cpu::state::plan_segments;
+use crate::cpu::{Ctx, SoftMap};
 use crate::error::{RaceError, Result};
 use crate::hashing::Planes;
 use crate::provenance::{peak_rss_bytes, reset_peak_rss};
@@ -154,7 +154,7 @@ struct Chunk {
 /// What every pass of a run shares.
 struct Run<'a> {
     map: SoftMap<'a>,
-    isa: super::Isa,
+    isa: crate::cpu::Isa,
     n: usize,
     heads: usize,
     d: usize,
@@ -175,7 +175,7 @@ impl Run<'_> {
         Heads::new(self.heads, len, self.d, x)
     }
     fn zeros(&self) -> Vec<Vec<f64>> {
-        let w = super::state::bank_width(self.d);
+        let w = crate::cpu::state::bank_width(self.d);
         vec![vec![0.0f64; self.map.width() * w]; self.heads]
     }
     fn key_totals(&self, c: &Chunk, len: usize) -> Vec<Vec<f64>> {
@@ -203,7 +203,7 @@ impl Run<'_> {
     }
 }
 
-use super::FeatureMap;
+use crate::cpu::FeatureMap;
 
 /// Run streaming forward+backward over the ranks of `comm`, each streaming its slice of the
 /// token axis ([`slice_of`]); every rank returns the same report.
@@ -227,7 +227,7 @@ pub fn run_on(comm: &dyn Comm, spec: StreamSpec, progress: &dyn Fn(&str)) -> Res
             planes: &planes,
             beta,
         },
-        isa: super::simd::detected_isa(),
+        isa: crate::cpu::detected_isa(),
         n,
         heads,
         d,
@@ -289,7 +289,7 @@ pub fn run_on(comm: &dyn Comm, spec: StreamSpec, progress: &dyn Fn(&str)) -> Res
         checksum: st[2] + st[1],
         beta,
         seed,
-        provenance: crate::provenance::Provenance::collect(),
+        provenance: crate::provenance::Provenance::collect(crate::cpu::detected_isa().name()),
     })
 }
 
@@ -326,7 +326,7 @@ fn plain_stream(
     // gradients; keys are regenerated in (4) instead: their u over all N would not be bounded
     // memory), allocated once: the read overwrites them for every chunk.
     let (mut o, mut den, mut uq) = (Vec::new(), Vec::new(), Vec::new());
-    let floor = super::recompute::den_floor(map.width(), r.n);
+    let floor = crate::cpu::recompute::den_floor(map.width(), r.n);
     for &(a, b) in chunks {
         let len = b - a;
         r.gen(&mut c, (a, b), true);
@@ -469,14 +469,14 @@ mod tests {
             b
         };
         let (q, k, v, g) = (full(seed), full(seed + 1), full(seed + 2), full(seed + 3));
-        let isa = super::super::simd::detected_isa();
+        let isa = crate::cpu::detected_isa();
         fn h(x: &[f32], heads: usize, n: usize, d: usize) -> Heads<'_> {
             Heads::new(heads, n, d, x)
         }
         let mut o = vec![0.0f32; heads * n * d];
         let x = ForwardInputs::new(h(&q, heads, n, d), h(&k, heads, n, d), h(&v, heads, n, d));
         let (_, ctx) =
-            super::super::soft_forward_into(&map, x, causal, isa, &mut o, Default::default());
+            crate::cpu::soft_forward_into(&map, x, causal, isa, &mut o, Default::default());
         let (mut dq, mut dk, mut dv) = (o.clone(), o.clone(), o.clone());
         let dbeta = crate::cpu::soft_backward_into(
             &map,

@@ -1,0 +1,277 @@
+//! The command line's arguments: one struct per subcommand, every flag with its help text.
+
+use clap::{Args, Parser, Subcommand};
+use racelab::io::Dtype;
+use racelab::params::DEFAULT_BETA;
+use racelab::{Combine, Device, Method};
+use std::path::PathBuf;
+
+/// The command line.
+#[derive(Parser)]
+#[command(
+    name = "racelab",
+    version,
+    about = "RACE attention lab: exact, hashed and soft-hashed attention side by side"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+/// Options every subcommand shares.
+#[derive(Args, Clone)]
+pub struct Common {
+    /// Seed of every random draw (planes, inputs, features).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Output folder (CSV, PNG, SVG) — or the output file for `attend`.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Print one JSON object on stdout instead of the human summary.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The subcommands.
+#[derive(Subcommand)]
+pub enum Cmd {
+    /// Run one operator on user Q/K/V (.npy, shapes [N,d], [H,N,d] or [B,H,N,d]).
+    Attend(AttendArgs),
+    /// Run every experiment that exists and write figures/REPORT.md.
+    Reproduce(ReproduceArgs),
+    /// Time the fast kernels against exact attention and the machine's measured limits.
+    Bench(BenchArgs),
+    /// Sequence-parallel RACE: the measured scaling runs against the time model, and the
+    /// model's projection to a cluster (writes docs/bench/distributed*.csv and the figure).
+    DistributedModel(DistModelArgs),
+    /// Fig. 3-style heatmaps: softmax, angular (gamma 1, 6, 10, 12), soft and hard S-hat.
+    Fig3(Fig3Args),
+    /// Soft-hash bias by exact quadrature vs kappa^P, over P and beta.
+    Bias(ExpArgs),
+    /// Sampling error alone (bias removed) vs L and N, quantiles over seeds.
+    Variance(ExpArgs),
+    /// Theorem 2: the bound calibrated and tested on held-out seeds; the bias at L = infinity
+    /// (g^P by quadrature) per input family; the sampling error alone.
+    Theorem(ExpArgs),
+    /// Algorithm 2 (causal) vs causal angular attention and its causal L = infinity limit, by
+    /// prefix position.
+    Causal(ExpArgs),
+    /// The authors' regime: beta = e^t/sqrt(d_head), raw and unit Q/K, both combine rules.
+    Authors(ExpArgs),
+    /// Singular values and numerical rank of S-hat vs LR and L(R-1)+1.
+    Rank(ExpArgs),
+    /// Lemma 10 counterexample and the repaired condition.
+    Lemma10(ExpArgs),
+    /// Soft RACE as beta -> infinity: hard LSH on rows sharing a bucket, the nearest key's
+    /// value on the others; each row's decay rate against the predicted one.
+    Limit(ExpArgs),
+    /// Error/cost trade-offs over P, L, beta; matched-state comparison.
+    Tradeoff(ExpArgs),
+    /// Paper (Algorithm 1) vs authors' combine rule, against angular attention.
+    Combine(ExpArgs),
+    /// Trained models on MQAR: summary, figure and claims from figures/mqar/mqar.csv
+    /// (trained by `python experiments/mqar/mqar.py`).
+    Mqar(ExpArgs),
+    /// Real transformer Q/K/V: heatmaps per head, RACE errors, tanh saturation (default: the
+    /// bundled MiniLM sample).
+    Real(ExpArgs),
+}
+
+#[derive(Args, Clone)]
+pub struct ExpArgs {
+    /// Small grids (minutes on 2 cores).
+    #[arg(long)]
+    pub quick: bool,
+    /// A TOML config replacing the built-in experiments/<name>.toml.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// A directory of real Q/K/V (experiments/extract_qk.py format; e.g. experiments/data/minilm)
+    /// to use instead of synthetic inputs (fig3, theorem, tradeoff, combine, real).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+#[derive(Args)]
+pub struct Fig3Args {
+    /// User queries (.npy, [N,d]; for [H,N,d] or [B,H,N,d] the first head is used).
+    #[arg(long, requires = "k")]
+    pub q: Option<PathBuf>,
+    /// User keys (.npy), same shape rules as --q.
+    #[arg(long, requires = "q")]
+    pub k: Option<PathBuf>,
+    #[command(flatten)]
+    pub exp: ExpArgs,
+}
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Sequence lengths (comma-separated). Default 2^10..2^20.
+    #[arg(long, value_delimiter = ',')]
+    pub n: Vec<usize>,
+    /// Bits per table, paired with --l.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![2, 3, 4])]
+    pub p: Vec<usize>,
+    /// Tables, paired with --p.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![2, 3, 4])]
+    pub l: Vec<usize>,
+    /// Heads per row (batch 1).
+    #[arg(long, default_value_t = 4)]
+    pub heads: usize,
+    /// Head dimension of queries, keys and values.
+    #[arg(long, default_value_t = 128)]
+    pub d: usize,
+    /// Soft-hash inverse temperature (the kernels' cost does not depend on it below 16).
+    #[arg(long, default_value_t = DEFAULT_BETA, allow_negative_numbers = true)]
+    pub beta: f64,
+    /// Time causal attention (Algorithm 2).
+    #[arg(long)]
+    pub causal: bool,
+    /// Time each (P,L) causal and non-causal, runs alternated, and report the ratio.
+    #[arg(long, conflicts_with_all = ["causal", "reference"])]
+    pub causal_ratio: bool,
+    /// Time forward+backward (default: forward only).
+    #[arg(long)]
+    pub backward: bool,
+    /// Also time the exact quadratic references (softmax, angular).
+    #[arg(long)]
+    pub reference: bool,
+    /// Which kernels to time.
+    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    pub device: Device,
+    /// Timed runs per row (median reported; at least 3; short rows get more, up to 0.25 s).
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Stop timing a reference when its next run is predicted to exceed this (seconds).
+    #[arg(long, default_value_t = 30.0)]
+    pub ref_budget: f64,
+    /// Long-sequence accuracy of the causal f32 scan vs f64 (N default 1e6,1e7,1e8; d=4).
+    #[arg(long)]
+    pub accuracy: bool,
+    /// Streaming scale mode: forward+backward on inputs generated chunk by chunk.
+    #[arg(long)]
+    pub stream: bool,
+    /// Sequence-parallel over MPI (start with `mpirun -np R`; needs a build with
+    /// `--features mpi`): forward+backward timed with the collectives' share and bytes per
+    /// layer (with --stream: each rank streams its slice).
+    #[arg(long)]
+    pub distributed: bool,
+    /// With --distributed: --n is tokens per rank (weak scaling) instead of in all.
+    #[arg(long)]
+    pub weak: bool,
+    /// With --distributed: compare with the single-process kernels on rank 0 (small N).
+    #[arg(long)]
+    pub check: bool,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+#[derive(Args)]
+pub struct DistModelArgs {
+    /// JSON rows of `bench --distributed` (experiments/distributed/scaling.sh writes them).
+    #[arg(long, default_value = "docs/bench/distributed.jsonl")]
+    pub runs: PathBuf,
+    /// Folder for bench/distributed.csv, bench/distributed-projection.csv and
+    /// figures/distributed-scaling.png.
+    #[arg(long, default_value = "docs")]
+    pub out: PathBuf,
+    /// Tokens of the projection.
+    #[arg(long, default_value_t = 1e12)]
+    pub tokens: f64,
+    /// Node counts of the projection.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1, 8, 64, 1024])]
+    pub nodes: Vec<usize>,
+    /// Also project for another kind of node: NAME=CAUSAL:SECONDS_PER_TOKEN, its measured
+    /// forward+backward seconds per token of the same shape (CAUSAL: true or false); repeat.
+    #[arg(long)]
+    pub node: Vec<String>,
+}
+
+#[derive(Args)]
+pub struct AttendArgs {
+    /// Queries (.npy, f32 or f64; [N, d], [H, N, d] or [B, H, N, d]).
+    #[arg(long)]
+    pub q: PathBuf,
+    /// Keys (.npy), the shape of --q with as many keys as --v has rows.
+    #[arg(long)]
+    pub k: PathBuf,
+    /// Values (.npy; [.., N, dv]).
+    #[arg(long)]
+    pub v: PathBuf,
+    /// The operator.
+    #[arg(long, value_enum)]
+    pub method: Method,
+    /// Bits per table (R = 2^P buckets).
+    #[arg(long, default_value_t = 2)]
+    pub p: usize,
+    /// Number of tables.
+    #[arg(long, default_value_t = 2)]
+    pub l: usize,
+    /// Soft-hash inverse temperature.
+    #[arg(long, default_value_t = DEFAULT_BETA, allow_negative_numbers = true)]
+    pub beta: f64,
+    /// Angular power.
+    #[arg(long, default_value_t = 2.0, allow_negative_numbers = true)]
+    pub gamma: f64,
+    /// Logit scale for softmax/Performer (default 1/sqrt(d)).
+    #[arg(long, allow_negative_numbers = true)]
+    pub scale: Option<f64>,
+    /// Performer feature count.
+    #[arg(long, default_value_t = 256)]
+    pub features: usize,
+    /// Causal attention: query i sees keys 0..=i (Algorithm 2 for soft RACE).
+    #[arg(long)]
+    pub causal: bool,
+    /// Use these planes ([L, P, d] .npy) instead of drawing them from --seed.
+    #[arg(long)]
+    pub planes: Option<PathBuf>,
+    /// Performer features ω ([m, d] .npy) instead of drawing them from --seed.
+    #[arg(long)]
+    pub omega: Option<PathBuf>,
+    /// Save the planes used to this .npy file.
+    #[arg(long)]
+    pub save_planes: Option<PathBuf>,
+    /// How the tables are combined: paper (Algorithm 1) or authors (per-bucket means).
+    #[arg(long, value_enum, default_value_t = Combine::Paper)]
+    pub combine: Combine,
+    /// Output dtype (default: that of --q).
+    #[arg(long, value_enum)]
+    pub dtype: Option<Dtype>,
+    /// Where to compute: reference (f64, exact), cpu (f32 kernels) or cuda (f32, soft only).
+    #[arg(long, value_enum, default_value_t = Device::Reference)]
+    pub device: Device,
+    /// Memory budget (e.g. 8G, 512M; default: what the machine has available). Work whose
+    /// buffers would exceed it is refused before anything is allocated.
+    #[arg(long, value_parser = parse_memory)]
+    pub max_memory: Option<u64>,
+    /// Sequence-parallel over MPI (start with `mpirun -np R`; soft RACE on the CPU kernels,
+    /// needs a build with `--features mpi`): each rank reads and computes its slice of the
+    /// token axis; rank 0 writes --out.
+    #[arg(long)]
+    pub distributed: bool,
+    /// With --distributed: each rank writes its slice to DIR/o.rank-NNNNN.npy (rank 0 also
+    /// DIR/shards.json) instead of rank 0 writing --out.
+    #[arg(long)]
+    pub out_shards: Option<PathBuf>,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+#[derive(Args)]
+pub struct ReproduceArgs {
+    /// Small grids; finishes in minutes.
+    #[arg(long)]
+    pub quick: bool,
+    /// Independent master seeds for every empirical claim (from --seed on): inputs and planes
+    /// are redrawn per seed, and seeds that disagree make the verdict "unstable (k/K holds)".
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
+    pub seeds: u64,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+/// `--max-memory`: a byte count with an optional K/M/G/T suffix.
+pub fn parse_memory(s: &str) -> std::result::Result<u64, String> {
+    racelab::memory::parse_bytes(s).map_err(|e| e.to_string())
+}

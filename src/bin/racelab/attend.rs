@@ -1,0 +1,159 @@
+//! `racelab attend`: one operator on user Q/K/V (`--distributed`: over MPI's ranks).
+
+use crate::args::AttendArgs;
+use crate::distributed::mpi_run;
+use anyhow::{Context, Result};
+use racelab::experiments::registry;
+use racelab::io::{read_npy, read_planes, write_npy, write_planes};
+use racelab::{AttendOptions, Device, Method};
+use serde_json::json;
+use std::time::Instant;
+
+/// `attend`: one operator on the user's Q/K/V, written to `--out`.
+pub fn run(a: AttendArgs) -> Result<()> {
+    if a.distributed {
+        return run_distributed(a);
+    }
+    if a.out_shards.is_some() {
+        anyhow::bail!("invalid parameter `out-shards`: it writes the slices of a distributed run; add --distributed (under mpirun) or use --out");
+    }
+    let (method, combine) = (a.method, a.combine);
+    let q = read_npy(&a.q)?;
+    let k = read_npy(&a.k)?;
+    let v = read_npy(&a.v)?;
+    let planes = match &a.planes {
+        Some(p) => Some(read_planes(p)?),
+        None => None,
+    };
+    let (p, l) = match &planes {
+        Some(pl) => (pl.p, pl.l),
+        None => (a.p, a.l),
+    };
+    let opts = AttendOptions {
+        method,
+        causal: a.causal,
+        p,
+        l,
+        beta: a.beta,
+        gamma: a.gamma,
+        seed: a.common.seed,
+        combine,
+        scale: a.scale,
+        features: a.features,
+        planes,
+        omega: match &a.omega {
+            Some(p) => Some(registry::read_matrix(p, "omega")?),
+            None => None,
+        },
+        max_memory: a.max_memory,
+    };
+    let out = a
+        .common
+        .out
+        .clone()
+        .context("--out O.npy is required for attend")?;
+    let dtype = a.dtype.unwrap_or(q.dtype);
+    let t0 = Instant::now();
+    let res = racelab::attend::attend_with(&q.tensor, &k.tensor, &v.tensor, &opts, a.device)?;
+    let seconds = t0.elapsed().as_secs_f64();
+    write_npy(&out, &res.o.shape, &res.o.data, dtype)?;
+    if let (Some(path), Some(pl)) = (&a.save_planes, &res.planes) {
+        write_planes(path, pl)?;
+    }
+    let summary = json!({
+        "method": method.name(),
+        "q_shape": q.tensor.shape, "k_shape": k.tensor.shape, "v_shape": v.tensor.shape, "o_shape": res.o.shape,
+        "causal": a.causal,
+        "p": method.uses_planes().then_some(p), "l": method.uses_planes().then_some(l),
+        "beta": (method == Method::Soft).then_some(a.beta),
+        "gamma": (method == Method::Angular).then_some(a.gamma),
+        "combine": (method == Method::Soft).then_some(combine),
+        "features": (method == Method::Performer).then_some(a.features),
+        "seed": a.common.seed,
+        "device": a.device,
+        "planes": a.planes.as_ref().map(|p| p.display().to_string()),
+        "seconds": seconds,
+        "empty_rows": res.empty_rows,
+        "recomputed_rows": (method == Method::Soft).then_some(res.recomputed.rows.len()),
+        "recompute_seconds": (method == Method::Soft).then_some(res.recomputed.seconds),
+        "out": out.display().to_string(),
+    });
+    if a.common.json {
+        println!("{summary}");
+    } else {
+        println!(
+            "{} attention: q {:?} k {:?} v {:?} -> {} ({:.3} s){}",
+            method.name(),
+            q.tensor.shape,
+            k.tensor.shape,
+            v.tensor.shape,
+            out.display(),
+            seconds,
+            if res.empty_rows > 0 || method == Method::Hard {
+                format!(", {} empty rows", res.empty_rows)
+            } else {
+                String::new()
+            }
+        );
+    }
+    if !res.recomputed.rows.is_empty() {
+        eprintln!(
+            "note: {} rows had a denominator below what f32 holds and were recomputed exactly \
+             in the log domain ({:.3} s)",
+            res.recomputed.rows.len(),
+            res.recomputed.seconds
+        );
+    }
+    if res.empty_rows > 0 {
+        eprintln!(
+            "warning: {} rows had denominator 0 and were set to 0 ({})",
+            res.empty_rows,
+            if method == Method::Hard {
+                "queries that collide with no key"
+            } else {
+                "rows below f32's range that this method's kernel cannot recompute; try \
+                 --device reference"
+            }
+        );
+    }
+    Ok(())
+}
+
+/// `attend --distributed`: checks what this build and the arguments allow, then runs the job
+/// on MPI's world ([`racelab::distributed::job`]).
+fn run_distributed(a: AttendArgs) -> Result<()> {
+    if a.method != Method::Soft || a.device != Device::Cpu && a.device != Device::Reference {
+        anyhow::bail!("invalid parameter `distributed`: it runs soft RACE on the CPU kernels; use --method soft --device cpu");
+    }
+    if a.device == Device::Reference {
+        anyhow::bail!("invalid parameter `device`: --distributed runs the f32 CPU kernels on every rank; add --device cpu");
+    }
+    let job = racelab::distributed::job::AttendJob {
+        q: a.q,
+        k: a.k,
+        v: a.v,
+        params: racelab::RaceParams {
+            p: a.p,
+            l: a.l,
+            beta: a.beta,
+            combine: a.combine,
+            causal: a.causal,
+            seed: a.common.seed,
+        },
+        planes: a.planes,
+        out: a.common.out,
+        out_shards: a.out_shards,
+        dtype: a.dtype,
+    };
+    let json = a.common.json;
+    mpi_run(|comm| {
+        let report = racelab::distributed::job::attend(comm, &job)?;
+        Ok(report.map(|r| {
+            if json {
+                serde_json::to_string(&r).unwrap_or_default()
+            } else {
+                r.to_string()
+            }
+        }))
+    })
+}

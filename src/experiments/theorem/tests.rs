@@ -1,0 +1,121 @@
+//! The held-out share tests on committed data (`figures/theorem.csv`,
+//! `figures/theorem_real.csv`, `figures/theorem_limit.csv`): the stated shapes hold, and the wrong shapes an audit
+//! tries (t = 1, t = L, a constant, P/beta or 1/beta³ for the beta⁻² form) fail.
+
+use super::bound::*;
+use super::common::{limit_output, rel_rms};
+use super::limit::*;
+use crate::experiments::data;
+use crate::experiments::verdict::{judge, specs, HeldOut, Measure, Verdict};
+use crate::reference::angular::angular_attention;
+use crate::reference::expected::GTable;
+
+fn parse(text: &str) -> (Vec<String>, Vec<Vec<String>>) {
+    let mut lines = text.lines();
+    let h = lines.next().unwrap().split(',').map(String::from).collect();
+    (
+        h,
+        lines
+            .map(|l| l.split(',').map(String::from).collect())
+            .collect(),
+    )
+}
+
+fn share_verdict(id: &str, h: HeldOut) -> Verdict {
+    judge(&specs().unwrap()[id].test, &h.measure())
+        .unwrap()
+        .verdict
+}
+
+#[test]
+fn the_bound_held_out_in_l_fails_wrong_shapes_on_committed_data() {
+    for text in [
+        include_str!("../../../figures/theorem.csv"),
+        include_str!("../../../figures/theorem_real.csv"),
+    ] {
+        wrong_shapes_fail_in_l(text);
+    }
+}
+
+fn wrong_shapes_fail_in_l(text: &str) {
+    let (h, r) = parse(text);
+    let g = Grid::from_rows(&h, &r);
+    let from_l = 8;
+    let (tc, lc) = (g.c("t").to_vec(), g.c("l").to_vec());
+    let v = |shape: &dyn Fn(usize) -> f64| {
+        share_verdict("theorem2-fit", held_out_in_l(&g, from_l, shape))
+    };
+    assert_eq!(v(&|i| tc[i]), Verdict::Holds, "Theorem 2's own shape");
+    assert_eq!(v(&|_| 1.0), Verdict::Fails, "t = 1");
+    assert_eq!(v(&|i| lc[i]), Verdict::Fails, "t = L");
+    assert_eq!(v(&|i| lc[i].sqrt()), Verdict::Fails, "t = sqrt(L)");
+}
+
+#[test]
+fn the_beta_squared_form_held_out_both_ways_fails_wrong_shapes_on_committed_data() {
+    let (h, r) = parse(include_str!("../../../figures/theorem_limit.csv"));
+    let lr = LimitRows::from_rows(&h, &r);
+    let v = |shape: &dyn Fn(f64, f64) -> f64| {
+        share_verdict("theorem2-bias-form", lr.form_held_out(shape, 24.0))
+    };
+    assert_eq!(v(&|p, b| p / (b * b)), Verdict::Holds, "P/beta²");
+    assert_eq!(v(&|p, b| p / b), Verdict::Fails, "P/beta");
+    assert_eq!(v(&|_, _| 1.0), Verdict::Fails, "a constant");
+    assert_eq!(v(&|_, b| b.powi(-3)), Verdict::Fails, "1/beta³");
+}
+
+#[test]
+fn the_pair_bias_bound_covers_the_quadrature_and_the_explicit_claim_can_fail() {
+    use crate::reference::expected::expected_g;
+    for beta in [4.0, 16.0, 64.0] {
+        for i in 1..60 {
+            let theta = std::f64::consts::PI * i as f64 / 60.0;
+            let kap = 1.0 - theta / std::f64::consts::PI;
+            let bias = (expected_g(beta, 1.0, 1.0, theta, 1) - kap).abs();
+            let bound = pair_bias_bound(theta, 1, beta);
+            assert!(
+                bias <= 1.1 * bound + 1e-12,
+                "beta {beta} θ {theta}: {bias} > {bound}"
+            );
+        }
+    }
+    // On a small instance the bound holds, and a bound 10× too small is violated.
+    let q = data::concentrated_unit(48, 8, 0.5, 3, 1);
+    let k = data::concentrated_unit(48, 8, 0.5, 3, 2);
+    let v = data::values_from_keys(&k, 4, 4);
+    let t = GTable::new(8.0, 256);
+    let target = angular_attention(q.view(), k.view(), v.view(), 2.0, false).o;
+    let measured = rel_rms(&limit_output(&q, &k, &v, &t, 2, false), &target);
+    let bound = explicit_bias_bound((&q, &k, &v), &target, 2, 8.0);
+    let spec = &specs().unwrap()["theorem2-bias-explicit"].test;
+    let v_of = |b: f64| {
+        judge(
+            spec,
+            &Measure::Bound {
+                measured: measured / b,
+                bound: 1.0,
+            },
+        )
+        .unwrap()
+        .verdict
+    };
+    assert_ne!(v_of(bound), Verdict::Fails, "{measured} vs {bound}");
+    assert_eq!(v_of(bound / 10.0), Verdict::Fails);
+}
+
+#[test]
+fn the_tied_rate_is_two_sided_on_committed_data() {
+    let (h, r) = parse(include_str!("../../../figures/theorem_limit.csv"));
+    let lr = LimitRows::from_rows(&h, &r);
+    let betas = [4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
+    let spec = &specs().unwrap()["theorem2-bias-rate-tied"].test;
+    let at = |from: f64, fam: &str| {
+        let es: Vec<f64> = (1..=4).map(|p| lr.slope(fam, p, from, &betas)).collect();
+        judge(spec, &Measure::Values(es)).unwrap().verdict
+    };
+    // Where the asymptote holds the tied rate is −1; the clustered family's −2 is not.
+    assert_eq!(at(64.0, "tied"), Verdict::Holds);
+    assert_eq!(at(64.0, "clustered"), Verdict::Fails);
+    // Over beta ≥ 4 the pre-asymptotic slopes of small P fall outside the window.
+    assert_eq!(at(4.0, "tied"), Verdict::Fails);
+}
