@@ -6,9 +6,11 @@ use crate::error::{RaceError, Result};
 use crate::hashing::Planes;
 use crate::params::{validate_beta, validate_gamma, validate_pl, Combine};
 use crate::reference::{self, HeadOutput};
-use crate::tensor::{check_nonzero_rows, check_qkv, AttnShape, Mat, Tensor};
+use crate::tensor::{check_nonzero_rows, check_qkv, AttnShape, Element, Mat, Tensor, TensorRef};
+use ndarray::{ArrayD, ArrayView, Dimension, IxDyn};
 use rayon::prelude::*;
 use serde::Serialize;
+use std::borrow::Cow;
 
 /// The operators racelab computes side by side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -151,10 +153,11 @@ impl Default for AttendOptions {
     }
 }
 
-/// Result of [`attend`]: O with V's leading dims, the empty-row count, and planes used.
+/// Result of [`attend`]: O with V's leading dims (in the inputs' element type), the empty-row
+/// count, and planes used.
 #[derive(Debug, Clone)]
-pub struct AttendResult {
-    pub o: Tensor<f64>,
+pub struct AttendResult<T = f64> {
+    pub o: Tensor<T>,
     pub shape: AttnShape,
     /// Rows left 0: hard LSH's queries that collide with no key; for the other kernels, rows
     /// they flagged and could not recompute (see `recomputed`).
@@ -211,10 +214,10 @@ pub fn resolve_planes(opts: &AttendOptions, d: usize) -> Result<Option<Planes>> 
 /// The checks every device makes before anything is allocated: the shapes of `q`, `k`, `v`,
 /// the method's own parameters (β, γ, the Performer's feature count, the logit scale) and,
 /// for the angular methods, rows with a direction.
-fn validate(
-    q: &Tensor<f64>,
-    k: &Tensor<f64>,
-    v: &Tensor<f64>,
+fn validate<T: Element>(
+    q: &TensorRef<'_, T>,
+    k: &TensorRef<'_, T>,
+    v: &TensorRef<'_, T>,
     opts: &AttendOptions,
 ) -> Result<AttnShape> {
     let shape = check_qkv(q, k, v, opts.causal)?;
@@ -251,6 +254,16 @@ pub fn attend(
     q: &Tensor<f64>,
     k: &Tensor<f64>,
     v: &Tensor<f64>,
+    opts: &AttendOptions,
+) -> Result<AttendResult> {
+    reference_in(&q.view(), &k.view(), &v.view(), opts)
+}
+
+/// [`attend`] on borrowed f64 rows.
+fn reference_in(
+    q: &TensorRef<'_, f64>,
+    k: &TensorRef<'_, f64>,
+    v: &TensorRef<'_, f64>,
     opts: &AttendOptions,
 ) -> Result<AttendResult> {
     let shape = validate(q, k, v, opts)?;
@@ -326,8 +339,8 @@ pub fn attend(
     })
 }
 
-/// Run one operator with the chosen backend. `Reference` is [`attend`]; `Cpu` and `Cuda`
-/// compute in f32 (inputs rounded to f32) on the same planes / features.
+/// Run one operator with the chosen backend on f64 inputs. `Reference` is [`attend`]; `Cpu`
+/// and `Cuda` compute in f32 (inputs rounded to f32) on the same planes / features.
 pub fn attend_with(
     q: &Tensor<f64>,
     k: &Tensor<f64>,
@@ -335,9 +348,39 @@ pub fn attend_with(
     opts: &AttendOptions,
     device: Device,
 ) -> Result<AttendResult> {
+    attend_in(&q.view(), &k.view(), &v.view(), opts, device)
+}
+
+/// Run one operator with the chosen backend on borrowed rows of either element type, the
+/// output in the same type. f32 rows reach the f32 kernels (`Cpu`, `Cuda`) as they are, with
+/// no f64 copy; the reference widens them to f64 (exactly) and rounds its output back. f64
+/// rows are rounded to f32 for the kernels.
+pub fn attend_in<T: Element>(
+    q: &TensorRef<'_, T>,
+    k: &TensorRef<'_, T>,
+    v: &TensorRef<'_, T>,
+    opts: &AttendOptions,
+    device: Device,
+) -> Result<AttendResult<T>> {
     use crate::cpu::{self, exact, features};
     if device == Device::Reference {
-        return attend(q, k, v, opts);
+        let (q64, k64, v64) = (T::as_f64(q.data), T::as_f64(k.data), T::as_f64(v.data));
+        let r = reference_in(
+            &TensorRef::new("q", q.shape.clone(), &q64)?,
+            &TensorRef::new("k", k.shape.clone(), &k64)?,
+            &TensorRef::new("v", v.shape.clone(), &v64)?,
+            opts,
+        )?;
+        return Ok(AttendResult {
+            o: Tensor {
+                shape: r.o.shape,
+                data: T::from_f64(r.o.data),
+            },
+            shape: r.shape,
+            empty_rows: r.empty_rows,
+            planes: r.planes,
+            recomputed: r.recomputed,
+        });
     }
     let shape = validate(q, k, v, opts)?;
     if opts.combine != Combine::Paper && opts.method == Method::Soft {
@@ -346,11 +389,7 @@ pub fn attend_with(
     check_memory(opts, &shape, device)?;
     let planes = resolve_planes(opts, shape.d)?;
     let hn = shape.batch * shape.heads;
-    let (q32, k32, v32): (Vec<f32>, Vec<f32>, Vec<f32>) = (
-        q.data.iter().map(|&x| x as f32).collect(),
-        k.data.iter().map(|&x| x as f32).collect(),
-        v.data.iter().map(|&x| x as f32).collect(),
-    );
+    let (q32, k32, v32) = (T::as_f32(q.data), T::as_f32(k.data), T::as_f32(v.data));
     let (qh, kh, vh) = (
         Heads::new(hn, shape.n, shape.d, &q32),
         Heads::new(hn, shape.m, shape.d, &k32),
@@ -455,11 +494,65 @@ pub fn attend_with(
     Ok(AttendResult {
         o: Tensor {
             shape: oshape,
-            data: o.into_iter().map(|x| x as f64).collect(),
+            data: T::from_f32(o),
         },
         shape,
         empty_rows,
         planes,
         recomputed,
     })
+}
+
+/// The output of [`attend_array`]: `O` as an owned array with V's leading dims, and what the
+/// call did besides.
+#[derive(Debug, Clone)]
+pub struct ArrayOutput<T> {
+    pub o: ArrayD<T>,
+    /// See [`AttendResult::empty_rows`].
+    pub empty_rows: usize,
+    /// See [`AttendResult::recomputed`].
+    pub recomputed: crate::backend::Recomputed,
+    pub planes: Option<Planes>,
+    /// Which of `q`, `k`, `v` were copied: a view in standard (row-major, contiguous) layout
+    /// is read where it lies; any other layout (transposed, sliced with steps, permuted axes)
+    /// is copied once into row-major order.
+    pub copied: [bool; 3],
+}
+
+/// [`attend_in`] on ndarray views `[N, d]`, `[H, N, d]` or `[B, H, N, d]` (f32 or f64; any
+/// layout, see [`ArrayOutput::copied`]). f32 views reach the f32 kernels without an f64 copy.
+pub fn attend_array<T: Element, D: Dimension>(
+    q: ArrayView<'_, T, D>,
+    k: ArrayView<'_, T, D>,
+    v: ArrayView<'_, T, D>,
+    opts: &AttendOptions,
+    device: Device,
+) -> Result<ArrayOutput<T>> {
+    let (qr, kr, vr) = (standard_rows(&q), standard_rows(&k), standard_rows(&v));
+    let copied = [&qr, &kr, &vr].map(|c| matches!(c, Cow::Owned(_)));
+    let r = attend_in(
+        &TensorRef::new("q", q.shape().to_vec(), &qr)?,
+        &TensorRef::new("k", k.shape().to_vec(), &kr)?,
+        &TensorRef::new("v", v.shape().to_vec(), &vr)?,
+        opts,
+        device,
+    )?;
+    let o = ArrayD::from_shape_vec(IxDyn(&r.o.shape), r.o.data)
+        .map_err(|e| RaceError::shape("o", e.to_string()))?;
+    Ok(ArrayOutput {
+        o,
+        empty_rows: r.empty_rows,
+        recomputed: r.recomputed,
+        planes: r.planes,
+        copied,
+    })
+}
+
+/// The elements of `a` in row-major order: borrowed when `a` is in standard layout, else
+/// copied.
+fn standard_rows<'a, T: Clone, D: Dimension>(a: &ArrayView<'a, T, D>) -> Cow<'a, [T]> {
+    match a.clone().to_slice() {
+        Some(s) => Cow::Borrowed(s),
+        None => Cow::Owned(a.iter().cloned().collect()),
+    }
 }

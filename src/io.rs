@@ -32,6 +32,60 @@ fn bad(path: &str, msg: impl Into<String>) -> RaceError {
     }
 }
 
+/// An array read from `.npy` in its on-disk element type (no conversion).
+#[derive(Debug, Clone)]
+pub enum NpyData {
+    F32(Tensor<f32>),
+    F64(Tensor<f64>),
+}
+
+impl NpyData {
+    pub fn dtype(&self) -> Dtype {
+        match self {
+            NpyData::F32(_) => Dtype::F32,
+            NpyData::F64(_) => Dtype::F64,
+        }
+    }
+    pub fn shape(&self) -> &[usize] {
+        match self {
+            NpyData::F32(t) => &t.shape,
+            NpyData::F64(t) => &t.shape,
+        }
+    }
+    /// The array widened to f64 (moved when it is f64 already).
+    pub fn into_f64(self) -> Tensor<f64> {
+        match self {
+            NpyData::F32(t) => t.map(|x| x as f64),
+            NpyData::F64(t) => t,
+        }
+    }
+}
+
+/// Read an `.npy` file in its own element type: an f32 file stays f32.
+pub fn read_npy_native(path: &Path) -> Result<NpyData> {
+    let bytes = std::fs::read(path).map_err(|e| RaceError::io(path, e))?;
+    let name = path.display().to_string();
+    let h = parse_header(&bytes, &name)?;
+    let body = &bytes[h.offset..];
+    check_body(&h, body.len(), &name)?;
+    Ok(match h.dtype {
+        Dtype::F32 => NpyData::F32(decode(&h, body, |c| h.value(c) as f32)),
+        Dtype::F64 => NpyData::F64(decode(&h, body, |c| h.value(c))),
+    })
+}
+
+/// The body's values in C order, each decoded by `value`.
+fn decode<T: Copy + Default>(h: &NpyHeader, body: &[u8], value: impl Fn(&[u8]) -> T) -> Tensor<T> {
+    let mut data: Vec<T> = body.chunks_exact(h.width()).map(value).collect();
+    if h.fortran && h.shape.len() > 1 {
+        data = fortran_to_c(&data, &h.shape);
+    }
+    Tensor {
+        shape: h.shape.clone(),
+        data,
+    }
+}
+
 /// Read an `.npy` file.
 pub fn read_npy(path: &Path) -> Result<NpyArray> {
     let bytes = std::fs::read(path).map_err(|e| RaceError::io(path, e))?;
@@ -245,25 +299,16 @@ pub fn parse_npy(bytes: &[u8], name: &str) -> Result<NpyArray> {
     let h = parse_header(bytes, name)?;
     let body = &bytes[h.offset..];
     check_body(&h, body.len(), name)?;
-    let (dtype, fortran, shape, count, width) =
-        (h.dtype, h.fortran, h.shape.clone(), h.count(), h.width());
-    let mut data: Vec<f64> = Vec::with_capacity(count);
-    for chunk in body.chunks_exact(width) {
-        data.push(h.value(chunk));
-    }
-    if fortran && shape.len() > 1 {
-        data = fortran_to_c(&data, &shape);
-    }
     Ok(NpyArray {
-        tensor: Tensor { shape, data },
-        dtype,
+        tensor: decode(&h, body, |c| h.value(c)),
+        dtype: h.dtype,
     })
 }
 
 /// Reorder column-major data of `shape` into row-major.
-fn fortran_to_c(data: &[f64], shape: &[usize]) -> Vec<f64> {
+fn fortran_to_c<T: Copy + Default>(data: &[T], shape: &[usize]) -> Vec<T> {
     let n = data.len();
-    let mut out = vec![0.0; n];
+    let mut out = vec![T::default(); n];
     let rank = shape.len();
     let mut idx = vec![0usize; rank];
     for (c_pos, o) in out.iter_mut().enumerate() {
@@ -311,7 +356,7 @@ fn parse_shape(s: &str) -> Option<Vec<usize>> {
 }
 
 /// Serialise an array to `.npy` bytes (version 1.0, C order, little-endian).
-pub fn npy_bytes(shape: &[usize], data: &[f64], dtype: Dtype) -> Vec<u8> {
+pub fn npy_bytes<T: Copy + Into<f64>>(shape: &[usize], data: &[T], dtype: Dtype) -> Vec<u8> {
     let descr = if dtype == Dtype::F32 { "<f4" } else { "<f8" };
     let shape_s = match shape.len() {
         1 => format!("({},)", shape[0]),
@@ -336,7 +381,9 @@ pub fn npy_bytes(shape: &[usize], data: &[f64], dtype: Dtype) -> Vec<u8> {
     out.extend_from_slice(&(header.len() as u16).to_le_bytes());
     out.extend_from_slice(header.as_bytes());
     for &x in data {
+        let x: f64 = x.into();
         match dtype {
+            // Exact for f32 data (widened then narrowed); rounds f64 data once.
             Dtype::F32 => out.extend_from_slice(&(x as f32).to_le_bytes()),
             Dtype::F64 => out.extend_from_slice(&x.to_le_bytes()),
         }
@@ -345,7 +392,12 @@ pub fn npy_bytes(shape: &[usize], data: &[f64], dtype: Dtype) -> Vec<u8> {
 }
 
 /// Write an array to an `.npy` file.
-pub fn write_npy(path: &Path, shape: &[usize], data: &[f64], dtype: Dtype) -> Result<()> {
+pub fn write_npy<T: Copy + Into<f64>>(
+    path: &Path,
+    shape: &[usize],
+    data: &[T],
+    dtype: Dtype,
+) -> Result<()> {
     if let Some(parent) = path.parent() {
         if !parent.as_os_str().is_empty() {
             std::fs::create_dir_all(parent).map_err(|e| RaceError::io(parent, e))?;

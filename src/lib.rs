@@ -16,8 +16,23 @@
 //!
 //! ## Layout
 //!
-//! - [`reference`]: f64, literal, obviously correct estimators (the oracle);
-//! - [`hashing`]: planes, soft features, hard codes; [`io`]: `.npy`; [`attend`]: dispatch.
+//! The rooms from the base up; each names only rooms below it (`tests/module_graph.rs` keeps
+//! the graph of files free of circles and of upward arrows).
+//!
+//! - the base, on plain values: [`error`], [`rng`] (seeded streams), [`stats`], [`tensor`]
+//!   (`Mat`, `Tensor`), [`params`] (P, L, β, combine rule), [`hashing`] (planes, soft
+//!   features, hard codes), [`provenance`] (machine, revision, peak memory), [`memory`]
+//!   (estimates and refusals before allocating), [`io`] (`.npy`), [`plot`], [`analysis`]
+//!   (error metrics, rank);
+//! - the contract: [`backend`] (the [`SoftRace`] trait, its input, output and gradient types,
+//!   the checks every backend makes);
+//! - the backends: [`reference`](mod@reference) (f64, literal, obviously correct: the oracle), [`cpu`] (the
+//!   production f32 kernels), [`cuda`] (the CUDA kernels);
+//! - above them: [`attend`] (one operator on user inputs, and the backend for a device),
+//!   [`distributed`] (sequence parallelism over ranks, the streaming scale mode), [`bench`]
+//!   (timings against the machine's floors), [`experiments`] (every claim: compute → CSV →
+//!   figure → verdict, and `reproduce`);
+//! - the command line: `src/bin/racelab/` (`args.rs`, one file per command).
 //!
 //! Notes proving or checking each claim live in `proofs-notes/`.
 

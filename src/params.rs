@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 /// Largest P accepted: 2^20 buckets per table already means megabytes of state per table.
 pub const MAX_P: usize = 20;
 
-/// How tables are combined (DESIGN §1).
+/// How tables are combined (`proofs-notes/combine-rules.md`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Combine {

@@ -4,6 +4,102 @@
 //! (`MatRef`, an `N × d` row-major view) and lifted to `[B, H, N, d]` by [`Tensor::heads`].
 
 use crate::error::{RaceError, Result};
+use std::borrow::Cow;
+
+/// The element types racelab reads, computes in and writes: `f32` (the kernels' own) and
+/// `f64` (the references'). Conversions borrow when the type already matches, so an f32
+/// input reaches the f32 kernels and an f64 input the reference without a copy.
+pub trait Element: Copy + Default + Send + Sync + Into<f64> + std::fmt::Debug + 'static {
+    /// The rows as f32: borrowed for f32, rounded for f64.
+    fn as_f32(data: &[Self]) -> Cow<'_, [f32]>;
+    /// The rows as f64: borrowed for f64, widened (exactly) for f32.
+    fn as_f64(data: &[Self]) -> Cow<'_, [f64]>;
+    /// f32 results in this type (moved for f32).
+    fn from_f32(v: Vec<f32>) -> Vec<Self>;
+    /// f64 results in this type (moved for f64, rounded for f32).
+    fn from_f64(v: Vec<f64>) -> Vec<Self>;
+}
+
+impl Element for f32 {
+    fn as_f32(data: &[f32]) -> Cow<'_, [f32]> {
+        Cow::Borrowed(data)
+    }
+    fn as_f64(data: &[f32]) -> Cow<'_, [f64]> {
+        Cow::Owned(data.iter().map(|&x| x as f64).collect())
+    }
+    fn from_f32(v: Vec<f32>) -> Vec<f32> {
+        v
+    }
+    fn from_f64(v: Vec<f64>) -> Vec<f32> {
+        v.into_iter().map(|x| x as f32).collect()
+    }
+}
+
+impl Element for f64 {
+    fn as_f32(data: &[f64]) -> Cow<'_, [f32]> {
+        Cow::Owned(data.iter().map(|&x| x as f32).collect())
+    }
+    fn as_f64(data: &[f64]) -> Cow<'_, [f64]> {
+        Cow::Borrowed(data)
+    }
+    fn from_f32(v: Vec<f32>) -> Vec<f64> {
+        v.into_iter().map(|x| x as f64).collect()
+    }
+    fn from_f64(v: Vec<f64>) -> Vec<f64> {
+        v
+    }
+}
+
+/// A borrowed row-major tensor: a shape and the caller's data (a [`Tensor`]'s, a slice, or a
+/// standard-layout ndarray view's).
+#[derive(Debug, Clone)]
+pub struct TensorRef<'a, T> {
+    pub shape: Vec<usize>,
+    pub data: &'a [T],
+}
+
+impl<'a, T: Copy> TensorRef<'a, T> {
+    /// A view of `data` as `shape`, refused (naming `arg`) when the lengths disagree.
+    pub fn new(arg: &str, shape: Vec<usize>, data: &'a [T]) -> Result<Self> {
+        let n = shape.iter().try_fold(1usize, |a, &x| a.checked_mul(x));
+        if n != Some(data.len()) {
+            return Err(RaceError::shape(
+                arg,
+                format!(
+                    "shape {shape:?} does not hold the {} elements given",
+                    data.len()
+                ),
+            ));
+        }
+        Ok(TensorRef { shape, data })
+    }
+
+    /// The shape as `[B, H, N, d]`, accepting rank 2, 3 or 4.
+    pub fn bhnd(&self, arg: &str) -> Result<[usize; 4]> {
+        match self.shape.as_slice() {
+            [n, d] => Ok([1, 1, *n, *d]),
+            [h, n, d] => Ok([1, *h, *n, *d]),
+            [b, h, n, d] => Ok([*b, *h, *n, *d]),
+            s => Err(RaceError::shape(
+                arg,
+                format!(
+                    "rank {} shape {:?}; expected [N,d], [H,N,d] or [B,H,N,d]",
+                    s.len(),
+                    s
+                ),
+            )),
+        }
+    }
+
+    /// The independent `N × d` problems (batch × heads), in order.
+    pub fn heads(&self, arg: &str) -> Result<Vec<MatRef<'a, T>>> {
+        let [b, h, n, d] = self.bhnd(arg)?;
+        let data = self.data;
+        Ok((0..b * h)
+            .map(|i| MatRef::new(n, d, &data[i * n * d..(i + 1) * n * d]))
+            .collect())
+    }
+}
 
 /// An owned row-major tensor.
 #[derive(Debug, Clone, PartialEq)]
@@ -89,29 +185,22 @@ impl<T: Copy> Tensor<T> {
         Ok(Tensor { shape, data })
     }
 
+    /// A borrowed view of the whole tensor.
+    pub fn view(&self) -> TensorRef<'_, T> {
+        TensorRef {
+            shape: self.shape.clone(),
+            data: &self.data,
+        }
+    }
+
     /// The shape as `[B, H, N, d]`, accepting rank 2, 3 or 4.
     pub fn bhnd(&self, arg: &str) -> Result<[usize; 4]> {
-        match self.shape.as_slice() {
-            [n, d] => Ok([1, 1, *n, *d]),
-            [h, n, d] => Ok([1, *h, *n, *d]),
-            [b, h, n, d] => Ok([*b, *h, *n, *d]),
-            s => Err(RaceError::shape(
-                arg,
-                format!(
-                    "rank {} shape {:?}; expected [N,d], [H,N,d] or [B,H,N,d]",
-                    s.len(),
-                    s
-                ),
-            )),
-        }
+        self.view().bhnd(arg)
     }
 
     /// The independent `N × d` problems (batch × heads), in order.
     pub fn heads(&self, arg: &str) -> Result<Vec<MatRef<'_, T>>> {
-        let [b, h, n, d] = self.bhnd(arg)?;
-        Ok((0..b * h)
-            .map(|i| MatRef::new(n, d, &self.data[i * n * d..(i + 1) * n * d]))
-            .collect())
+        self.view().heads(arg)
     }
 
     pub fn map<U: Copy>(&self, f: impl Fn(T) -> U) -> Tensor<U> {
@@ -167,9 +256,9 @@ pub fn check_finite<T: Copy + Into<f64> + Sync>(arg: &str, data: &[T]) -> Result
 }
 
 /// Check that no row of `m` is the zero vector (needed wherever an angle is taken).
-pub fn check_nonzero_rows(arg: &str, m: MatRef<'_, f64>) -> Result<()> {
+pub fn check_nonzero_rows<T: Copy + Into<f64>>(arg: &str, m: MatRef<'_, T>) -> Result<()> {
     for i in 0..m.rows {
-        if m.row(i).iter().all(|&x| x == 0.0) {
+        if m.row(i).iter().all(|&x| x.into() == 0.0) {
             return Err(RaceError::ZeroVector {
                 arg: arg.into(),
                 row: i,
@@ -192,9 +281,9 @@ pub struct AttnShape {
 
 /// Check Q, K, V shapes against each other, emptiness and finiteness.
 pub fn check_qkv<T: Copy + Into<f64> + Sync>(
-    q: &Tensor<T>,
-    k: &Tensor<T>,
-    v: &Tensor<T>,
+    q: &TensorRef<'_, T>,
+    k: &TensorRef<'_, T>,
+    v: &TensorRef<'_, T>,
     causal: bool,
 ) -> Result<AttnShape> {
     let [qb, qh, n, d] = q.bhnd("q")?;
@@ -248,9 +337,9 @@ pub fn check_qkv<T: Copy + Into<f64> + Sync>(
             format!("causal attention needs as many queries as keys (q has {n}, k has {m})"),
         ));
     }
-    check_finite("q", &q.data)?;
-    check_finite("k", &k.data)?;
-    check_finite("v", &v.data)?;
+    check_finite("q", q.data)?;
+    check_finite("k", k.data)?;
+    check_finite("v", v.data)?;
     Ok(AttnShape {
         batch: qb,
         heads: qh,

@@ -607,6 +607,7 @@ fn race_cu_compiles_with_nvrtc_with_at_most_small_spills() {
     // SAFETY: loading NVRTC runs no initialisers with preconditions; the symbols below have
     // NVRTC's documented C signatures, which the types above spell out.
     let lib = unsafe { libloading::Library::new(&path) }.expect("loading NVRTC");
+    // SAFETY: each symbol is NVRTC's, with the C signature its type above spells out.
     let (create, compile, log_size, log, destroy) = unsafe {
         (
             lib.get::<Create>(b"nvrtcCreateProgram").unwrap(),

@@ -5,7 +5,6 @@ use common::randn_t;
 use racelab::io::{npy_bytes, parse_npy, write_npy, Dtype};
 use racelab::{attend, AttendOptions, Method, RaceError, Tensor};
 use std::path::PathBuf;
-use std::process::Command;
 
 fn qkv(n: usize, d: usize) -> (Tensor<f64>, Tensor<f64>, Tensor<f64>) {
     (
@@ -183,19 +182,7 @@ fn cli_fail(tag: &str, files: &[(&str, Vec<usize>, Vec<f64>)], extra: &[&str]) -
     for (name, shape, data) in files {
         write_npy(&dir.join(format!("{name}.npy")), shape, data, Dtype::F64).unwrap();
     }
-    let o = Command::new(env!("CARGO_BIN_EXE_racelab"))
-        .arg("attend")
-        .arg("--q")
-        .arg(dir.join("q.npy"))
-        .arg("--k")
-        .arg(dir.join("k.npy"))
-        .arg("--v")
-        .arg(dir.join("v.npy"))
-        .arg("--out")
-        .arg(dir.join("o.npy"))
-        .args(extra)
-        .output()
-        .unwrap();
+    let o = common::attend_command(&dir, extra).output().unwrap();
     std::fs::remove_dir_all(&dir).ok();
     assert!(!o.status.success(), "{tag}: expected failure");
     assert_eq!(o.status.code(), Some(2), "{tag}: exit code");
@@ -312,18 +299,7 @@ fn cli_bad_inputs_exit_nonzero_with_message() {
         ),
     ] {
         std::fs::write(dir.join("q.npy"), &body).unwrap();
-        let o = Command::new(env!("CARGO_BIN_EXE_racelab"))
-            .arg("attend")
-            .arg("--method")
-            .arg("soft")
-            .arg("--q")
-            .arg(dir.join("q.npy"))
-            .arg("--k")
-            .arg(dir.join("k.npy"))
-            .arg("--v")
-            .arg(dir.join("v.npy"))
-            .arg("--out")
-            .arg(dir.join("o.npy"))
+        let o = common::attend_command(&dir, &["--method", "soft"])
             .output()
             .unwrap();
         let s = String::from_utf8_lossy(&o.stderr);

@@ -7,7 +7,8 @@
 //! A second test keeps the base of the house free of upward arrows: the files that take plain
 //! values (`memory`, `provenance`, `params`, `hashing`, `rng`, `error`, `stats`, `tensor`)
 //! name nothing above them, the backend contract (`backend/`) names none of its backends, and
-//! the kernels (`cpu/`) do not name the experiment, bench, distributed or front-end rooms.
+//! the kernels (`cpu/`) do not name the experiment, bench, distributed or front-end rooms. A
+//! third keeps every file of `src/` at most 800 lines.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -18,21 +19,29 @@ struct Module {
     file: PathBuf,
 }
 
-fn modules(src: &Path) -> Vec<Module> {
+/// The `.rs` files under `dir` (with `src/bin` unless `skip_bin`).
+fn rust_files(dir: &Path, skip_bin: bool) -> Vec<PathBuf> {
     let mut out = Vec::new();
-    let mut stack = vec![src.to_path_buf()];
+    let mut stack = vec![dir.to_path_buf()];
     while let Some(dir) = stack.pop() {
         for e in std::fs::read_dir(&dir).unwrap() {
             let p = e.unwrap().path();
             if p.is_dir() {
-                if p.file_name().unwrap() != "bin" {
+                if !(skip_bin && p.file_name().unwrap() == "bin") {
                     stack.push(p);
                 }
-                continue;
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
             }
-            if p.extension().is_none_or(|x| x != "rs") {
-                continue;
-            }
+        }
+    }
+    out
+}
+
+fn modules(src: &Path) -> Vec<Module> {
+    rust_files(src, true)
+        .into_iter()
+        .map(|p| {
             let rel = p.strip_prefix(src).unwrap();
             let mut path: Vec<String> = rel
                 .iter()
@@ -42,10 +51,9 @@ fn modules(src: &Path) -> Vec<Module> {
             if last == "mod" || last == "lib" {
                 path.pop();
             }
-            out.push(Module { path, file: p });
-        }
-    }
-    out
+            Module { path, file: p }
+        })
+        .collect()
 }
 
 /// The text with comments, string and char literals blanked out.
@@ -557,6 +565,27 @@ fn the_base_and_the_kernels_name_nothing_above_them() {
         "upward arrows ({}):\n  {}",
         wrong.len(),
         wrong.join("\n  ")
+    );
+}
+
+/// No Rust file of `src/` (the command line's included) is longer than this many lines.
+const MAX_LINES: usize = 800;
+
+#[test]
+fn no_file_of_src_is_over_800_lines() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let long: Vec<String> = rust_files(&src, false)
+        .into_iter()
+        .filter_map(|p| {
+            let n = std::fs::read_to_string(&p).unwrap().lines().count();
+            let name = p.strip_prefix(&src).unwrap().display().to_string();
+            (n > MAX_LINES).then(|| format!("{name} ({n} lines)"))
+        })
+        .collect();
+    assert!(
+        long.is_empty(),
+        "files over {MAX_LINES} lines: {}",
+        long.join(", ")
     );
 }
 

@@ -3,7 +3,7 @@
 Writes small inputs, planes, Performer features and every method's output (non-causal and
 causal) as .npy under tests/data/golden/. The Rust reference must match these to 1e-12.
 
-Written from DESIGN.md section 1 only, in the most literal form (explicit N x M kernels,
+Written from the maths of section 1 of the design notes only, in the most literal form (explicit N x M kernels,
 the direct 2^P-way softmax for soft features, itertools corner order), so it shares no
 code or shortcuts with the Rust side.
 

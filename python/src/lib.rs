@@ -391,7 +391,8 @@ fn tensors64(
         let (data, dims) = slice3(name, a)?;
         out.push(Tensor::new(dims.to_vec(), data.to_vec()).map_err(py_err)?);
     }
-    let shape = check_qkv(&out[0], &out[1], &out[2], causal).map_err(py_err)?;
+    let shape =
+        check_qkv(&out[0].view(), &out[1].view(), &out[2].view(), causal).map_err(py_err)?;
     if shape.d != planes.d {
         return Err(py_err(RaceError::shape(
             "planes",

@@ -1,6 +1,6 @@
 //! Singular values and numerical rank.
 //!
-//! Rank bound (DESIGN 2.3, `proofs-notes/rank-bound.md`): `Ŝ = Φ_Q Φ_Kᵀ / L` with `Φ` the
+//! Rank bound (`proofs-notes/rank-bound.md`): `Ŝ = Φ_Q Φ_Kᵀ / L` with `Φ` the
 //! `N × LR` stacked features. Each table's features sum to 1, so the `L` blocks of columns
 //! all have the same row sums: `Φ (e_l − e_1) = 0` for the block-indicator vectors, `L − 1`
 //! independent relations. Hence `rank(Ŝ) ≤ L(R − 1) + 1 ≤ LR`.

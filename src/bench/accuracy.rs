@@ -1,4 +1,4 @@
-//! Long-sequence accuracy of the production causal f32 kernel (DESIGN 2.7): relative error
+//! Long-sequence accuracy of the production causal f32 kernel (`proofs-notes/long-sums.md`): relative error
 //! of the two-level (f32 block, f64 carry) scan against an f64 recurrence at N up to 10^8, beside
 //! a naive serial f32 prefix sum (the authors' serial-scan analogue) on the same inputs.
 //!

@@ -103,6 +103,7 @@ fn fma_chains(isa: Isa, iters: usize) -> (f64, f32) {
             // creates, after CPUID (`is_x86_feature_detected!`) reported the features the
             // function is compiled for.
             Level::Avx512 => return ((iters * CHAINS_512 * 16 * 2) as f64, unsafe { z(iters) }),
+            // SAFETY: as above, an `Isa` at the AVX2 level exists only after detection.
             Level::Avx2 => return ((iters * CHAINS_256 * 8 * 2) as f64, unsafe { y8(iters) }),
             _ => {}
         }

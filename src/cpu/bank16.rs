@@ -371,6 +371,8 @@ fn step_n<S: Native, const FULL: bool>(
                 *a = &r.a[o..o + 16];
             }
             let mut acc = [[zero; CH_N]; NR];
+            // `f` steps the state's rows (`f * ld`) and the read rows' columns alike.
+            #[allow(clippy::needless_range_loop)]
             for f in 0..m {
                 let mut sv = [zero; CH_N];
                 for (c, v) in sv.iter_mut().enumerate() {

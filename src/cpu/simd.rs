@@ -377,7 +377,7 @@ fn dot2_512(g: &[f32], x: &[f32], y: &[f32]) -> f32 {
     let (pg, px, py) = (g.as_ptr(), x.as_ptr(), y.as_ptr());
     let mut acc = [_mm512_setzero_ps(); 2];
     let mut i = 0;
-    // SAFETY (all loads): full loads read [i, i + 16) with i + 16 ≤ n; the masked load reads
+    // SAFETY: (all loads) full loads read [i, i + 16) with i + 16 ≤ n; the masked load reads
     // only lanes below n − i; all three slices hold at least n elements (asserted).
     unsafe {
         while i + 16 <= n {
@@ -409,7 +409,7 @@ fn axpy2_512(out: &mut [f32], w: f32, x: &[f32], y: Option<&[f32]>) {
     let (po, px) = (out.as_mut_ptr(), x.as_ptr());
     let wv = _mm512_set1_ps(w);
     let mut i = 0;
-    // SAFETY (all loads and stores): full accesses cover [i, i + 16) with i + 16 ≤ n, masked
+    // SAFETY: (all loads and stores) full accesses cover [i, i + 16) with i + 16 ≤ n, masked
     // ones only lanes below n − i; `x` and `y` hold at least n elements (asserted).
     unsafe {
         let load = |m: __mmask16, i: usize| -> __m512 {
@@ -442,7 +442,7 @@ fn dot512(a: &[f32], b: &[f32]) -> f32 {
     let (pa, pb) = (a.as_ptr(), b.as_ptr());
     let mut acc = [_mm512_setzero_ps(); 4];
     let mut i = 0;
-    // SAFETY (all loads below): every full load reads [i, i + 16) with i + 16 ≤ n, and the
+    // SAFETY: (all loads below) every full load reads [i, i + 16) with i + 16 ≤ n, and the
     // masked load reads only the lanes below n − i; both slices have at least n elements.
     unsafe {
         while i + 64 <= n {

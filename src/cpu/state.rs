@@ -4,7 +4,7 @@
 //! `B_f` and, in the last column, the mass `A_f` (keys enter as `[v_j, 1]`), so mass and
 //! values are one `axpy`. Backward banks hold `[dB_f, dA_f]` the same way.
 //!
-//! Long sums (DESIGN 2.7): a plain f32 running sum over 10^8 tokens drifts by 1e-3..1e-1. The
+//! Long sums (`proofs-notes/long-sums.md`): a plain f32 running sum over 10^8 tokens drifts by 1e-3..1e-1. The
 //! bank adds tokens into an f32 `local` block started from zero, and every [`FLUSH`] tokens
 //! moves it into an f64 `base` (and refreshes the f32 copy `base32` used for reads). A read
 //! sees `base32 + local`: rounding error `O(eps)` relative to the state from `base32`, plus

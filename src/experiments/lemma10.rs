@@ -3,7 +3,7 @@
 //! (slides, backup): all Q/K equal one unit vector x, P = 2, beta = 0.1. Then `S_ij = 1` but
 //! `Ŝ_ij = (1/L)Σ_l |φ_l(x)|² ≤ max_r φ_r ≤ e^{0.4}/4 < 0.373`, so `‖E‖₂/N > 0.627` for every L.
 //!
-//! Repair (DESIGN 2.4): with `b = max_ij |EŜ_ij − S_ij|`, w.p. ≥ 1 − δ
+//! Repair (`proofs-notes/lemma10.md`): with `b = max_ij |EŜ_ij − S_ij|`, w.p. ≥ 1 − δ
 //! `‖E‖₂/N ≤ b + sqrt(log(2N²/δ)/(2L))`; `b ≤ C1/4` and `L ≥ (8/C1²) log(2N²/δ)` suffice for
 //! `‖E‖₂ ≤ s_min/2`. Here `E = diag(Ŝ1 − S1)`, `S = κ^P`, `EŜ = g^P` by quadrature. The
 //! bound is tested only where it is below 1; the counterexample's beta range per P is found by

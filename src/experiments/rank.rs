@@ -1,6 +1,5 @@
 //! `racelab rank`: numerical rank of the explicit `Ŝ` (soft and hard) and of the stacked
-//! feature matrix, against `L·R` and the sharp bound `L(R−1)+1` (DESIGN 2.3,
-//! `proofs-notes/rank-bound.md`).
+//! feature matrix, against `L·R` and the sharp bound `L(R−1)+1` (`proofs-notes/rank-bound.md`).
 
 use super::{data, f, fig, load_config, read_csv, write_csv, Claim, Ctx, ExpResult, Measure};
 use crate::analysis::rank::{default_tol, numerical_rank, sharp_rank_bound, singular_values};

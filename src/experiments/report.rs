@@ -10,7 +10,7 @@ use crate::hashing::{soft_features, soft_features_direct, Planes};
 use crate::provenance::Provenance;
 use crate::rng::SeededRng;
 
-/// φ factorisation (DESIGN 2.1), compute → CSV `factorisation`: the largest difference between
+/// φ factorisation (`proofs-notes/phi-factorisation.md`), compute → CSV `factorisation`: the largest difference between
 /// the factorised and the direct softmax features per (P, beta), and whether the factorised
 /// ones stayed finite.
 fn factorisation_csv(ctx: &Ctx) -> Result<String> {
@@ -83,7 +83,7 @@ fn factorisation_claim(ctx: &Ctx) -> Result<(Claim, serde_json::Value)> {
     Ok((claim, headline))
 }
 
-/// φ factorisation (DESIGN 2.1): factorised vs direct softmax over P and beta, finiteness,
+/// φ factorisation (`proofs-notes/phi-factorisation.md`): factorised vs direct softmax over P and beta, finiteness,
 /// and where the un-stabilised softmax overflows.
 pub fn factorisation(ctx: &Ctx) -> Result<ExpResult> {
     let t0 = std::time::Instant::now();
@@ -326,7 +326,7 @@ pub fn write_report(
         format!(": {}.", committed.join(", "))
     };
     s += " Each CSV has a `.meta.json` with its parameters and provenance, and each figure is drawn from its CSV; the figures and CSVs are those of the first master seed, the other seeds' are under `seeds/`.\n\n";
-    s += "Each claim, its quantity and its threshold are stated in `experiments/claims.toml` before the run that measures them (its `since` and `changed` revisions); the verdict is computed from the measured numbers by `judge` (`src/experiments/verdict.rs`). Verdicts: **holds** (within the threshold), **loose** (the bound holds; its slack is given), **fails** (violated or not supported; the margin is given), **not testable here** (with the reason), **unstable (k/K holds)** (the independent master seeds disagree). An empirical claim is measured at every master seed, with inputs and planes redrawn; its row gives the first seed's measurement and the seeds that agree. **borderline**: the value the verdict turns on lies within one standard error of its threshold. Margins are one-sided Student-t tests with the samples' degrees of freedom; a claim over several comparisons names its multiplicity correction. `claims.json` holds the same verdicts for programs.\n\n";
+    s += "Each claim, its quantity and its threshold are stated in `experiments/claims.toml` before the run that measures them (its `since` and `changed` revisions); the verdict is computed from the measured numbers by `judge` (`src/experiments/verdict/judge.rs`). Verdicts: **holds** (within the threshold), **loose** (the bound holds; its slack is given), **fails** (violated or not supported; the margin is given), **not testable here** (with the reason), **unstable (k/K holds)** (the independent master seeds disagree). An empirical claim is measured at every master seed, with inputs and planes redrawn; its row gives the first seed's measurement and the seeds that agree. **borderline**: the value the verdict turns on lies within one standard error of its threshold. Margins are one-sided Student-t tests with the samples' degrees of freedom; a claim over several comparisons names its multiplicity correction. `claims.json` holds the same verdicts for programs.\n\n";
     let empirical: Vec<&&Claim> = all.iter().filter(|c| c.kind == Kind::Empirical).collect();
     let computed: Vec<&&Claim> = all.iter().filter(|c| c.kind == Kind::Computed).collect();
     s += "## Verdicts (empirical claims)\n\n";

@@ -1,4 +1,4 @@
-//! The expected soft-RACE kernel, by quadrature (DESIGN 2.2; `proofs-notes/soft-bias.md`).
+//! The expected soft-RACE kernel, by quadrature (`proofs-notes/soft-bias.md`).
 //!
 //! Rows of `W` are independent, so `E_W[φ(q)ᵀφ(k)] = g^P` with
 //! `g = E[a(X)a(Y) + (1 − a(X))(1 − a(Y))]`, `a(t) = σ(2 beta tanh t)`, where `(X, Y) = (wᵀq, wᵀk)`

@@ -3,6 +3,8 @@
 
 use racelab::rng::SeededRng;
 use racelab::{Mat, Tensor};
+use std::path::Path;
+use std::process::Command;
 
 /// A seeded N(0,1) matrix.
 pub fn randn(rows: usize, cols: usize, seed: u64) -> Mat<f64> {
@@ -60,4 +62,17 @@ pub fn rel(a: &[f32], b: &[f32]) -> f64 {
         .zip(b)
         .fold(0.0f64, |m, (&x, &y)| m.max((x as f64 - y as f64).abs()));
     err / scale
+}
+
+/// `racelab attend` on `dir/q.npy`, `dir/k.npy`, `dir/v.npy`, writing `dir/o.npy`, with
+/// `extra` arguments.
+pub fn attend_command(dir: &Path, extra: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_racelab"));
+    c.arg("attend");
+    for name in ["q", "k", "v"] {
+        c.arg(format!("--{name}"))
+            .arg(dir.join(format!("{name}.npy")));
+    }
+    c.arg("--out").arg(dir.join("o.npy")).args(extra);
+    c
 }

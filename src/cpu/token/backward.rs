@@ -1,4 +1,4 @@
-//! Soft-RACE backward pass (DESIGN 2.6), linear in N like the forward.
+//! Soft-RACE backward pass (`proofs-notes/backward.md`), linear in N like the forward.
 //!
 //! With `G = ∂ℓ/∂Ô`, `g_i = G_i/Den_i`, `h_i = −G_iᵀÔ_i/Den_i`, and the bank rows
 //! `[B_f | A_f]`, the extended vector `ĝ_i = [g_i, h_i]` gives

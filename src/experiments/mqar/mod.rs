@@ -343,7 +343,9 @@ pub fn learned_vs_fixed_measure(s: &[Summary]) -> (Measure, String) {
     if let Some(why) = beta_not_learned(s, "learned") {
         return (Measure::NotTestable(why.clone()), why);
     }
-    for a in race(s, "learned").filter(|a| !(a.dlog2_beta.abs() < MIN_BETA_MOVE_LOG2)) {
+    for a in race(s, "learned")
+        .filter(|a| a.dlog2_beta.is_nan() || a.dlog2_beta.abs() >= MIN_BETA_MOVE_LOG2)
+    {
         if let Some(b) = race(s, "fixed").find(|b| (b.p, b.l) == (a.p, a.l)) {
             seeds = seeds.min(a.seeds).min(b.seeds);
             terms.push((a.accuracy - b.accuracy, a.se.hypot(b.se)));
@@ -376,7 +378,9 @@ pub fn learned_beta_measure(
     if let Some(why) = beta_not_learned(s, AUTHORS) {
         return (Measure::NotTestable(why.clone()), why);
     }
-    for a in race(s, AUTHORS).filter(|a| !(a.dlog2_beta.abs() < MIN_BETA_MOVE_LOG2)) {
+    for a in race(s, AUTHORS)
+        .filter(|a| a.dlog2_beta.is_nan() || a.dlog2_beta.abs() >= MIN_BETA_MOVE_LOG2)
+    {
         match tradeoff.get(&(a.p, a.l)) {
             // A non-finite learned β is kept: the verdict says it is not finite.
             Some(&t) => {

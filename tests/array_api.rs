@@ -1,0 +1,145 @@
+//! The array boundary: ndarray views in standard and strided layout, f32 end to end.
+mod common;
+use common::randn_t;
+use ndarray::{Array4, ArrayView4, Axis};
+use racelab::attend::{attend_array, attend_in, attend_with};
+use racelab::io::{read_npy_native, write_npy, Dtype, NpyData};
+use racelab::tensor::{Element, TensorRef};
+use racelab::{AttendOptions, Device, Method, Tensor};
+use std::borrow::Cow;
+
+/// `[B, N, H, d]` seeded normal draws (a layout an attention layer often holds before its
+/// heads are split out).
+fn bnhd(n: usize, h: usize, d: usize, seed: u64) -> Array4<f32> {
+    let t = randn_t(&[1, n, h, d], seed);
+    Array4::from_shape_vec((1, n, h, d), t.data.iter().map(|&x| x as f32).collect()).unwrap()
+}
+
+fn soft(causal: bool) -> AttendOptions {
+    AttendOptions {
+        method: Method::Soft,
+        p: 2,
+        l: 3,
+        beta: 6.0,
+        causal,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_strided_view_round_trips_through_the_cpu_kernels_and_the_reference() {
+    let (n, h, d) = (40, 2, 16);
+    let (q, k, v) = (bnhd(n, h, d, 1), bnhd(n, h, d, 2), bnhd(n, h, d, 3));
+    // `[B, H, N, d]` as a permuted (non-contiguous) view of the `[B, N, H, d]` arrays.
+    fn heads(a: &Array4<f32>) -> ArrayView4<'_, f32> {
+        a.view().permuted_axes([0, 2, 1, 3])
+    }
+    let (qs, ks, vs) = (heads(&q), heads(&k), heads(&v));
+    assert!(!qs.is_standard_layout());
+    let (qc, kc, vc) = (
+        qs.as_standard_layout().into_owned(),
+        ks.as_standard_layout().into_owned(),
+        vs.as_standard_layout().into_owned(),
+    );
+    for causal in [false, true] {
+        let opts = soft(causal);
+        let strided = attend_array(qs, ks, vs, &opts, Device::Cpu).unwrap();
+        let standard = attend_array(qc.view(), kc.view(), vc.view(), &opts, Device::Cpu).unwrap();
+        assert_eq!(strided.copied, [true; 3], "a permuted view is copied once");
+        assert_eq!(
+            standard.copied, [false; 3],
+            "a standard view is read in place"
+        );
+        assert_eq!(strided.o.shape(), &[1, h, n, d]);
+        assert_eq!(strided.o, standard.o, "the layout changes nothing");
+        // The f64 reference on the same values (widened exactly), through a strided f64 view.
+        let (q64, k64, v64) = (q.mapv(f64::from), k.mapv(f64::from), v.mapv(f64::from));
+        let exact = attend_array(
+            q64.view().permuted_axes([0, 2, 1, 3]),
+            k64.view().permuted_axes([0, 2, 1, 3]),
+            v64.view().permuted_axes([0, 2, 1, 3]),
+            &opts,
+            Device::Reference,
+        )
+        .unwrap();
+        let scale = exact.o.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+        let err = strided
+            .o
+            .iter()
+            .zip(exact.o.iter())
+            .fold(0.0f64, |m, (a, b)| m.max((*a as f64 - b).abs()));
+        assert!(
+            err <= 1e-4 * scale,
+            "causal {causal}: CPU vs reference {err:e} (scale {scale})"
+        );
+        // Per head, the output is the head's own problem: head 1 alone gives head 1's rows.
+        let one = attend_array(
+            qc.index_axis(Axis(1), 1).insert_axis(Axis(1)),
+            kc.index_axis(Axis(1), 1).insert_axis(Axis(1)),
+            vc.index_axis(Axis(1), 1).insert_axis(Axis(1)),
+            &opts,
+            Device::Cpu,
+        )
+        .unwrap();
+        assert_eq!(
+            one.o.index_axis(Axis(1), 0),
+            standard.o.index_axis(Axis(1), 1)
+        );
+    }
+}
+
+#[test]
+fn f32_rows_reach_the_kernels_without_a_copy_and_come_back_f32() {
+    let rows = [1.0f32, 2.0, 3.0];
+    assert!(matches!(f32::as_f32(&rows), Cow::Borrowed(_)));
+    assert!(matches!(f64::as_f64(&[1.0f64]), Cow::Borrowed(_)));
+    // The f32 call and the f64 call on the same (f32-representable) values agree on the
+    // kernels: both run the same f32 arithmetic.
+    let t = randn_t(&[2, 24, 8], 5).map(|x| x as f32 as f64);
+    let t32 = t.map(|x| x as f32);
+    let opts = soft(true);
+    let o32 = attend_in(&t32.view(), &t32.view(), &t32.view(), &opts, Device::Cpu).unwrap();
+    let o64 = attend_with(&t, &t, &t, &opts, Device::Cpu).unwrap();
+    let widened: Vec<f64> = o32.o.data.iter().map(|&x| x as f64).collect();
+    assert_eq!(widened, o64.o.data);
+    // A view whose shape does not hold its data is refused, naming the argument.
+    let e = TensorRef::new("q", vec![2, 3], &rows[..])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("`q`"), "{e}");
+}
+
+#[test]
+fn the_command_line_keeps_f32_files_f32() {
+    let dir = std::env::temp_dir().join(format!("racelab-f32-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let t = randn_t(&[2, 24, 8], 9).map(|x| x as f32);
+    for name in ["q", "k", "v"] {
+        write_npy(
+            &dir.join(format!("{name}.npy")),
+            &t.shape,
+            &t.data,
+            Dtype::F32,
+        )
+        .unwrap();
+    }
+    let out = dir.join("o.npy");
+    let args = [
+        "--method", "soft", "--p", "2", "--l", "3", "--beta", "6", "--causal", "--device", "cpu",
+    ];
+    let status = common::attend_command(&dir, &args).output().unwrap();
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    let o = match read_npy_native(&out).unwrap() {
+        NpyData::F32(o) => o,
+        NpyData::F64(_) => panic!("an f32 call wrote f64"),
+    };
+    let lib: Tensor<f32> = attend_in(&t.view(), &t.view(), &t.view(), &soft(true), Device::Cpu)
+        .unwrap()
+        .o;
+    assert_eq!(o, lib, "the command line's f32 output is the library's");
+    std::fs::remove_dir_all(&dir).ok();
+}
