@@ -179,6 +179,11 @@ fn heatmaps(ctx: &Ctx, cfg: &Config, inp: &FigInputs) -> Result<(String, Vec<Pan
         ));
         groups.push(1 + gi);
     }
+    // A gap keeps every pair below in one row of the (even) grid.
+    if panels.len() % 2 == 1 {
+        panels.push((String::new(), Mat::zeros(0, 0)));
+        groups.push(usize::MAX);
+    }
     // Each soft panel beside its target κ^P, on one colour scale.
     let mut stats = Vec::new();
     for (i, &(p, l, beta)) in cfg.soft.iter().enumerate() {
@@ -226,7 +231,7 @@ fn heatmaps(ctx: &Ctx, cfg: &Config, inp: &FigInputs) -> Result<(String, Vec<Pan
         ),
         &panels,
         Some(&groups),
-        5,
+        6,
         cfg,
     )?;
     Ok((csv, stats))

@@ -96,32 +96,110 @@ const PALETTE: [RGBColor; 8] = [
     RGBColor(23, 190, 207),
 ];
 
-/// Draw a line plot to `stem.png` and `stem.svg`.
+/// Width of the legend column beside a line plot's chart (the legend never covers a curve).
+const LEGEND_W: u32 = 250;
+
+/// Draw a line plot to `stem.png` and `stem.svg`: log axes are log scales (labelled with the
+/// values at 1-2-5 or 1–9 ticks, not with their logarithms), and the legend sits in its own
+/// column right of the chart.
 pub fn line_plot(stem: &Path, opts: &LinePlot, series: &[Series]) -> Result<()> {
     init_font();
     let png = stem.with_extension("png");
     let svg = stem.with_extension("svg");
-    write_png(&png, (900, 600), |root| draw_lines(root, opts, series))?;
+    let size = (900 + LEGEND_W, 600);
+    write_png(&png, size, |root| draw_lines(root, opts, series))?;
     {
-        let root = SVGBackend::new(&svg, (900, 600)).into_drawing_area();
+        let root = SVGBackend::new(&svg, size).into_drawing_area();
         draw_lines(root, opts, series).map_err(|e| perr(&svg, e))?;
     }
     Ok(())
 }
 
+/// The points of `s` a plot can show: finite, and positive on a log axis; on a log axis the
+/// coordinate is the value's log10 (the axis is labelled in values, see [`log_ticks`]).
 fn finite_pts(s: &Series, logx: bool, logy: bool) -> Vec<(f64, f64)> {
+    let c = |v: f64, log: bool| if log { v.log10() } else { v };
     s.points
         .iter()
         .filter(|(x, y)| {
             x.is_finite() && y.is_finite() && (!logx || *x > 0.0) && (!logy || *y > 0.0)
         })
-        .map(|&(x, y)| {
-            (
-                if logx { x.log10() } else { x },
-                if logy { y.log10() } else { y },
-            )
-        })
+        .map(|&(x, y)| (c(x, logx), c(y, logy)))
         .collect()
+}
+
+/// `[lo, hi]` of `v` widened by `pad` of its span, never empty.
+fn padded(v: impl Iterator<Item = f64>, pad: f64) -> (f64, f64) {
+    let (lo, hi) = v.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| {
+        (a.min(x), b.max(x))
+    });
+    let (lo, hi) = if hi - lo < 1e-12 {
+        (lo - 0.5, hi + 0.5)
+    } else {
+        (lo, hi)
+    };
+    let p = (hi - lo) * pad;
+    (lo - p, hi + p)
+}
+
+/// Tick values of a log axis spanning `10^lo ..= 10^hi`: the powers of ten over many decades,
+/// 1, 2 and 5 times them over a few, every mantissa 1–9 within about one decade.
+pub fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
+    let span = hi - lo;
+    let mantissas: &[f64] = if span > 5.0 {
+        &[1.0]
+    } else if span > 1.5 {
+        &[1.0, 2.0, 5.0]
+    } else {
+        &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]
+    };
+    let step = if span > 12.0 {
+        (span / 8.0).ceil() as i32
+    } else {
+        1
+    };
+    let mut out = Vec::new();
+    let mut e = lo.floor() as i32 - 1;
+    while (e as f64) <= hi.ceil() {
+        for &m in mantissas {
+            let v = m * 10f64.powi(e);
+            if (lo - 1e-9..=hi + 1e-9).contains(&v.log10()) {
+                out.push(v);
+            }
+        }
+        e += step;
+    }
+    out
+}
+
+/// Ticks ordered for labelling: powers of ten, then 5 and 2 times them, then the rest.
+fn by_roundness(mut ticks: Vec<f64>) -> Vec<f64> {
+    let rank = |v: &f64| {
+        let m = (v / 10f64.powf(v.log10().floor())).round() as i32;
+        match m {
+            1 | 10 => 0,
+            5 => 1,
+            2 => 2,
+            _ => 3,
+        }
+    };
+    ticks.sort_by_key(rank);
+    ticks
+}
+
+/// A tick value as a reader writes it: up to three significant digits, scientific notation
+/// outside `[1e-3, 1e5)`.
+pub fn tick_label(v: f64) -> String {
+    if v != 0.0 && !(1e-3..1e5).contains(&v.abs()) {
+        return format!("{v:.0e}");
+    }
+    let digits = (2 - v.abs().log10().floor() as i32).max(0) as usize;
+    let s = format!("{v:.digits$}");
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
+    }
 }
 
 fn draw_lines<DB: DrawingBackend>(
@@ -133,88 +211,160 @@ where
     DB::ErrorType: 'static,
 {
     root.fill(&WHITE).map_err(|e| e.to_string())?;
-    let all: Vec<(f64, f64)> = series
+    let pts: Vec<Vec<(f64, f64)>> = series
         .iter()
-        .flat_map(|s| finite_pts(s, o.logx, o.logy))
+        .map(|s| finite_pts(s, o.logx, o.logy))
         .collect();
-    if all.is_empty() {
+    if pts.iter().all(|p| p.is_empty()) {
         return Err("no finite points to plot".into());
     }
-    let (mut x0, mut x1) = all
-        .iter()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| {
-            (a.min(p.0), b.max(p.0))
-        });
-    let (mut y0, mut y1) = all
-        .iter()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| {
-            (a.min(p.1), b.max(p.1))
-        });
-    if x1 - x0 < 1e-12 {
-        x0 -= 0.5;
-        x1 += 0.5;
-    }
-    if y1 - y0 < 1e-12 {
-        y0 -= 0.5;
-        y1 += 0.5;
-    }
-    let (py, px) = ((y1 - y0) * 0.05, (x1 - x0) * 0.02);
-    let xl = if o.logx {
-        format!("{} (log10)", o.xlabel)
-    } else {
-        o.xlabel.to_string()
-    };
-    let yl = if o.logy {
-        format!("{} (log10)", o.ylabel)
-    } else {
-        o.ylabel.to_string()
-    };
-    let mut chart = ChartBuilder::on(&root)
+    let xr = padded(pts.iter().flatten().map(|p| p.0), 0.02);
+    let yr = padded(pts.iter().flatten().map(|p| p.1), 0.05);
+    let (left, legend) = root.split_horizontally(root.dim_in_pixel().0 - LEGEND_W);
+    draw_chart(&left, o, series, &pts, (xr, yr))?;
+    draw_legend(&legend, series)?;
+    root.present().map_err(|e| e.to_string())
+}
+
+/// The chart of a line plot: coordinates are log10 of the values on a log axis, whose ticks
+/// and grid lines are drawn at [`log_ticks`] and labelled with the values.
+fn draw_chart<DB>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    o: &LinePlot,
+    series: &[Series],
+    pts: &[Vec<(f64, f64)>],
+    (xr, yr): ((f64, f64), (f64, f64)),
+) -> std::result::Result<(), String>
+where
+    DB: DrawingBackend,
+    DB::ErrorType: 'static,
+{
+    let mut chart = ChartBuilder::on(area)
         .caption(o.title, (FONT, 22))
         .margin(12)
         .x_label_area_size(45)
-        .y_label_area_size(65)
-        .build_cartesian_2d(x0 - px..x1 + px, y0 - py..y1 + py)
+        .y_label_area_size(75)
+        .build_cartesian_2d(xr.0..xr.1, yr.0..yr.1)
         .map_err(|e| e.to_string())?;
-    chart
-        .configure_mesh()
-        .x_desc(xl)
-        .y_desc(yl)
-        .label_style((FONT, 14))
-        .draw()
-        .map_err(|e| e.to_string())?;
-    for (i, s) in series.iter().enumerate() {
+    let mut mesh = chart.configure_mesh();
+    mesh.x_desc(o.xlabel)
+        .y_desc(o.ylabel)
+        .label_style((FONT, 14));
+    if o.logx {
+        mesh.x_labels(0).disable_x_mesh();
+    }
+    if o.logy {
+        mesh.y_labels(0).disable_y_mesh();
+    }
+    mesh.draw().map_err(|e| e.to_string())?;
+    let grid = RGBColor(225, 225, 225);
+    let font = (FONT, 14).into_font();
+    // Every tick gets a grid line; labels are placed powers of ten first, then 5s and 2s,
+    // then the rest, each only where it touches no label already placed.
+    if o.logx {
+        let mut placed: Vec<(i32, i32)> = Vec::new();
+        for v in by_roundness(log_ticks(xr.0, xr.1)) {
+            let x = v.log10();
+            chart
+                .draw_series(LineSeries::new([(x, yr.0), (x, yr.1)], grid))
+                .map_err(|e| e.to_string())?;
+            let (px, py) = chart.backend_coord(&(x, yr.0));
+            let label = tick_label(v);
+            let half = 4 * label.len() as i32;
+            let span = (px - half - 4, px + half + 4);
+            if placed.iter().all(|&(a, b)| span.1 < a || span.0 > b) {
+                area.draw(&Text::new(label, (px - half, py + 8), font.clone()))
+                    .map_err(|e| e.to_string())?;
+                placed.push(span);
+            }
+        }
+    }
+    if o.logy {
+        let mut placed: Vec<i32> = Vec::new();
+        for v in by_roundness(log_ticks(yr.0, yr.1)) {
+            let y = v.log10();
+            chart
+                .draw_series(LineSeries::new([(xr.0, y), (xr.1, y)], grid))
+                .map_err(|e| e.to_string())?;
+            let (px, py) = chart.backend_coord(&(xr.0, y));
+            let label = tick_label(v);
+            let w = 8 * label.len() as i32;
+            if placed.iter().all(|&q| (q - py).abs() >= 18) {
+                area.draw(&Text::new(label, (px - w - 8, py - 7), font.clone()))
+                    .map_err(|e| e.to_string())?;
+                placed.push(py);
+            }
+        }
+    }
+    for (i, (s, p)) in series.iter().zip(pts).enumerate() {
         let c = PALETTE[i % PALETTE.len()];
-        let pts = finite_pts(s, o.logx, o.logy);
         if s.dashed {
             chart
-                .draw_series(DashedLineSeries::new(pts.clone(), 6, 4, c.stroke_width(2)))
-                .map_err(|e| e.to_string())?
-                .label(s.name.clone())
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
-                });
+                .draw_series(DashedLineSeries::new(p.clone(), 6, 4, c.stroke_width(2)))
+                .map_err(|e| e.to_string())?;
         } else {
             chart
-                .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
-                .map_err(|e| e.to_string())?
-                .label(s.name.clone())
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
-                });
+                .draw_series(LineSeries::new(p.clone(), c.stroke_width(2)))
+                .map_err(|e| e.to_string())?;
             chart
-                .draw_series(pts.iter().map(|&p| Circle::new(p, 3, c.filled())))
+                .draw_series(p.iter().map(|&q| Circle::new(q, 3, c.filled())))
                 .map_err(|e| e.to_string())?;
         }
     }
-    chart
-        .configure_series_labels()
-        .label_font((FONT, 13))
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| e.to_string())?;
-    root.present().map_err(|e| e.to_string())
+    Ok(())
+}
+
+/// The legend in its own column: a line (dashed for a reference line) and the name, wrapped
+/// to the column's width.
+fn draw_legend<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    series: &[Series],
+) -> std::result::Result<(), String>
+where
+    DB::ErrorType: 'static,
+{
+    let font = (FONT, 13).into_font();
+    let mut y = 50i32;
+    for (i, s) in series.iter().enumerate() {
+        let c = PALETTE[i % PALETTE.len()];
+        let segments: Vec<(i32, i32)> = if s.dashed {
+            vec![(4, 10), (14, 20)]
+        } else {
+            vec![(4, 24)]
+        };
+        for (a, b) in segments {
+            area.draw(&PathElement::new(
+                vec![(a, y + 7), (b, y + 7)],
+                c.stroke_width(2),
+            ))
+            .map_err(|e| e.to_string())?;
+        }
+        for line in wrap(&s.name, 30) {
+            area.draw(&Text::new(line, (30, y), font.clone()))
+                .map_err(|e| e.to_string())?;
+            y += 16;
+        }
+        y += 6;
+    }
+    Ok(())
+}
+
+/// `text` broken at spaces into lines of at most `width` characters (a longer word stays
+/// whole).
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    let mut lines = vec![String::new()];
+    for word in text.split(' ') {
+        let cur = lines.last_mut().expect("one line at least");
+        if !cur.is_empty() && cur.chars().count() + 1 + word.chars().count() > width {
+            lines.push(word.to_string());
+        } else {
+            if !cur.is_empty() {
+                cur.push(' ');
+            }
+            cur.push_str(word);
+        }
+    }
+    lines
 }
 
 /// Viridis-like colour for `t ∈ [0, 1]` (piecewise-linear through five anchors).
@@ -296,10 +446,22 @@ where
                     (a.min(x), b.max(x))
                 })
         });
+        if p.m.rows == 0 || p.m.cols == 0 {
+            continue; // a gap in the grid
+        }
         let span = if hi > lo { hi - lo } else { 1.0 };
+        let (head, area) = area.split_vertically(34);
+        let title = format!("{}  [{:.3}, {:.3}]", p.title, lo, hi);
+        for (k, line) in wrap(&title, 48).iter().take(2).enumerate() {
+            head.draw(&Text::new(
+                line.clone(),
+                (6, 4 + 15 * k as i32),
+                (FONT, 12).into_font(),
+            ))
+            .map_err(|e| e.to_string())?;
+        }
         let (main, bar) = area.split_horizontally(280);
         let mut chart = ChartBuilder::on(&main)
-            .caption(format!("{}  [{:.3}, {:.3}]", p.title, lo, hi), (FONT, 12))
             .margin(6)
             .x_label_area_size(18)
             .y_label_area_size(26)
@@ -355,4 +517,42 @@ where
         .map_err(|e| e.to_string())?;
     }
     root.present().map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_ticks_label_values_at_a_density_the_span_allows() {
+        // Within one decade: every mantissa; over three: 1-2-5; over many: powers of ten.
+        let l = |a: f64, b: f64| log_ticks(a.log10(), b.log10());
+        let near = |got: Vec<f64>, want: &[f64]| {
+            got.len() == want.len()
+                && got
+                    .iter()
+                    .zip(want)
+                    .all(|(g, w)| (g / w - 1.0).abs() < 1e-12)
+        };
+        assert!(near(l(0.35, 0.95), &[0.4, 0.5, 0.6, 0.7, 0.8, 0.9]));
+        assert!(near(
+            l(1.0, 1000.0),
+            &[1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0]
+        ));
+        assert!(near(
+            l(1e-3, 1e6),
+            &[1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0, 1e3, 1e4, 1e5, 1e6]
+        ));
+        assert!(l(2.0, 3.0).len() >= 2);
+        for (v, s) in [
+            (0.5, "0.5"),
+            (100.0, "100"),
+            (0.001, "0.001"),
+            (2e-6, "2e-6"),
+            (3e7, "3e7"),
+            (1.25, "1.25"),
+        ] {
+            assert_eq!(tick_label(v), s);
+        }
+    }
 }
