@@ -1,6 +1,6 @@
 //! The experiment subcommands and `reproduce`: run through the registry, print the claims.
 
-use crate::args::{ExpArgs, Fig3Args, ReproduceArgs};
+use crate::args::{Common, ExpArgs, Fig3Args, ReproduceArgs};
 use anyhow::Result;
 use racelab::experiments::{self, registry};
 use serde_json::json;
@@ -9,15 +9,24 @@ use std::path::PathBuf;
 /// The experiment context of `a` (`--out` defaults to figures/).
 fn exp_ctx(a: &ExpArgs) -> experiments::Ctx {
     experiments::Ctx {
-        out: a
-            .common
+        config: a.config.clone(),
+        data: a.data.clone(),
+        ..ctx_of(&a.common, a.quick)
+    }
+}
+
+/// The context every experiment command shares: `--out` (default figures/), `--seed`,
+/// `--quick`; no config or data of its own.
+fn ctx_of(common: &Common, quick: bool) -> experiments::Ctx {
+    experiments::Ctx {
+        out: common
             .out
             .clone()
             .unwrap_or_else(|| PathBuf::from("figures")),
-        seed: a.common.seed,
-        quick: a.quick,
-        config: a.config.clone(),
-        data: a.data.clone(),
+        seed: common.seed,
+        quick,
+        config: None,
+        data: None,
     }
 }
 
@@ -79,17 +88,7 @@ fn run_exp(
 
 /// `reproduce`: every experiment, its claims, and figures/REPORT.md.
 pub fn run_reproduce(a: ReproduceArgs) -> Result<()> {
-    let ctx = experiments::Ctx {
-        out: a
-            .common
-            .out
-            .clone()
-            .unwrap_or_else(|| PathBuf::from("figures")),
-        seed: a.common.seed,
-        quick: a.quick,
-        config: None,
-        data: None,
-    };
+    let ctx = ctx_of(&a.common, a.quick);
     let bar = indicatif::ProgressBar::new(registry::reproduce_steps().len() as u64);
     bar.set_style(
         indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
