@@ -27,10 +27,7 @@ fn bench_soft(c: &mut Criterion) {
         let (q, k, v, g) = inputs(heads, n, d);
         for &(p, l) in &[(2usize, 2usize), (4, 4)] {
             let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, 0).unwrap());
-            let map = SoftMap {
-                planes: &planes,
-                beta: 8.0,
-            };
+            let map = SoftMap::new(&planes, 8.0).unwrap();
             let (qh, kh, vh) = (
                 Heads::new(heads, n, d, &q),
                 Heads::new(heads, n, d, &k),

@@ -10,14 +10,8 @@ fn main() -> racelab::Result<()> {
     let mut rng = SeededRng::new(7, 0);
     let mut draw = || Array3::from_shape_vec((2, 512, 64), rng.normals(2 * 512 * 64)).unwrap();
     let (q, k, v) = (draw(), draw(), draw());
-    let opts = AttendOptions {
-        method: Method::Soft,
-        p: 2,
-        l: 4,
-        beta: 8.0,
-        causal: true,
-        ..Default::default()
-    };
+    // Soft RACE with P = 2 bits, L = 4 tables, β = 8, planes drawn from seed 0; causal.
+    let opts = AttendOptions::new(Method::soft(2, 4, 8.0, 0)).causal(true);
     // f64 arrays to the reference (exact, log domain); f32 arrays to the f32 kernels, which
     // read them in place and return f32.
     let exact = attend_array(q.view(), k.view(), v.view(), &opts, Device::Reference)?;

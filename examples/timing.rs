@@ -50,10 +50,7 @@ fn main() {
             continue;
         }
         let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, 0).unwrap());
-        let map = SoftMap {
-            planes: &planes,
-            beta: 8.0,
-        };
+        let map = SoftMap::new(&planes, 8.0).unwrap();
         for causal in [false, true] {
             if only("CAUSAL").is_some_and(|x| (x == 1) != causal) {
                 continue;

@@ -4,152 +4,52 @@
 use crate::backend::{Device, Heads, PlanesF32};
 use crate::error::{RaceError, Result};
 use crate::hashing::Planes;
-use crate::params::{validate_beta, validate_gamma, validate_pl, Combine};
+pub use crate::method::{FeatureSpec, Method, MethodKind, PlaneSpec};
+use crate::params::Combine;
 use crate::reference::{self, HeadOutput};
-use crate::tensor::{check_nonzero_rows, check_qkv, AttnShape, Element, Mat, Tensor, TensorRef};
+use crate::tensor::{standard_rows, AttnShape, Element, Mat, Tensor, TensorRef};
 use ndarray::{ArrayD, ArrayView, Dimension, IxDyn};
 use rayon::prelude::*;
-use serde::Serialize;
 use std::borrow::Cow;
 
-/// The operators racelab computes side by side.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum Method {
-    Softmax,
-    Angular,
-    Hard,
-    Soft,
-    Linear,
-    Performer,
-}
-
-impl std::str::FromStr for Method {
-    type Err = RaceError;
-    fn from_str(s: &str) -> Result<Self> {
-        Ok(match s {
-            "softmax" => Method::Softmax,
-            "angular" => Method::Angular,
-            "hard" => Method::Hard,
-            "soft" => Method::Soft,
-            "linear" => Method::Linear,
-            "performer" => Method::Performer,
-            _ => {
-                return Err(RaceError::param(
-                    "method",
-                    format!(
-                        "`{s}` is not a method; use softmax|angular|hard|soft|linear|performer"
-                    ),
-                ))
-            }
-        })
-    }
-}
-
-impl Method {
-    pub fn name(&self) -> &'static str {
-        match self {
-            Method::Softmax => "softmax",
-            Method::Angular => "angular",
-            Method::Hard => "hard",
-            Method::Soft => "soft",
-            Method::Linear => "linear",
-            Method::Performer => "performer",
-        }
-    }
-    /// Whether the method hashes with planes.
-    pub fn uses_planes(&self) -> bool {
-        matches!(self, Method::Hard | Method::Soft)
-    }
-}
-
-/// Options of one `attend` call; fields a method does not use are ignored.
-#[derive(Debug, Clone)]
+/// Options of one `attend` call: the method with its own options, causal masking, and the
+/// memory budget.
+#[derive(Debug, Clone, PartialEq)]
 pub struct AttendOptions {
     pub method: Method,
+    /// Each query sees the keys at or before it (Algorithm 2 for soft RACE).
     pub causal: bool,
-    pub p: usize,
-    pub l: usize,
-    pub beta: f64,
-    pub gamma: f64,
-    pub seed: u64,
-    pub combine: Combine,
-    /// Softmax/Performer logit scale; `None` = `1/sqrt(d)`.
-    pub scale: Option<f64>,
-    /// Performer feature count m.
-    pub features: usize,
-    /// Planes to use instead of drawing them from `seed`.
-    pub planes: Option<Planes>,
-    /// Performer features `ω` (m × d) to use instead of drawing them from `seed`.
-    pub omega: Option<Mat<f64>>,
     /// Memory budget in bytes (`None`: what the machine has available); work whose
     /// estimated buffers exceed it is refused before anything is allocated ([`crate::memory`]).
     pub max_memory: Option<u64>,
 }
 
 impl AttendOptions {
-    /// The RACE parameters of these options.
-    pub fn race_params(&self) -> crate::params::RaceParams {
-        crate::params::RaceParams {
-            p: self.planes.as_ref().map_or(self.p, |pl| pl.p),
-            l: self.planes.as_ref().map_or(self.l, |pl| pl.l),
-            beta: self.beta,
-            combine: self.combine,
-            causal: self.causal,
-            seed: self.seed,
+    /// `method`, not causal, no memory budget beyond the machine's.
+    pub fn new(method: Method) -> Self {
+        AttendOptions {
+            method,
+            causal: false,
+            max_memory: None,
         }
+    }
+
+    /// The same options, causal or not.
+    pub fn causal(mut self, causal: bool) -> Self {
+        self.causal = causal;
+        self
     }
 
     /// What this call asks of `device`, for its memory check.
     pub fn work(&self, shape: &AttnShape, device: Device) -> crate::memory::Work {
-        let hashing = self.method.uses_planes();
-        crate::memory::Work {
-            method: self.method.name(),
-            kernels: device.kernels(),
-            p: if hashing {
-                self.planes.as_ref().map_or(self.p, |pl| pl.p)
-            } else {
-                0
-            },
-            l: if hashing {
-                self.planes.as_ref().map_or(self.l, |pl| pl.l)
-            } else {
-                1
-            },
-            heads: shape.batch * shape.heads,
-            n: shape.n,
-            m: shape.m,
-            d: shape.d,
-            dv: shape.dv,
-            map_features: match self.method {
-                Method::Linear => shape.d,
-                Method::Performer => self.omega.as_ref().map_or(self.features, |o| o.rows),
-                _ => 0,
-            },
-            quadratic: matches!(self.method, Method::Softmax | Method::Angular),
-            backward: false,
-            causal: self.causal,
-        }
+        crate::validate::work(&self.method, shape, self.causal, false, device.kernels())
     }
 }
 
 impl Default for AttendOptions {
+    /// Soft RACE at P = 2, L = 2, the default β, planes drawn from seed 0.
     fn default() -> Self {
-        AttendOptions {
-            method: Method::Soft,
-            causal: false,
-            p: 2,
-            l: 2,
-            beta: crate::params::DEFAULT_BETA,
-            gamma: 2.0,
-            seed: 0,
-            combine: Combine::Paper,
-            scale: None,
-            features: 256,
-            planes: None,
-            omega: None,
-            max_memory: None,
-        }
+        AttendOptions::new(Method::soft(2, 2, crate::params::DEFAULT_BETA, 0))
     }
 }
 
@@ -180,73 +80,35 @@ pub fn for_device(device: Device) -> Result<Box<dyn crate::backend::SoftRace>> {
     })
 }
 
-/// Validate the table counts, then refuse work whose buffers cannot fit ([`crate::memory`]),
-/// before the planes or any buffer are allocated.
-fn check_memory(opts: &AttendOptions, shape: &AttnShape, device: Device) -> Result<()> {
-    if opts.method.uses_planes() && opts.planes.is_none() {
-        validate_pl(opts.p, opts.l)?;
-    }
-    crate::memory::check(&opts.work(shape, device), opts.max_memory)
-}
-
-/// Validate options against the input shape and resolve the planes.
-pub fn resolve_planes(opts: &AttendOptions, d: usize) -> Result<Option<Planes>> {
-    if !opts.method.uses_planes() {
-        return Ok(None);
-    }
-    match &opts.planes {
-        Some(pl) => {
-            if pl.d != d {
-                return Err(RaceError::shape(
-                    "planes",
-                    format!("planes have d = {} but q/k have d = {d}", pl.d),
-                ));
-            }
-            Ok(Some(pl.clone()))
-        }
-        None => {
-            validate_pl(opts.p, opts.l)?;
-            Ok(Some(Planes::gaussian(opts.l, opts.p, d, opts.seed)?))
-        }
-    }
-}
-
-/// The checks every device makes before anything is allocated: the shapes of `q`, `k`, `v`,
-/// the method's own parameters (β, γ, the Performer's feature count, the logit scale) and,
-/// for the angular methods, rows with a direction.
+/// The one validation ([`crate::validate::check`]) of an `attend` call on `device`: every
+/// buffer the call allocates is counted (f64 rows reach the f32 kernels as copies, f32 rows the
+/// reference as f64 ones).
 fn validate<T: Element>(
     q: &TensorRef<'_, T>,
     k: &TensorRef<'_, T>,
     v: &TensorRef<'_, T>,
     opts: &AttendOptions,
+    device: Device,
 ) -> Result<AttnShape> {
-    let shape = check_qkv(q, k, v, opts.causal)?;
-    match opts.method {
-        Method::Soft => validate_beta(opts.beta)?,
-        Method::Angular => validate_gamma(opts.gamma)?,
-        Method::Performer if opts.features == 0 && opts.omega.is_none() => {
-            return Err(RaceError::param(
-                "features",
-                "Performer needs m ≥ 1 random features; use --features 256, say",
-            ))
-        }
-        _ => {}
-    }
-    if let Some(s) = opts.scale {
-        if !(s.is_finite() && s > 0.0) {
-            return Err(RaceError::param(
-                "scale",
-                format!("scale = {s}; use a finite value > 0 (default 1/sqrt(d))"),
-            ));
-        }
-    }
-    if matches!(opts.method, Method::Angular | Method::Hard) {
-        for (h, (qm, km)) in q.heads("q")?.iter().zip(k.heads("k")?.iter()).enumerate() {
-            check_nonzero_rows(&format!("q (head {h})"), *qm)?;
-            check_nonzero_rows(&format!("k (head {h})"), *km)?;
-        }
-    }
-    Ok(shape)
+    let checked = crate::validate::check(crate::validate::Call {
+        method: &opts.method,
+        causal: opts.causal,
+        q,
+        k,
+        v,
+        g: None,
+        kernels: device.kernels(),
+        budget: crate::validate::Budget {
+            max_memory: opts.max_memory,
+            held: crate::validate::Held::Nothing,
+        },
+    })?;
+    Ok(checked.shape)
+}
+
+/// The planes of a hashing method for inputs of dimension `d` (drawn, or the given ones).
+pub fn resolve_planes(method: &Method, d: usize) -> Result<Option<Planes>> {
+    method.planes().map(|p| p.resolve(d)).transpose()
 }
 
 /// Run one operator (f64 reference) on `[N,d]`, `[H,N,d]` or `[B,H,N,d]` inputs.
@@ -266,60 +128,45 @@ fn reference_in(
     v: &TensorRef<'_, f64>,
     opts: &AttendOptions,
 ) -> Result<AttendResult> {
-    let shape = validate(q, k, v, opts)?;
-    check_memory(opts, &shape, Device::Reference)?;
-    let planes = resolve_planes(opts, shape.d)?;
-    let (qh, kh, vh) = (q.heads("q")?, k.heads("k")?, v.heads("v")?);
-    let omega = match (&opts.omega, opts.method) {
-        (_, m) if m != Method::Performer => None,
-        (Some(w), _) if w.cols != shape.d => {
-            return Err(RaceError::shape(
-                "omega",
-                format!(
-                    "Performer features have d = {} but q/k have d = {}",
-                    w.cols, shape.d
-                ),
-            ))
-        }
-        (Some(w), _) => Some(w.clone()),
-        (None, _) => Some(reference::baselines::performer_omega(
-            opts.features,
-            shape.d,
-            opts.seed,
-        )),
+    let shape = validate(q, k, v, opts, Device::Reference)?;
+    let planes = resolve_planes(&opts.method, shape.d)?;
+    let omega = match &opts.method {
+        Method::Performer { features, .. } => Some(features.resolve(shape.d)?),
+        _ => None,
     };
+    let (qh, kh, vh) = (q.heads("q")?, k.heads("k")?, v.heads("v")?);
+    let causal = opts.causal;
     let outs: Vec<HeadOutput> = (0..qh.len())
         .into_par_iter()
         .map(|h| {
             let (qm, km, vm) = (qh[h], kh[h], vh[h]);
-            match opts.method {
-                Method::Softmax => {
-                    reference::softmax::softmax_attention(qm, km, vm, opts.scale, opts.causal)
+            let planes = || planes.as_ref().expect("a hashing method has planes");
+            match &opts.method {
+                Method::Softmax { scale } => {
+                    reference::softmax::softmax_attention(qm, km, vm, *scale, causal)
                 }
-                Method::Angular => {
-                    reference::angular::angular_attention(qm, km, vm, opts.gamma, opts.causal)
+                Method::Angular { gamma } => {
+                    reference::angular::angular_attention(qm, km, vm, *gamma, causal)
                 }
-                Method::Hard => {
-                    reference::race::hard_lsh(qm, km, vm, planes.as_ref().unwrap(), opts.causal)
-                }
+                Method::Hard { .. } => reference::race::hard_lsh(qm, km, vm, planes(), causal),
                 // Exact at any beta: the plain bucket sums underflow from beta ≈ 350.
-                Method::Soft => reference::logdomain::soft_race_log(
+                Method::Soft { beta, combine, .. } => reference::logdomain::soft_race_log(
                     qm,
                     km,
                     vm,
-                    planes.as_ref().unwrap(),
-                    opts.beta,
-                    opts.causal,
-                    opts.combine,
+                    planes(),
+                    *beta,
+                    causal,
+                    *combine,
                 ),
-                Method::Linear => reference::baselines::linear_attention(qm, km, vm, opts.causal),
-                Method::Performer => reference::baselines::performer_attention(
+                Method::Linear => reference::baselines::linear_attention(qm, km, vm, causal),
+                Method::Performer { scale, .. } => reference::baselines::performer_attention(
                     qm,
                     km,
                     vm,
-                    omega.as_ref().unwrap(),
-                    opts.scale,
-                    opts.causal,
+                    omega.as_ref().expect("Performer has features"),
+                    *scale,
+                    causal,
                 ),
             }
         })
@@ -382,12 +229,8 @@ pub fn attend_in<T: Element>(
             recomputed: r.recomputed,
         });
     }
-    let shape = validate(q, k, v, opts)?;
-    if opts.combine != Combine::Paper && opts.method == Method::Soft {
-        return Err(RaceError::param("combine", "the authors' combine rule exists in the reference backend only; use --device reference"));
-    }
-    check_memory(opts, &shape, device)?;
-    let planes = resolve_planes(opts, shape.d)?;
+    let shape = validate(q, k, v, opts, device)?;
+    let planes = resolve_planes(&opts.method, shape.d)?;
     let hn = shape.batch * shape.heads;
     let (q32, k32, v32) = (T::as_f32(q.data), T::as_f32(k.data), T::as_f32(v.data));
     let (qh, kh, vh) = (
@@ -396,17 +239,17 @@ pub fn attend_in<T: Element>(
         Heads::new(hn, shape.m, shape.dv, &v32),
     );
     let p32 = planes.as_ref().map(PlanesF32::from_planes);
-    let isa = cpu::detected_isa();
+    let p32 = || p32.as_ref().expect("a hashing method has planes");
+    let (isa, causal) = (cpu::detected_isa(), opts.causal);
+    let default_scale = 1.0 / (shape.d as f64).sqrt();
     let mut recomputed = crate::backend::Recomputed::default();
-    let (o, empty_rows): (Vec<f32>, usize) = match (device, opts.method) {
-        (_, Method::Soft) => {
-            let f = for_device(device)?.forward(
-                &opts.race_params(),
-                p32.as_ref().expect("soft RACE has planes"),
-                qh,
-                kh,
-                vh,
-            )?;
+    let (o, empty_rows): (Vec<f32>, usize) = match (device, &opts.method) {
+        (_, Method::Soft { combine, .. }) => {
+            if *combine != Combine::Paper {
+                return Err(RaceError::param("combine", "the authors' combine rule exists in the reference backend only; use --device reference"));
+            }
+            let params = opts.method.race_params(causal).expect("soft RACE");
+            let f = for_device(device)?.forward(&params, p32(), qh, kh, vh)?;
             recomputed = f.recomputed;
             (f.o, f.empty_rows)
         }
@@ -419,75 +262,38 @@ pub fn attend_in<T: Element>(
                 ),
             ))
         }
-        (_, Method::Hard) => {
-            let f = cpu::token::forward(
-                &cpu::HardMap {
-                    planes: p32.as_ref().unwrap(),
-                },
-                qh,
-                kh,
-                vh,
-                opts.causal,
-                isa,
-            );
+        (_, Method::Hard { .. }) => {
+            let map = cpu::HardMap { planes: p32() };
+            let f = cpu::token::forward(&map, qh, kh, vh, causal, isa);
             (f.o, f.empty_rows)
         }
         (_, Method::Linear) => {
-            let f =
-                cpu::token::forward(&cpu::LinearMap { d: shape.d }, qh, kh, vh, opts.causal, isa);
+            let f = cpu::token::forward(&cpu::LinearMap { d: shape.d }, qh, kh, vh, causal, isa);
             (f.o, f.empty_rows)
         }
-        (_, Method::Performer) => {
-            let om = opts.omega.clone().unwrap_or_else(|| {
-                reference::baselines::performer_omega(opts.features, shape.d, opts.seed)
-            });
-            if om.cols != shape.d {
-                return Err(RaceError::shape(
-                    "omega",
-                    format!(
-                        "Performer features have d = {} but q/k have d = {}",
-                        om.cols, shape.d
-                    ),
-                ));
-            }
-            let scale = opts.scale.unwrap_or(1.0 / (shape.d as f64).sqrt()) as f32;
+        (_, Method::Performer { features, scale }) => {
+            let om = features.resolve(shape.d)?;
             let map = features::performer_map(
                 om.data.iter().map(|&x| x as f32).collect(),
                 om.rows,
                 shape.d,
-                scale,
+                scale.unwrap_or(default_scale) as f32,
                 kh,
                 isa,
             );
-            let f = cpu::token::forward(&map, qh, kh, vh, opts.causal, isa);
+            let f = cpu::token::forward(&map, qh, kh, vh, causal, isa);
             (f.o, f.empty_rows)
         }
-        (_, Method::Softmax) => (
-            exact::exact_attention(
-                exact::Exact::Softmax {
-                    scale: opts.scale.unwrap_or(1.0 / (shape.d as f64).sqrt()) as f32,
-                },
-                qh,
-                kh,
-                vh,
-                opts.causal,
-                isa,
-            ),
-            0,
-        ),
-        (_, Method::Angular) => (
-            exact::exact_attention(
-                exact::Exact::Angular {
-                    gamma: opts.gamma as f32,
-                },
-                qh,
-                kh,
-                vh,
-                opts.causal,
-                isa,
-            ),
-            0,
-        ),
+        (_, Method::Softmax { scale }) => {
+            let scale = scale.unwrap_or(default_scale) as f32;
+            let o = exact::exact_attention(exact::Exact::Softmax { scale }, qh, kh, vh, causal, isa);
+            (o, 0)
+        }
+        (_, Method::Angular { gamma }) => {
+            let gamma = *gamma as f32;
+            let o = exact::exact_attention(exact::Exact::Angular { gamma }, qh, kh, vh, causal, isa);
+            (o, 0)
+        }
     };
     let mut oshape = q.shape[..q.shape.len() - 1].to_vec();
     oshape.push(shape.dv);
@@ -546,13 +352,4 @@ pub fn attend_array<T: Element, D: Dimension>(
         planes: r.planes,
         copied,
     })
-}
-
-/// The elements of `a` in row-major order: borrowed when `a` is in standard layout, else
-/// copied.
-fn standard_rows<'a, T: Clone, D: Dimension>(a: &ArrayView<'a, T, D>) -> Cow<'a, [T]> {
-    match a.clone().to_slice() {
-        Some(s) => Cow::Borrowed(s),
-        None => Cow::Owned(a.iter().cloned().collect()),
-    }
 }

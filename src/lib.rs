@@ -22,8 +22,9 @@
 //! - the base, on plain values: [`error`], [`rng`] (seeded streams), [`stats`], [`tensor`]
 //!   (`Mat`, `Tensor`), [`params`] (P, L, β, combine rule), [`hashing`] (planes, soft
 //!   features, hard codes), [`provenance`] (machine, revision, peak memory), [`memory`]
-//!   (estimates and refusals before allocating), [`io`] (`.npy`), [`plot`], [`analysis`]
-//!   (error metrics, rank);
+//!   (estimates and refusals before allocating), [`method`] (each operator with its own
+//!   options), [`validate`] (the one validation every entry point makes), [`io`] (`.npy`),
+//!   [`plot`], [`analysis`] (error metrics, rank);
 //! - the contract: [`backend`] (the [`SoftRace`] trait, its input, output and gradient types,
 //!   the checks every backend makes);
 //! - the backends: [`reference`](mod@reference) (f64, literal, obviously correct: the oracle), [`cpu`] (the
@@ -48,6 +49,7 @@ pub mod experiments;
 pub mod hashing;
 pub mod io;
 pub mod memory;
+pub mod method;
 pub mod params;
 pub mod plot;
 pub mod provenance;
@@ -55,8 +57,10 @@ pub mod reference;
 pub mod rng;
 pub mod stats;
 pub mod tensor;
+pub mod validate;
 
-pub use attend::{attend, AttendOptions, AttendResult, Method};
+pub use attend::{attend, AttendOptions, AttendResult};
+pub use method::{FeatureSpec, Method, MethodKind, PlaneSpec};
 pub use backend::{Device, SoftRace};
 pub use error::{RaceError, Result};
 pub use hashing::Planes;

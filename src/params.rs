@@ -40,7 +40,8 @@ impl std::str::FromStr for Combine {
 pub const DEFAULT_BETA: f64 = 10.0;
 
 /// RACE hyper-parameters, carried as one value from the command line to every backend
-/// ([`crate::backend::SoftRace`]).
+/// ([`crate::backend::SoftRace`]). The planes travel beside them (given, or drawn from a seed
+/// by the caller: [`crate::method::PlaneSpec`]), so there is no seed here.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct RaceParams {
     /// Bits per table (`R = 2^P` buckets).
@@ -53,8 +54,6 @@ pub struct RaceParams {
     pub combine: Combine,
     /// Algorithm 2 (each query sees the keys at or before it) instead of Algorithm 1.
     pub causal: bool,
-    /// Seed of the planes drawn for these parameters.
-    pub seed: u64,
 }
 
 impl Default for RaceParams {
@@ -65,19 +64,17 @@ impl Default for RaceParams {
             beta: DEFAULT_BETA,
             combine: Combine::Paper,
             causal: false,
-            seed: 0,
         }
     }
 }
 
 impl RaceParams {
     /// Validated parameters (Algorithm 1, the paper's combine rule).
-    pub fn new(p: usize, l: usize, beta: f64, seed: u64) -> Result<Self> {
+    pub fn new(p: usize, l: usize, beta: f64) -> Result<Self> {
         let s = RaceParams {
             p,
             l,
             beta,
-            seed,
             ..Default::default()
         };
         s.validate()?;

@@ -223,6 +223,17 @@ impl Tensor<f64> {
     }
 }
 
+/// The elements of `a` in row-major order: borrowed when `a` is in standard layout, else
+/// copied.
+pub fn standard_rows<'a, T: Clone, D: ndarray::Dimension>(
+    a: &ndarray::ArrayView<'a, T, D>,
+) -> Cow<'a, [T]> {
+    match a.clone().to_slice() {
+        Some(s) => Cow::Borrowed(s),
+        None => Cow::Owned(a.iter().cloned().collect()),
+    }
+}
+
 /// Check that every entry is finite; the error names `arg` and the first bad index.
 ///
 /// Chunks in parallel, each tested branch-free (an exponent of all ones marks NaN and ±∞;

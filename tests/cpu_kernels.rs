@@ -169,10 +169,7 @@ fn soft_forward_matches_reference() {
         let (qf, q) = data(c.heads * c.n * c.d, 1, 0.5);
         let (kf, k) = data(c.heads * c.n * c.d, 2, 0.5);
         let (vf, v) = data(c.heads * c.n * c.dv, 3, 1.0);
-        let map = SoftMap {
-            planes: &planes,
-            beta: c.beta as f32,
-        };
+        let map = SoftMap::new(&planes, c.beta as f32).unwrap();
         for causal in [false, true] {
             let mut want = Vec::new();
             for h in 0..c.heads {
@@ -221,10 +218,7 @@ fn soft_backward_matches_reference_gradients() {
         let (kf, k) = data(c.heads * c.n * c.d, 12, 0.5);
         let (vf, v) = data(c.heads * c.n * c.dv, 13, 1.0);
         let (gf, g) = data(c.heads * c.n * c.dv, 14, 1.0);
-        let map = SoftMap {
-            planes: &planes,
-            beta: c.beta as f32,
-        };
+        let map = SoftMap::new(&planes, c.beta as f32).unwrap();
         for causal in [false, true] {
             let (mut dq, mut dk, mut dv, mut db) = (Vec::new(), Vec::new(), Vec::new(), 0.0);
             for h in 0..c.heads {
@@ -388,10 +382,7 @@ fn denominators_below_the_floor_are_flagged_not_guessed() {
     use racelab::cpu::soft::{read_into, KeyTotals, QueryOut};
     let (p, l, d, dv, n) = (2, 2, 8, 4, 70);
     let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, 4).unwrap());
-    let map = SoftMap {
-        planes: &planes,
-        beta: 2.0,
-    };
+    let map = SoftMap::new(&planes, 2.0).unwrap();
     let (m, w) = (l << p, racelab::cpu::state::bank_width(dv));
     let floor = den_floor(m, n);
     let (q, _) = data(n * d, 8, 1.0);
@@ -470,10 +461,7 @@ fn large_beta_is_finite_and_correct() {
         qf.iter().map(|&x| x as f64).collect(),
         kf.iter().map(|&x| x as f64).collect(),
     );
-    let map = SoftMap {
-        planes: &planes,
-        beta: beta as f32,
-    };
+    let map = SoftMap::new(&planes, beta as f32).unwrap();
     for causal in [false, true] {
         // The exact reference: the plain one underflows here (rows of subnormals).
         let want = racelab::reference::logdomain::soft_race_log(
@@ -602,10 +590,7 @@ fn decoder_equals_causal_forward_row_by_row() {
     let (qf, _) = data(n * d, 41, 0.5);
     let (kf, _) = data(n * d, 42, 0.5);
     let (vf, _) = data(n * dv, 43, 1.0);
-    let map = SoftMap {
-        planes: &planes,
-        beta: 3.0,
-    };
+    let map = SoftMap::new(&planes, 3.0).unwrap();
     let fwd = token::forward(
         &map,
         Heads::new(1, n, d, &qf),
@@ -768,10 +753,7 @@ fn streaming_stores_match_the_per_token_engine() {
     // features, each block streamed out as soon as it is computed.
     for (p, l) in [(2, 2), (3, 3)] {
         let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, 9).unwrap());
-        let map = SoftMap {
-            planes: &planes,
-            beta: 8.0,
-        };
+        let map = SoftMap::new(&planes, 8.0).unwrap();
         for causal in [false, true] {
             let label = format!("stream ({p},{l}) causal={causal}");
             let prod = soft_forward(&map, qh, kh, vh, causal, isa);
@@ -802,10 +784,7 @@ fn streaming_stores_match_the_per_token_engine() {
 fn saved_features_are_used_only_when_they_fit() {
     let (heads, n, d, dv) = (2, 300, 16, 8);
     let planes = PlanesF32::from_planes(&Planes::gaussian(3, 3, d, 4).unwrap());
-    let map = SoftMap {
-        planes: &planes,
-        beta: 5.0,
-    };
+    let map = SoftMap::new(&planes, 5.0).unwrap();
     let x = Qkvg::new(heads, n, d, dv, 31);
     let (qh, kh, vh, gh) = x.heads();
     for isa in isas() {
@@ -843,10 +822,7 @@ fn causal_backward_one_pass_and_two_passes_match_reference() {
     for (p, l) in [(2, 2), (3, 3), (4, 4), (1, 5)] {
         let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, 9).unwrap());
         let p64 = planes.to_planes();
-        let map = SoftMap {
-            planes: &planes,
-            beta: beta as f32,
-        };
+        let map = SoftMap::new(&planes, beta as f32).unwrap();
         for (heads, threads, keep_states) in [(2, 1, true), (2, 1, false), (1, 4, false)] {
             let (qf, q) = data(heads * n * d, 61, 0.5);
             let (kf, k) = data(heads * n * d, 62, 0.5);
@@ -924,10 +900,7 @@ fn causal_subnormal_denominators_give_finite_outputs() {
         d: 2,
         w: vec![1.0, 0.0, 0.0, 1.0],
     });
-    let map = SoftMap {
-        planes: &planes,
-        beta: 1e4,
-    };
+    let map = SoftMap::new(&planes, 1e4).unwrap();
     for n in [3usize, 40] {
         let q: Vec<f32> = (0..n).flat_map(|_| [0.5f32, 0.5]).collect();
         let k: Vec<f32> = (0..n).flat_map(|_| [-0.0023f32, -0.0023]).collect();

@@ -334,10 +334,7 @@ fn check_device(device: &str) {
             data(heads * n * dv, 3, 1.0),
             data(heads * n * dv, 4, 1.0),
         );
-        let map = SoftMap {
-            planes: &planes,
-            beta,
-        };
+        let map = SoftMap::new(&planes, beta).unwrap();
         for causal in [false, true] {
             let (qh, kh, vh) = (
                 Heads::new(heads, n, d, &q),
@@ -744,12 +741,10 @@ fn large_beta_on_emulated_cuda() {
                 false,
             );
             let qkv = [&GpuInput::F32(&q), &GpuInput::F32(&k), &GpuInput::F32(&v)];
-            let f = cuda::finish_forward(o, den, &planes, beta, qkv, s, causal);
-            cuda::finish_backward(&f, &planes, beta, qkv, &g, s, causal, &mut gr);
-            let map = SoftMap {
-                planes: &planes,
-                beta,
-            };
+            let map = SoftMap::new(&planes, beta).unwrap();
+            let f = cuda::finish_forward(o, den, map, qkv, s, causal);
+            cuda::finish_backward(&f, map, qkv, &g, s, causal, &mut gr);
+            let map = SoftMap::new(&planes, beta).unwrap();
             let (qh, kh, vh) = (
                 Heads::new(heads, n, d, &q),
                 Heads::new(heads, n, d, &k),

@@ -58,7 +58,6 @@ fn case(p: usize, l: usize, causal: bool, n: usize, beta: f64) -> Case {
             beta,
             combine: Combine::Paper,
             causal,
-            seed: 11,
         },
         planes: PlanesF32::from_planes(&planes),
         q: data(heads * n * d, 1),

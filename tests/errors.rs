@@ -3,7 +3,7 @@
 mod common;
 use common::randn_t;
 use racelab::io::{npy_bytes, parse_npy, write_npy, Dtype};
-use racelab::{attend, AttendOptions, Method, RaceError, Tensor};
+use racelab::{attend, AttendOptions, Method, PlaneSpec, RaceError, Tensor};
 use std::path::PathBuf;
 
 fn qkv(n: usize, d: usize) -> (Tensor<f64>, Tensor<f64>, Tensor<f64>) {
@@ -24,26 +24,15 @@ fn err(q: &Tensor<f64>, k: &Tensor<f64>, v: &Tensor<f64>, opts: AttendOptions) -
 #[test]
 fn library_errors_name_the_argument() {
     let (q, k, v) = qkv(6, 4);
-    let soft = AttendOptions {
-        method: Method::Soft,
-        ..Default::default()
-    };
+    let soft = AttendOptions::default();
+    let soft_at = |p: usize, l: usize, beta: f64| AttendOptions::new(Method::soft(p, l, beta, 0));
     // Shape mismatches.
     let (k5, _, _) = qkv(6, 5);
     assert!(err(&q, &k5, &v, soft.clone()).contains("`k`"));
     let v_short = randn_t(&[5, 3], 4);
     assert!(err(&q, &k, &v_short, soft.clone()).contains("`v`"));
     let q_causal = randn_t(&[4, 4], 5);
-    assert!(err(
-        &q_causal,
-        &k,
-        &v,
-        AttendOptions {
-            causal: true,
-            ..soft.clone()
-        }
-    )
-    .contains("causal"));
+    assert!(err(&q_causal, &k, &v, soft.clone().causal(true)).contains("causal"));
     // NaN and Inf.
     let mut qn = q.clone();
     qn.data[7] = f64::NAN;
@@ -58,73 +47,23 @@ fn library_errors_name_the_argument() {
     // Zero vector where an angle is needed.
     let mut kz = k.clone();
     kz.data[8..12].iter_mut().for_each(|x| *x = 0.0);
-    for m in [Method::Angular, Method::Hard] {
-        let e = err(
-            &q,
-            &kz,
-            &v,
-            AttendOptions {
-                method: m,
-                ..Default::default()
-            },
-        );
+    let hard = Method::Hard {
+        planes: PlaneSpec::Draw { p: 2, l: 2, seed: 0 },
+    };
+    for m in [Method::Angular { gamma: 2.0 }, hard] {
+        let e = err(&q, &kz, &v, AttendOptions::new(m));
         assert!(e.contains("row 2") && e.contains("zero vector"), "{e}");
     }
     // P too large, L = 0, beta ≤ 0, gamma ≤ 0.
-    assert!(err(
-        &q,
-        &k,
-        &v,
-        AttendOptions {
-            p: 21,
-            ..soft.clone()
-        }
-    )
-    .contains("`p`"));
-    assert!(err(
-        &q,
-        &k,
-        &v,
-        AttendOptions {
-            p: 0,
-            ..soft.clone()
-        }
-    )
-    .contains("`p`"));
-    assert!(err(
-        &q,
-        &k,
-        &v,
-        AttendOptions {
-            l: 0,
-            ..soft.clone()
-        }
-    )
-    .contains("`l`"));
+    assert!(err(&q, &k, &v, soft_at(21, 2, 10.0)).contains("`p`"));
+    assert!(err(&q, &k, &v, soft_at(0, 2, 10.0)).contains("`p`"));
+    assert!(err(&q, &k, &v, soft_at(2, 0, 10.0)).contains("`l`"));
     for beta in [0.0, -1.0, f64::NAN, f64::INFINITY] {
-        assert!(err(
-            &q,
-            &k,
-            &v,
-            AttendOptions {
-                beta,
-                ..soft.clone()
-            }
-        )
-        .contains("`beta`"));
+        assert!(err(&q, &k, &v, soft_at(2, 2, beta)).contains("`beta`"));
     }
     for gamma in [0.0, -2.0] {
-        assert!(err(
-            &q,
-            &k,
-            &v,
-            AttendOptions {
-                method: Method::Angular,
-                gamma,
-                ..Default::default()
-            }
-        )
-        .contains("`gamma`"));
+        let angular = AttendOptions::new(Method::Angular { gamma });
+        assert!(err(&q, &k, &v, angular).contains("`gamma`"));
     }
     // N = 0.
     let (q0, k0, v0) = (

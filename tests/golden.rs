@@ -4,7 +4,7 @@
 mod common;
 use common::assert_close;
 use racelab::io::{read_npy, read_planes};
-use racelab::{attend, AttendOptions, Combine, Mat, Method};
+use racelab::{attend, AttendOptions, Combine, FeatureSpec, Mat, Method, PlaneSpec, Planes};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -16,15 +16,27 @@ fn load(name: &str) -> racelab::Tensor<f64> {
     read_npy(&dir().join(format!("{name}.npy"))).unwrap().tensor
 }
 
-fn cases() -> Vec<(&'static str, Method, Combine)> {
+/// Each golden case's method on the saved planes and features (β = 3, γ = 2.5, the default
+/// logit scale), and its combine rule.
+fn cases(planes: &Planes, omega: &Mat<f64>) -> Vec<(&'static str, Method, Combine)> {
+    let given = || PlaneSpec::Given(planes.clone());
+    let soft = |combine| Method::Soft {
+        planes: given(),
+        beta: 3.0,
+        combine,
+    };
+    let performer = Method::Performer {
+        features: FeatureSpec::Given(omega.clone()),
+        scale: None,
+    };
     vec![
-        ("softmax", Method::Softmax, Combine::Paper),
-        ("angular", Method::Angular, Combine::Paper),
-        ("hard", Method::Hard, Combine::Paper),
-        ("soft", Method::Soft, Combine::Paper),
-        ("soft_authors", Method::Soft, Combine::Authors),
+        ("softmax", Method::Softmax { scale: None }, Combine::Paper),
+        ("angular", Method::Angular { gamma: 2.5 }, Combine::Paper),
+        ("hard", Method::Hard { planes: given() }, Combine::Paper),
+        ("soft", soft(Combine::Paper), Combine::Paper),
+        ("soft_authors", soft(Combine::Authors), Combine::Authors),
         ("linear", Method::Linear, Combine::Paper),
-        ("performer", Method::Performer, Combine::Paper),
+        ("performer", performer, Combine::Paper),
     ]
 }
 
@@ -34,19 +46,9 @@ fn library_matches_numpy_to_1e12() {
     let planes = read_planes(&dir().join("planes.npy")).unwrap();
     let om = load("omega");
     let omega = Mat::from_vec(om.shape[0], om.shape[1], om.data);
-    for (name, method, combine) in cases() {
+    for (name, method, _) in cases(&planes, &omega) {
         for causal in [false, true] {
-            let opts = AttendOptions {
-                method,
-                causal,
-                beta: 3.0,
-                gamma: 2.5,
-                combine,
-                features: omega.rows,
-                planes: Some(planes.clone()),
-                omega: Some(omega.clone()),
-                ..Default::default()
-            };
+            let opts = AttendOptions::new(method.clone()).causal(causal);
             let got = attend(&q, &k, &v, &opts).unwrap();
             let want = load(&format!(
                 "out_{name}_{}",
@@ -68,7 +70,10 @@ fn cli_attend_matches_numpy_to_1e12() {
     let tmp = std::env::temp_dir().join(format!("racelab-golden-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).unwrap();
     let d = dir();
-    for (name, method, combine) in cases() {
+    let planes = read_planes(&d.join("planes.npy")).unwrap();
+    let om = load("omega");
+    let omega = Mat::from_vec(om.shape[0], om.shape[1], om.data);
+    for (name, method, combine) in cases(&planes, &omega) {
         for causal in [false, true] {
             let out = tmp.join(format!("{name}_{causal}.npy"));
             let mut cmd = Command::new(env!("CARGO_BIN_EXE_racelab"));
@@ -139,19 +144,9 @@ fn cpu_backend_matches_golden_in_f32() {
     let planes = read_planes(&dir().join("planes.npy")).unwrap();
     let om = load("omega");
     let omega = Mat::from_vec(om.shape[0], om.shape[1], om.data);
-    for (name, method, combine) in cases() {
+    for (name, method, combine) in cases(&planes, &omega) {
         for causal in [false, true] {
-            let opts = AttendOptions {
-                method,
-                causal,
-                beta: 3.0,
-                gamma: 2.5,
-                combine,
-                features: omega.rows,
-                planes: Some(planes.clone()),
-                omega: Some(omega.clone()),
-                ..Default::default()
-            };
+            let opts = AttendOptions::new(method.clone()).causal(causal);
             let res = attend_with(&q, &k, &v, &opts, Device::Cpu);
             if combine == Combine::Authors {
                 assert!(res.unwrap_err().to_string().contains("reference"));

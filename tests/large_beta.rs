@@ -62,7 +62,7 @@ fn check(
     causal: bool,
     per_token: bool,
 ) -> Errors {
-    let map = SoftMap { planes, beta };
+    let map = SoftMap::new(planes, beta).unwrap();
     let (qh, kh, vh, gh) = (
         Heads::new(heads, n, d, q),
         Heads::new(heads, n, d, k),

@@ -512,6 +512,11 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("hashing", &["error", "rng", "tensor", "params"]),
     ("provenance", &["error"]),
     ("memory", &["error", "provenance"]),
+    ("method", &["error", "rng", "tensor", "params", "hashing"]),
+    (
+        "validate",
+        &["error", "tensor", "params", "hashing", "memory", "method"],
+    ),
     // The backend contract: backends depend on it, never the reverse.
     (
         "backend",
@@ -524,6 +529,8 @@ const LAYERS: &[(&str, &[&str])] = &[
             "hashing",
             "provenance",
             "memory",
+            "method",
+            "validate",
         ],
     ),
 ];
@@ -566,6 +573,21 @@ fn the_base_and_the_kernels_name_nothing_above_them() {
         wrong.len(),
         wrong.join("\n  ")
     );
+}
+
+/// The kernels' soft map is made only by its checked constructors (`SoftMap::new`,
+/// `SoftMap::for_params`) outside `src/cpu`: no struct literal skips the β and combine-rule
+/// checks.
+#[test]
+fn no_soft_map_literal_outside_the_kernels() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let found: Vec<String> = rust_files(&src, false)
+        .into_iter()
+        .filter(|p| !p.starts_with(src.join("cpu")))
+        .filter(|p| code_only(&std::fs::read_to_string(p).unwrap()).contains("SoftMap {"))
+        .map(|p| p.strip_prefix(&src).unwrap().display().to_string())
+        .collect();
+    assert!(found.is_empty(), "SoftMap literals in: {}", found.join(", "));
 }
 
 /// No Rust file of `src/` (the command line's included) is longer than this many lines.

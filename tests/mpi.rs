@@ -121,13 +121,8 @@ fn attend_distributed_reproduces_one_process() {
     let f = inputs(&d, 1001);
     let [q, k, v] = f.clone().map(|p| read_npy(&p).unwrap().tensor);
     for causal in [false, true] {
-        let opts = AttendOptions {
-            method: Method::Soft,
-            causal,
-            p: 3,
-            l: 2,
-            ..Default::default()
-        };
+        let soft = Method::soft(3, 2, racelab::params::DEFAULT_BETA, 0);
+        let opts = AttendOptions::new(soft).causal(causal);
         let want = racelab::attend::attend_with(&q, &k, &v, &opts, Device::Cpu)
             .unwrap()
             .o;

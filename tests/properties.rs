@@ -5,17 +5,11 @@ use proptest::prelude::*;
 use racelab::analysis::rank::{numerical_rank, sharp_rank_bound};
 use racelab::hashing::{hard_code, soft_features, soft_features_direct, Planes};
 use racelab::reference::kernels::{hard_matrix, soft_matrix};
-use racelab::{attend, AttendOptions, Combine, Mat, Method, Tensor};
+use racelab::method::Flags;
+use racelab::{attend, AttendOptions, Combine, Mat, MethodKind, Tensor};
 
-/// The methods whose output is a convex combination of value rows.
-const CONVEX: [Method; 6] = [
-    Method::Softmax,
-    Method::Angular,
-    Method::Hard,
-    Method::Soft,
-    Method::Linear,
-    Method::Performer,
-];
+/// The methods whose output is a convex combination of value rows: all of them.
+const CONVEX: [MethodKind; 6] = MethodKind::ALL;
 
 /// Strategy: a small attention problem `(n, d, dv, seed)`.
 fn problem() -> impl Strategy<Value = (usize, usize, usize, u64)> {
@@ -28,7 +22,7 @@ fn race_params() -> impl Strategy<Value = (usize, usize, f64)> {
 }
 
 /// Strategy: one of the convex methods.
-fn method() -> impl Strategy<Value = Method> {
+fn method() -> impl Strategy<Value = MethodKind> {
     prop::sample::select(CONVEX.to_vec())
 }
 
@@ -39,23 +33,29 @@ fn tensor(m: &Mat<f64>) -> Tensor<f64> {
     }
 }
 
-fn opts(
-    method: Method,
+fn opts_with(
+    method: MethodKind,
     (p, l, beta): (usize, usize, f64),
     seed: u64,
     causal: bool,
+    combine: Combine,
 ) -> AttendOptions {
-    AttendOptions {
-        method,
+    let flags = Flags {
         p,
         l,
         beta,
+        combine,
         gamma: 1.5,
-        seed,
-        causal,
+        scale: None,
         features: 32,
-        ..Default::default()
-    }
+        planes: None,
+        seed,
+    };
+    AttendOptions::new(method.with(&flags)).causal(causal)
+}
+
+fn opts(method: MethodKind, rp: (usize, usize, f64), seed: u64, causal: bool) -> AttendOptions {
+    opts_with(method, rp, seed, causal, Combine::Paper)
 }
 
 fn run(q: &Mat<f64>, k: &Mat<f64>, v: &Mat<f64>, o: &AttendOptions) -> racelab::AttendResult {
@@ -89,11 +89,11 @@ proptest! {
         let q = randn(1, d, seed);
         // Hard LSH needs q and k in one bucket to have any mass; use k = q for it.
         // Angular with d = 1 can be antipodal (κ = 0, an empty row); use k = q for it too.
-        let k = if m == Method::Hard || (m == Method::Angular && d == 1) { q.clone() } else { randn(1, d, seed ^ 1) };
+        let k = if m == MethodKind::Hard || (m == MethodKind::Angular && d == 1) { q.clone() } else { randn(1, d, seed ^ 1) };
         let v = randn(1, dv, seed ^ 2);
         let out = run(&q, &k, &v, &opts(m, rp, seed, causal));
         // Soft RACE at large beta may underflow to an (explicitly counted) empty row.
-        if !(m == Method::Soft && out.empty_rows == 1) {
+        if !(m == MethodKind::Soft && out.empty_rows == 1) {
             assert_close(&format!("{m:?} N=1"), &out.o.data, &v.data, 1e-12);
         }
     }
@@ -282,17 +282,9 @@ fn rank_meets_the_sharp_bound() {
 #[test]
 fn authors_rule_differs_from_paper_rule() {
     let (q, k, v) = (randn(16, 4, 1), randn(16, 4, 2), randn(16, 2, 3));
-    let o = opts(Method::Soft, (2, 3, 5.0), 4, false);
-    let a = run(&q, &k, &v, &o);
-    let b = run(
-        &q,
-        &k,
-        &v,
-        &AttendOptions {
-            combine: Combine::Authors,
-            ..o
-        },
-    );
+    let a = run(&q, &k, &v, &opts(MethodKind::Soft, (2, 3, 5.0), 4, false));
+    let authors = opts_with(MethodKind::Soft, (2, 3, 5.0), 4, false, Combine::Authors);
+    let b = run(&q, &k, &v, &authors);
     let diff = racelab::analysis::metrics::max_abs_diff(&a.o.data, &b.o.data);
     assert!(diff > 1e-3, "combine rules agree to {diff}");
 }

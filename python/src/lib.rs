@@ -16,12 +16,14 @@ use numpy::{
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use racelab::attend::{attend_with, AttendOptions, Method};
+use racelab::attend::{attend_with, AttendOptions};
 use racelab::backend::{
-    check_inputs, BackwardInputs, Device, GradsMut, Heads, PlanesF32, RaceParams,
+    Device, GradsMut, Heads, PlanesF32, Problem, RaceParams, Saved as Kept, SoftRace,
 };
 use racelab::cpu::mem::ABuf;
-use racelab::cpu::{self, Ctx, SoftMap};
+use racelab::cpu::CpuRace;
+use racelab::method::{Flags, MethodKind};
+use racelab::validate::{Budget, Held};
 use racelab::hashing::Planes;
 use racelab::params::Combine;
 use racelab::reference::logdomain::{soft_race_backward_log, soft_race_log};
@@ -104,28 +106,22 @@ fn empty_cache() {
     }
 }
 
-/// The backend's checks, and its memory check counting only what this call allocates: the
-/// inputs (and, in a backward, the forward's output and saved values) are already in memory.
-/// When the work does not fit, the caches are emptied and it is checked once more: cached
-/// buffers are memory the new work can have.
-fn check_fits(
+/// The validated problem ([`Problem::within`]: the one validation), its memory check counting
+/// only what this call allocates (`held`: the inputs, and in a backward the forward's output and
+/// saved values, are already in memory). When the work does not fit, the caches are emptied
+/// and it is checked once more: cached buffers are memory the new work can have.
+fn problem<'a>(
     params: &RaceParams,
-    planes: &PlanesF32,
-    (q, k, v): (&Heads, &Heads, &Heads),
-    g: Option<&Heads>,
-) -> PyResult<()> {
-    let work = check_inputs(params, planes, q, k, v, g).map_err(py_err)?;
-    let held = match g {
-        None => work.resident_input_bytes(false),
-        Some(_) => work
-            .resident_input_bytes(true)
-            .saturating_add(work.saved_bytes()),
-    };
-    let need = work.bytes().saturating_sub(held);
-    match racelab::memory::check_need(&work, need, None) {
+    planes: &'a PlanesF32,
+    qkv: [Heads<'a>; 3],
+    g: Option<Heads<'a>>,
+    held: Held,
+) -> PyResult<Problem<'a>> {
+    let budget = Budget::holding(held);
+    match Problem::within(params, planes, qkv, g, budget) {
         Err(RaceError::TooLarge(_)) => {
             empty_cache();
-            racelab::memory::check_need(&work, need, None).map_err(py_err)
+            Problem::within(params, planes, qkv, g, budget).map_err(py_err)
         }
         r => r.map_err(py_err),
     }
@@ -204,24 +200,25 @@ fn attend<'py>(
     features: usize,
     max_memory: Option<u64>,
 ) -> PyResult<(Bound<'py, PyAny>, usize, usize)> {
-    let method: Method = method.parse().map_err(py_err)?;
+    let method: MethodKind = method.parse().map_err(py_err)?;
     let device: Device = device.parse().map_err(py_err)?;
     let combine: Combine = combine.parse().map_err(py_err)?;
     let planes = planes.as_ref().map(planes_of).transpose()?;
     let (q, k, v) = (tensor("q", &q)?, tensor("k", &k)?, tensor("v", &v)?);
-    let opts = AttendOptions {
-        method,
-        causal,
+    let flags = Flags {
         p,
         l,
         beta,
-        gamma,
-        seed,
         combine,
+        gamma,
         scale,
         features,
         planes,
-        omega: None,
+        seed,
+    };
+    let opts = AttendOptions {
+        method: method.with(&flags),
+        causal,
         max_memory,
     };
     let res = py
@@ -239,28 +236,28 @@ fn attend<'py>(
 /// projections, chunk states), the planes and β it ran with.
 #[pyclass(module = "racelab._racelab", frozen)]
 struct Saved {
-    ctx: Ctx,
+    kept: Kept,
     planes: PlanesF32,
     params: RaceParams,
 }
 
-/// Contexts of finished steps, recycled by the next forward: a training loop then pays fresh
+/// What finished steps saved, recycled by the next forward: a training loop then pays fresh
 /// pages for the per-token saved values once, not every step.
-static POOL: std::sync::Mutex<Vec<Ctx>> = std::sync::Mutex::new(Vec::new());
-/// Contexts kept for reuse at most (one per forward in flight in a typical model).
+static POOL: std::sync::Mutex<Vec<Kept>> = std::sync::Mutex::new(Vec::new());
+/// Saved states kept for reuse at most (one per forward in flight in a typical model).
 const POOL_MAX: usize = 8;
 
 impl Drop for Saved {
     fn drop(&mut self) {
         if let Ok(mut pool) = POOL.lock() {
             if pool.len() < POOL_MAX {
-                pool.push(std::mem::take(&mut self.ctx));
+                pool.push(std::mem::take(&mut self.kept));
             }
         }
     }
 }
 
-fn pooled_ctx() -> Ctx {
+fn pooled() -> Kept {
     POOL.lock()
         .ok()
         .and_then(|mut p| p.pop())
@@ -278,7 +275,8 @@ fn params(planes: &PlanesF32, beta: f64, causal: bool) -> RaceParams {
 }
 
 /// Production f32 soft-RACE forward on `[heads, n, ·]` arrays and `[L, P, d]` planes (rounded
-/// to f32). Returns `(o [heads, n, dv], saved)`.
+/// to f32), through the backend contract ([`SoftRace::forward_into`] of [`CpuRace`]). Returns
+/// `(o [heads, n, dv], saved)`.
 #[pyfunction]
 fn soft_forward<'py>(
     py: Python<'py>,
@@ -291,28 +289,23 @@ fn soft_forward<'py>(
 ) -> PyResult<(Bound<'py, PyAny>, Saved)> {
     let planes = PlanesF32::from_planes(&planes_of(&planes)?);
     let params = params(&planes, beta, causal);
-    let (qh, kh, vh) = (
+    let qkv = [
         heads(slice3("q", &q)?),
         heads(slice3("k", &k)?),
         heads(slice3("v", &v)?),
-    );
-    check_fits(&params, &planes, (&qh, &kh, &vh), None)?;
-    let (o, ctx) = py.detach(|| {
-        let map = SoftMap {
-            planes: &planes,
-            beta: beta as f32,
-        };
-        let mut o = output(qh.heads * qh.n * vh.cols);
-        let x = racelab::backend::ForwardInputs::new(qh, kh, vh);
-        let (_, ctx) =
-            cpu::soft_forward_into(&map, x, causal, cpu::detected_isa(), &mut o, pooled_ctx());
-        (o, ctx)
-    });
-    let o = aligned(py, o, &[qh.heads, qh.n, vh.cols])?;
+    ];
+    let pb = problem(&params, &planes, qkv, None, Held::Inputs)?;
+    let (o, kept) = py.detach(|| {
+        let mut o = output(pb.output_len());
+        let kept = CpuRace::detected().forward_into(&pb, &mut o, pooled());
+        kept.map(|k| (o, k))
+    })
+    .map_err(py_err)?;
+    let o = aligned(py, o, &[qkv[0].heads, qkv[0].n, qkv[2].cols])?;
     Ok((
         o,
         Saved {
-            ctx,
+            kept,
             planes,
             params,
         },
@@ -320,7 +313,7 @@ fn soft_forward<'py>(
 }
 
 /// Production f32 soft-RACE backward: `(dq, dk, dv, dbeta)` for the forward that returned
-/// `saved` and `o`, with `g = ∂ℓ/∂Ô`.
+/// `saved` and `o`, with `g = ∂ℓ/∂Ô` ([`SoftRace::backward_into`] of [`CpuRace`]).
 #[pyfunction]
 #[allow(clippy::type_complexity)]
 fn soft_backward<'py>(
@@ -332,43 +325,36 @@ fn soft_backward<'py>(
     o: PyReadonlyArray3<'py, f32>,
     g: PyReadonlyArray3<'py, f32>,
 ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, f64)> {
-    let (qh, kh, vh, oh, gh) = (
+    let qkv = [
         heads(slice3("q", &q)?),
         heads(slice3("k", &k)?),
         heads(slice3("v", &v)?),
-        heads(slice3("o", &o)?),
-        heads(slice3("g", &g)?),
-    );
-    check_fits(&saved.params, &saved.planes, (&qh, &kh, &vh), Some(&gh))?;
+    ];
+    let (oh, gh) = (heads(slice3("o", &o)?), heads(slice3("g", &g)?));
     if (oh.heads, oh.n, oh.cols) != (gh.heads, gh.n, gh.cols) {
         return Err(py_err(RaceError::shape(
             "o",
             "o and g must have the forward's output shape",
         )));
     }
-    let (dq, dk, dv, dbeta) = py.detach(|| {
-        let map = SoftMap {
-            planes: &saved.planes,
-            beta: saved.params.beta as f32,
-        };
-        let (mut dq, mut dk, mut dv) = (
-            output(qh.data.len()),
-            output(kh.data.len()),
-            output(vh.data.len()),
-        );
-        let dbeta = cpu::soft_backward_into(
-            &map,
-            &saved.ctx,
-            BackwardInputs::new(qh, kh, vh, oh, gh),
-            cpu::detected_isa(),
-            GradsMut {
+    let pb = problem(&saved.params, &saved.planes, qkv, Some(gh), Held::Forward)?;
+    let [qh, kh, vh] = qkv;
+    let (dq, dk, dv, dbeta) = py
+        .detach(|| {
+            let (mut dq, mut dk, mut dv) = (
+                output(qh.data.len()),
+                output(kh.data.len()),
+                output(vh.data.len()),
+            );
+            let grads = GradsMut {
                 dq: &mut dq,
                 dk: &mut dk,
                 dv: &mut dv,
-            },
-        );
-        (dq, dk, dv, dbeta)
-    });
+            };
+            let dbeta = CpuRace::detected().backward_into(&pb, &saved.kept, oh.data, grads);
+            dbeta.map(|db| (dq, dk, dv, db))
+        })
+        .map_err(py_err)?;
     Ok((
         aligned(py, dq, &[qh.heads, qh.n, qh.cols])?,
         aligned(py, dk, &[kh.heads, kh.n, kh.cols])?,
@@ -506,7 +492,7 @@ fn cuda_available() -> bool {
 /// lowers it; on aarch64 `scalar`, where the native-width passes run on NEON, its baseline).
 #[pyfunction]
 fn cpu_isa() -> &'static str {
-    cpu::detected_isa().name()
+    racelab::cpu::detected_isa().name()
 }
 
 #[pymodule]

@@ -2,7 +2,9 @@
 //! on the same inputs, planes and parameters.
 //!
 //! - [`SoftRace`]: forward (`Ô`, Algorithm 1 or causal Algorithm 2), forward+backward (`Ô`
-//!   and `∂ℓ/∂q, ∂ℓ/∂k, ∂ℓ/∂v, ∂ℓ/∂β` for an upstream `G = ∂ℓ/∂Ô`), and a recurrent decoder
+//!   and `∂ℓ/∂q, ∂ℓ/∂k, ∂ℓ/∂v, ∂ℓ/∂β` for an upstream `G = ∂ℓ/∂Ô`), the same into the
+//!   caller's buffers on a validated [`Problem`] ([`SoftRace::forward_into`] returns what the
+//!   backward needs, [`Saved`]; [`SoftRace::backward_into`]), and a recurrent decoder
 //!   ([`Decode::step`]: add `φ(k_t)[v_t, 1]` to the state, read it with `φ(q_t)`);
 //! - its implementations: [`reference::ReferenceRace`](crate::reference::ReferenceRace) (f64,
 //!   log domain, exact at any β), [`cpu::CpuRace`](crate::cpu::CpuRace) (the production f32
@@ -10,21 +12,33 @@
 //!   `cuda` feature, its stub returns the no-device error);
 //! - [`Device`]: which one, as the command line names it ([`crate::attend::for_device`], above
 //!   the backends, returns it);
+//! - the same contract on ndarray views ([`SoftRaceArrays`], every backend: `ArrayView3` /
+//!   `ArrayView4`, f32 or f64, any layout);
 //! - the shared types ([`types`]): `[heads, n, cols]` f32 rows ([`Heads`]), planes rounded to
 //!   f32 ([`PlanesF32`]), gradients ([`SoftGrads`]);
-//! - the parameters travel as one [`RaceParams`] (P, L, β, combine rule, causal, seed).
+//! - the parameters travel as one [`RaceParams`] (P, L, β, combine rule, causal), the planes
+//!   beside them;
+//! - every backend validates through [`check`] (the one validation, [`crate::validate`]).
 //!
 //! Every backend computes `Ô_i = Σ_l φ_l(q_i)ᵀ B_l / Σ_l φ_l(q_i)ᵀ A_l` with
 //! `A_l = Σ_j φ_l(k_j)`, `B_l = Σ_j φ_l(k_j) v_jᵀ` (over `j ≤ i` when causal) on the planes
 //! it is given; the f32 backends agree with the reference within the tolerances of
 //! `tests/backends.rs`.
 
+pub mod arrays;
 pub mod types;
 
+pub use arrays::{ArrayForward, ArrayGrads, SoftRaceArrays};
+
 pub use crate::params::RaceParams;
-pub use types::{BackwardInputs, ForwardInputs, GradsMut, Heads, PlanesF32, Recomputed, SoftGrads};
+pub use types::{
+    BackwardInputs, ForwardInputs, GradsMut, Heads, PlanesF32, Problem, Recomputed, Saved,
+    SoftGrads,
+};
 
 use crate::error::{RaceError, Result};
+use crate::method::{Method, PlaneSpec};
+use crate::validate::{Budget, Held};
 use serde::Serialize;
 
 /// Where an operator runs.
@@ -115,6 +129,30 @@ pub trait SoftRace: Send + Sync {
         v: Heads,
         g: Heads,
     ) -> Result<(Forward, SoftGrads)>;
+    /// `Ô` written into `o` (`[heads, n, dv]`, overwritten) for a validated problem, and what
+    /// the backward needs. `reuse` is an earlier forward's [`Saved`] whose buffers a backend
+    /// may recycle (`Saved::default()` for none): a training loop or a benchmark then does
+    /// not pay fresh pages every step. The default runs [`SoftRace::forward`] and copies.
+    fn forward_into(&self, pb: &Problem, o: &mut [f32], reuse: Saved) -> Result<Saved> {
+        drop(reuse);
+        pb.check_output("o", o)?;
+        let ForwardInputs { q, k, v } = pb.inputs();
+        let f = self.forward(pb.params(), pb.planes(), q, k, v)?;
+        o.copy_from_slice(&f.o);
+        Ok(Saved::stateless(f.empty_rows, f.recomputed))
+    }
+    /// The gradients of `ℓ` with `∂ℓ/∂Ô = pb.grad()` written into `grads` (overwritten), for
+    /// the forward that returned `saved` and `o`; returns `∂ℓ/∂β`. The default runs
+    /// [`SoftRace::forward_backward`] (recomputing the forward) and copies.
+    fn backward_into(&self, pb: &Problem, saved: &Saved, o: &[f32], grads: GradsMut) -> Result<f64> {
+        let _ = saved;
+        let x = pb.backward_inputs(o, &grads)?;
+        let (_, gr) = self.forward_backward(pb.params(), pb.planes(), x.q, x.k, x.v, x.g)?;
+        grads.dq.copy_from_slice(&gr.dq);
+        grads.dk.copy_from_slice(&gr.dk);
+        grads.dv.copy_from_slice(&gr.dv);
+        Ok(gr.dbeta)
+    }
     /// A decoder with empty state for values of width `dv` (refused, naming P, L and the bytes,
     /// when its `L·2^P × (dv + 1)` state cannot fit: [`decoder_fits`]).
     fn decoder(
@@ -125,10 +163,12 @@ pub trait SoftRace: Send + Sync {
     ) -> Result<Box<dyn Decode>>;
 }
 
-/// The checks every backend makes before it computes: parameters, planes against them, the
-/// shapes of `q`, `k`, `v` (and `g`), finiteness, and whether the work fits in memory
-/// ([`crate::memory`], estimated for the f32 kernels: the reference needs less per head). The
-/// inputs are the caller's, already in memory: only what the call allocates is counted.
+/// The checks every backend makes before it computes: the one validation
+/// ([`crate::validate::check`]) of soft RACE with `params` on `planes` (P, L, β, the planes
+/// against the parameters and the inputs' `d`), the shapes of `q`, `k`, `v` (and `g`),
+/// finiteness, and whether the work fits in memory ([`crate::memory`], estimated for the f32
+/// kernels: the reference needs less per head). The inputs are the caller's, already in
+/// memory: only what the call allocates is counted.
 pub fn check(
     params: &RaceParams,
     planes: &PlanesF32,
@@ -137,13 +177,7 @@ pub fn check(
     v: &Heads,
     g: Option<&Heads>,
 ) -> Result<()> {
-    let work = check_inputs(params, planes, q, k, v, g)?;
-    crate::memory::check_need(
-        &work,
-        work.bytes()
-            .saturating_sub(work.resident_input_bytes(false)),
-        None,
-    )
+    check_within(params, planes, [q, k, v], g, Budget::holding(Held::Inputs)).map(|_| ())
 }
 
 /// [`check`] without the memory check: parameters, planes, shapes and finiteness. Returns the
@@ -156,6 +190,38 @@ pub fn check_inputs(
     v: &Heads,
     g: Option<&Heads>,
 ) -> Result<crate::memory::Work> {
+    Ok(check_within(params, planes, [q, k, v], g, Budget::unchecked())?.work)
+}
+
+/// [`check`] against `budget`.
+pub fn check_within(
+    params: &RaceParams,
+    planes: &PlanesF32,
+    qkv: [&Heads; 3],
+    g: Option<&Heads>,
+    budget: Budget,
+) -> Result<crate::validate::Checked> {
+    let method = soft_method(params, planes)?;
+    fn t<'a>(name: &str, x: &Heads<'a>) -> Result<crate::tensor::TensorRef<'a, f32>> {
+        crate::tensor::TensorRef::new(name, vec![x.heads, x.n, x.cols], x.data)
+    }
+    let [q, k, v] = qkv;
+    let (q, k, v) = (t("q", q)?, t("k", k)?, t("v", v)?);
+    let g = g.map(|g| t("g", g)).transpose()?;
+    crate::validate::check(crate::validate::Call {
+        method: &method,
+        causal: params.causal,
+        q: &q,
+        k: &k,
+        v: &v,
+        g: g.as_ref(),
+        kernels: crate::memory::Kernels::F32,
+        budget,
+    })
+}
+
+/// Soft RACE with `params` on the given `planes`, which must have the parameters' P and L.
+pub fn soft_method(params: &RaceParams, planes: &PlanesF32) -> Result<Method> {
     params.validate()?;
     if planes.p != params.p || planes.l != params.l {
         return Err(RaceError::shape(
@@ -166,64 +232,10 @@ pub fn check_inputs(
             ),
         ));
     }
-    if q.cols != planes.d || k.cols != planes.d {
-        return Err(RaceError::shape(
-            "q/k",
-            format!(
-                "planes have d = {} but q has {} columns and k {}",
-                planes.d, q.cols, k.cols
-            ),
-        ));
-    }
-    if q.heads != k.heads || k.heads != v.heads || k.n != v.n {
-        return Err(RaceError::shape(
-            "k/v",
-            format!(
-                "q [{}, {}, _], k [{}, {}, _], v [{}, {}, _] do not share heads and keys",
-                q.heads, q.n, k.heads, k.n, v.heads, v.n
-            ),
-        ));
-    }
-    if params.causal && q.n != k.n {
-        return Err(RaceError::shape(
-            "q/k",
-            format!(
-                "causal attention needs as many queries as keys (got {} and {})",
-                q.n, k.n
-            ),
-        ));
-    }
-    if let Some(g) = g {
-        if (g.heads, g.n, g.cols) != (q.heads, q.n, v.cols) {
-            return Err(RaceError::shape(
-                "g",
-                format!(
-                    "g is [{}, {}, {}] but the output is [{}, {}, {}]",
-                    g.heads, g.n, g.cols, q.heads, q.n, v.cols
-                ),
-            ));
-        }
-    }
-    for (name, x) in [("q", q), ("k", k), ("v", v)] {
-        crate::tensor::check_finite(name, x.data)?;
-    }
-    if let Some(g) = g {
-        crate::tensor::check_finite("g", g.data)?;
-    }
-    Ok(crate::memory::Work {
-        method: "soft",
-        kernels: crate::memory::Kernels::F32,
-        p: params.p,
-        l: params.l,
-        heads: q.heads,
-        n: q.n,
-        m: k.n,
-        d: q.cols,
-        dv: v.cols,
-        map_features: 0,
-        quadratic: false,
-        backward: g.is_some(),
-        causal: params.causal,
+    Ok(Method::Soft {
+        planes: PlaneSpec::Given(planes.to_planes()),
+        beta: params.beta,
+        combine: params.combine,
     })
 }
 

@@ -1,8 +1,12 @@
 //! The types every backend shares: inputs as `[heads, n, cols]` f32 rows ([`Heads`]), planes
 //! rounded to f32 ([`PlanesF32`]), the gradients of a scalar loss ([`SoftGrads`]) and the rows
-//! a forward recomputed exactly ([`Recomputed`]).
+//! a forward recomputed exactly ([`Recomputed`]), a validated problem ([`Problem`]) and what
+//! a forward keeps for its backward ([`Saved`]).
 
+use crate::error::{RaceError, Result};
 use crate::hashing::Planes;
+use crate::params::RaceParams;
+use crate::validate::{Budget, Held};
 
 /// Rows an f32 backend flagged (denominator below its floor) and recomputed exactly after a
 /// forward (flat indices `head·n + i`; see [`crate::cpu::recompute`]), and the seconds it took.
@@ -158,5 +162,178 @@ impl SoftGrads {
             dk: &mut self.dk,
             dv: &mut self.dv,
         }
+    }
+}
+
+/// A soft-RACE problem that passed the one validation ([`crate::backend::check`]): the
+/// parameters, the planes, `q`, `k`, `v` and, for a backward, the upstream gradient `g`.
+/// Only [`Problem::new`] and [`Problem::with_grad`] make one, so the into-buffer forms of the
+/// contract ([`crate::backend::SoftRace::forward_into`], `backward_into`) never see unchecked
+/// input, and a caller that runs the same problem many times (a benchmark, a training step's
+/// forward and backward) validates it once.
+#[derive(Debug, Clone, Copy)]
+pub struct Problem<'a> {
+    params: RaceParams,
+    planes: &'a PlanesF32,
+    x: ForwardInputs<'a>,
+    g: Option<Heads<'a>>,
+}
+
+impl<'a> Problem<'a> {
+    /// A forward's problem, validated (memory counted for the forward, the inputs held).
+    pub fn new(
+        params: &RaceParams,
+        planes: &'a PlanesF32,
+        q: Heads<'a>,
+        k: Heads<'a>,
+        v: Heads<'a>,
+    ) -> Result<Self> {
+        Self::within(params, planes, [q, k, v], None, Budget::holding(Held::Inputs))
+    }
+
+    /// A forward and backward's problem with upstream gradient `g` (`[heads, n, dv]`),
+    /// validated (memory counted for both passes, the inputs held).
+    pub fn with_grad(
+        params: &RaceParams,
+        planes: &'a PlanesF32,
+        q: Heads<'a>,
+        k: Heads<'a>,
+        v: Heads<'a>,
+        g: Heads<'a>,
+    ) -> Result<Self> {
+        Self::within(params, planes, [q, k, v], Some(g), Budget::holding(Held::Inputs))
+    }
+
+    /// The problem validated against `budget` (e.g. a backward whose forward's output and
+    /// saved values are already held: [`Held::Forward`]).
+    pub fn within(
+        params: &RaceParams,
+        planes: &'a PlanesF32,
+        [q, k, v]: [Heads<'a>; 3],
+        g: Option<Heads<'a>>,
+        budget: Budget,
+    ) -> Result<Self> {
+        crate::backend::check_within(params, planes, [&q, &k, &v], g.as_ref(), budget)?;
+        Ok(Problem {
+            params: *params,
+            planes,
+            x: ForwardInputs::new(q, k, v),
+            g,
+        })
+    }
+
+    pub fn params(&self) -> &RaceParams {
+        &self.params
+    }
+    pub fn planes(&self) -> &'a PlanesF32 {
+        self.planes
+    }
+    pub fn inputs(&self) -> ForwardInputs<'a> {
+        self.x
+    }
+    /// The upstream gradient, for a problem made by [`Problem::with_grad`].
+    pub fn grad(&self) -> Result<Heads<'a>> {
+        self.g.ok_or_else(|| {
+            RaceError::param(
+                "g",
+                "this problem has no upstream gradient; build it with Problem::with_grad",
+            )
+        })
+    }
+    /// Floats of the output `Ô` (`heads · n · dv`).
+    pub fn output_len(&self) -> usize {
+        self.x.q.heads * self.x.q.n * self.x.v.cols
+    }
+
+    /// `o` is an output of this problem's shape.
+    pub fn check_output(&self, arg: &str, o: &[f32]) -> Result<()> {
+        if o.len() != self.output_len() {
+            return Err(RaceError::shape(
+                arg,
+                format!(
+                    "{arg} has {} floats but the output [heads, n, dv] = [{}, {}, {}] has {}",
+                    o.len(),
+                    self.x.q.heads,
+                    self.x.q.n,
+                    self.x.v.cols,
+                    self.output_len()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A backward's inputs, with the forward's output `o`, and gradient buffers shaped like
+    /// `q`, `k`, `v`.
+    pub fn backward_inputs(&self, o: &'a [f32], grads: &GradsMut) -> Result<BackwardInputs<'a>> {
+        self.check_output("o", o)?;
+        let ForwardInputs { q, k, v } = self.x;
+        for (name, buf, x) in [("dq", &grads.dq, q), ("dk", &grads.dk, k), ("dv", &grads.dv, v)] {
+            if buf.len() != x.data.len() {
+                return Err(RaceError::shape(
+                    name,
+                    format!(
+                        "{name} has {} floats but its input has {}",
+                        buf.len(),
+                        x.data.len()
+                    ),
+                ));
+            }
+        }
+        let o = Heads::new(q.heads, q.n, v.cols, o);
+        Ok(BackwardInputs::new(q, k, v, o, self.grad()?))
+    }
+}
+
+/// What a forward keeps for its backward ([`crate::backend::SoftRace::forward_into`]): the rows
+/// with no key, the rows recomputed exactly, and the backend's own state, opaque to everyone
+/// else (each backend reads only its own; `Saved::default()` holds none).
+#[derive(Default)]
+pub struct Saved {
+    pub empty_rows: usize,
+    pub recomputed: Recomputed,
+    state: Option<Box<dyn std::any::Any + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Saved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Saved")
+            .field("empty_rows", &self.empty_rows)
+            .field("recomputed", &self.recomputed)
+            .field("state", &self.state.is_some())
+            .finish()
+    }
+}
+
+impl Saved {
+    /// A forward's record with a backend's `state`.
+    pub fn new<S: std::any::Any + Send + Sync>(
+        empty_rows: usize,
+        recomputed: Recomputed,
+        state: S,
+    ) -> Self {
+        Saved {
+            empty_rows,
+            recomputed,
+            state: Some(Box::new(state)),
+        }
+    }
+    /// A forward's record with no state (a backend whose backward recomputes).
+    pub fn stateless(empty_rows: usize, recomputed: Recomputed) -> Self {
+        Saved {
+            empty_rows,
+            recomputed,
+            state: None,
+        }
+    }
+    /// The state, when it is an `S`.
+    pub fn state<S: std::any::Any>(&self) -> Option<&S> {
+        self.state.as_ref().and_then(|s| s.downcast_ref())
+    }
+    /// The state, when it is an `S`, taken out (to recycle its buffers).
+    pub fn into_state<S: std::any::Any>(self) -> Option<S> {
+        self.state
+            .and_then(|s| s.downcast::<S>().ok())
+            .map(|b| *b)
     }
 }

@@ -52,10 +52,7 @@ pub fn run(
         fill(&mut q, seed, 0);
         fill(&mut k, seed + 1, 0);
         fill(&mut v, seed + 2, 0);
-        let map = SoftMap {
-            planes: &planes32,
-            beta: beta as f32,
-        };
+        let map = SoftMap::new(&planes32, beta as f32)?;
         let t = Instant::now();
         let fwd = soft_forward(
             &map,

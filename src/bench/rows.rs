@@ -7,10 +7,11 @@ use super::timing::{time_alternated, time_runs, time_runs_warm, Timed};
 use super::{
     bytes_per_token, machine, race_flops_per_token, BenchConfig, BenchRow, CausalRatio, Device,
 };
-use crate::backend::{BackwardInputs, GradsMut, Heads, PlanesF32};
+use crate::backend::{GradsMut, Heads, PlanesF32, Problem, RaceParams, Saved, SoftRace};
 use crate::cpu::exact::{exact_attention, Exact};
 use crate::cpu::mem::ABuf;
-use crate::cpu::{self, soft_backward_into, soft_forward_into, Isa, SoftMap};
+use crate::cpu::{self, Isa};
+use crate::params::Combine;
 use crate::error::Result;
 use crate::hashing::Planes;
 use crate::provenance::{peak_rss_bytes, reset_peak_rss};
@@ -148,10 +149,24 @@ impl<'a> Recorder<'a> {
             };
             progress(&format!("race (P,L)=({p},{l}) N={n}"));
             let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, cfg.seed)?);
-            let map = SoftMap {
-                planes: &planes,
-                beta: cfg.beta as f32,
+            // One validated problem per mode (validated once, outside the timed runs).
+            let problem = |causal: bool| {
+                let params = RaceParams {
+                    p,
+                    l,
+                    beta: cfg.beta,
+                    combine: Combine::Paper,
+                    causal,
+                };
+                if cfg.backward {
+                    let gh = Heads::new(h, n, dv, g);
+                    Problem::with_grad(&params, &planes, qh, kh, vh, gh)
+                } else {
+                    Problem::new(&params, &planes, qh, kh, vh)
+                }
             };
+            let problems = [problem(false)?, problem(true)?];
+            let race = cpu::CpuRace { isa };
             reset_peak_rss();
             // Output and gradient buffers are allocated once per row and reused across runs,
             // as a caching allocator would; runs time the kernels, not page faults.
@@ -166,47 +181,43 @@ impl<'a> Recorder<'a> {
                 let z = || cpu::mem::ABuf::zeroed(0);
                 (z(), z(), z())
             };
-            // The context's buffers (denominators, saved `u`) are recycled the same way, one
-            // context per mode.
-            let mut reuse = [cpu::Ctx::default(), cpu::Ctx::default()];
-            // What the last run of each mode recomputed (the context holds it).
+            // What a forward saves (denominators, saved `u`) is recycled the same way, one
+            // per mode.
+            let mut reuse = [Saved::default(), Saved::default()];
+            // What the last run of each mode recomputed.
             let mut recomputed = [crate::backend::Recomputed::default(), Default::default()];
+            let mut failed = None;
             let mut once = |causal: bool| {
                 let slot = &mut reuse[causal as usize];
-                let x = crate::backend::ForwardInputs::new(qh, kh, vh);
-                let (_, ctx) =
-                    soft_forward_into(&map, x, causal, isa, &mut o, std::mem::take(slot));
-                if cfg.backward {
-                    let db = soft_backward_into(
-                        &map,
-                        &ctx,
-                        BackwardInputs::new(
-                            qh,
-                            kh,
-                            vh,
-                            Heads::new(h, n, dv, &o),
-                            Heads::new(h, n, dv, g),
-                        ),
-                        isa,
-                        GradsMut {
+                let pb = &problems[causal as usize];
+                let mut run = || -> Result<Saved> {
+                    let saved = race.forward_into(pb, &mut o, std::mem::take(slot))?;
+                    if cfg.backward {
+                        let grads = GradsMut {
                             dq: &mut dq,
                             dk: &mut dk,
                             dv: &mut dvb,
-                        },
-                    );
-                    std::hint::black_box(db);
+                        };
+                        std::hint::black_box(race.backward_into(pb, &saved, &o, grads)?);
+                    }
+                    Ok(saved)
+                };
+                match run() {
+                    Ok(saved) => *slot = saved,
+                    Err(e) => failed = Some(e),
                 }
-                *slot = ctx;
             };
             let timed: Vec<(bool, Timed)> = match (cfg.device, cfg.causal_ratio) {
                 (Device::Cpu, false) => {
                     let t = time_runs_warm(cfg.runs, || once(cfg.causal));
+                    drop(once);
                     recomputed[cfg.causal as usize] = reuse[cfg.causal as usize].recomputed.clone();
                     vec![(cfg.causal, t)]
                 }
                 (Device::Cpu, true) => {
                     let (nc, c) = time_alternated(cfg.runs, &mut once);
-                    recomputed = reuse.clone().map(|c| c.recomputed);
+                    drop(once);
+                    recomputed = [&reuse[0], &reuse[1]].map(|s| s.recomputed.clone());
                     vec![(false, nc), (true, c)]
                 }
                 // On the GPU one mode after the other: `time_soft` times all of a mode's runs
@@ -238,6 +249,9 @@ impl<'a> Recorder<'a> {
                         .collect::<Result<_>>()?
                 }
             };
+            if let Some(e) = failed {
+                return Err(e);
+            }
             let flops = race_flops_per_token(p, l, d, dv, cfg.backward) * (n * h) as f64;
             let (row_bw, row_peak) = match &self.gpu {
                 Some(c) => (c.bandwidth_gbs, c.fp32_gflops),

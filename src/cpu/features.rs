@@ -103,10 +103,54 @@ pub(crate) fn bit_contrast(
     }
 }
 
-/// Soft RACE features.
+/// Soft RACE features on f32 planes at inverse temperature β. Made only by [`SoftMap::new`]
+/// or [`SoftMap::for_params`], which check β and the combine rule, so no kernel runs on an
+/// unchecked map.
+#[derive(Debug, Clone, Copy)]
 pub struct SoftMap<'a> {
-    pub planes: &'a PlanesF32,
-    pub beta: f32,
+    pub(crate) planes: &'a PlanesF32,
+    pub(crate) beta: f32,
+}
+
+impl<'a> SoftMap<'a> {
+    /// The map of `planes` at `beta` (finite, > 0 in f32).
+    pub fn new(planes: &'a PlanesF32, beta: f32) -> crate::error::Result<Self> {
+        crate::params::validate_beta(beta as f64)?;
+        crate::params::validate_pl(planes.p, planes.l)?;
+        Ok(SoftMap { planes, beta })
+    }
+
+    /// The map of the kernels for `params` on `planes`: the paper's combine rule (the
+    /// authors' has no kernel), P and L of the planes.
+    pub fn for_params(
+        params: &crate::params::RaceParams,
+        planes: &'a PlanesF32,
+    ) -> crate::error::Result<Self> {
+        if params.combine != crate::params::Combine::Paper {
+            return Err(crate::error::RaceError::param(
+                "combine",
+                "the authors' combine rule has no kernel; use --device reference or --combine paper",
+            ));
+        }
+        params.validate()?;
+        if (planes.p, planes.l) != (params.p, params.l) {
+            return Err(crate::error::RaceError::shape(
+                "planes",
+                format!(
+                    "planes are [L, P] = [{}, {}] but the parameters say L = {}, P = {}",
+                    planes.l, planes.p, params.l, params.p
+                ),
+            ));
+        }
+        SoftMap::new(planes, params.beta as f32)
+    }
+
+    pub fn planes(&self) -> &'a PlanesF32 {
+        self.planes
+    }
+    pub fn beta(&self) -> f32 {
+        self.beta
+    }
 }
 
 impl SoftMap<'_> {

@@ -51,11 +51,10 @@ pub use saved::{Ctx, ForwardOut};
 pub use simd::{detected_isa, Isa};
 
 use crate::backend::{
-    BackwardInputs, Decode, Device, Forward, ForwardInputs, GradsMut, Heads, PlanesF32, RaceParams,
-    SoftGrads, SoftRace,
+    BackwardInputs, Decode, Device, Forward, ForwardInputs, GradsMut, Heads, PlanesF32, Problem,
+    RaceParams, Saved, SoftGrads, SoftRace,
 };
 use crate::error::{RaceError, Result};
-use crate::params::Combine;
 
 /// Production soft-RACE forward: blocked GEMMs, [`soft::forward_into`] (non-causal) or
 /// [`soft::causal_forward_into`] (chunked linear attention); rows whose denominator f32 cannot hold are
@@ -136,17 +135,9 @@ impl CpuRace {
         }
     }
 
+    /// The kernels' map for `params` on `planes` ([`SoftMap::for_params`]).
     pub(crate) fn map<'a>(params: &RaceParams, planes: &'a PlanesF32) -> Result<SoftMap<'a>> {
-        if params.combine != Combine::Paper {
-            return Err(RaceError::param(
-                "combine",
-                "the authors' combine rule has no kernel; use --device reference or --combine paper",
-            ));
-        }
-        Ok(SoftMap {
-            planes,
-            beta: params.beta as f32,
-        })
+        SoftMap::for_params(params, planes)
     }
 }
 
@@ -163,19 +154,13 @@ impl SoftRace for CpuRace {
         k: Heads,
         v: Heads,
     ) -> Result<Forward> {
-        crate::backend::check(params, planes, &q, &k, &v, None)?;
-        let f = soft_forward(
-            &Self::map(params, planes)?,
-            q,
-            k,
-            v,
-            params.causal,
-            self.isa,
-        );
+        let pb = Problem::new(params, planes, q, k, v)?;
+        let mut o = vec![0.0f32; pb.output_len()];
+        let saved = self.forward_into(&pb, &mut o, Saved::default())?;
         Ok(Forward {
-            o: f.o,
-            empty_rows: f.empty_rows,
-            recomputed: f.ctx.recomputed,
+            o,
+            empty_rows: saved.empty_rows,
+            recomputed: saved.recomputed,
         })
     }
 
@@ -188,17 +173,55 @@ impl SoftRace for CpuRace {
         v: Heads,
         g: Heads,
     ) -> Result<(Forward, SoftGrads)> {
-        crate::backend::check(params, planes, &q, &k, &v, Some(&g))?;
-        let map = Self::map(params, planes)?;
-        let f = soft_forward(&map, q, k, v, params.causal, self.isa);
-        let o = Heads::new(q.heads, q.n, v.cols, &f.o);
-        let grads = soft_backward(&map, &f.ctx, BackwardInputs::new(q, k, v, o, g), self.isa);
+        let pb = Problem::with_grad(params, planes, q, k, v, g)?;
+        let mut o = vec![0.0f32; pb.output_len()];
+        let saved = self.forward_into(&pb, &mut o, Saved::default())?;
+        let mut grads = SoftGrads::zeros(q, k, v);
+        grads.dbeta = self.backward_into(&pb, &saved, &o, grads.as_mut())?;
         let fwd = Forward {
-            o: f.o,
-            empty_rows: f.empty_rows,
-            recomputed: f.ctx.recomputed,
+            o,
+            empty_rows: saved.empty_rows,
+            recomputed: saved.recomputed,
         };
         Ok((fwd, grads))
+    }
+
+    /// The production forward ([`soft_forward_into`]); the state it saves is a [`Ctx`], and a
+    /// `reuse` holding one has its buffers recycled.
+    fn forward_into(&self, pb: &Problem, o: &mut [f32], reuse: Saved) -> Result<Saved> {
+        let map = Self::map(pb.params(), pb.planes())?;
+        pb.check_output("o", o)?;
+        let reuse = reuse.into_state::<Ctx>().unwrap_or_default();
+        let causal = pb.params().causal;
+        let (empty, ctx) = soft_forward_into(&map, pb.inputs(), causal, self.isa, o, reuse);
+        Ok(Saved::new(empty, ctx.recomputed.clone(), ctx))
+    }
+
+    /// The production backward ([`soft_backward_into`]) from the [`Ctx`] of a forward on the
+    /// same problem.
+    fn backward_into(&self, pb: &Problem, saved: &Saved, o: &[f32], grads: GradsMut) -> Result<f64> {
+        let map = Self::map(pb.params(), pb.planes())?;
+        let x = pb.backward_inputs(o, &grads)?;
+        let ctx = saved.state::<Ctx>().ok_or_else(|| {
+            RaceError::param(
+                "saved",
+                "this context is not from a CPU forward; pass the one CpuRace::forward_into returned",
+            )
+        })?;
+        if ctx.causal != pb.params().causal || ctx.den.len() != x.q.heads * x.q.n {
+            return Err(RaceError::param(
+                "saved",
+                format!(
+                    "the context is from a {} forward over {} rows, the problem is {} over {}; \
+                     pass the context of this problem's forward",
+                    if ctx.causal { "causal" } else { "non-causal" },
+                    ctx.den.len(),
+                    if pb.params().causal { "causal" } else { "non-causal" },
+                    x.q.heads * x.q.n
+                ),
+            ));
+        }
+        Ok(soft_backward_into(&map, ctx, x, self.isa, grads))
     }
 
     fn decoder(

@@ -5,6 +5,7 @@ use super::{
     GpuShape, RACE_CU,
 };
 use crate::backend::{PlanesF32, SoftGrads};
+use crate::cpu::SoftMap;
 
 use crate::error::{RaceError, Result};
 use cudarc::driver::{
@@ -625,15 +626,8 @@ pub fn soft_forward(
         let mut bf = Bufs::new(&g.stream, &dm, false)?;
         fwd_dev(g, kn, &dev, &dm, causal, &mut bf)?;
         let (o, den) = (host(&g.stream, &bf.o)?, host(&g.stream, &bf.den)?);
-        Ok(finish_forward(
-            o,
-            den,
-            planes,
-            beta,
-            [&q, &k, &v],
-            s,
-            causal,
-        ))
+        let map = SoftMap::new(planes, beta)?;
+        Ok(finish_forward(o, den, map, [&q, &k, &v], s, causal))
     })
 }
 
@@ -674,14 +668,15 @@ pub fn soft_backward(
             .map(|&x| x as f64)
             .sum();
         let (o, den) = (host(&g.stream, &bf.o)?, host(&g.stream, &bf.den)?);
-        let fwd = finish_forward(o, den, planes, beta, [&q, &k, &v], s, causal);
+        let map = SoftMap::new(planes, beta)?;
+        let fwd = finish_forward(o, den, map, [&q, &k, &v], s, causal);
         let mut grads = SoftGrads {
             dq: host(&g.stream, &bf.dq)?,
             dk: host(&g.stream, &bf.dk)?,
             dv: host(&g.stream, &bf.dv)?,
             dbeta,
         };
-        finish_backward(&fwd, planes, beta, [&q, &k, &v], gr, s, causal, &mut grads);
+        finish_backward(&fwd, map, [&q, &k, &v], gr, s, causal, &mut grads);
         Ok((fwd, grads))
     })
 }

@@ -168,13 +168,11 @@ impl GpuInput<'_> {
 
 /// The host's part of a forward: the kernels' outputs, with the rows they flagged (saved
 /// `DEN = 0`) recomputed exactly by [`crate::cpu::recompute`] on the same inputs.
-#[allow(clippy::too_many_arguments)]
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub fn finish_forward(
     mut o: Vec<f32>,
     den: Vec<f32>,
-    planes: &PlanesF32,
-    beta: f32,
+    map: SoftMap,
     qkv: [&GpuInput; 3],
     s: GpuShape,
     causal: bool,
@@ -194,7 +192,6 @@ pub fn finish_forward(
         Heads::new(s.heads, s.n, s.d, &k),
         Heads::new(s.heads, s.n, s.dv, &v),
     );
-    let map = SoftMap { planes, beta };
     let (empty_rows, recomputed) = recompute::forward(&map, x, causal, rows, &mut o);
     GpuForward {
         o,
@@ -210,8 +207,7 @@ pub fn finish_forward(
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub fn finish_backward(
     fwd: &GpuForward,
-    planes: &PlanesF32,
-    beta: f32,
+    map: SoftMap,
     qkv: [&GpuInput; 3],
     g: &[f32],
     s: GpuShape,
@@ -227,7 +223,7 @@ pub fn finish_backward(
         Heads::new(s.heads, s.n, s.d, &k),
         Heads::new(s.heads, s.n, s.dv, &v),
     );
-    let (map, g) = (SoftMap { planes, beta }, Heads::new(s.heads, s.n, s.dv, g));
+    let g = Heads::new(s.heads, s.n, s.dv, g);
     let rows = &fwd.recomputed.rows;
     gr.dbeta += recompute::backward(&map, x, g, causal, rows, gr.as_mut());
 }

@@ -9,6 +9,7 @@ use super::{
 };
 use crate::backend::Recomputed;
 use crate::backend::{Heads, PlanesF32, SoftGrads};
+use crate::cpu::SoftMap;
 use crate::cuda::{check_problem, GpuInput, GpuShape};
 use crate::error::{RaceError, Result};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
@@ -109,7 +110,8 @@ impl<'a> Resident<'a> {
         ];
         let st = &self.g.stream;
         let (o, den) = (host(st, &self.bf.o)?, host(st, &self.bf.den)?);
-        let mut fwd = finish_forward(o, den, planes, beta, qkv, s, causal);
+        let map = SoftMap::new(planes, beta)?;
+        let mut fwd = finish_forward(o, den, map, qkv, s, causal);
         if let Some(x) = self.gr {
             let mut grads = SoftGrads {
                 dq: host(st, &self.bf.dq)?,
@@ -117,7 +119,7 @@ impl<'a> Resident<'a> {
                 dv: host(st, &self.bf.dv)?,
                 dbeta: 0.0,
             };
-            finish_backward(&fwd, planes, beta, qkv, x, s, causal, &mut grads);
+            finish_backward(&fwd, map, qkv, x, s, causal, &mut grads);
         }
         if !fwd.recomputed.rows.is_empty() {
             fwd.recomputed.seconds = t.elapsed().as_secs_f64();

@@ -159,7 +159,6 @@ pub fn run<C: Comm + Send + Sync>(comm: C, s: &Spec) -> Result<Row> {
         beta: s.beta,
         combine: Combine::Paper,
         causal: s.causal,
-        seed: s.seed,
     };
     let planes = PlanesF32::from_planes(&Planes::gaussian(s.l, s.p, d, s.seed)?);
     let range = slice_of(n, size, rank);
@@ -167,7 +166,7 @@ pub fn run<C: Comm + Send + Sync>(comm: C, s: &Spec) -> Result<Row> {
     let gen = |i: u64| generate(s.seed + i, h, n, range, d);
     let (q, k, v, g) = (gen(0), gen(1), gen(2), gen(3));
     let [qh, kh, vh, gh] = [&q, &k, &v, &g].map(|x| Heads::new(h, nr, d, x));
-    let local = crate::backend::check(&params, &planes, &qh, &kh, &vh, Some(&gh));
+    let local = super::check_slice(&params, &planes, &qh, &kh, &vh, Some(&gh));
     let dist = Distributed::trusting(comm);
     dist.agree(&params, &planes, &qh, &kh, &vh, Some(&gh), local)?;
     dist.take_traffic();
@@ -186,7 +185,11 @@ pub fn run<C: Comm + Send + Sync>(comm: C, s: &Spec) -> Result<Row> {
     let (mut secs, mut colls, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
     // With one rank, the single-process kernels run after each distributed run (pairs, so
     // both see the same state of the machine).
-    let mut one = (size == 1).then(|| OneProcess::new(&params, &planes, (qh, kh, vh, gh)));
+    let mut one = if size == 1 {
+        Some(OneProcess::new(&params, &planes, (qh, kh, vh, gh))?)
+    } else {
+        None
+    };
     let mut one_secs = Vec::new();
     // One untimed run (first touch of the pages, caches), then the timed ones.
     for i in 0..=s.runs {
@@ -210,7 +213,7 @@ pub fn run<C: Comm + Send + Sync>(comm: C, s: &Spec) -> Result<Row> {
         secs.push(m[0]);
         colls.push(m[1]);
         if let Some(one) = one.as_mut() {
-            let t1 = one.step();
+            let t1 = one.step()?;
             one_secs.push(t1);
             ratios.push(sec / t1);
         }
@@ -253,15 +256,15 @@ pub fn run<C: Comm + Send + Sync>(comm: C, s: &Spec) -> Result<Row> {
     })
 }
 
-/// The single-process kernels' forward+backward on the same inputs, with buffers and
-/// context reused as [`run`] does (without the contract's input checks: the kernels alone).
+/// The single-process kernels' forward+backward on the same inputs, through the backend
+/// contract's into-buffer form with buffers and saved state reused as [`run`] does (the
+/// problem validated once, so a step times the kernels alone).
 struct OneProcess<'a> {
-    map: crate::cpu::SoftMap<'a>,
-    causal: bool,
-    x: (Heads<'a>, Heads<'a>, Heads<'a>, Heads<'a>),
+    race: crate::cpu::CpuRace,
+    pb: crate::backend::Problem<'a>,
     o: Vec<f32>,
     gr: crate::backend::SoftGrads,
-    ctx: crate::cpu::Ctx,
+    saved: crate::backend::Saved,
 }
 
 impl<'a> OneProcess<'a> {
@@ -269,38 +272,29 @@ impl<'a> OneProcess<'a> {
         params: &RaceParams,
         planes: &'a PlanesF32,
         x: (Heads<'a>, Heads<'a>, Heads<'a>, Heads<'a>),
-    ) -> Self {
-        let (q, k, v, _) = x;
-        let map = crate::cpu::SoftMap {
-            planes,
-            beta: params.beta as f32,
-        };
+    ) -> Result<Self> {
+        let (q, k, v, g) = x;
+        let pb = crate::backend::Problem::with_grad(params, planes, q, k, v, g)?;
         let mut one = OneProcess {
-            map,
-            causal: params.causal,
-            x,
-            o: vec![0.0f32; q.heads * q.n * v.cols],
+            race: crate::cpu::CpuRace::detected(),
+            pb,
+            o: vec![0.0f32; pb.output_len()],
             gr: crate::backend::SoftGrads::zeros(q, k, v),
-            ctx: crate::cpu::Ctx::default(),
+            saved: Default::default(),
         };
-        one.step(); // first touch
-        one
+        one.step()?; // first touch
+        Ok(one)
     }
 
     /// One forward+backward; its seconds.
-    fn step(&mut self) -> f64 {
-        let (q, k, v, g) = self.x;
-        let isa = crate::cpu::detected_isa();
+    fn step(&mut self) -> Result<f64> {
         let t0 = Instant::now();
-        let ctx = std::mem::take(&mut self.ctx);
-        let x = crate::backend::ForwardInputs::new(q, k, v);
-        let (_, c) =
-            crate::cpu::soft_forward_into(&self.map, x, self.causal, isa, &mut self.o, ctx);
-        let oh = Heads::new(q.heads, q.n, v.cols, &self.o);
-        let x = crate::backend::BackwardInputs::new(q, k, v, oh, g);
-        crate::cpu::soft_backward_into(&self.map, &c, x, isa, self.gr.as_mut());
-        self.ctx = c;
-        t0.elapsed().as_secs_f64()
+        let reuse = std::mem::take(&mut self.saved);
+        let saved = self.race.forward_into(&self.pb, &mut self.o, reuse)?;
+        self.race
+            .backward_into(&self.pb, &saved, &self.o, self.gr.as_mut())?;
+        self.saved = saved;
+        Ok(t0.elapsed().as_secs_f64())
     }
 }
 

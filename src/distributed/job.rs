@@ -17,14 +17,22 @@ pub struct AttendJob {
     pub k: PathBuf,
     pub v: PathBuf,
     pub params: RaceParams,
-    /// Planes from a file (`[L, P, d]`) instead of drawn from `params.seed`.
-    pub planes: Option<PathBuf>,
+    pub planes: JobPlanes,
     /// Rank 0 writes the whole output here.
     pub out: Option<PathBuf>,
     /// Each rank writes its slice here instead (`o.rank-NNNNN.npy`, and rank 0 `shards.json`).
     pub out_shards: Option<PathBuf>,
     /// Output dtype (default: that of `q`).
     pub dtype: Option<Dtype>,
+}
+
+/// Where a job's planes come from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum JobPlanes {
+    /// `[L, P, d]` i.i.d. N(0, 1) drawn from this seed (`d` from the inputs).
+    Seed(u64),
+    /// Read from this `.npy` file (`[L, P, d]`).
+    File(PathBuf),
 }
 
 /// What rank 0 reports.
@@ -38,7 +46,8 @@ pub struct AttendReport {
     pub p: usize,
     pub l: usize,
     pub beta: f64,
-    pub seed: u64,
+    /// The planes' seed (none when they were read from a file).
+    pub seed: Option<u64>,
     pub q_rows_per_rank: Vec<usize>,
     /// Seconds of the forward on rank 0 and the share of them in collectives.
     pub seconds: f64,
@@ -138,8 +147,10 @@ fn read_inputs(job: &AttendJob, size: usize, rank: usize) -> Result<Inputs> {
     let hv = read_npy_header(&job.v)?;
     let (lead, nq, nk, d, dv) = shapes([&hq, &hk, &hv], job.params.causal)?;
     let planes = match &job.planes {
-        Some(p) => crate::io::read_planes(p)?,
-        None => crate::hashing::Planes::gaussian(job.params.l, job.params.p, d, job.params.seed)?,
+        JobPlanes::File(p) => crate::io::read_planes(p)?,
+        JobPlanes::Seed(seed) => {
+            crate::hashing::Planes::gaussian(job.params.l, job.params.p, d, *seed)?
+        }
     };
     if planes.d != d {
         return Err(RaceError::shape(
@@ -193,7 +204,7 @@ pub fn attend<C: Comm + Send + Sync>(
         Ok(x) => (x, Ok(())),
         Err(e) => (empty, Err(e)),
     };
-    if job.planes.is_some() && status.is_ok() {
+    if matches!(job.planes, JobPlanes::File(_)) && status.is_ok() {
         (params.p, params.l) = (x.planes.p, x.planes.l);
     }
     let nq = x.rows.1 - x.rows.0;
@@ -201,7 +212,7 @@ pub fn attend<C: Comm + Send + Sync>(
     let q = Heads::new(x.lead, nq, x.d, &x.q);
     let k = Heads::new(x.lead, nk, x.d, &x.k);
     let v = Heads::new(x.lead, nk, x.dv, &x.v);
-    let status = status.and_then(|_| crate::backend::check(&params, &x.planes, &q, &k, &v, None));
+    let status = status.and_then(|_| super::check_slice(&params, &x.planes, &q, &k, &v, None));
     let layout: Layout = dist
         .agree(&params, &x.planes, &q, &k, &v, None, status)
         .map_err(JobError::from)?;
@@ -252,7 +263,10 @@ pub fn attend<C: Comm + Send + Sync>(
         p: params.p,
         l: params.l,
         beta: params.beta,
-        seed: params.seed,
+        seed: match job.planes {
+            JobPlanes::Seed(s) => Some(s),
+            JobPlanes::File(_) => None,
+        },
         q_rows_per_rank: layout.q_rows.clone(),
         seconds,
         collective_seconds: traffic.seconds,

@@ -125,14 +125,31 @@ pub struct Distributed<C: Comm> {
     layout: Mutex<Option<Layout>>,
 }
 
+/// The one validation ([`crate::backend::check`]) of a rank's slice. A rank may hold no rows
+/// of its own: it then checks its parameters and planes, and the widths it shares with the
+/// others are agreed by [`Distributed::agree`].
+pub fn check_slice(
+    params: &RaceParams,
+    planes: &PlanesF32,
+    q: &Heads,
+    k: &Heads,
+    v: &Heads,
+    g: Option<&Heads>,
+) -> Result<()> {
+    if q.n == 0 || k.n == 0 {
+        crate::backend::soft_method(params, planes).map(|_| ())
+    } else {
+        crate::backend::check(params, planes, q, k, v, g)
+    }
+}
+
 /// The names of the fields [`Distributed::agree`] compares, in order.
-const FIELDS: [&str; 11] = [
+const FIELDS: [&str; 10] = [
     "P",
     "L",
     "beta",
     "combine",
     "causal",
-    "seed",
     "heads",
     "d",
     "dv",
@@ -203,13 +220,12 @@ impl<C: Comm> Distributed<C> {
         local: Result<()>,
     ) -> Result<Layout> {
         let (size, rank) = (self.comm.size(), self.comm.rank());
-        let fields: [u64; 11] = [
+        let fields: [u64; 10] = [
             params.p as u64,
             params.l as u64,
             params.beta.to_bits(),
             params.combine as u64,
             params.causal as u64,
-            params.seed,
             q.heads as u64,
             q.cols as u64,
             v.cols as u64,
@@ -276,7 +292,7 @@ impl<C: Comm> Distributed<C> {
         v: &Heads,
         g: Option<&Heads>,
     ) -> Result<Option<Layout>> {
-        let local = crate::backend::check(params, planes, q, k, v, g)
+        let local = check_slice(params, planes, q, k, v, g)
             .and_then(|_| CpuRace::map(params, planes).map(|_| ()));
         if self.check_each_call {
             self.agree(params, planes, q, k, v, g, local).map(Some)

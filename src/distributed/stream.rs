@@ -223,10 +223,7 @@ pub fn run_on(comm: &dyn Comm, spec: StreamSpec, progress: &dyn Fn(&str)) -> Res
     }
     let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, seed)?);
     let r = Run {
-        map: SoftMap {
-            planes: &planes,
-            beta,
-        },
+        map: SoftMap::new(&planes, beta)?,
         isa: crate::cpu::detected_isa(),
         n,
         heads,
@@ -459,10 +456,7 @@ mod tests {
     fn in_memory(causal: bool) -> (f64, f64) {
         let (n, heads, d, p, l, beta, seed) = SHAPE;
         let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, seed).unwrap());
-        let map = SoftMap {
-            planes: &planes,
-            beta,
-        };
+        let map = SoftMap::new(&planes, beta).unwrap();
         let full = |s: u64| {
             let mut b = Vec::new();
             gen_chunk(&mut b, s, heads, n, 0, n, d);

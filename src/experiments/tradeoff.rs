@@ -224,10 +224,7 @@ fn kernel_times(st: &Study) -> Result<Vec<((usize, usize), f64)>> {
     let mut times = Vec::new();
     for (p, l) in st.pls() {
         let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, ctx.seed)?);
-        let map = SoftMap {
-            planes: &planes,
-            beta: crate::params::DEFAULT_BETA as f32,
-        };
+        let map = SoftMap::new(&planes, crate::params::DEFAULT_BETA as f32)?;
         let ts: Vec<f64> = (0..cfg.time_runs.max(1))
             .map(|_| {
                 let t = std::time::Instant::now();

@@ -93,10 +93,7 @@ fn problem(cfg: &Config, n: usize, seed: u64, table: &GTable) -> Problem {
 fn error(cfg: &Config, pr: &Problem, n: usize, l: usize, seed: u64) -> f64 {
     let planes =
         PlanesF32::from_planes(&Planes::gaussian(l, cfg.p, cfg.d, seed).expect("valid P, L"));
-    let map = SoftMap {
-        planes: &planes,
-        beta: cfg.beta as f32,
-    };
+    let map = SoftMap::new(&planes, cfg.beta as f32).expect("β validated in compute_csv");
     let out = soft_forward(
         &map,
         Heads::new(1, n, cfg.d, &pr.q),
@@ -120,6 +117,7 @@ fn error(cfg: &Config, pr: &Problem, n: usize, l: usize, seed: u64) -> f64 {
 /// (at `n_for_l`) and against N (at `l_for_n`).
 fn compute_csv(ctx: &Ctx, cfg: &Config) -> Result<String> {
     crate::params::validate_pl(cfg.p, 1)?;
+    crate::params::validate_beta(cfg.beta)?;
     let table = GTable::new(cfg.beta, cfg.n_theta);
     let mut rows = Vec::new();
     let pr = problem(cfg, cfg.n_for_l, ctx.seed, &table);

@@ -9,7 +9,6 @@
 
 use super::{axpy, ratio_rows, HeadOutput};
 use crate::hashing::dot;
-use crate::rng::{stream, SeededRng};
 use crate::tensor::{Mat, MatRef};
 
 /// Generic feature attention from explicit feature matrices `phi_q` (N × m), `phi_k` (M × m).
@@ -67,11 +66,7 @@ pub fn linear_attention(
     feature_attention(elu_plus_one(q).view(), elu_plus_one(k).view(), v, causal)
 }
 
-/// Performer random-feature matrix `ω` (m × d) from the seeded generator (stream PERFORMER).
-pub fn performer_omega(m: usize, d: usize, seed: u64) -> Mat<f64> {
-    let mut rng = SeededRng::new(seed, stream::PERFORMER);
-    Mat::from_vec(m, d, rng.normals(m * d))
-}
+pub use crate::method::performer_omega;
 
 /// Log-features `ωx' − |x'|²/2` with `x' = sqrt(scale)·x`, one row per input row.
 fn performer_logits(x: MatRef<f64>, omega: &Mat<f64>, scale: f64) -> Mat<f64> {

@@ -3,7 +3,7 @@
 use clap::{Args, Parser, Subcommand};
 use racelab::io::Dtype;
 use racelab::params::DEFAULT_BETA;
-use racelab::{Combine, Device, Method};
+use racelab::{Combine, Device, MethodKind};
 use std::path::PathBuf;
 
 /// The command line.
@@ -201,7 +201,7 @@ pub struct AttendArgs {
     pub v: PathBuf,
     /// The operator.
     #[arg(long, value_enum)]
-    pub method: Method,
+    pub method: MethodKind,
     /// Bits per table (R = 2^P buckets).
     #[arg(long, default_value_t = 2)]
     pub p: usize,

@@ -7,7 +7,8 @@ use racelab::attend::{attend_in, AttendResult};
 use racelab::experiments::registry;
 use racelab::io::{read_npy_native, read_planes, write_npy, write_planes, Dtype, NpyData};
 use racelab::tensor::Element;
-use racelab::{AttendOptions, Device, Method};
+use racelab::method::Flags;
+use racelab::{AttendOptions, Device, FeatureSpec, Method, MethodKind};
 use serde_json::json;
 use std::path::Path;
 use std::time::Instant;
@@ -34,22 +35,27 @@ pub fn run(a: AttendArgs) -> Result<()> {
         Some(pl) => (pl.p, pl.l),
         None => (a.p, a.l),
     };
-    let opts = AttendOptions {
-        method,
-        causal: a.causal,
+    let flags = Flags {
         p,
         l,
         beta: a.beta,
-        gamma: a.gamma,
-        seed: a.common.seed,
         combine,
+        gamma: a.gamma,
         scale: a.scale,
         features: a.features,
         planes,
-        omega: match &a.omega {
-            Some(p) => Some(registry::read_matrix(p, "omega")?),
-            None => None,
+        seed: a.common.seed,
+    };
+    let typed = match (method, &a.omega) {
+        (MethodKind::Performer, Some(path)) => Method::Performer {
+            features: FeatureSpec::Given(registry::read_matrix(path, "omega")?),
+            scale: a.scale,
         },
+        _ => method.with(&flags),
+    };
+    let opts = AttendOptions {
+        method: typed,
+        causal: a.causal,
         max_memory: a.max_memory,
     };
     let out = a
@@ -84,17 +90,17 @@ pub fn run(a: AttendArgs) -> Result<()> {
         "q_shape": q_shape, "k_shape": k_shape, "v_shape": v_shape, "o_shape": res.o.shape,
         "causal": a.causal,
         "p": method.uses_planes().then_some(p), "l": method.uses_planes().then_some(l),
-        "beta": (method == Method::Soft).then_some(a.beta),
-        "gamma": (method == Method::Angular).then_some(a.gamma),
-        "combine": (method == Method::Soft).then_some(combine),
-        "features": (method == Method::Performer).then_some(a.features),
+        "beta": (method == MethodKind::Soft).then_some(a.beta),
+        "gamma": (method == MethodKind::Angular).then_some(a.gamma),
+        "combine": (method == MethodKind::Soft).then_some(combine),
+        "features": (method == MethodKind::Performer).then_some(a.features),
         "seed": a.common.seed,
         "device": a.device,
         "planes": a.planes.as_ref().map(|p| p.display().to_string()),
         "seconds": seconds,
         "empty_rows": res.empty_rows,
-        "recomputed_rows": (method == Method::Soft).then_some(res.recomputed.rows.len()),
-        "recompute_seconds": (method == Method::Soft).then_some(res.recomputed.seconds),
+        "recomputed_rows": (method == MethodKind::Soft).then_some(res.recomputed.rows.len()),
+        "recompute_seconds": (method == MethodKind::Soft).then_some(res.recomputed.seconds),
         "out": out.display().to_string(),
     });
     if a.common.json {
@@ -108,7 +114,7 @@ pub fn run(a: AttendArgs) -> Result<()> {
             v_shape,
             out.display(),
             seconds,
-            if res.empty_rows > 0 || method == Method::Hard {
+            if res.empty_rows > 0 || method == MethodKind::Hard {
                 format!(", {} empty rows", res.empty_rows)
             } else {
                 String::new()
@@ -127,7 +133,7 @@ pub fn run(a: AttendArgs) -> Result<()> {
         eprintln!(
             "warning: {} rows had denominator 0 and were set to 0 ({})",
             res.empty_rows,
-            if method == Method::Hard {
+            if method == MethodKind::Hard {
                 "queries that collide with no key"
             } else {
                 "rows below f32's range that this method's kernel cannot recompute; try \
@@ -141,7 +147,7 @@ pub fn run(a: AttendArgs) -> Result<()> {
 /// `attend --distributed`: checks what this build and the arguments allow, then runs the job
 /// on MPI's world ([`racelab::distributed::job`]).
 fn run_distributed(a: AttendArgs) -> Result<()> {
-    if a.method != Method::Soft || a.device != Device::Cpu && a.device != Device::Reference {
+    if a.method != MethodKind::Soft || a.device != Device::Cpu && a.device != Device::Reference {
         anyhow::bail!("invalid parameter `distributed`: it runs soft RACE on the CPU kernels; use --method soft --device cpu");
     }
     if a.device == Device::Reference {
@@ -157,9 +163,11 @@ fn run_distributed(a: AttendArgs) -> Result<()> {
             beta: a.beta,
             combine: a.combine,
             causal: a.causal,
-            seed: a.common.seed,
         },
-        planes: a.planes,
+        planes: match a.planes {
+            Some(path) => racelab::distributed::job::JobPlanes::File(path),
+            None => racelab::distributed::job::JobPlanes::Seed(a.common.seed),
+        },
         out: a.common.out,
         out_shards: a.out_shards,
         dtype: a.dtype,
