@@ -29,9 +29,9 @@ fn bench_soft(c: &mut Criterion) {
             let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, 0).unwrap());
             let map = SoftMap::new(&planes, 8.0).unwrap();
             let (qh, kh, vh) = (
-                Heads::new(heads, n, d, &q),
-                Heads::new(heads, n, d, &k),
-                Heads::new(heads, n, d, &v),
+                Heads::new(heads, n, d, &q).unwrap(),
+                Heads::new(heads, n, d, &k).unwrap(),
+                Heads::new(heads, n, d, &v).unwrap(),
             );
             group.throughput(Throughput::Elements(n as u64));
             for causal in [false, true] {
@@ -51,8 +51,8 @@ fn bench_soft(c: &mut Criterion) {
                                     qh,
                                     kh,
                                     vh,
-                                    Heads::new(heads, n, d, &f.o),
-                                    Heads::new(heads, n, d, &g),
+                                    Heads::new(heads, n, d, &f.o).unwrap(),
+                                    Heads::new(heads, n, d, &g).unwrap(),
                                 ),
                                 isa,
                             )
@@ -69,9 +69,9 @@ fn bench_exact(c: &mut Criterion) {
     let (heads, d, n) = (2, 64, 2048);
     let (q, k, v, _) = inputs(heads, n, d);
     let (qh, kh, vh) = (
-        Heads::new(heads, n, d, &q),
-        Heads::new(heads, n, d, &k),
-        Heads::new(heads, n, d, &v),
+        Heads::new(heads, n, d, &q).unwrap(),
+        Heads::new(heads, n, d, &k).unwrap(),
+        Heads::new(heads, n, d, &v).unwrap(),
     );
     let mut group = c.benchmark_group("exact");
     group.sample_size(10);

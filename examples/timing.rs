@@ -9,7 +9,7 @@ use racelab::hashing::Planes;
 use std::time::Instant;
 
 fn h(x: &[f32], hd: usize, n: usize, d: usize) -> Heads<'_> {
-    Heads::new(hd, n, d, x)
+    Heads::new(hd, n, d, x).unwrap()
 }
 
 fn main() {

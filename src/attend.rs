@@ -234,9 +234,9 @@ pub fn attend_in<T: Element>(
     let hn = shape.batch * shape.heads;
     let (q32, k32, v32) = (T::as_f32(q.data), T::as_f32(k.data), T::as_f32(v.data));
     let (qh, kh, vh) = (
-        Heads::new(hn, shape.n, shape.d, &q32),
-        Heads::new(hn, shape.m, shape.d, &k32),
-        Heads::new(hn, shape.m, shape.dv, &v32),
+        Heads::of(hn, shape.n, shape.d, &q32),
+        Heads::of(hn, shape.m, shape.d, &k32),
+        Heads::of(hn, shape.m, shape.dv, &v32),
     );
     let p32 = planes.as_ref().map(PlanesF32::from_planes);
     let p32 = || p32.as_ref().expect("a hashing method has planes");
@@ -352,4 +352,52 @@ pub fn attend_array<T: Element, D: Dimension>(
         planes: r.planes,
         copied,
     })
+}
+
+/// Tokens (queries and keys, one head) of the probe [`predict_exact_seconds`] times.
+pub const PROBE_TOKENS: usize = 256;
+
+/// The seconds exact softmax or angular attention (`method`) would take on `shape` on
+/// `device`, predicted from a timed probe of the same kernel: [`PROBE_TOKENS`] seeded queries
+/// and keys of the same widths on one head, the faster of two runs, scaled by `N·M` over the
+/// probe's and by the heads (the reference runs heads in parallel, one per thread; the CPU
+/// kernels spread each head over every thread). 0 for the linear-time methods.
+pub fn predict_exact_seconds(
+    method: &Method,
+    shape: &AttnShape,
+    causal: bool,
+    device: Device,
+) -> Result<f64> {
+    if !method.kind().quadratic() || device == Device::Cuda {
+        return Ok(0.0);
+    }
+    let t = PROBE_TOKENS;
+    let mut rng = crate::rng::SeededRng::new(0, crate::rng::stream::PERFORMER);
+    let q = Tensor::new(vec![t, shape.d], rng.normals(t * shape.d))?;
+    let v = Tensor::new(vec![t, shape.dv], rng.normals(t * shape.dv))?;
+    let opts = AttendOptions::new(method.clone()).causal(causal);
+    let mut best = f64::INFINITY;
+    for _ in 0..2 {
+        let t0 = std::time::Instant::now();
+        std::hint::black_box(attend_with(&q, &q, &v, &opts, device)?);
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    let threads = rayon::current_num_threads().max(1) as f64;
+    let heads = (shape.batch * shape.heads) as f64;
+    let rounds = match device {
+        Device::Reference => (heads / threads).ceil(),
+        _ => heads,
+    };
+    Ok(best * rounds * (shape.n as f64 * shape.m as f64) / (t * t) as f64)
+}
+
+/// Seconds as `42 s`, `3.5 min` or `2.1 h`.
+pub fn human_seconds(s: f64) -> String {
+    if s < 120.0 {
+        format!("{s:.0} s")
+    } else if s < 7200.0 {
+        format!("{:.1} min", s / 60.0)
+    } else {
+        format!("{:.1} h", s / 3600.0)
+    }
 }

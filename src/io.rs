@@ -64,10 +64,14 @@ impl NpyData {
 /// Read an `.npy` file in its own element type: an f32 file stays f32.
 pub fn read_npy_native(path: &Path) -> Result<NpyData> {
     let bytes = std::fs::read(path).map_err(|e| RaceError::io(path, e))?;
-    let name = path.display().to_string();
-    let h = parse_header(&bytes, &name)?;
+    parse_npy_native(&bytes, &path.display().to_string())
+}
+
+/// Parse `.npy` bytes in their own element type; `name` is used in error messages.
+pub fn parse_npy_native(bytes: &[u8], name: &str) -> Result<NpyData> {
+    let h = parse_header(bytes, name)?;
     let body = &bytes[h.offset..];
-    check_body(&h, body.len(), &name)?;
+    check_body(&h, body.len(), name)?;
     Ok(match h.dtype {
         Dtype::F32 => NpyData::F32(decode(&h, body, |c| h.value(c) as f32)),
         Dtype::F64 => NpyData::F64(decode(&h, body, |c| h.value(c))),
@@ -242,14 +246,17 @@ pub fn read_npy_header(path: &Path) -> Result<NpyHeader> {
         }
         _ => head.len(),
     };
+    let len = f.metadata().map_err(|e| RaceError::io(path, e))?.len();
+    if hlen as u64 > len {
+        return Err(bad(&name, "truncated header"));
+    }
     if hlen > head.len() {
         let mut rest = vec![0u8; hlen - head.len()];
         let more = f.read(&mut rest).map_err(|e| RaceError::io(path, e))?;
         head.extend_from_slice(&rest[..more]);
     }
     let h = parse_header(&head, &name)?;
-    let len = f.metadata().map_err(|e| RaceError::io(path, e))?.len() as usize;
-    check_body(&h, len.saturating_sub(h.offset), &name)?;
+    check_body(&h, (len as usize).saturating_sub(h.offset), &name)?;
     Ok(h)
 }
 
@@ -403,7 +410,44 @@ pub fn write_npy<T: Copy + Into<f64>>(
             std::fs::create_dir_all(parent).map_err(|e| RaceError::io(parent, e))?;
         }
     }
-    std::fs::write(path, npy_bytes(shape, data, dtype)).map_err(|e| RaceError::io(path, e))
+    write_atomic(path, &npy_bytes(shape, data, dtype))
+}
+
+/// Write `bytes` to `path` atomically ([`write_with`]).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_with(path, |w| std::io::Write::write_all(w, bytes))
+}
+
+/// Write `path` atomically: `fill` writes a temporary file in the same folder
+/// (`.NAME.tmp-PID-K`), which is flushed to disk and then renamed over `path`. A run killed or
+/// failing part-way leaves the old file (or none), never a truncated one; a failed write
+/// removes its temporary file.
+pub fn write_with(
+    path: &Path,
+    fill: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> std::io::Result<()>,
+) -> Result<()> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let name = path
+        .file_name()
+        .ok_or_else(|| RaceError::io(path, "not a file name"))?;
+    let tmp = path.with_file_name(format!(
+        ".{}.tmp-{}-{}",
+        name.to_string_lossy(),
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    let written = (|| {
+        let mut w = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+        fill(&mut w)?;
+        let f = w.into_inner().map_err(|e| e.into_error())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        std::fs::remove_file(&tmp).ok();
+    }
+    written.map_err(|e| RaceError::io(path, e))
 }
 
 /// Read planes of shape `[L, P, d]`.
@@ -421,4 +465,43 @@ pub fn read_planes(path: &Path) -> Result<crate::hashing::Planes> {
 /// Write planes as `[L, P, d]` f64.
 pub fn write_planes(path: &Path, planes: &crate::hashing::Planes) -> Result<()> {
     write_npy(path, &[planes.l, planes.p, planes.d], &planes.w, Dtype::F64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A write goes to a temporary file in the same folder and is renamed into place: a write
+    /// that fails part-way leaves the old file whole and no temporary behind, and a good one
+    /// replaces it and leaves no temporary either.
+    #[test]
+    fn writes_go_through_a_temporary_file_and_a_rename() {
+        let dir = std::env::temp_dir().join(format!("racelab-atomic-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("o.npy");
+        write_atomic(&path, b"old contents").unwrap();
+        let mut seen_tmp = None;
+        let failed = write_with(&path, |w| {
+            std::io::Write::write_all(w, b"half of the new")?;
+            std::io::Write::flush(w)?;
+            // Mid-write: the target is untouched, the bytes are in a temporary beside it.
+            let others: Vec<_> = std::fs::read_dir(&dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+                .filter(|n| n != "o.npy")
+                .collect();
+            seen_tmp = others.first().cloned();
+            assert_eq!(std::fs::read(&path).unwrap(), b"old contents");
+            Err(std::io::Error::other("killed"))
+        });
+        assert!(failed.unwrap_err().to_string().contains("killed"));
+        let tmp = seen_tmp.expect("a temporary file while writing");
+        assert!(tmp.starts_with(".o.npy.tmp-"), "{tmp}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"old contents");
+        write_atomic(&path, b"new").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"new");
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+        assert_eq!(left.len(), 1, "temporaries left behind");
+        std::fs::remove_dir_all(&dir).ok();
+    }
 }

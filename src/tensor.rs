@@ -96,7 +96,7 @@ impl<'a, T: Copy> TensorRef<'a, T> {
         let [b, h, n, d] = self.bhnd(arg)?;
         let data = self.data;
         Ok((0..b * h)
-            .map(|i| MatRef::new(n, d, &data[i * n * d..(i + 1) * n * d]))
+            .map(|i| MatRef::of(n, d, &data[i * n * d..(i + 1) * n * d]))
             .collect())
     }
 }
@@ -125,8 +125,21 @@ pub struct Mat<T> {
 }
 
 impl<'a, T> MatRef<'a, T> {
-    pub fn new(rows: usize, cols: usize, data: &'a [T]) -> Self {
-        assert_eq!(rows * cols, data.len(), "MatRef: rows*cols != len");
+    /// `data` as `rows × cols`, or an error naming `data` when its length is not
+    /// `rows · cols`.
+    pub fn new(rows: usize, cols: usize, data: &'a [T]) -> Result<Self> {
+        if rows.checked_mul(cols) != Some(data.len()) {
+            return Err(RaceError::shape(
+                "data",
+                format!("a {rows} × {cols} matrix needs rows·cols values, got {}", data.len()),
+            ));
+        }
+        Ok(MatRef { rows, cols, data })
+    }
+
+    /// [`MatRef::new`] for the crate's own buffers, whose lengths it made.
+    pub(crate) fn of(rows: usize, cols: usize, data: &'a [T]) -> Self {
+        debug_assert_eq!(rows * cols, data.len(), "MatRef: rows*cols != len");
         MatRef { rows, cols, data }
     }
     #[inline]
@@ -170,14 +183,12 @@ impl<T: Copy + Default> Mat<T> {
 
 impl<T: Copy> Tensor<T> {
     pub fn new(shape: Vec<usize>, data: Vec<T>) -> Result<Self> {
-        let n: usize = shape.iter().product();
-        if n != data.len() {
+        let n = shape.iter().try_fold(1usize, |a, &x| a.checked_mul(x));
+        if n != Some(data.len()) {
             return Err(RaceError::shape(
                 "tensor",
                 format!(
-                    "shape {:?} holds {} elements but {} were given",
-                    shape,
-                    n,
+                    "shape {shape:?} does not hold the {} elements given",
                     data.len()
                 ),
             ));

@@ -58,10 +58,10 @@ impl Case {
 
 fn heads<'a>(c: &Case, x: &'a Inputs) -> [Heads<'a>; 4] {
     [
-        Heads::new(c.heads, c.n, c.d, &x.q),
-        Heads::new(c.heads, c.n, c.d, &x.k),
-        Heads::new(c.heads, c.n, c.dv, &x.v),
-        Heads::new(c.heads, c.n, c.dv, &x.g),
+        Heads::new(c.heads, c.n, c.d, &x.q).unwrap(),
+        Heads::new(c.heads, c.n, c.d, &x.k).unwrap(),
+        Heads::new(c.heads, c.n, c.dv, &x.v).unwrap(),
+        Heads::new(c.heads, c.n, c.dv, &x.g).unwrap(),
     ]
 }
 
@@ -195,14 +195,14 @@ fn every_backend_refuses_mismatched_arguments_by_name() {
             c.n,
             c.dv - 1,
             &g.data[..c.heads * c.n * (c.dv - 1)],
-        );
+        ).unwrap();
         let e = b
             .forward_backward(&c.params, &x.planes, q, k, v, short_g)
             .unwrap_err();
         assert!(e.to_string().contains("`g`"), "{device:?}: {e}");
         let mut nan = x.k.clone();
         nan[5] = f32::NAN;
-        let kn = Heads::new(c.heads, c.n, c.d, &nan);
+        let kn = Heads::new(c.heads, c.n, c.d, &nan).unwrap();
         let e = b.forward(&c.params, &x.planes, q, kn, v).unwrap_err();
         assert!(e.to_string().contains("`k`"), "{device:?}: {e}");
     }
@@ -311,7 +311,7 @@ fn every_backend_refuses_work_that_cannot_fit() {
     };
     let planes = PlanesF32::from_planes(&Planes::gaussian(100, 20, 8, 1).unwrap());
     let (q, v) = (data(3 * 8, 1, 1.0), data(3 * 4, 2, 1.0));
-    let (qh, vh) = (Heads::new(1, 3, 8, &q), Heads::new(1, 3, 4, &v));
+    let (qh, vh) = (Heads::new(1, 3, 8, &q).unwrap(), Heads::new(1, 3, 4, &v).unwrap());
     for device in [Device::Reference, Device::Cpu] {
         let b = for_device(device).unwrap();
         let e = b

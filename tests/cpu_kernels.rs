@@ -158,7 +158,7 @@ fn assert_fwd(label: &str, got: &[f32], want: &[f64]) {
 }
 
 fn head<'a>(x: &'a [f64], h: usize, n: usize, c: usize) -> MatRef<'a, f64> {
-    MatRef::new(n, c, &x[h * n * c..(h + 1) * n * c])
+    MatRef::new(n, c, &x[h * n * c..(h + 1) * n * c]).unwrap()
 }
 
 #[test]
@@ -191,9 +191,9 @@ fn soft_forward_matches_reference() {
                 // The per-token engine and the production (blocked) path on the same inputs.
                 for production in [false, true] {
                     let (qh, kh, vh) = (
-                        Heads::new(c.heads, c.n, c.d, &qf),
-                        Heads::new(c.heads, c.n, c.d, &kf),
-                        Heads::new(c.heads, c.n, c.dv, &vf),
+                        Heads::new(c.heads, c.n, c.d, &qf).unwrap(),
+                        Heads::new(c.heads, c.n, c.d, &kf).unwrap(),
+                        Heads::new(c.heads, c.n, c.dv, &vf).unwrap(),
                     );
                     let out = if production {
                         soft_forward(&map, qh, kh, vh, causal, isa)
@@ -238,9 +238,9 @@ fn soft_backward_matches_reference_gradients() {
             }
             for isa in isas() {
                 let (qh, kh, vh) = (
-                    Heads::new(c.heads, c.n, c.d, &qf),
-                    Heads::new(c.heads, c.n, c.d, &kf),
-                    Heads::new(c.heads, c.n, c.dv, &vf),
+                    Heads::new(c.heads, c.n, c.d, &qf).unwrap(),
+                    Heads::new(c.heads, c.n, c.d, &kf).unwrap(),
+                    Heads::new(c.heads, c.n, c.dv, &vf).unwrap(),
                 );
                 // Per-token engine, production (blocked) engine, and each backward on the
                 // other engine's forward context.
@@ -252,8 +252,8 @@ fn soft_backward_matches_reference_gradients() {
                     } else {
                         token::forward(&map, qh, kh, vh, causal, isa)
                     };
-                    let oh = Heads::new(c.heads, c.n, c.dv, &fwd.o);
-                    let gh = Heads::new(c.heads, c.n, c.dv, &gf);
+                    let oh = Heads::new(c.heads, c.n, c.dv, &fwd.o).unwrap();
+                    let gh = Heads::new(c.heads, c.n, c.dv, &gf).unwrap();
                     let grads = if bwd_prod {
                         soft_backward(&map, &fwd.ctx, BackwardInputs::new(qh, kh, vh, oh, gh), isa)
                     } else {
@@ -305,9 +305,9 @@ fn reference_gradients_match_finite_differences() {
     for causal in [false, true] {
         let loss = |q: &[f64], k: &[f64], v: &[f64], beta: f64| -> f64 {
             let o = soft_race(
-                MatRef::new(n, d, q),
-                MatRef::new(n, d, k),
-                MatRef::new(n, dv, v),
+                MatRef::new(n, d, q).unwrap(),
+                MatRef::new(n, d, k).unwrap(),
+                MatRef::new(n, dv, v).unwrap(),
                 &planes,
                 beta,
                 causal,
@@ -317,10 +317,10 @@ fn reference_gradients_match_finite_differences() {
             o.data.iter().zip(&g).map(|(a, b)| a * b).sum()
         };
         let an = soft_race_backward(
-            MatRef::new(n, d, &q),
-            MatRef::new(n, d, &k),
-            MatRef::new(n, dv, &v),
-            MatRef::new(n, dv, &g),
+            MatRef::new(n, d, &q).unwrap(),
+            MatRef::new(n, d, &k).unwrap(),
+            MatRef::new(n, dv, &v).unwrap(),
+            MatRef::new(n, dv, &g).unwrap(),
             &planes,
             beta,
             causal,
@@ -399,7 +399,7 @@ fn denominators_below_the_floor_are_flagged_not_guessed() {
     for isa in [Isa::SCALAR, racelab::cpu::detected_isa()] {
         let read = |s: f64| {
             let (mut o, mut den) = (vec![9.0f32; n * dv], vec![9.0f32; n]);
-            let q = Heads::new(1, n, d, &q);
+            let q = Heads::new(1, n, d, &q).unwrap();
             let bk = [bank(s)];
             let keys = KeyTotals {
                 banks: &bk,
@@ -465,9 +465,9 @@ fn large_beta_is_finite_and_correct() {
     for causal in [false, true] {
         // The exact reference: the plain one underflows here (rows of subnormals).
         let want = racelab::reference::logdomain::soft_race_log(
-            MatRef::new(n, d, &q),
-            MatRef::new(n, d, &k),
-            MatRef::new(n, dv, &v),
+            MatRef::new(n, d, &q).unwrap(),
+            MatRef::new(n, d, &k).unwrap(),
+            MatRef::new(n, dv, &v).unwrap(),
             &p64,
             beta,
             causal,
@@ -477,9 +477,9 @@ fn large_beta_is_finite_and_correct() {
         .data;
         let out = token::forward(
             &map,
-            Heads::new(1, n, d, &qf),
-            Heads::new(1, n, d, &kf),
-            Heads::new(1, n, dv, &vf),
+            Heads::new(1, n, d, &qf).unwrap(),
+            Heads::new(1, n, d, &kf).unwrap(),
+            Heads::new(1, n, dv, &vf).unwrap(),
             causal,
             racelab::cpu::detected_isa(),
         );
@@ -489,11 +489,11 @@ fn large_beta_is_finite_and_correct() {
             &map,
             &out.ctx,
             BackwardInputs::new(
-                Heads::new(1, n, d, &qf),
-                Heads::new(1, n, d, &kf),
-                Heads::new(1, n, dv, &vf),
-                Heads::new(1, n, dv, &out.o),
-                Heads::new(1, n, dv, &gf),
+                Heads::new(1, n, d, &qf).unwrap(),
+                Heads::new(1, n, d, &kf).unwrap(),
+                Heads::new(1, n, dv, &vf).unwrap(),
+                Heads::new(1, n, dv, &out.o).unwrap(),
+                Heads::new(1, n, dv, &gf).unwrap(),
             ),
             racelab::cpu::detected_isa(),
         );
@@ -523,9 +523,9 @@ fn other_estimators_on_the_fast_path() {
     for causal in [false, true] {
         for isa in isas() {
             let (qh, kh, vh) = (
-                Heads::new(heads, n, d, &qf),
-                Heads::new(heads, n, d, &kf),
-                Heads::new(heads, n, dv, &vf),
+                Heads::new(heads, n, d, &qf).unwrap(),
+                Heads::new(heads, n, d, &kf).unwrap(),
+                Heads::new(heads, n, dv, &vf).unwrap(),
             );
             // Hard LSH.
             let hard = token::forward(&HardMap { planes: &planes }, qh, kh, vh, causal, isa);
@@ -593,9 +593,9 @@ fn decoder_equals_causal_forward_row_by_row() {
     let map = SoftMap::new(&planes, 3.0).unwrap();
     let fwd = token::forward(
         &map,
-        Heads::new(1, n, d, &qf),
-        Heads::new(1, n, d, &kf),
-        Heads::new(1, n, dv, &vf),
+        Heads::new(1, n, d, &qf).unwrap(),
+        Heads::new(1, n, d, &kf).unwrap(),
+        Heads::new(1, n, dv, &vf).unwrap(),
         true,
         racelab::cpu::detected_isa(),
     );
@@ -633,9 +633,9 @@ fn exact_quadratic_kernels_match_reference() {
     for causal in [false, true] {
         for isa in isas() {
             let (qh, kh, vh) = (
-                Heads::new(heads, n, d, &qf),
-                Heads::new(heads, n, d, &kf),
-                Heads::new(heads, n, dv, &vf),
+                Heads::new(heads, n, d, &qf).unwrap(),
+                Heads::new(heads, n, d, &kf).unwrap(),
+                Heads::new(heads, n, dv, &vf).unwrap(),
             );
             let s = exact_attention(
                 Exact::Softmax {
@@ -713,10 +713,10 @@ impl Qkvg {
     fn heads(&self) -> (Heads<'_>, Heads<'_>, Heads<'_>, Heads<'_>) {
         let (h, n, d, dv) = self.dims;
         (
-            Heads::new(h, n, d, &self.q),
-            Heads::new(h, n, d, &self.k),
-            Heads::new(h, n, dv, &self.v),
-            Heads::new(h, n, dv, &self.g),
+            Heads::new(h, n, d, &self.q).unwrap(),
+            Heads::new(h, n, d, &self.k).unwrap(),
+            Heads::new(h, n, dv, &self.v).unwrap(),
+            Heads::new(h, n, dv, &self.g).unwrap(),
         )
     }
 }
@@ -759,7 +759,7 @@ fn streaming_stores_match_the_per_token_engine() {
             let prod = soft_forward(&map, qh, kh, vh, causal, isa);
             let twin = token::forward(&map, qh, kh, vh, causal, isa);
             assert_fwd(&format!("{label} o"), &prod.o, &f64s(&twin.o));
-            let oh = Heads::new(heads, n, dv, &twin.o);
+            let oh = Heads::new(heads, n, dv, &twin.o).unwrap();
             let gp = soft_backward(
                 &map,
                 &prod.ctx,
@@ -791,7 +791,7 @@ fn saved_features_are_used_only_when_they_fit() {
         for causal in [false, true] {
             let fwd = soft_forward(&map, qh, kh, vh, causal, isa);
             assert_eq!(fwd.ctx.uq.len(), heads * n * 9, "the forward saves u");
-            let oh = Heads::new(heads, n, dv, &fwd.o);
+            let oh = Heads::new(heads, n, dv, &fwd.o).unwrap();
             let saved = soft_backward(&map, &fwd.ctx, BackwardInputs::new(qh, kh, vh, oh, gh), isa);
             for stale in [0, 5] {
                 let mut ctx = fwd.ctx.clone();
@@ -846,9 +846,9 @@ fn causal_backward_one_pass_and_two_passes_match_reference() {
                 .collect();
             for isa in isas() {
                 let (qh, kh, vh) = (
-                    Heads::new(heads, n, d, &qf),
-                    Heads::new(heads, n, d, &kf),
-                    Heads::new(heads, n, dv, &vf),
+                    Heads::new(heads, n, d, &qf).unwrap(),
+                    Heads::new(heads, n, d, &kf).unwrap(),
+                    Heads::new(heads, n, dv, &vf).unwrap(),
                 );
                 let tag = format!(
                     "P={p} L={l} heads={heads} threads={threads} states={keep_states} {isa:?}"
@@ -869,8 +869,8 @@ fn causal_backward_one_pass_and_two_passes_match_reference() {
                         let want = heads * n.div_ceil(tb) * (l << p) * w;
                         assert_eq!(fwd.ctx.states.len(), want, "{tag}: saved states");
                     }
-                    let oh = Heads::new(heads, n, dv, &fwd.o);
-                    let gh = Heads::new(heads, n, dv, &gf);
+                    let oh = Heads::new(heads, n, dv, &fwd.o).unwrap();
+                    let gh = Heads::new(heads, n, dv, &gf).unwrap();
                     soft_backward(&map, &fwd.ctx, BackwardInputs::new(qh, kh, vh, oh, gh), isa)
                 });
                 for (name, got, want) in [
@@ -909,9 +909,9 @@ fn causal_subnormal_denominators_give_finite_outputs() {
             .collect();
         for isa in [Isa::SCALAR, racelab::cpu::detected_isa()] {
             let (qh, kh, vh) = (
-                Heads::new(1, n, 2, &q),
-                Heads::new(1, n, 2, &k),
-                Heads::new(1, n, 3, &v),
+                Heads::new(1, n, 2, &q).unwrap(),
+                Heads::new(1, n, 2, &k).unwrap(),
+                Heads::new(1, n, 3, &v).unwrap(),
             );
             for (path, out) in [
                 ("blocked", soft_forward(&map, qh, kh, vh, true, isa)),

@@ -337,9 +337,9 @@ fn check_device(device: &str) {
         let map = SoftMap::new(&planes, beta).unwrap();
         for causal in [false, true] {
             let (qh, kh, vh) = (
-                Heads::new(heads, n, d, &q),
-                Heads::new(heads, n, d, &k),
-                Heads::new(heads, n, dv, &v),
+                Heads::new(heads, n, d, &q).unwrap(),
+                Heads::new(heads, n, d, &k).unwrap(),
+                Heads::new(heads, n, dv, &v).unwrap(),
             );
             let cpu = token::forward(&map, qh, kh, vh, causal, racelab::cpu::detected_isa());
             let cg = token::soft_backward(
@@ -349,8 +349,8 @@ fn check_device(device: &str) {
                     qh,
                     kh,
                     vh,
-                    Heads::new(heads, n, dv, &cpu.o),
-                    Heads::new(heads, n, dv, &g),
+                    Heads::new(heads, n, dv, &cpu.o).unwrap(),
+                    Heads::new(heads, n, dv, &g).unwrap(),
                 ),
                 racelab::cpu::detected_isa(),
             );
@@ -361,9 +361,9 @@ fn check_device(device: &str) {
                 let (qw, kw, vw) = (from_bf16(&qb), from_bf16(&kb), from_bf16(&vb));
                 let cb = token::forward(
                     &map,
-                    Heads::new(heads, n, d, &qw),
-                    Heads::new(heads, n, d, &kw),
-                    Heads::new(heads, n, dv, &vw),
+                    Heads::new(heads, n, d, &qw).unwrap(),
+                    Heads::new(heads, n, d, &kw).unwrap(),
+                    Heads::new(heads, n, dv, &vw).unwrap(),
                     causal,
                     racelab::cpu::detected_isa(),
                 );
@@ -447,8 +447,8 @@ fn check_device(device: &str) {
                             qh,
                             kh,
                             vh,
-                            Heads::new(heads, n, dv, &again.o),
-                            Heads::new(heads, n, dv, &g),
+                            Heads::new(heads, n, dv, &again.o).unwrap(),
+                            Heads::new(heads, n, dv, &g).unwrap(),
                         ),
                         racelab::cpu::detected_isa(),
                     );
@@ -746,16 +746,16 @@ fn large_beta_on_emulated_cuda() {
             cuda::finish_backward(&f, map, qkv, &g, s, causal, &mut gr);
             let map = SoftMap::new(&planes, beta).unwrap();
             let (qh, kh, vh) = (
-                Heads::new(heads, n, d, &q),
-                Heads::new(heads, n, d, &k),
-                Heads::new(heads, n, d, &v),
+                Heads::new(heads, n, d, &q).unwrap(),
+                Heads::new(heads, n, d, &k).unwrap(),
+                Heads::new(heads, n, d, &v).unwrap(),
             );
             let cpu = racelab::cpu::soft_forward(&map, qh, kh, vh, causal, isa);
-            let o = Heads::new(heads, n, d, &cpu.o);
+            let o = Heads::new(heads, n, d, &cpu.o).unwrap();
             let cg = racelab::cpu::soft_backward(
                 &map,
                 &cpu.ctx,
-                BackwardInputs::new(qh, kh, vh, o, Heads::new(heads, n, d, &g)),
+                BackwardInputs::new(qh, kh, vh, o, Heads::new(heads, n, d, &g).unwrap()),
                 isa,
             );
             let tag = format!("beta={beta} causal={causal}");

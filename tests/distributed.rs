@@ -117,10 +117,10 @@ fn run_ranks(
                     dist.forward_backward(
                         &params,
                         &c.planes,
-                        Heads::new(h, nr, c.d, &q),
-                        Heads::new(h, nr, c.d, &k),
-                        Heads::new(h, nr, c.dv, &v),
-                        Heads::new(h, nr, c.dv, &g),
+                        Heads::new(h, nr, c.d, &q).unwrap(),
+                        Heads::new(h, nr, c.d, &k).unwrap(),
+                        Heads::new(h, nr, c.dv, &v).unwrap(),
+                        Heads::new(h, nr, c.dv, &g).unwrap(),
                     )
                     .map(|(f, gr)| (f.o, gr))
                 })
@@ -153,10 +153,10 @@ fn single(c: &Case) -> ([Vec<f32>; 4], f64) {
         .forward_backward(
             &c.params,
             &c.planes,
-            Heads::new(c.heads, c.n, c.d, &c.q),
-            Heads::new(c.heads, c.n, c.d, &c.k),
-            Heads::new(c.heads, c.n, c.dv, &c.v),
-            Heads::new(c.heads, c.n, c.dv, &c.g),
+            Heads::new(c.heads, c.n, c.d, &c.q).unwrap(),
+            Heads::new(c.heads, c.n, c.d, &c.k).unwrap(),
+            Heads::new(c.heads, c.n, c.dv, &c.v).unwrap(),
+            Heads::new(c.heads, c.n, c.dv, &c.g).unwrap(),
         )
         .unwrap();
     ([f.o, g.dq, g.dk, g.dv], g.dbeta)
@@ -362,9 +362,9 @@ fn rows_f32_cannot_hold_are_refused_on_every_rank() {
             .forward(
                 &c.params,
                 &c.planes,
-                Heads::new(c.heads, c.n, c.d, &c.q),
-                Heads::new(c.heads, c.n, c.d, &c.k),
-                Heads::new(c.heads, c.n, c.dv, &c.v),
+                Heads::new(c.heads, c.n, c.d, &c.q).unwrap(),
+                Heads::new(c.heads, c.n, c.d, &c.k).unwrap(),
+                Heads::new(c.heads, c.n, c.dv, &c.v).unwrap(),
             )
             .unwrap();
         assert!(

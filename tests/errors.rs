@@ -247,3 +247,73 @@ fn cli_bad_inputs_exit_nonzero_with_message() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Checked from the `.npy` headers before any data is read: memory (a q full of NaN is refused
+/// for its size, not its values, under a small --max-memory) and exact attention's predicted
+/// time (refused without --allow-slow). Conflicting and degenerate flags exit 2 naming the flag.
+#[test]
+fn cli_checks_before_reading_and_refuses_conflicts() {
+    let (q, k, v) = qkv(300, 4);
+    let mut qnan = q.clone();
+    qnan.data.iter_mut().for_each(|x| *x = f64::NAN);
+    let files = |q: &Tensor<f64>| {
+        vec![
+            ("q", q.shape.clone(), q.data.clone()),
+            ("k", k.shape.clone(), k.data.clone()),
+            ("v", v.shape.clone(), v.data.clone()),
+        ]
+    };
+    let e = cli_fail("before", &files(&qnan), &["--method", "soft", "--max-memory", "4k"]);
+    assert!(e.contains("--max-memory") && !e.contains("non-finite"), "{e}");
+    // 2^19 tokens of exact softmax on the CPU kernels (blocked: little memory): minutes,
+    // refused from a timed probe.
+    let n = 1 << 19;
+    let big = randn_t(&[n, 1], 7);
+    let big_files = vec![
+        ("q", big.shape.clone(), big.data.clone()),
+        ("k", big.shape.clone(), big.data.clone()),
+        ("v", big.shape.clone(), big.data.clone()),
+    ];
+    let e = cli_fail("slow", &big_files, &["--method", "softmax", "--device", "cpu"]);
+    assert!(e.contains("--allow-slow") && e.contains("predicted"), "{e}");
+    // --planes with a --p or --l that disagrees names both.
+    let dir = tmpdir("planes");
+    let planes = dir.join("w.npy");
+    racelab::io::write_planes(&planes, &racelab::Planes::gaussian(2, 2, 4, 1).unwrap()).unwrap();
+    let w = planes.to_str().unwrap();
+    for flag in ["--p", "--l"] {
+        let e = cli_fail("conflict", &files(&q), &["--method", "soft", "--planes", w, flag, "3"]);
+        assert!(e.contains(&format!("{flag} 3")) && e.contains("--planes"), "{e}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+    // A negative seed is refused by the parser, naming the flag.
+    let e = cli_fail("seed", &files(&q), &["--method", "soft", "--seed", "-1"]);
+    assert!(e.contains("--seed"), "{e}");
+    // bench: N = 0, no (P, L) pair, 0 heads.
+    for (args, flag) in [
+        (&["--n", "0"][..], "`n`"),
+        (&["--p", "", "--l", ""][..], "--p"),
+        (&["--heads", "0", "--n", "16"][..], "`heads`"),
+    ] {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_racelab"))
+            .arg("bench")
+            .args(args)
+            .output()
+            .unwrap();
+        let s = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {s}");
+        assert!(s.contains(flag) && !s.contains("panicked"), "{args:?}: {s}");
+    }
+}
+
+/// Constructors that take a caller's buffer refuse a wrong length instead of panicking.
+#[test]
+fn buffer_constructors_return_errors() {
+    let data = [0.0f32; 10];
+    let e = racelab::backend::Heads::new(2, 3, 2, &data).unwrap_err();
+    assert!(e.to_string().contains("`data`"), "{e}");
+    assert!(racelab::backend::Heads::new(1, 5, 2, &data).is_ok());
+    let e = racelab::MatRef::new(3, 4, &data[..]).unwrap_err();
+    assert!(e.to_string().contains("`data`"), "{e}");
+    assert!(racelab::Tensor::new(vec![usize::MAX, 2], vec![0.0f64]).is_err());
+}

@@ -64,16 +64,16 @@ fn check(
 ) -> Errors {
     let map = SoftMap::new(planes, beta).unwrap();
     let (qh, kh, vh, gh) = (
-        Heads::new(heads, n, d, q),
-        Heads::new(heads, n, d, k),
-        Heads::new(heads, n, dv, v),
-        Heads::new(heads, n, dv, g),
+        Heads::new(heads, n, d, q).unwrap(),
+        Heads::new(heads, n, d, k).unwrap(),
+        Heads::new(heads, n, dv, v).unwrap(),
+        Heads::new(heads, n, dv, g).unwrap(),
     );
     let isa = detected_isa();
     // The production kernels (blocked), or the per-token engine.
     let (f, gr) = if per_token {
         let f = racelab::cpu::token::forward(&map, qh, kh, vh, causal, isa);
-        let o = Heads::new(heads, n, dv, &f.o);
+        let o = Heads::new(heads, n, dv, &f.o).unwrap();
         let gr = racelab::cpu::token::soft_backward(
             &map,
             &f.ctx,
@@ -83,7 +83,7 @@ fn check(
         (f, gr)
     } else {
         let f = soft_forward(&map, qh, kh, vh, causal, isa);
-        let o = Heads::new(heads, n, dv, &f.o);
+        let o = Heads::new(heads, n, dv, &f.o).unwrap();
         let gr = soft_backward(&map, &f.ctx, BackwardInputs::new(qh, kh, vh, o, gh), isa);
         (f, gr)
     };

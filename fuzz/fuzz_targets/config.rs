@@ -5,6 +5,6 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(text) = std::str::from_utf8(data) {
-        racelab::experiments::registry::fuzz_configs(text);
+        let _ = racelab::experiments::registry::parse_configs(text);
     }
 });

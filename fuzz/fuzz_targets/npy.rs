@@ -4,5 +4,6 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    racelab::io::fuzz_npy(data);
+    let _ = racelab::io::parse_npy(data, "fuzz.npy");
+    let _ = racelab::io::parse_npy_native(data, "fuzz.npy");
 });

@@ -19,6 +19,8 @@ computes its forward on the reference).
 
 import math
 
+import warnings
+
 import numpy as np
 import torch
 from torch import nn
@@ -52,6 +54,20 @@ def _check(q, k, v, planes, combine):
             f"shape error in `q/k/v`: q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}; "
             "they must share leading dimensions, and k and v their token count"
         )
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"shape error in `k`: k has d = {k.shape[-1]} but q has d = {q.shape[-1]}; q and k "
+            "must share the last dimension"
+        )
+    # As the command line words them (`racelab attend` refuses the same inputs).
+    for name, x in (("q", q), ("k", k)):
+        if x.shape[-2] == 0:
+            raise ValueError(f"`{name}` is empty: N = 0 tokens; give at least one row")
+    for name, x in (("q", q), ("v", v)):
+        if x.shape[-1] == 0:
+            raise ValueError(f"`{name}` is empty: feature dimension is 0")
+    if q.numel() == 0:
+        raise ValueError("`q` is empty: batch or head dimension is 0")
     if combine != "paper":
         if combine == "authors":
             raise ValueError(
@@ -61,11 +77,29 @@ def _check(q, k, v, planes, combine):
             )
         raise ValueError(f"invalid parameter `combine`: `{combine}` is not a combine rule; use `paper`")
     if isinstance(planes, torch.Tensor):
+        if planes.requires_grad:
+            _warn_planes_once()
         planes = planes.detach().cpu().double().numpy()
     w = np.ascontiguousarray(np.asarray(planes, dtype=np.float64))
     if w.ndim != 3:
         raise ValueError(f"shape error in `planes`: got {list(w.shape)}; give [L, P, d] (racelab.planes)")
     return w
+
+
+_planes_warned = False
+
+
+def _warn_planes_once():
+    """The planes are fixed hash planes: they get no gradient. Say so once per process."""
+    global _planes_warned
+    if not _planes_warned:
+        _planes_warned = True
+        warnings.warn(
+            "racelab: `planes` requires a gradient, but soft RACE's hash planes are fixed and get "
+            "none; pass planes.detach() (or learn beta, or the projections feeding q and k)",
+            UserWarning,
+            stacklevel=4,
+        )
 
 
 def _heads(x):

@@ -33,7 +33,43 @@ use rayon::prelude::*;
 
 /// A library error as Python's `ValueError`, with the command line's message.
 fn py_err(e: RaceError) -> PyErr {
-    PyValueError::new_err(e.to_string())
+    PyValueError::new_err(python_words(&e.to_string()))
+}
+
+/// The command line's words in a message turned into Python's: `--max-memory` into
+/// `max_memory=`, `--p 2` into `p=2`, and so on for every flag a keyword argument mirrors.
+fn python_words(msg: &str) -> String {
+    const FLAGS: [&str; 14] = [
+        "max-memory", "device", "combine", "method", "features", "planes", "causal", "scale",
+        "gamma", "beta", "seed", "p", "l", "d",
+    ];
+    let mut out = String::with_capacity(msg.len());
+    let mut rest = msg;
+    while let Some(i) = rest.find("--") {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 2..];
+        let flag = FLAGS.iter().find(|f| {
+            after.starts_with(**f)
+                && !after[f.len()..].starts_with(|c: char| c.is_alphanumeric() || c == '-')
+        });
+        match flag {
+            Some(f) => {
+                out.push_str(&f.replace('-', "_"));
+                out.push('=');
+                rest = &after[f.len()..];
+                // `--p 2` becomes `p=2`.
+                if rest.starts_with(' ') && rest[1..].starts_with(|c: char| c.is_ascii_digit()) {
+                    rest = &rest[1..];
+                }
+            }
+            None => {
+                out.push_str("--");
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// The elements of a C-contiguous array, or a `ValueError` naming it.
@@ -57,8 +93,8 @@ fn slice3<'a, T: numpy::Element>(
     Ok((contiguous(name, a)?, [s[0], s[1], s[2]]))
 }
 
-fn heads<'a>(x: (&'a [f32], [usize; 3])) -> Heads<'a> {
-    Heads::new(x.1[0], x.1[1], x.1[2], x.0)
+fn heads<'a>(x: (&'a [f32], [usize; 3])) -> PyResult<Heads<'a>> {
+    Heads::new(x.1[0], x.1[1], x.1[2], x.0).map_err(py_err)
 }
 
 /// A kernel's output memory, owned by the numpy array that shows it: 64-byte aligned and on
@@ -290,9 +326,9 @@ fn soft_forward<'py>(
     let planes = PlanesF32::from_planes(&planes_of(&planes)?);
     let params = params(&planes, beta, causal);
     let qkv = [
-        heads(slice3("q", &q)?),
-        heads(slice3("k", &k)?),
-        heads(slice3("v", &v)?),
+        heads(slice3("q", &q)?)?,
+        heads(slice3("k", &k)?)?,
+        heads(slice3("v", &v)?)?,
     ];
     let pb = problem(&params, &planes, qkv, None, Held::Inputs)?;
     let (o, kept) = py.detach(|| {
@@ -326,11 +362,11 @@ fn soft_backward<'py>(
     g: PyReadonlyArray3<'py, f32>,
 ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, f64)> {
     let qkv = [
-        heads(slice3("q", &q)?),
-        heads(slice3("k", &k)?),
-        heads(slice3("v", &v)?),
+        heads(slice3("q", &q)?)?,
+        heads(slice3("k", &k)?)?,
+        heads(slice3("v", &v)?)?,
     ];
-    let (oh, gh) = (heads(slice3("o", &o)?), heads(slice3("g", &g)?));
+    let (oh, gh) = (heads(slice3("o", &o)?)?, heads(slice3("g", &g)?)?);
     if (oh.heads, oh.n, oh.cols) != (gh.heads, gh.n, gh.cols) {
         return Err(py_err(RaceError::shape(
             "o",
@@ -460,8 +496,8 @@ fn soft_backward_f64<'py>(
     racelab::tensor::check_finite("g", gdata).map_err(py_err)?;
     let gh: Vec<MatRef<f64>> = gdata
         .chunks_exact(n * dv)
-        .map(|c| MatRef::new(n, dv, c))
-        .collect();
+        .map(|c| MatRef::new(n, dv, c).map_err(py_err))
+        .collect::<PyResult<_>>()?;
     let grads = py.detach(|| {
         per_head(qh.len(), |h| {
             soft_race_backward_log(qh[h], kh[h], vh[h], gh[h], &planes, beta, causal)

@@ -1,6 +1,7 @@
 """racelab.torch: gradients against gradcheck and a plain PyTorch Algorithm 1/2, the module,
 the GIL, and bad input."""
 
+import warnings
 import math
 import threading
 import time
@@ -183,7 +184,10 @@ def test_bad_input_raises_value_error():
         (lambda: race_attention(q, k, v, w, 1.0, combine="mean"), "`combine`"),
         (lambda: race_attention(q, k, v.double(), w, 1.0), "`q/k/v`"),
         (lambda: race_attention(q.long(), k.long(), v.long(), w, 1.0), "`q/k/v`"),
-        (lambda: race_attention(q, k[..., :6], v, w, 1.0), "q/k"),
+        (lambda: race_attention(q, k[..., :6], v, w, 1.0), "k has d = 6 but q has d = 8"),
+        (lambda: race_attention(q[..., :0, :], k[..., :0, :], v[..., :0, :], w, 1.0), "`q` is empty: N = 0"),
+        (lambda: race_attention(q, k, v[..., :0], w, 1.0), "`v` is empty"),
+        (lambda: race_attention(q[..., :0], k[..., :0], v, w, 1.0), "`q` is empty"),
         (lambda: race_attention(q, k, v, racelab.planes(2, 2, 9), 1.0), "planes have d = 9"),
         (lambda: race_attention(q, k, v, w[0], 1.0), "`planes`"),
         (lambda: race_attention(q, k, v, w, -1.0), "`beta`"),
@@ -200,6 +204,17 @@ def test_bad_input_raises_value_error():
         with pytest.raises(ValueError) as err:
             call()
         assert needle in str(err.value), (i, str(err.value))
+
+
+def test_planes_that_require_a_gradient_warn_once():
+    q, k, v = tensors((1, 2, 20, 8), 4, seed=11)
+    w = torch.from_numpy(racelab.planes(2, 2, 8)).requires_grad_(True)
+    racelab.torch._planes_warned = False
+    with pytest.warns(UserWarning, match="planes.*get none"):
+        race_attention(q, k, v, w, 1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        race_attention(q, k, v, w, 1.0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the CUDA-tensor error cannot be observed")

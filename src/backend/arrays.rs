@@ -46,7 +46,7 @@ struct Rows<'a> {
 impl Rows<'_> {
     fn heads(&self) -> Heads<'_> {
         let [h, n, c] = self.dims;
-        Heads::new(h, n, c, &self.data)
+        Heads::of(h, n, c, &self.data)
     }
 }
 

@@ -26,8 +26,30 @@ pub struct Heads<'a> {
 }
 
 impl<'a> Heads<'a> {
-    pub fn new(heads: usize, n: usize, cols: usize, data: &'a [f32]) -> Self {
-        assert_eq!(data.len(), heads * n * cols, "Heads: len != heads*n*cols");
+    /// `data` as `[heads, n, cols]`, or an error naming `data` when its length is not
+    /// `heads · n · cols`.
+    pub fn new(heads: usize, n: usize, cols: usize, data: &'a [f32]) -> Result<Self> {
+        let want = heads.checked_mul(n).and_then(|x| x.checked_mul(cols));
+        if want != Some(data.len()) {
+            return Err(RaceError::shape(
+                "data",
+                format!(
+                    "[heads, n, cols] = [{heads}, {n}, {cols}] needs heads·n·cols floats, got {}",
+                    data.len()
+                ),
+            ));
+        }
+        Ok(Heads {
+            heads,
+            n,
+            cols,
+            data,
+        })
+    }
+
+    /// [`Heads::new`] for the crate's own buffers, whose lengths it made.
+    pub(crate) fn of(heads: usize, n: usize, cols: usize, data: &'a [f32]) -> Self {
+        debug_assert_eq!(data.len(), heads * n * cols, "Heads: len != heads*n*cols");
         Heads {
             heads,
             n,
@@ -280,7 +302,7 @@ impl<'a> Problem<'a> {
                 ));
             }
         }
-        let o = Heads::new(q.heads, q.n, v.cols, o);
+        let o = Heads::of(q.heads, q.n, v.cols, o);
         Ok(BackwardInputs::new(q, k, v, o, self.grad()?))
     }
 }

@@ -56,9 +56,9 @@ pub fn run(
         let t = Instant::now();
         let fwd = soft_forward(
             &map,
-            Heads::new(1, n, d, &q),
-            Heads::new(1, n, d, &k),
-            Heads::new(1, n, dv, &v),
+            Heads::of(1, n, d, &q),
+            Heads::of(1, n, d, &k),
+            Heads::of(1, n, dv, &v),
             true,
             detected_isa(),
         );

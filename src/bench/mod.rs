@@ -229,8 +229,14 @@ fn validate(cfg: &BenchConfig) -> Result<()> {
             "give at least one N and one (P, L) pair",
         ));
     }
-    if cfg.heads == 0 || cfg.d == 0 {
-        return Err(RaceError::param("heads", "heads and d must be ≥ 1"));
+    if cfg.ns.contains(&0) {
+        return Err(RaceError::param("n", "N = 0 tokens times nothing; give N ≥ 1"));
+    }
+    if cfg.heads == 0 {
+        return Err(RaceError::param("heads", "0 heads times nothing; give --heads 1 or more"));
+    }
+    if cfg.d == 0 {
+        return Err(RaceError::param("d", "d = 0 has no features; give --d 1 or more"));
     }
     for &(p, l) in &cfg.pl {
         crate::params::validate_pl(p, l)?;

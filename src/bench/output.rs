@@ -108,17 +108,12 @@ pub(super) fn write_outputs(
         );
     }
     let p = dir.join("bench.csv");
-    std::fs::write(&p, csv).map_err(|e| RaceError::io(&p, e))?;
+    crate::io::write_atomic(&p, csv.as_bytes())?;
     let p = dir.join("bench.json");
-    std::fs::write(&p, serde_json::to_string_pretty(rep).unwrap_or_default())
-        .map_err(|e| RaceError::io(&p, e))?;
+    crate::io::write_atomic(&p, serde_json::to_string_pretty(rep).unwrap_or_default().as_bytes())?;
     let cmd: Vec<String> = std::env::args().collect();
     let p = dir.join("COMMAND.txt");
-    std::fs::write(
-        &p,
-        format!("{}\n{}\n", cmd.join(" "), rep.provenance.line()),
-    )
-    .map_err(|e| RaceError::io(&p, e))?;
+    crate::io::write_atomic(&p, format!("{}\n{}\n", cmd.join(" "), rep.provenance.line()).as_bytes())?;
     let name = |r: &BenchRow| series_name(r, cfg.causal_ratio);
     let mut names: Vec<String> = rep.rows.iter().map(name).collect();
     names.sort();

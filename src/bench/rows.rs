@@ -130,9 +130,9 @@ impl<'a> Recorder<'a> {
         let (h, d, dv, n) = (cfg.heads, cfg.d, cfg.d, x.n);
         let g = &x.g;
         let (qh, kh, vh) = (
-            Heads::new(h, n, d, &x.q),
-            Heads::new(h, n, d, &x.k),
-            Heads::new(h, n, dv, &x.v),
+            Heads::of(h, n, d, &x.q),
+            Heads::of(h, n, d, &x.k),
+            Heads::of(h, n, dv, &x.v),
         );
         // The probe after the previous row, which serves as this row's probe before.
         let mut last_probe: Option<f64> = None;
@@ -159,7 +159,7 @@ impl<'a> Recorder<'a> {
                     causal,
                 };
                 if cfg.backward {
-                    let gh = Heads::new(h, n, dv, g);
+                    let gh = Heads::of(h, n, dv, g);
                     Problem::with_grad(&params, &planes, qh, kh, vh, gh)
                 } else {
                     Problem::new(&params, &planes, qh, kh, vh)
@@ -210,13 +210,11 @@ impl<'a> Recorder<'a> {
             let timed: Vec<(bool, Timed)> = match (cfg.device, cfg.causal_ratio) {
                 (Device::Cpu, false) => {
                     let t = time_runs_warm(cfg.runs, || once(cfg.causal));
-                    drop(once);
                     recomputed[cfg.causal as usize] = reuse[cfg.causal as usize].recomputed.clone();
                     vec![(cfg.causal, t)]
                 }
                 (Device::Cpu, true) => {
                     let (nc, c) = time_alternated(cfg.runs, &mut once);
-                    drop(once);
                     recomputed = [&reuse[0], &reuse[1]].map(|s| s.recomputed.clone());
                     vec![(false, nc), (true, c)]
                 }
@@ -315,9 +313,9 @@ impl<'a> Recorder<'a> {
             (self.cfg, self.progress, self.isa, self.bw, self.peak);
         let (h, d, dv, n) = (cfg.heads, cfg.d, cfg.d, x.n);
         let (qh, kh, vh) = (
-            Heads::new(h, n, d, &x.q),
-            Heads::new(h, n, d, &x.k),
-            Heads::new(h, n, dv, &x.v),
+            Heads::of(h, n, d, &x.q),
+            Heads::of(h, n, d, &x.k),
+            Heads::of(h, n, dv, &x.v),
         );
         for (ri, name) in ["softmax", "angular"].iter().enumerate() {
             if !self.ref_alive[ri] {

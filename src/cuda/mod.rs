@@ -188,9 +188,9 @@ pub fn finish_forward(
     }
     let [q, k, v] = qkv.map(|x| x.to_f32());
     let x = ForwardInputs::new(
-        Heads::new(s.heads, s.n, s.d, &q),
-        Heads::new(s.heads, s.n, s.d, &k),
-        Heads::new(s.heads, s.n, s.dv, &v),
+        Heads::of(s.heads, s.n, s.d, &q),
+        Heads::of(s.heads, s.n, s.d, &k),
+        Heads::of(s.heads, s.n, s.dv, &v),
     );
     let (empty_rows, recomputed) = recompute::forward(&map, x, causal, rows, &mut o);
     GpuForward {
@@ -219,11 +219,11 @@ pub fn finish_backward(
     }
     let [q, k, v] = qkv.map(|x| x.to_f32());
     let x = ForwardInputs::new(
-        Heads::new(s.heads, s.n, s.d, &q),
-        Heads::new(s.heads, s.n, s.d, &k),
-        Heads::new(s.heads, s.n, s.dv, &v),
+        Heads::of(s.heads, s.n, s.d, &q),
+        Heads::of(s.heads, s.n, s.d, &k),
+        Heads::of(s.heads, s.n, s.dv, &v),
     );
-    let g = Heads::new(s.heads, s.n, s.dv, g);
+    let g = Heads::of(s.heads, s.n, s.dv, g);
     let rows = &fwd.recomputed.rows;
     gr.dbeta += recompute::backward(&map, x, g, causal, rows, gr.as_mut());
 }

@@ -165,7 +165,7 @@ pub fn run<C: Comm + Send + Sync>(comm: C, s: &Spec) -> Result<Row> {
     let nr = range.1 - range.0;
     let gen = |i: u64| generate(s.seed + i, h, n, range, d);
     let (q, k, v, g) = (gen(0), gen(1), gen(2), gen(3));
-    let [qh, kh, vh, gh] = [&q, &k, &v, &g].map(|x| Heads::new(h, nr, d, x));
+    let [qh, kh, vh, gh] = [&q, &k, &v, &g].map(|x| Heads::of(h, nr, d, x));
     let local = super::check_slice(&params, &planes, &qh, &kh, &vh, Some(&gh));
     let dist = Distributed::trusting(comm);
     dist.agree(&params, &planes, &qh, &kh, &vh, Some(&gh), local)?;
@@ -323,7 +323,7 @@ fn check_against_one_process<C: Comm>(
     if comm.rank() == 0 {
         let whole = |i: u64| generate(s.seed + i, h, n, (0, n), d);
         let (q, k, v, g) = (whole(0), whole(1), whole(2), whole(3));
-        let [qw, kw, vw, gw] = [&q, &k, &v, &g].map(|x| Heads::new(h, n, d, x));
+        let [qw, kw, vw, gw] = [&q, &k, &v, &g].map(|x| Heads::of(h, n, d, x));
         let (wf, wg) =
             crate::cpu::CpuRace::detected().forward_backward(params, planes, qw, kw, vw, gw)?;
         for (i, (parts, want)) in gathered

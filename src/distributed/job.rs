@@ -209,9 +209,9 @@ pub fn attend<C: Comm + Send + Sync>(
     }
     let nq = x.rows.1 - x.rows.0;
     let nk = x.k.len() / (x.lead * x.d).max(1);
-    let q = Heads::new(x.lead, nq, x.d, &x.q);
-    let k = Heads::new(x.lead, nk, x.d, &x.k);
-    let v = Heads::new(x.lead, nk, x.dv, &x.v);
+    let q = Heads::of(x.lead, nq, x.d, &x.q);
+    let k = Heads::of(x.lead, nk, x.d, &x.k);
+    let v = Heads::of(x.lead, nk, x.dv, &x.v);
     let status = status.and_then(|_| super::check_slice(&params, &x.planes, &q, &k, &v, None));
     let layout: Layout = dist
         .agree(&params, &x.planes, &q, &k, &v, None, status)
@@ -294,8 +294,7 @@ fn write_manifest(dir: &Path, shape: &[usize], layout: &Layout) -> Result<()> {
         "shards": shards,
     });
     let path = dir.join("shards.json");
-    std::fs::write(&path, serde_json::to_string_pretty(&m).unwrap_or_default())
-        .map_err(|e| RaceError::io(&path, e))
+    crate::io::write_atomic(&path, serde_json::to_string_pretty(&m).unwrap_or_default().as_bytes())
 }
 
 /// The ranks' `[lead, n_r, cols]` slices as one `[lead, Σ n_r, cols]`.

@@ -386,7 +386,7 @@ impl<C: Comm> Distributed<C> {
         }
         let keys = self.keys(layout.as_ref(), k.n);
         let (flagged, ctx) = self.forward_local(&map, params.causal, (q, k, v), keys, o, reuse);
-        let oh = Heads::new(q.heads, q.n, v.cols, o);
+        let oh = Heads::of(q.heads, q.n, v.cols, o);
         let x = BackwardInputs::new(q, k, v, oh, g);
         let dbeta = self.backward_local(&map, params.causal, &ctx, x, grads.reborrow());
         Ok((self.finish(params, flagged, dbeta)?, ctx))

@@ -269,7 +269,7 @@ pub fn write_csv<T: Serialize>(path: &Path, rows: &[T]) -> Result<()> {
         out += &cells.join(",");
         out.push('\n');
     }
-    std::fs::write(path, out).map_err(|e| RaceError::io(path, e))
+    crate::io::write_atomic(path, out.as_bytes())
 }
 
 #[cfg(test)]

@@ -172,7 +172,7 @@ impl Run<'_> {
         }
     }
     fn heads<'b>(&self, x: &'b [f32], len: usize) -> Heads<'b> {
-        Heads::new(self.heads, len, self.d, x)
+        Heads::of(self.heads, len, self.d, x)
     }
     fn zeros(&self) -> Vec<Vec<f64>> {
         let w = crate::cpu::state::bank_width(self.d);
@@ -465,7 +465,7 @@ mod tests {
         let (q, k, v, g) = (full(seed), full(seed + 1), full(seed + 2), full(seed + 3));
         let isa = crate::cpu::detected_isa();
         fn h(x: &[f32], heads: usize, n: usize, d: usize) -> Heads<'_> {
-            Heads::new(heads, n, d, x)
+            Heads::of(heads, n, d, x)
         }
         let mut o = vec![0.0f32; heads * n * d];
         let x = ForwardInputs::new(h(&q, heads, n, d), h(&k, heads, n, d), h(&v, heads, n, d));

@@ -82,9 +82,9 @@ pub fn soft_out_f32(
     let out = crate::cpu::CpuRace::detected().forward(
         &params,
         &PlanesF32::from_planes(planes),
-        Heads::new(1, q.rows, q.cols, &q32),
-        Heads::new(1, k.rows, k.cols, &k32),
-        Heads::new(1, v.rows, v.cols, &v32),
+        Heads::of(1, q.rows, q.cols, &q32),
+        Heads::of(1, k.rows, k.cols, &k32),
+        Heads::of(1, v.rows, v.cols, &v32),
     )?;
     Ok(crate::tensor::Mat::from_vec(
         q.rows,
@@ -165,11 +165,16 @@ pub fn load_config<C: DeserializeOwned>(ctx: &Ctx, builtin: &str, name: &str) ->
             format!("experiments/{name}.toml (built in)"),
         ),
     };
-    let modes: Modes<C> = toml::from_str(&text).map_err(|e| RaceError::Config {
-        path,
-        msg: e.to_string(),
-    })?;
+    let modes: Modes<C> = parse_config(&text, &path)?;
     Ok(if ctx.quick { modes.quick } else { modes.full })
+}
+
+/// Parse a config's text (its `quick` and `full` tables); `path` names it in errors.
+pub fn parse_config<C: DeserializeOwned>(text: &str, path: &str) -> Result<Modes<C>> {
+    toml::from_str(text).map_err(|e| RaceError::Config {
+        path: path.to_string(),
+        msg: e.to_string(),
+    })
 }
 
 /// Write a CSV (header + rows) and a `.meta.json` sidecar with provenance and parameters.
@@ -198,7 +203,7 @@ pub fn write_csv(
         s.push('\n');
     }
     let p = ctx.out.join(format!("{name}.csv"));
-    std::fs::write(&p, s).map_err(|e| RaceError::io(&p, e))?;
+    crate::io::write_atomic(&p, s.as_bytes())?;
     let meta = serde_json::json!({
         "csv": format!("{name}.csv"),
         "seed": ctx.seed,
@@ -207,8 +212,7 @@ pub fn write_csv(
         "provenance": Provenance::collect(crate::cpu::detected_isa().name()),
     });
     let m = ctx.out.join(format!("{name}.meta.json"));
-    std::fs::write(&m, serde_json::to_string_pretty(&meta).unwrap_or_default())
-        .map_err(|e| RaceError::io(&m, e))?;
+    crate::io::write_atomic(&m, serde_json::to_string_pretty(&meta).unwrap_or_default().as_bytes())?;
     Ok(format!("{name}.csv"))
 }
 

@@ -96,6 +96,27 @@ pub const ENTRIES: &[Entry] = &[
     },
 ];
 
+/// Every experiment's config reader on `text` (the fuzz target `config` and its corpus replay
+/// in `tests/fuzz_corpus.rs`): by experiment, an error or a config, never a panic.
+pub fn parse_configs(text: &str) -> Vec<(&'static str, Result<()>)> {
+    fn one<C: serde::de::DeserializeOwned>(name: &'static str, text: &str) -> (&'static str, Result<()>) {
+        (name, super::parse_config::<C>(text, name).map(|_| ()))
+    }
+    vec![
+        one::<super::lemma10::Config>("lemma10", text),
+        one::<super::theorem::Config>("theorem", text),
+        one::<super::fig3::Config>("fig3", text),
+        one::<super::limit::Config>("limit", text),
+        one::<super::variance::Config>("variance", text),
+        one::<super::rank::Config>("rank", text),
+        one::<super::tradeoff::Config>("tradeoff", text),
+        one::<super::causal::Config>("causal", text),
+        one::<super::bias::Config>("bias", text),
+        one::<super::combine::Config>("combine", text),
+        one::<super::authors::Config>("authors", text),
+    ]
+}
+
 /// The entry called `name`.
 pub fn entry(name: &str) -> Result<Entry> {
     ENTRIES

@@ -5,7 +5,7 @@
 use super::verdict::Kind;
 use super::{f, write_csv, Claim, Ctx, ExpResult, Measure, Verdict};
 use crate::bench::{self, BenchConfig};
-use crate::error::{RaceError, Result};
+use crate::error::Result;
 use crate::hashing::{soft_features, soft_features_direct, Planes};
 use crate::provenance::Provenance;
 use crate::rng::SeededRng;
@@ -415,7 +415,7 @@ pub fn write_report(
         }
     }
     let p = ctx.out.join("REPORT.md");
-    std::fs::write(&p, s).map_err(|e| RaceError::io(&p, e))?;
+    crate::io::write_atomic(&p, s.as_bytes())?;
     let twin = serde_json::json!({
         "revision": prov.git_revision,
         "dirty": prov.git_dirty,
@@ -426,8 +426,7 @@ pub fn write_report(
         "claims": all.iter().map(|c| claim_json(c)).collect::<Vec<_>>(),
     });
     let j = ctx.out.join("claims.json");
-    std::fs::write(&j, serde_json::to_string_pretty(&twin).unwrap_or_default())
-        .map_err(|e| RaceError::io(&j, e))?;
+    crate::io::write_atomic(&j, serde_json::to_string_pretty(&twin).unwrap_or_default().as_bytes())?;
     Ok(p)
 }
 

@@ -230,9 +230,9 @@ fn kernel_times(st: &Study) -> Result<Vec<((usize, usize), f64)>> {
                 let t = std::time::Instant::now();
                 std::hint::black_box(soft_forward(
                     &map,
-                    Heads::new(1, cfg.time_n, d, &tq),
-                    Heads::new(1, cfg.time_n, d, &tq),
-                    Heads::new(1, cfg.time_n, dv, &tv),
+                    Heads::of(1, cfg.time_n, d, &tq),
+                    Heads::of(1, cfg.time_n, d, &tq),
+                    Heads::of(1, cfg.time_n, dv, &tv),
                     false,
                     detected_isa(),
                 ));

@@ -96,9 +96,9 @@ fn error(cfg: &Config, pr: &Problem, n: usize, l: usize, seed: u64) -> f64 {
     let map = SoftMap::new(&planes, cfg.beta as f32).expect("β validated in compute_csv");
     let out = soft_forward(
         &map,
-        Heads::new(1, n, cfg.d, &pr.q),
-        Heads::new(1, n, cfg.d, &pr.k),
-        Heads::new(1, n, cfg.dv, &pr.v),
+        Heads::of(1, n, cfg.d, &pr.q),
+        Heads::of(1, n, cfg.d, &pr.k),
+        Heads::of(1, n, cfg.dv, &pr.v),
         false,
         detected_isa(),
     );

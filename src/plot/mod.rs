@@ -40,15 +40,32 @@ fn write_png(
         let root = BitMapBackend::with_buffer(&mut rgb, size).into_drawing_area();
         draw(root).map_err(|e| perr(path, e))?;
     }
-    let file = std::fs::File::create(path).map_err(|e| perr(path, e))?;
-    let mut enc = png::Encoder::new(std::io::BufWriter::new(file), size.0, size.1);
-    enc.set_color(png::ColorType::Rgb);
-    enc.set_depth(png::BitDepth::Eight);
-    enc.set_compression(png::Compression::Best);
-    enc.set_adaptive_filter(png::AdaptiveFilterType::Adaptive);
-    let mut w = enc.write_header().map_err(|e| perr(path, e))?;
-    w.write_image_data(&rgb).map_err(|e| perr(path, e))?;
-    w.finish().map_err(|e| perr(path, e))
+    crate::io::write_with(path, |out| {
+        let mut enc = png::Encoder::new(out, size.0, size.1);
+        enc.set_color(png::ColorType::Rgb);
+        enc.set_depth(png::BitDepth::Eight);
+        enc.set_compression(png::Compression::Best);
+        enc.set_adaptive_filter(png::AdaptiveFilterType::Adaptive);
+        let mut w = enc.write_header().map_err(std::io::Error::other)?;
+        w.write_image_data(&rgb).map_err(std::io::Error::other)?;
+        w.finish().map_err(std::io::Error::other)
+    })
+}
+
+/// Draw an SVG of `size` in memory, then write it to `path` atomically.
+fn write_svg(
+    path: &Path,
+    size: (u32, u32),
+    draw: impl FnOnce(
+        DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    ) -> std::result::Result<(), String>,
+) -> Result<()> {
+    let mut text = String::new();
+    {
+        let root = SVGBackend::with_string(&mut text, size).into_drawing_area();
+        draw(root).map_err(|e| perr(path, e))?;
+    }
+    crate::io::write_atomic(path, text.as_bytes())
 }
 
 /// A named series of (x, y) points.
@@ -108,11 +125,7 @@ pub fn line_plot(stem: &Path, opts: &LinePlot, series: &[Series]) -> Result<()> 
     let svg = stem.with_extension("svg");
     let size = (900 + LEGEND_W, 600);
     write_png(&png, size, |root| draw_lines(root, opts, series))?;
-    {
-        let root = SVGBackend::new(&svg, size).into_drawing_area();
-        draw_lines(root, opts, series).map_err(|e| perr(&svg, e))?;
-    }
-    Ok(())
+    write_svg(&svg, size, |root| draw_lines(root, opts, series))
 }
 
 /// The points of `s` a plot can show: finite, and positive on a log axis; on a log axis the
@@ -408,11 +421,7 @@ pub fn heatmaps(stem: &Path, title: &str, panels: &[Panel], cols: usize) -> Resu
     let png = stem.with_extension("png");
     let svg = stem.with_extension("svg");
     write_png(&png, size, |root| draw_heatmaps(root, title, panels, cols))?;
-    {
-        let root = SVGBackend::new(&svg, size).into_drawing_area();
-        draw_heatmaps(root, title, panels, cols).map_err(|e| perr(&svg, e))?;
-    }
-    Ok(())
+    write_svg(&svg, size, |root| draw_heatmaps(root, title, panels, cols))
 }
 
 fn draw_heatmaps<DB: DrawingBackend>(

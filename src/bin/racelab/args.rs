@@ -22,7 +22,7 @@ pub struct Cli {
 #[derive(Args, Clone)]
 pub struct Common {
     /// Seed of every random draw (planes, inputs, features).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
     pub seed: u64,
     /// Output folder (CSV, PNG, SVG) — or the output file for `attend`.
     #[arg(long)]
@@ -108,19 +108,19 @@ pub struct Fig3Args {
 #[derive(Args)]
 pub struct BenchArgs {
     /// Sequence lengths (comma-separated). Default 2^10..2^20.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, allow_negative_numbers = true, value_delimiter = ',')]
     pub n: Vec<usize>,
     /// Bits per table, paired with --l.
-    #[arg(long, value_delimiter = ',', default_values_t = vec![2, 3, 4])]
+    #[arg(long, allow_negative_numbers = true, value_delimiter = ',', default_values_t = vec![2, 3, 4])]
     pub p: Vec<usize>,
     /// Tables, paired with --p.
-    #[arg(long, value_delimiter = ',', default_values_t = vec![2, 3, 4])]
+    #[arg(long, allow_negative_numbers = true, value_delimiter = ',', default_values_t = vec![2, 3, 4])]
     pub l: Vec<usize>,
     /// Heads per row (batch 1).
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 4)]
     pub heads: usize,
     /// Head dimension of queries, keys and values.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 128)]
     pub d: usize,
     /// Soft-hash inverse temperature (the kernels' cost does not depend on it below 16).
     #[arg(long, default_value_t = DEFAULT_BETA, allow_negative_numbers = true)]
@@ -141,10 +141,10 @@ pub struct BenchArgs {
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
     pub device: Device,
     /// Timed runs per row (median reported; at least 3; short rows get more, up to 0.25 s).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 3)]
     pub runs: usize,
     /// Stop timing a reference when its next run is predicted to exceed this (seconds).
-    #[arg(long, default_value_t = 30.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 30.0)]
     pub ref_budget: f64,
     /// Long-sequence accuracy of the causal f32 scan vs f64 (N default 1e6,1e7,1e8; d=4).
     #[arg(long)]
@@ -177,10 +177,10 @@ pub struct DistModelArgs {
     #[arg(long, default_value = "docs")]
     pub out: PathBuf,
     /// Tokens of the projection.
-    #[arg(long, default_value_t = 1e12)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1e12)]
     pub tokens: f64,
     /// Node counts of the projection.
-    #[arg(long, value_delimiter = ',', default_values_t = vec![1, 8, 64, 1024])]
+    #[arg(long, allow_negative_numbers = true, value_delimiter = ',', default_values_t = vec![1, 8, 64, 1024])]
     pub nodes: Vec<usize>,
     /// Also project for another kind of node: NAME=CAUSAL:SECONDS_PER_TOKEN, its measured
     /// forward+backward seconds per token of the same shape (CAUSAL: true or false); repeat.
@@ -202,12 +202,12 @@ pub struct AttendArgs {
     /// The operator.
     #[arg(long, value_enum)]
     pub method: MethodKind,
-    /// Bits per table (R = 2^P buckets).
-    #[arg(long, default_value_t = 2)]
-    pub p: usize,
-    /// Number of tables.
-    #[arg(long, default_value_t = 2)]
-    pub l: usize,
+    /// Bits per table (R = 2^P buckets) [default: 2, or the --planes file's P].
+    #[arg(long, allow_negative_numbers = true)]
+    pub p: Option<usize>,
+    /// Number of tables [default: 2, or the --planes file's L].
+    #[arg(long, allow_negative_numbers = true)]
+    pub l: Option<usize>,
     /// Soft-hash inverse temperature.
     #[arg(long, default_value_t = DEFAULT_BETA, allow_negative_numbers = true)]
     pub beta: f64,
@@ -218,7 +218,7 @@ pub struct AttendArgs {
     #[arg(long, allow_negative_numbers = true)]
     pub scale: Option<f64>,
     /// Performer feature count.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 256)]
     pub features: usize,
     /// Causal attention: query i sees keys 0..=i (Algorithm 2 for soft RACE).
     #[arg(long)]
@@ -243,8 +243,12 @@ pub struct AttendArgs {
     pub device: Device,
     /// Memory budget (e.g. 8G, 512M; default: what the machine has available). Work whose
     /// buffers would exceed it is refused before anything is allocated.
-    #[arg(long, value_parser = parse_memory)]
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_memory)]
     pub max_memory: Option<u64>,
+    /// Run exact softmax or angular attention even when its predicted time (from a timed
+    /// probe of the same kernel, quadratic in N) is over a minute.
+    #[arg(long)]
+    pub allow_slow: bool,
     /// Sequence-parallel over MPI (start with `mpirun -np R`; soft RACE on the CPU kernels,
     /// needs a build with `--features mpi`): each rank reads and computes its slice of the
     /// token axis; rank 0 writes --out.
@@ -265,7 +269,7 @@ pub struct ReproduceArgs {
     pub quick: bool,
     /// Independent master seeds for every empirical claim (from --seed on): inputs and planes
     /// are redrawn per seed, and seeds that disagree make the verdict "unstable (k/K holds)".
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
     pub seeds: u64,
     #[command(flatten)]
     pub common: Common,

@@ -2,10 +2,14 @@
 
 use crate::args::AttendArgs;
 use crate::distributed::mpi_run;
+use crate::ticker::Ticker;
 use anyhow::{Context, Result};
 use racelab::attend::{attend_in, AttendResult};
 use racelab::experiments::registry;
-use racelab::io::{read_npy_native, read_planes, write_npy, write_planes, Dtype, NpyData};
+use racelab::io::{
+    read_npy_header, read_npy_native, read_planes, write_npy, write_planes, Dtype, NpyData, NpyHeader,
+};
+use racelab::tensor::AttnShape;
 use racelab::tensor::Element;
 use racelab::method::Flags;
 use racelab::{AttendOptions, Device, FeatureSpec, Method, MethodKind};
@@ -22,6 +26,15 @@ pub fn run(a: AttendArgs) -> Result<()> {
         anyhow::bail!("invalid parameter `out-shards`: it writes the slices of a distributed run; add --distributed (under mpirun) or use --out");
     }
     let (method, combine) = (a.method, a.combine);
+    // From the headers alone, before any data is read: the memory the inputs, their
+    // conversions, the output and the operator need, and the time exact attention would take.
+    let headers = [
+        read_npy_header(&a.q)?,
+        read_npy_header(&a.k)?,
+        read_npy_header(&a.v)?,
+    ];
+    let eta = check_before_reading(&a, &headers)?;
+    let what = format!("attend: {} on {}", a.method.name(), a.device.name());
     let (q, k, v) = (
         read_npy_native(&a.q)?,
         read_npy_native(&a.k)?,
@@ -31,10 +44,7 @@ pub fn run(a: AttendArgs) -> Result<()> {
         Some(p) => Some(read_planes(p)?),
         None => None,
     };
-    let (p, l) = match &planes {
-        Some(pl) => (pl.p, pl.l),
-        None => (a.p, a.l),
-    };
+    let (p, l) = table_counts(&a, planes.as_ref())?;
     let flags = Flags {
         p,
         l,
@@ -69,15 +79,15 @@ pub fn run(a: AttendArgs) -> Result<()> {
     let (res, seconds) = match (q, k, v) {
         (NpyData::F32(q), NpyData::F32(k), NpyData::F32(v)) => timed_write(
             || attend_in(&q.view(), &k.view(), &v.view(), &opts, a.device),
-            &out,
-            dtype,
+            (&out, dtype),
+            Ticker::start(what, eta),
         )?,
         (q, k, v) => {
             let (q, k, v) = (q.into_f64(), k.into_f64(), v.into_f64());
             timed_write(
                 || attend_in(&q.view(), &k.view(), &v.view(), &opts, a.device),
-                &out,
-                dtype,
+                (&out, dtype),
+                Ticker::start(what, eta),
             )?
         }
     };
@@ -144,6 +154,94 @@ pub fn run(a: AttendArgs) -> Result<()> {
     Ok(())
 }
 
+/// The shape an attention call on these headers would have (`[.., N, d]`, `[.., M, d]`,
+/// `[.., M, dv]`; the leading axes' product as heads), or `None` when a header has fewer than
+/// two axes (the read then reports it).
+fn header_shape(h: &[NpyHeader; 3]) -> Option<AttnShape> {
+    let last2 = |x: &NpyHeader| {
+        let s = &x.shape;
+        (s.len() >= 2).then(|| (s[..s.len() - 2].iter().product::<usize>(), s[s.len() - 2], s[s.len() - 1]))
+    };
+    let ((heads, n, d), (_, m, _), (_, _, dv)) = (last2(&h[0])?, last2(&h[1])?, last2(&h[2])?);
+    Some(AttnShape {
+        batch: 1,
+        heads,
+        n,
+        m,
+        d,
+        dv,
+    })
+}
+
+/// Refuse, before reading: work whose files, conversions, output and operator buffers exceed
+/// --max-memory (or what is available), and exact attention predicted to run over a minute
+/// (unless --allow-slow).
+fn check_before_reading(a: &AttendArgs, headers: &[NpyHeader; 3]) -> Result<Option<f64>> {
+    let Some(shape) = header_shape(headers) else {
+        return Ok(None);
+    };
+    let files: u64 = headers
+        .iter()
+        .map(|h| (h.count() as u64).saturating_mul(h.width() as u64))
+        .fold(0, u64::saturating_add);
+    // The operator's own estimate (its input copies, output and buffers), and the files as
+    // read on top of it.
+    let method = a.method.with(&Flags {
+        p: a.p.unwrap_or(2),
+        l: a.l.unwrap_or(2),
+        beta: a.beta,
+        combine: a.combine,
+        gamma: a.gamma,
+        scale: a.scale,
+        features: a.features,
+        planes: None,
+        seed: a.common.seed,
+    });
+    // The method's own options first (a P of 30 is refused as P, not as memory).
+    method.check(None)?;
+    let work = racelab::validate::work(&method, &shape, a.causal, false, a.device.kernels());
+    let need = work.bytes().saturating_add(files);
+    racelab::memory::check_need(&work, need, a.max_memory)?;
+    if !a.method.quadratic() {
+        return Ok(None);
+    }
+    let secs = racelab::attend::predict_exact_seconds(&method, &shape, a.causal, a.device)?;
+    if !a.allow_slow && secs > SLOW_SECONDS {
+        anyhow::bail!(
+            "invalid parameter `method`: exact {} attention on N = {} queries × {} keys ({} heads) is predicted to take about {} on {} (timed on a {}-token probe; it grows as N²); add --allow-slow to run it anyway, or use a linear-time method such as --method soft",
+            a.method.name(),
+            shape.n,
+            shape.m,
+            shape.heads,
+            racelab::attend::human_seconds(secs),
+            a.device.name(),
+            racelab::attend::PROBE_TOKENS
+        );
+    }
+    Ok(Some(secs))
+}
+
+/// Exact attention predicted to take longer than this is refused without --allow-slow.
+const SLOW_SECONDS: f64 = 60.0;
+
+/// P and L: the --planes file's (a --p or --l that disagrees with it is refused, naming both),
+/// else --p and --l (default 2 each).
+fn table_counts(a: &AttendArgs, planes: Option<&racelab::Planes>) -> Result<(usize, usize)> {
+    let Some(w) = planes else {
+        return Ok((a.p.unwrap_or(2), a.l.unwrap_or(2)));
+    };
+    for (flag, given, has) in [("p", a.p, w.p), ("l", a.l, w.l)] {
+        if let Some(g) = given.filter(|&g| g != has) {
+            anyhow::bail!(
+                "invalid parameter `{flag}`: --{flag} {g} disagrees with --planes, whose planes have {} = {has}; drop --{flag} or give planes with {} = {g}",
+                flag.to_uppercase(),
+                flag.to_uppercase()
+            );
+        }
+    }
+    Ok((w.p, w.l))
+}
+
 /// `attend --distributed`: checks what this build and the arguments allow, then runs the job
 /// on MPI's world ([`racelab::distributed::job`]).
 fn run_distributed(a: AttendArgs) -> Result<()> {
@@ -153,13 +251,18 @@ fn run_distributed(a: AttendArgs) -> Result<()> {
     if a.device == Device::Reference {
         anyhow::bail!("invalid parameter `device`: --distributed runs the f32 CPU kernels on every rank; add --device cpu");
     }
+    // A --p or --l that disagrees with the --planes file is refused here, as without MPI.
+    let (p, l) = match &a.planes {
+        Some(path) => table_counts(&a, Some(&read_planes(path)?))?,
+        None => table_counts(&a, None)?,
+    };
     let job = racelab::distributed::job::AttendJob {
         q: a.q,
         k: a.k,
         v: a.v,
         params: racelab::RaceParams {
-            p: a.p,
-            l: a.l,
+            p,
+            l,
             beta: a.beta,
             combine: a.combine,
             causal: a.causal,
@@ -189,11 +292,13 @@ fn run_distributed(a: AttendArgs) -> Result<()> {
 /// but the output rows.
 fn timed_write<T: Element>(
     call: impl FnOnce() -> racelab::Result<AttendResult<T>>,
-    out: &Path,
-    dtype: Dtype,
+    (out, dtype): (&Path, Dtype),
+    ticker: Ticker,
 ) -> Result<(AttendResult<()>, f64)> {
     let t0 = Instant::now();
-    let r = call()?;
+    let r = call();
+    drop(ticker);
+    let r = r?;
     let seconds = t0.elapsed().as_secs_f64();
     write_npy(out, &r.o.shape, &r.o.data, dtype)?;
     let o = racelab::Tensor {

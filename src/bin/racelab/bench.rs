@@ -16,6 +16,21 @@ pub fn run(a: BenchArgs) -> Result<()> {
         anyhow::bail!("invalid parameter `p`/`l`: --p and --l are paired and need the same length (got {} and {})", a.p.len(), a.l.len());
     }
     let pl: Vec<(usize, usize)> = a.p.iter().cloned().zip(a.l.iter().cloned()).collect();
+    // What every mode needs, checked before any of them measures or allocates.
+    if pl.is_empty() {
+        anyhow::bail!("invalid parameter `p`: give at least one (P, L) pair, e.g. --p 2 --l 2");
+    }
+    for &(p, l) in &pl {
+        racelab::params::validate_pl(p, l)?;
+    }
+    if a.n.contains(&0) {
+        anyhow::bail!("invalid parameter `n`: N = 0 tokens times nothing; give N ≥ 1");
+    }
+    if a.heads == 0 || a.d == 0 {
+        let flag = if a.heads == 0 { "heads" } else { "d" };
+        anyhow::bail!("invalid parameter `{flag}`: --{flag} 0 has nothing to time; give 1 or more");
+    }
+    racelab::params::validate_beta(a.beta)?;
     if a.accuracy {
         let ns = if a.n.is_empty() {
             vec![1_000_000, 10_000_000, 100_000_000]
@@ -267,8 +282,8 @@ fn run_distributed(a: BenchArgs, (p, l): (usize, usize)) -> Result<()> {
             return Ok(None);
         }
         if let Some(path) = &out {
-            std::fs::write(path, format!("{line}\n"))
-                .map_err(|e| JobError::from(racelab::RaceError::io(path, e)))?;
+            racelab::io::write_atomic(path, format!("{line}\n").as_bytes())
+                .map_err(JobError::from)?;
         }
         Ok(Some(if json { line } else { text }))
     })

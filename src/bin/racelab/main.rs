@@ -7,6 +7,7 @@ mod attend;
 mod bench;
 mod distributed;
 mod experiments;
+mod ticker;
 
 use args::{Cli, Cmd};
 use clap::Parser;
