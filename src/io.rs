@@ -431,9 +431,10 @@ pub fn write_with(
     let name = path
         .file_name()
         .ok_or_else(|| RaceError::io(path, "not a file name"))?;
+    let stem = format!(".{}.tmp-", name.to_string_lossy());
+    remove_stale_temporaries(path, &stem);
     let tmp = path.with_file_name(format!(
-        ".{}.tmp-{}-{}",
-        name.to_string_lossy(),
+        "{stem}{}-{}",
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     ));
@@ -448,6 +449,33 @@ pub fn write_with(
         std::fs::remove_file(&tmp).ok();
     }
     written.map_err(|e| RaceError::io(path, e))
+}
+
+/// Remove the temporaries `STEM<pid>-<k>` beside `path` that a killed run left (its process is
+/// gone: no `/proc/<pid>`; where there is no `/proc`, nothing is removed).
+fn remove_stale_temporaries(path: &Path, stem: &str) {
+    if !Path::new("/proc/self").exists() {
+        return;
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let pid = name
+            .strip_prefix(stem)
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok());
+        if let Some(pid) = pid {
+            if !Path::new(&format!("/proc/{pid}")).exists() {
+                std::fs::remove_file(e.path()).ok();
+            }
+        }
+    }
 }
 
 /// Read planes of shape `[L, P, d]`.
@@ -498,8 +526,14 @@ mod tests {
         let tmp = seen_tmp.expect("a temporary file while writing");
         assert!(tmp.starts_with(".o.npy.tmp-"), "{tmp}");
         assert_eq!(std::fs::read(&path).unwrap(), b"old contents");
+        // A killed run's temporary (its process gone) is removed by the next write.
+        let stale = dir.join(format!(".o.npy.tmp-{}-0", u32::MAX - 1));
+        std::fs::write(&stale, b"half").unwrap();
         write_atomic(&path, b"new").unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"new");
+        if Path::new("/proc/self").exists() {
+            assert!(!stale.exists(), "a dead process's temporary is left");
+        }
         let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
         assert_eq!(left.len(), 1, "temporaries left behind");
         std::fs::remove_dir_all(&dir).ok();

@@ -169,9 +169,20 @@ pub fn load_config<C: DeserializeOwned>(ctx: &Ctx, builtin: &str, name: &str) ->
     Ok(if ctx.quick { modes.quick } else { modes.full })
 }
 
-/// Parse a config's text (its `quick` and `full` tables); `path` names it in errors.
+/// Parse a config's text (its `quick` and `full` tables); `path` names it in errors. The text
+/// is parsed into a TOML table, then read into the config ([`config_from_table`]): the two
+/// steps the fuzz target `config` drives.
 pub fn parse_config<C: DeserializeOwned>(text: &str, path: &str) -> Result<Modes<C>> {
-    toml::from_str(text).map_err(|e| RaceError::Config {
+    let table: toml::Table = toml::from_str(text).map_err(|e| RaceError::Config {
+        path: path.to_string(),
+        msg: e.to_string(),
+    })?;
+    config_from_table(&table, path)
+}
+
+/// A config read from a parsed TOML table; `path` names it in errors.
+pub fn config_from_table<C: DeserializeOwned>(table: &toml::Table, path: &str) -> Result<Modes<C>> {
+    Modes::<C>::deserialize(table.clone()).map_err(|e| RaceError::Config {
         path: path.to_string(),
         msg: e.to_string(),
     })

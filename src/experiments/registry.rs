@@ -99,23 +99,51 @@ pub const ENTRIES: &[Entry] = &[
 /// Every experiment's config reader on `text` (the fuzz target `config` and its corpus replay
 /// in `tests/fuzz_corpus.rs`): by experiment, an error or a config, never a panic.
 pub fn parse_configs(text: &str) -> Vec<(&'static str, Result<()>)> {
-    fn one<C: serde::de::DeserializeOwned>(name: &'static str, text: &str) -> (&'static str, Result<()>) {
-        (name, super::parse_config::<C>(text, name).map(|_| ()))
-    }
-    vec![
-        one::<super::lemma10::Config>("lemma10", text),
-        one::<super::theorem::Config>("theorem", text),
-        one::<super::fig3::Config>("fig3", text),
-        one::<super::limit::Config>("limit", text),
-        one::<super::variance::Config>("variance", text),
-        one::<super::rank::Config>("rank", text),
-        one::<super::tradeoff::Config>("tradeoff", text),
-        one::<super::causal::Config>("causal", text),
-        one::<super::bias::Config>("bias", text),
-        one::<super::combine::Config>("combine", text),
-        one::<super::authors::Config>("authors", text),
-    ]
+    // The TOML is parsed once; each config is read from the parsed table, as
+    // [`super::parse_config`] reads it from the text.
+    let table: toml::Table = match toml::from_str(text) {
+        Ok(t) => t,
+        Err(e) => {
+            let msg = e.to_string();
+            return CONFIGS
+                .iter()
+                .map(|(name, _)| {
+                    let err = RaceError::Config {
+                        path: name.to_string(),
+                        msg: msg.clone(),
+                    };
+                    (*name, Err(err))
+                })
+                .collect();
+        }
+    };
+    CONFIGS
+        .iter()
+        .map(|(name, read)| (*name, read(&table, name)))
+        .collect()
 }
+
+/// A config reader on a parsed table.
+type ReadConfig = fn(&toml::Table, &str) -> Result<()>;
+
+fn read_config<C: serde::de::DeserializeOwned>(t: &toml::Table, name: &str) -> Result<()> {
+    super::config_from_table::<C>(t, name).map(|_| ())
+}
+
+/// Every experiment with a config, and its reader.
+const CONFIGS: [(&str, ReadConfig); 11] = [
+    ("lemma10", read_config::<super::lemma10::Config>),
+    ("theorem", read_config::<super::theorem::Config>),
+    ("fig3", read_config::<super::fig3::Config>),
+    ("limit", read_config::<super::limit::Config>),
+    ("variance", read_config::<super::variance::Config>),
+    ("rank", read_config::<super::rank::Config>),
+    ("tradeoff", read_config::<super::tradeoff::Config>),
+    ("causal", read_config::<super::causal::Config>),
+    ("bias", read_config::<super::bias::Config>),
+    ("combine", read_config::<super::combine::Config>),
+    ("authors", read_config::<super::authors::Config>),
+];
 
 /// The entry called `name`.
 pub fn entry(name: &str) -> Result<Entry> {

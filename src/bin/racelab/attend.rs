@@ -277,7 +277,13 @@ fn run_distributed(a: AttendArgs) -> Result<()> {
     };
     let json = a.common.json;
     mpi_run(|comm| {
-        let report = racelab::distributed::job::attend(comm, &job)?;
+        use racelab::distributed::Comm;
+        // Rank 0 shows the elapsed time of a long job (the ranks share one stderr).
+        let what = format!("attend --distributed over {} ranks", comm.size());
+        let ticker = (comm.rank() == 0).then(|| Ticker::start(what, None));
+        let report = racelab::distributed::job::attend(comm, &job);
+        drop(ticker);
+        let report = report?;
         Ok(report.map(|r| {
             if json {
                 serde_json::to_string(&r).unwrap_or_default()
