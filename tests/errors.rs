@@ -317,3 +317,34 @@ fn buffer_constructors_return_errors() {
     assert!(e.to_string().contains("`data`"), "{e}");
     assert!(racelab::Tensor::new(vec![usize::MAX, 2], vec![0.0f64]).is_err());
 }
+
+/// The Performer with no features and a non-positive logit scale are refused by the library's
+/// entry on every device (`attend_with`, `attend_in` on f32 rows), not only by the command line.
+#[test]
+fn every_library_entry_refuses_the_performer_and_scale_rows() {
+    use racelab::attend::{attend_in, attend_with};
+    use racelab::{Device, FeatureSpec};
+    let (q, k, v) = qkv(6, 4);
+    let performer = |m: usize, scale: Option<f64>| {
+        AttendOptions::new(Method::Performer {
+            features: FeatureSpec::Draw { m, seed: 0 },
+            scale,
+        })
+    };
+    let softmax = AttendOptions::new(Method::Softmax { scale: Some(-1.0) });
+    let (q32, k32, v32) = (q.map(|x| x as f32), k.map(|x| x as f32), v.map(|x| x as f32));
+    for device in [Device::Reference, Device::Cpu] {
+        for (opts, arg) in [
+            (performer(0, None), "`features`"),
+            (performer(8, Some(-1.0)), "`scale`"),
+            (softmax.clone(), "`scale`"),
+        ] {
+            let e = attend_with(&q, &k, &v, &opts, device).unwrap_err().to_string();
+            assert!(e.contains(arg), "{device:?}: {e}");
+            let e = attend_in(&q32.view(), &k32.view(), &v32.view(), &opts, device)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(arg), "{device:?} f32: {e}");
+        }
+    }
+}

@@ -140,6 +140,11 @@ def test_bad_input_raises_value_error():
         (dict(planes=racelab.planes(2, 2, 9)), "`planes`"),
         (dict(causal=True, k=k[:20], v=v[:20]), "`q/k`"),
         (dict(max_memory=1000), "max_memory="),
+        # The one validation reaches the Python entry on every device.
+        (dict(method="performer", features=0, device="cpu"), "`features`"),
+        (dict(method="performer", features=0, device="reference"), "`features`"),
+        (dict(method="performer", scale=-1.0, device="cpu"), "`scale`"),
+        (dict(method="softmax", scale=-1.0, device="reference"), "`scale`"),
         (dict(q=q[:0], k=k[:0], v=v[:0]), "`q` is empty"),
     ]
     for change, needle in cases:
