@@ -286,12 +286,14 @@ pub fn attend_in<T: Element>(
         }
         (_, Method::Softmax { scale }) => {
             let scale = scale.unwrap_or(default_scale) as f32;
-            let o = exact::exact_attention(exact::Exact::Softmax { scale }, qh, kh, vh, causal, isa);
+            let o =
+                exact::exact_attention(exact::Exact::Softmax { scale }, qh, kh, vh, causal, isa);
             (o, 0)
         }
         (_, Method::Angular { gamma }) => {
             let gamma = *gamma as f32;
-            let o = exact::exact_attention(exact::Exact::Angular { gamma }, qh, kh, vh, causal, isa);
+            let o =
+                exact::exact_attention(exact::Exact::Angular { gamma }, qh, kh, vh, causal, isa);
             (o, 0)
         }
     };

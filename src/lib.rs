@@ -60,9 +60,9 @@ pub mod tensor;
 pub mod validate;
 
 pub use attend::{attend, AttendOptions, AttendResult};
-pub use method::{FeatureSpec, Method, MethodKind, PlaneSpec};
 pub use backend::{Device, SoftRace};
 pub use error::{RaceError, Result};
 pub use hashing::Planes;
+pub use method::{FeatureSpec, Method, MethodKind, PlaneSpec};
 pub use params::{Combine, RaceParams};
 pub use tensor::{Mat, MatRef, Tensor};

@@ -13,8 +13,8 @@
 
 use crate::error::{RaceError, Result};
 use crate::hashing::Planes;
-use crate::rng::{stream, SeededRng};
 use crate::params::{validate_beta, validate_gamma, validate_pl, Combine, RaceParams};
+use crate::rng::{stream, SeededRng};
 use crate::tensor::Mat;
 use serde::Serialize;
 

@@ -131,7 +131,10 @@ impl<'a, T> MatRef<'a, T> {
         if rows.checked_mul(cols) != Some(data.len()) {
             return Err(RaceError::shape(
                 "data",
-                format!("a {rows} × {cols} matrix needs rows·cols values, got {}", data.len()),
+                format!(
+                    "a {rows} × {cols} matrix needs rows·cols values, got {}",
+                    data.len()
+                ),
             ));
         }
         Ok(MatRef { rows, cols, data })

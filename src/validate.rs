@@ -122,7 +122,12 @@ pub fn check<T: Copy + Into<f64> + Sync>(c: Call<'_, '_, T>) -> Result<Checked> 
         check_finite("g", g.data)?;
     }
     if matches!(c.method.kind(), MethodKind::Angular | MethodKind::Hard) {
-        for (h, (qm, km)) in c.q.heads("q")?.iter().zip(c.k.heads("k")?.iter()).enumerate() {
+        for (h, (qm, km)) in
+            c.q.heads("q")?
+                .iter()
+                .zip(c.k.heads("k")?.iter())
+                .enumerate()
+        {
             check_nonzero_rows(&format!("q (head {h})"), *qm)?;
             check_nonzero_rows(&format!("k (head {h})"), *km)?;
         }
@@ -179,7 +184,11 @@ mod tests {
         assert!(e.to_string().contains("k"), "{e}");
         let mut nan = ones.clone();
         nan[3] = f64::NAN;
-        let bad = [TensorRef::new("q", vec![4, 8], &nan).unwrap(), t(4, 8), t(4, 8)];
+        let bad = [
+            TensorRef::new("q", vec![4, 8], &nan).unwrap(),
+            t(4, 8),
+            t(4, 8),
+        ];
         assert!(matches!(
             call(&soft, &bad, Budget::default()),
             Err(RaceError::NonFinite { .. })

@@ -185,12 +185,11 @@ fn the_backend_contract_takes_strided_views_forward_and_backward() {
     let r = ReferenceRace
         .forward_array(&params, &planes, heads(&q), heads(&k), heads(&v))
         .unwrap();
-    let err = f
-        .o
-        .iter()
-        .zip(r.o.iter())
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0f32, f32::max);
+    let err =
+        f.o.iter()
+            .zip(r.o.iter())
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
     assert!(err < 1e-4, "CPU vs reference on views: {err}");
     // Rank 2 is refused, naming the argument.
     let flat = ndarray::Array2::<f32>::zeros((n, d));

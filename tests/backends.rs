@@ -195,7 +195,8 @@ fn every_backend_refuses_mismatched_arguments_by_name() {
             c.n,
             c.dv - 1,
             &g.data[..c.heads * c.n * (c.dv - 1)],
-        ).unwrap();
+        )
+        .unwrap();
         let e = b
             .forward_backward(&c.params, &x.planes, q, k, v, short_g)
             .unwrap_err();
@@ -311,7 +312,10 @@ fn every_backend_refuses_work_that_cannot_fit() {
     };
     let planes = PlanesF32::from_planes(&Planes::gaussian(100, 20, 8, 1).unwrap());
     let (q, v) = (data(3 * 8, 1, 1.0), data(3 * 4, 2, 1.0));
-    let (qh, vh) = (Heads::new(1, 3, 8, &q).unwrap(), Heads::new(1, 3, 4, &v).unwrap());
+    let (qh, vh) = (
+        Heads::new(1, 3, 8, &q).unwrap(),
+        Heads::new(1, 3, 4, &v).unwrap(),
+    );
     for device in [Device::Reference, Device::Cpu] {
         let b = for_device(device).unwrap();
         let e = b

@@ -48,7 +48,11 @@ fn library_errors_name_the_argument() {
     let mut kz = k.clone();
     kz.data[8..12].iter_mut().for_each(|x| *x = 0.0);
     let hard = Method::Hard {
-        planes: PlaneSpec::Draw { p: 2, l: 2, seed: 0 },
+        planes: PlaneSpec::Draw {
+            p: 2,
+            l: 2,
+            seed: 0,
+        },
     };
     for m in [Method::Angular { gamma: 2.0 }, hard] {
         let e = err(&q, &kz, &v, AttendOptions::new(m));
@@ -263,8 +267,15 @@ fn cli_checks_before_reading_and_refuses_conflicts() {
             ("v", v.shape.clone(), v.data.clone()),
         ]
     };
-    let e = cli_fail("before", &files(&qnan), &["--method", "soft", "--max-memory", "4k"]);
-    assert!(e.contains("--max-memory") && !e.contains("non-finite"), "{e}");
+    let e = cli_fail(
+        "before",
+        &files(&qnan),
+        &["--method", "soft", "--max-memory", "4k"],
+    );
+    assert!(
+        e.contains("--max-memory") && !e.contains("non-finite"),
+        "{e}"
+    );
     // 2^19 tokens of exact softmax on the CPU kernels (blocked: little memory): minutes,
     // refused from a timed probe.
     let n = 1 << 19;
@@ -274,7 +285,11 @@ fn cli_checks_before_reading_and_refuses_conflicts() {
         ("k", big.shape.clone(), big.data.clone()),
         ("v", big.shape.clone(), big.data.clone()),
     ];
-    let e = cli_fail("slow", &big_files, &["--method", "softmax", "--device", "cpu"]);
+    let e = cli_fail(
+        "slow",
+        &big_files,
+        &["--method", "softmax", "--device", "cpu"],
+    );
     assert!(e.contains("--allow-slow") && e.contains("predicted"), "{e}");
     // --planes with a --p or --l that disagrees names both.
     let dir = tmpdir("planes");
@@ -282,8 +297,15 @@ fn cli_checks_before_reading_and_refuses_conflicts() {
     racelab::io::write_planes(&planes, &racelab::Planes::gaussian(2, 2, 4, 1).unwrap()).unwrap();
     let w = planes.to_str().unwrap();
     for flag in ["--p", "--l"] {
-        let e = cli_fail("conflict", &files(&q), &["--method", "soft", "--planes", w, flag, "3"]);
-        assert!(e.contains(&format!("{flag} 3")) && e.contains("--planes"), "{e}");
+        let e = cli_fail(
+            "conflict",
+            &files(&q),
+            &["--method", "soft", "--planes", w, flag, "3"],
+        );
+        assert!(
+            e.contains(&format!("{flag} 3")) && e.contains("--planes"),
+            "{e}"
+        );
     }
     std::fs::remove_dir_all(&dir).ok();
     // A negative seed is refused by the parser, naming the flag.
@@ -332,14 +354,20 @@ fn every_library_entry_refuses_the_performer_and_scale_rows() {
         })
     };
     let softmax = AttendOptions::new(Method::Softmax { scale: Some(-1.0) });
-    let (q32, k32, v32) = (q.map(|x| x as f32), k.map(|x| x as f32), v.map(|x| x as f32));
+    let (q32, k32, v32) = (
+        q.map(|x| x as f32),
+        k.map(|x| x as f32),
+        v.map(|x| x as f32),
+    );
     for device in [Device::Reference, Device::Cpu] {
         for (opts, arg) in [
             (performer(0, None), "`features`"),
             (performer(8, Some(-1.0)), "`scale`"),
             (softmax.clone(), "`scale`"),
         ] {
-            let e = attend_with(&q, &k, &v, &opts, device).unwrap_err().to_string();
+            let e = attend_with(&q, &k, &v, &opts, device)
+                .unwrap_err()
+                .to_string();
             assert!(e.contains(arg), "{device:?}: {e}");
             let e = attend_in(&q32.view(), &k32.view(), &v32.view(), &opts, device)
                 .unwrap_err()

@@ -5,7 +5,9 @@
 use std::path::{Path, PathBuf};
 
 fn corpus(name: &str) -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus").join(name);
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fuzz/corpus")
+        .join(name);
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|e| e.unwrap().path())
@@ -27,7 +29,11 @@ fn the_npy_corpus_replays_without_a_panic() {
         parsed += a.is_ok() as usize;
     }
     // The corpus holds both: files the reader accepts and files it refuses.
-    assert!(parsed > 0 && parsed < files.len(), "{parsed} of {} parsed", files.len());
+    assert!(
+        parsed > 0 && parsed < files.len(),
+        "{parsed} of {} parsed",
+        files.len()
+    );
 }
 
 #[test]
@@ -60,6 +66,9 @@ fn the_built_in_configs_parse() {
             .filter(|(_, r)| r.is_ok())
             .map(|(n, _)| n)
             .collect();
-        assert!(ok.contains(&name), "{name}.toml does not parse as its own config: {ok:?}");
+        assert!(
+            ok.contains(&name),
+            "{name}.toml does not parse as its own config: {ok:?}"
+        );
     }
 }

@@ -587,7 +587,11 @@ fn no_soft_map_literal_outside_the_kernels() {
         .filter(|p| code_only(&std::fs::read_to_string(p).unwrap()).contains("SoftMap {"))
         .map(|p| p.strip_prefix(&src).unwrap().display().to_string())
         .collect();
-    assert!(found.is_empty(), "SoftMap literals in: {}", found.join(", "));
+    assert!(
+        found.is_empty(),
+        "SoftMap literals in: {}",
+        found.join(", ")
+    );
 }
 
 /// No Rust file of `src/` (the command line's included) is longer than this many lines.

@@ -4,8 +4,8 @@ use common::{assert_close, randn};
 use proptest::prelude::*;
 use racelab::analysis::rank::{numerical_rank, sharp_rank_bound};
 use racelab::hashing::{hard_code, soft_features, soft_features_direct, Planes};
-use racelab::reference::kernels::{hard_matrix, soft_matrix};
 use racelab::method::Flags;
+use racelab::reference::kernels::{hard_matrix, soft_matrix};
 use racelab::{attend, AttendOptions, Combine, Mat, MethodKind, Tensor};
 
 /// The methods whose output is a convex combination of value rows: all of them.

@@ -13,7 +13,13 @@ fn bucket_mass_example_paper_vs_authors() {
     let v = [2.0, 10.0];
     let q = Features::new(1, 1, 2, &fq);
     let k = Features::new(1, 2, 2, &fk);
-    let paper = bucket_attention(&q, &k, MatRef::new(2, 1, &v).unwrap(), false, Combine::Paper);
+    let paper = bucket_attention(
+        &q,
+        &k,
+        MatRef::new(2, 1, &v).unwrap(),
+        false,
+        Combine::Paper,
+    );
     assert_close(
         "Algorithm 1 = 4.3/0.95",
         &paper.o.data,
@@ -21,7 +27,13 @@ fn bucket_mass_example_paper_vs_authors() {
         1e-14,
     );
     assert!((paper.o.data[0] - 4.5263).abs() < 1e-4);
-    let authors = bucket_attention(&q, &k, MatRef::new(2, 1, &v).unwrap(), false, Combine::Authors);
+    let authors = bucket_attention(
+        &q,
+        &k,
+        MatRef::new(2, 1, &v).unwrap(),
+        false,
+        Combine::Authors,
+    );
     // 0.75·2.6/(0.9+1e-6) + 0.25·9.4/(1.1+1e-6)
     let want = 0.75 * 2.6 / (0.9 + 1e-6) + 0.25 * 9.4 / (1.1 + 1e-6);
     assert_close("per-bucket means", &authors.o.data, &[want], 1e-14);

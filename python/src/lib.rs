@@ -22,12 +22,12 @@ use racelab::backend::{
 };
 use racelab::cpu::mem::ABuf;
 use racelab::cpu::CpuRace;
-use racelab::method::{Flags, MethodKind};
-use racelab::validate::{Budget, Held};
 use racelab::hashing::Planes;
+use racelab::method::{Flags, MethodKind};
 use racelab::params::Combine;
 use racelab::reference::logdomain::{soft_race_backward_log, soft_race_log};
 use racelab::tensor::{check_qkv, Mat, MatRef, Tensor};
+use racelab::validate::{Budget, Held};
 use racelab::RaceError;
 use rayon::prelude::*;
 
@@ -40,8 +40,20 @@ fn py_err(e: RaceError) -> PyErr {
 /// `max_memory=`, `--p 2` into `p=2`, and so on for every flag a keyword argument mirrors.
 fn python_words(msg: &str) -> String {
     const FLAGS: [&str; 14] = [
-        "max-memory", "device", "combine", "method", "features", "planes", "causal", "scale",
-        "gamma", "beta", "seed", "p", "l", "d",
+        "max-memory",
+        "device",
+        "combine",
+        "method",
+        "features",
+        "planes",
+        "causal",
+        "scale",
+        "gamma",
+        "beta",
+        "seed",
+        "p",
+        "l",
+        "d",
     ];
     let mut out = String::with_capacity(msg.len());
     let mut rest = msg;
@@ -331,12 +343,13 @@ fn soft_forward<'py>(
         heads(slice3("v", &v)?)?,
     ];
     let pb = problem(&params, &planes, qkv, None, Held::Inputs)?;
-    let (o, kept) = py.detach(|| {
-        let mut o = output(pb.output_len());
-        let kept = CpuRace::detected().forward_into(&pb, &mut o, pooled());
-        kept.map(|k| (o, k))
-    })
-    .map_err(py_err)?;
+    let (o, kept) = py
+        .detach(|| {
+            let mut o = output(pb.output_len());
+            let kept = CpuRace::detected().forward_into(&pb, &mut o, pooled());
+            kept.map(|k| (o, k))
+        })
+        .map_err(py_err)?;
     let o = aligned(py, o, &[qkv[0].heads, qkv[0].n, qkv[2].cols])?;
     Ok((
         o,

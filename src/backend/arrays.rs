@@ -55,9 +55,7 @@ fn rows<'a, T: Element, D: Dimension>(name: &str, a: &ArrayView<'a, T, D>) -> Re
     if !(3..=4).contains(&shape.len()) {
         return Err(RaceError::shape(
             name,
-            format!(
-                "{name} has shape {shape:?}; give [heads, n, cols] or [batch, heads, n, cols]"
-            ),
+            format!("{name} has shape {shape:?}; give [heads, n, cols] or [batch, heads, n, cols]"),
         ));
     }
     let r = shape.len();

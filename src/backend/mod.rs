@@ -144,7 +144,13 @@ pub trait SoftRace: Send + Sync {
     /// The gradients of `ℓ` with `∂ℓ/∂Ô = pb.grad()` written into `grads` (overwritten), for
     /// the forward that returned `saved` and `o`; returns `∂ℓ/∂β`. The default runs
     /// [`SoftRace::forward_backward`] (recomputing the forward) and copies.
-    fn backward_into(&self, pb: &Problem, saved: &Saved, o: &[f32], grads: GradsMut) -> Result<f64> {
+    fn backward_into(
+        &self,
+        pb: &Problem,
+        saved: &Saved,
+        o: &[f32],
+        grads: GradsMut,
+    ) -> Result<f64> {
         let _ = saved;
         let x = pb.backward_inputs(o, &grads)?;
         let (_, gr) = self.forward_backward(pb.params(), pb.planes(), x.q, x.k, x.v, x.g)?;

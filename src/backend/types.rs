@@ -210,7 +210,13 @@ impl<'a> Problem<'a> {
         k: Heads<'a>,
         v: Heads<'a>,
     ) -> Result<Self> {
-        Self::within(params, planes, [q, k, v], None, Budget::holding(Held::Inputs))
+        Self::within(
+            params,
+            planes,
+            [q, k, v],
+            None,
+            Budget::holding(Held::Inputs),
+        )
     }
 
     /// A forward and backward's problem with upstream gradient `g` (`[heads, n, dv]`),
@@ -223,7 +229,13 @@ impl<'a> Problem<'a> {
         v: Heads<'a>,
         g: Heads<'a>,
     ) -> Result<Self> {
-        Self::within(params, planes, [q, k, v], Some(g), Budget::holding(Held::Inputs))
+        Self::within(
+            params,
+            planes,
+            [q, k, v],
+            Some(g),
+            Budget::holding(Held::Inputs),
+        )
     }
 
     /// The problem validated against `budget` (e.g. a backward whose forward's output and
@@ -290,7 +302,11 @@ impl<'a> Problem<'a> {
     pub fn backward_inputs(&self, o: &'a [f32], grads: &GradsMut) -> Result<BackwardInputs<'a>> {
         self.check_output("o", o)?;
         let ForwardInputs { q, k, v } = self.x;
-        for (name, buf, x) in [("dq", &grads.dq, q), ("dk", &grads.dk, k), ("dv", &grads.dv, v)] {
+        for (name, buf, x) in [
+            ("dq", &grads.dq, q),
+            ("dk", &grads.dk, k),
+            ("dv", &grads.dv, v),
+        ] {
             if buf.len() != x.data.len() {
                 return Err(RaceError::shape(
                     name,
@@ -354,8 +370,6 @@ impl Saved {
     }
     /// The state, when it is an `S`, taken out (to recycle its buffers).
     pub fn into_state<S: std::any::Any>(self) -> Option<S> {
-        self.state
-            .and_then(|s| s.downcast::<S>().ok())
-            .map(|b| *b)
+        self.state.and_then(|s| s.downcast::<S>().ok()).map(|b| *b)
     }
 }

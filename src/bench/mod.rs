@@ -230,13 +230,22 @@ fn validate(cfg: &BenchConfig) -> Result<()> {
         ));
     }
     if cfg.ns.contains(&0) {
-        return Err(RaceError::param("n", "N = 0 tokens times nothing; give N ≥ 1"));
+        return Err(RaceError::param(
+            "n",
+            "N = 0 tokens times nothing; give N ≥ 1",
+        ));
     }
     if cfg.heads == 0 {
-        return Err(RaceError::param("heads", "0 heads times nothing; give --heads 1 or more"));
+        return Err(RaceError::param(
+            "heads",
+            "0 heads times nothing; give --heads 1 or more",
+        ));
     }
     if cfg.d == 0 {
-        return Err(RaceError::param("d", "d = 0 has no features; give --d 1 or more"));
+        return Err(RaceError::param(
+            "d",
+            "d = 0 has no features; give --d 1 or more",
+        ));
     }
     for &(p, l) in &cfg.pl {
         crate::params::validate_pl(p, l)?;

@@ -110,10 +110,18 @@ pub(super) fn write_outputs(
     let p = dir.join("bench.csv");
     crate::io::write_atomic(&p, csv.as_bytes())?;
     let p = dir.join("bench.json");
-    crate::io::write_atomic(&p, serde_json::to_string_pretty(rep).unwrap_or_default().as_bytes())?;
+    crate::io::write_atomic(
+        &p,
+        serde_json::to_string_pretty(rep)
+            .unwrap_or_default()
+            .as_bytes(),
+    )?;
     let cmd: Vec<String> = std::env::args().collect();
     let p = dir.join("COMMAND.txt");
-    crate::io::write_atomic(&p, format!("{}\n{}\n", cmd.join(" "), rep.provenance.line()).as_bytes())?;
+    crate::io::write_atomic(
+        &p,
+        format!("{}\n{}\n", cmd.join(" "), rep.provenance.line()).as_bytes(),
+    )?;
     let name = |r: &BenchRow| series_name(r, cfg.causal_ratio);
     let mut names: Vec<String> = rep.rows.iter().map(name).collect();
     names.sort();

@@ -11,9 +11,9 @@ use crate::backend::{GradsMut, Heads, PlanesF32, Problem, RaceParams, Saved, Sof
 use crate::cpu::exact::{exact_attention, Exact};
 use crate::cpu::mem::ABuf;
 use crate::cpu::{self, Isa};
-use crate::params::Combine;
 use crate::error::Result;
 use crate::hashing::Planes;
+use crate::params::Combine;
 use crate::provenance::{peak_rss_bytes, reset_peak_rss};
 use crate::stats::median;
 

@@ -199,7 +199,13 @@ impl SoftRace for CpuRace {
 
     /// The production backward ([`soft_backward_into`]) from the [`Ctx`] of a forward on the
     /// same problem.
-    fn backward_into(&self, pb: &Problem, saved: &Saved, o: &[f32], grads: GradsMut) -> Result<f64> {
+    fn backward_into(
+        &self,
+        pb: &Problem,
+        saved: &Saved,
+        o: &[f32],
+        grads: GradsMut,
+    ) -> Result<f64> {
         let map = Self::map(pb.params(), pb.planes())?;
         let x = pb.backward_inputs(o, &grads)?;
         let ctx = saved.state::<Ctx>().ok_or_else(|| {
@@ -216,7 +222,11 @@ impl SoftRace for CpuRace {
                      pass the context of this problem's forward",
                     if ctx.causal { "causal" } else { "non-causal" },
                     ctx.den.len(),
-                    if pb.params().causal { "causal" } else { "non-causal" },
+                    if pb.params().causal {
+                        "causal"
+                    } else {
+                        "non-causal"
+                    },
                     x.q.heads * x.q.n
                 ),
             ));

@@ -294,7 +294,12 @@ fn write_manifest(dir: &Path, shape: &[usize], layout: &Layout) -> Result<()> {
         "shards": shards,
     });
     let path = dir.join("shards.json");
-    crate::io::write_atomic(&path, serde_json::to_string_pretty(&m).unwrap_or_default().as_bytes())
+    crate::io::write_atomic(
+        &path,
+        serde_json::to_string_pretty(&m)
+            .unwrap_or_default()
+            .as_bytes(),
+    )
 }
 
 /// The ranks' `[lead, n_r, cols]` slices as one `[lead, Σ n_r, cols]`.

@@ -223,7 +223,12 @@ pub fn write_csv(
         "provenance": Provenance::collect(crate::cpu::detected_isa().name()),
     });
     let m = ctx.out.join(format!("{name}.meta.json"));
-    crate::io::write_atomic(&m, serde_json::to_string_pretty(&meta).unwrap_or_default().as_bytes())?;
+    crate::io::write_atomic(
+        &m,
+        serde_json::to_string_pretty(&meta)
+            .unwrap_or_default()
+            .as_bytes(),
+    )?;
     Ok(format!("{name}.csv"))
 }
 

@@ -426,7 +426,12 @@ pub fn write_report(
         "claims": all.iter().map(|c| claim_json(c)).collect::<Vec<_>>(),
     });
     let j = ctx.out.join("claims.json");
-    crate::io::write_atomic(&j, serde_json::to_string_pretty(&twin).unwrap_or_default().as_bytes())?;
+    crate::io::write_atomic(
+        &j,
+        serde_json::to_string_pretty(&twin)
+            .unwrap_or_default()
+            .as_bytes(),
+    )?;
     Ok(p)
 }
 

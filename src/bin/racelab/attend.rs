@@ -7,11 +7,12 @@ use anyhow::{Context, Result};
 use racelab::attend::{attend_in, AttendResult};
 use racelab::experiments::registry;
 use racelab::io::{
-    read_npy_header, read_npy_native, read_planes, write_npy, write_planes, Dtype, NpyData, NpyHeader,
+    read_npy_header, read_npy_native, read_planes, write_npy, write_planes, Dtype, NpyData,
+    NpyHeader,
 };
+use racelab::method::Flags;
 use racelab::tensor::AttnShape;
 use racelab::tensor::Element;
-use racelab::method::Flags;
 use racelab::{AttendOptions, Device, FeatureSpec, Method, MethodKind};
 use serde_json::json;
 use std::path::Path;
@@ -160,7 +161,13 @@ pub fn run(a: AttendArgs) -> Result<()> {
 fn header_shape(h: &[NpyHeader; 3]) -> Option<AttnShape> {
     let last2 = |x: &NpyHeader| {
         let s = &x.shape;
-        (s.len() >= 2).then(|| (s[..s.len() - 2].iter().product::<usize>(), s[s.len() - 2], s[s.len() - 1]))
+        (s.len() >= 2).then(|| {
+            (
+                s[..s.len() - 2].iter().product::<usize>(),
+                s[s.len() - 2],
+                s[s.len() - 1],
+            )
+        })
     };
     let ((heads, n, d), (_, m, _), (_, _, dv)) = (last2(&h[0])?, last2(&h[1])?, last2(&h[2])?);
     Some(AttnShape {

@@ -35,7 +35,10 @@ impl Ticker {
                 let left = eta
                     .map(|e| format!(" of about {}", racelab::attend::human_seconds(e)))
                     .unwrap_or_default();
-                let line = format!("[racelab] {what}: {}{left} elapsed", racelab::attend::human_seconds(s));
+                let line = format!(
+                    "[racelab] {what}: {}{left} elapsed",
+                    racelab::attend::human_seconds(s)
+                );
                 let mut err = std::io::stderr().lock();
                 let _ = if tty {
                     write!(err, "\r{line}\x1b[K")
