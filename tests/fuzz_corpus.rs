@@ -1,19 +1,22 @@
-//! The fuzz corpora (`fuzz/corpus/npy`, `fuzz/corpus/config`), replayed on stable as a normal
-//! test: every input the fuzzer kept reaches the same readers as `cargo +nightly fuzz run`
-//! (the `.npy` parser, every experiment's config parser) and gets an answer, an error or a
-//! value, without a panic. A regression in a reader fails here without nightly.
-use std::path::{Path, PathBuf};
+//! The fuzz corpora (`fuzz/corpus/npy.pack`, `fuzz/corpus/config.pack`: every input the
+//! fuzzer kept, as a 4-byte little-endian length and the bytes; `fuzz/corpus.py` packs and
+//! unpacks them), replayed on stable as a normal test: every input reaches the same readers as
+//! `cargo +nightly fuzz run` (the `.npy` parser, every experiment's config parser) and gets an
+//! answer, an error or a value, without a panic. A regression in a reader fails here without
+//! nightly.
+use std::path::Path;
 
-fn corpus(name: &str) -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fuzz/corpus")
-        .join(name);
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| e.unwrap().path())
-        .collect();
-    files.sort();
-    files
+fn corpus(name: &str) -> Vec<Vec<u8>> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("fuzz/corpus/{name}.pack"));
+    let blob = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut inputs = Vec::new();
+    let mut i = 0;
+    while i < blob.len() {
+        let len = u32::from_le_bytes(blob[i..i + 4].try_into().unwrap()) as usize;
+        inputs.push(blob[i + 4..i + 4 + len].to_vec());
+        i += 4 + len;
+    }
+    inputs
 }
 
 #[test]
@@ -21,11 +24,10 @@ fn the_npy_corpus_replays_without_a_panic() {
     let files = corpus("npy");
     assert!(files.len() >= 10, "only {} npy inputs", files.len());
     let mut parsed = 0;
-    for f in &files {
-        let bytes = std::fs::read(f).unwrap();
-        let a = racelab::io::parse_npy(&bytes, "corpus.npy");
-        let b = racelab::io::parse_npy_native(&bytes, "corpus.npy");
-        assert_eq!(a.is_ok(), b.is_ok(), "{}", f.display());
+    for (i, bytes) in files.iter().enumerate() {
+        let a = racelab::io::parse_npy(bytes, "corpus.npy");
+        let b = racelab::io::parse_npy_native(bytes, "corpus.npy");
+        assert_eq!(a.is_ok(), b.is_ok(), "input {i}");
         parsed += a.is_ok() as usize;
     }
     // The corpus holds both: files the reader accepts and files it refuses.
@@ -40,9 +42,8 @@ fn the_npy_corpus_replays_without_a_panic() {
 fn the_config_corpus_replays_without_a_panic() {
     let files = corpus("config");
     assert!(files.len() >= 10, "only {} config inputs", files.len());
-    for f in &files {
-        let bytes = std::fs::read(f).unwrap();
-        if let Ok(text) = std::str::from_utf8(&bytes) {
+    for bytes in &files {
+        if let Ok(text) = std::str::from_utf8(bytes) {
             for (name, r) in racelab::experiments::registry::parse_configs(text) {
                 if let Err(e) = r {
                     // An error names the config it was reading.
