@@ -249,9 +249,12 @@ pub fn attend_in<T: Element>(
                 return Err(RaceError::param("combine", "the authors' combine rule exists in the reference backend only; use --device reference"));
             }
             let params = opts.method.race_params(causal).expect("soft RACE");
-            let f = for_device(device)?.forward(&params, p32(), qh, kh, vh)?;
-            recomputed = f.recomputed;
-            (f.o, f.empty_rows)
+            // Validated above (`validate`, the same checks): not scanned a second time.
+            let pb = crate::backend::Problem::validated(&params, p32(), [qh, kh, vh]);
+            let mut o = vec![0.0f32; pb.output_len()];
+            let saved = for_device(device)?.forward_into(&pb, &mut o, Default::default())?;
+            recomputed = saved.recomputed;
+            (o, saved.empty_rows)
         }
         (Device::Cuda, m) => {
             return Err(RaceError::param(

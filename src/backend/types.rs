@@ -256,6 +256,21 @@ impl<'a> Problem<'a> {
         })
     }
 
+    /// A forward's problem whose inputs the caller has already put through the one
+    /// validation ([`crate::validate::check`], as `attend` does): not checked again.
+    pub(crate) fn validated(
+        params: &RaceParams,
+        planes: &'a PlanesF32,
+        [q, k, v]: [Heads<'a>; 3],
+    ) -> Self {
+        Problem {
+            params: *params,
+            planes,
+            x: ForwardInputs::new(q, k, v),
+            g: None,
+        }
+    }
+
     pub fn params(&self) -> &RaceParams {
         &self.params
     }
