@@ -217,11 +217,15 @@ pub fn check_need(work: &Work, need: u64, max_memory: Option<u64>) -> Result<()>
             work.l,
             work.features()
         )
+    } else if work.method == "performer" {
+        format!("m = {} features per token, ", work.map_features)
     } else {
         String::new()
     };
     let fix = if work.p > 0 {
-        "use a smaller P (the state doubles with each bit) or L, fewer tokens or heads"
+        "use a smaller --p (the state doubles with each bit) or --l, fewer tokens or heads"
+    } else if work.method == "performer" {
+        "use fewer --features, tokens or heads"
     } else if work.quadratic {
         "use fewer tokens (exact attention's scores grow as N²) or a linear-time method"
     } else {
@@ -317,7 +321,7 @@ mod tests {
             "N = 300",
             "bytes",
             "--max-memory",
-            "smaller P",
+            "smaller --p",
         ] {
             assert!(e.contains(part), "{part} missing from: {e}");
         }

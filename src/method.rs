@@ -340,13 +340,7 @@ impl Method {
 
 /// A logit scale: `None` or finite and `> 0`.
 fn check_scale(scale: Option<f64>) -> Result<()> {
-    match scale {
-        Some(s) if !(s.is_finite() && s > 0.0) => Err(RaceError::param(
-            "scale",
-            format!("scale = {s}; use a finite value > 0 (default 1/sqrt(d))"),
-        )),
-        _ => Ok(()),
-    }
+    scale.map_or(Ok(()), crate::params::validate_scale)
 }
 
 #[cfg(test)]

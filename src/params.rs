@@ -126,6 +126,17 @@ pub fn validate_beta(beta: f64) -> Result<()> {
     Ok(())
 }
 
+/// Check a logit scale (softmax, Performer): finite and > 0.
+pub fn validate_scale(scale: f64) -> Result<()> {
+    if !(scale.is_finite() && scale > 0.0) {
+        return Err(RaceError::param(
+            "scale",
+            format!("scale = {scale}; use a finite value > 0 (default 1/sqrt(d))"),
+        ));
+    }
+    Ok(())
+}
+
 /// Check gamma (angular power): finite and > 0.
 pub fn validate_gamma(gamma: f64) -> Result<()> {
     if !(gamma.is_finite() && gamma > 0.0) {

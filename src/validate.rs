@@ -10,13 +10,17 @@
 //!    gradient `g`, shaped like the output), no empty axis, `N = M` when causal;
 //! 3. finiteness of every input;
 //! 4. for the angular methods (angular, hard LSH), no zero row (an angle needs a direction);
+//!    for softmax and the Performer, logits that the kernels' type holds: `|s·qᵀk| ≤
+//!    s·‖q‖·‖k‖` (softmax) and `|ωᵀx' − ‖x'‖²/2| ≤ s·‖x‖²/2 + √s·‖ω‖·‖x‖` with `x' = √s·x`
+//!    (Performer), each at most a quarter of the type's largest value, so that the shift by the
+//!    largest logit cannot overflow either (an overflowing logit made NaN rows);
 //! 5. memory: the call's estimate ([`crate::memory::Work`]) against `--max-memory` or what the
 //!    machine has available, less what the caller already holds in the kernels' type
 //!    ([`Held`]).
 
 use crate::error::{RaceError, Result};
 use crate::memory::{Kernels, Work};
-use crate::method::{Method, MethodKind};
+use crate::method::{FeatureSpec, Method, MethodKind};
 use crate::tensor::{check_finite, check_nonzero_rows, check_qkv, AttnShape, TensorRef};
 
 /// What a caller already holds in memory as the kernels read it, which the estimate does not
@@ -132,6 +136,7 @@ pub fn check<T: Copy + Into<f64> + Sync>(c: Call<'_, '_, T>) -> Result<Checked> 
             check_nonzero_rows(&format!("k (head {h})"), *km)?;
         }
     }
+    check_logit_range(&c, shape.d)?;
     let work = work(c.method, &shape, c.causal, c.g.is_some(), c.kernels);
     let held = match c.budget.held {
         Held::Nothing => 0,
@@ -145,10 +150,62 @@ pub fn check<T: Copy + Into<f64> + Sync>(c: Call<'_, '_, T>) -> Result<Checked> 
     Ok(Checked { shape, work })
 }
 
+/// The largest row norm of `data` (rows of `d`).
+fn max_row_norm<T: Copy + Into<f64>>(data: &[T], d: usize) -> f64 {
+    data.chunks_exact(d.max(1))
+        .map(|r| r.iter().map(|&x| x.into() * x.into()).sum::<f64>().sqrt())
+        .fold(0.0, f64::max)
+}
+
+/// Softmax's and the Performer's logits within the kernels' type (module docs, step 4).
+fn check_logit_range<T: Copy + Into<f64> + Sync>(c: &Call<'_, '_, T>, d: usize) -> Result<()> {
+    let (scale, omega_norm) = match c.method {
+        Method::Softmax { scale } => (*scale, None),
+        Method::Performer { features, scale } => {
+            // Drawn rows are N(0, I_d): ‖ω‖ ≤ √d + 8 but with probability below e^-32.
+            let w = match features {
+                FeatureSpec::Given(w) => max_row_norm(&w.data, d),
+                FeatureSpec::Draw { .. } => (d as f64).sqrt() + 8.0,
+            };
+            (*scale, Some(w))
+        }
+        _ => return Ok(()),
+    };
+    let s = scale.unwrap_or(1.0 / (d as f64).sqrt());
+    let (qn, kn) = (max_row_norm(c.q.data, d), max_row_norm(c.k.data, d));
+    let bound = match omega_norm {
+        None => s * qn * kn,
+        Some(w) => {
+            let x = qn.max(kn);
+            0.5 * s * x * x + s.sqrt() * w * x
+        }
+    };
+    let largest = match c.kernels {
+        Kernels::Reference => f64::MAX,
+        Kernels::F32 => f32::MAX as f64,
+    };
+    if bound.is_finite() && bound <= largest / 4.0 && s <= largest / 4.0 {
+        return Ok(());
+    }
+    let given = if scale.is_some() {
+        format!("scale = {s:e}")
+    } else {
+        format!("the default scale 1/sqrt(d) = {s:e}")
+    };
+    Err(RaceError::param(
+        "scale",
+        format!(
+            "the logits reach about {bound:.3e} ({given}, rows of q up to norm {qn:.3e}, of k up \
+             to {kn:.3e}), past a quarter of the largest value {} hold ({largest:.3e}); use a \
+             smaller --scale or rescale q and k",
+            c.kernels.name()
+        ),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::method::FeatureSpec;
 
     fn call<'c, 'a>(
         method: &'c Method,
@@ -201,5 +258,44 @@ mod tests {
             call(&soft, &good, tight),
             Err(RaceError::TooLarge(_))
         ));
+    }
+
+    #[test]
+    fn logits_past_the_kernels_type_are_refused_by_scale() {
+        let ones = vec![1.0f64; 4 * 8];
+        let t = || TensorRef::new("x", vec![4, 8], &ones[..]).unwrap();
+        let qkv = [t(), t(), t()];
+        let run = |method: Method, kernels: Kernels| {
+            check(Call {
+                method: &method,
+                causal: false,
+                q: &qkv[0],
+                k: &qkv[1],
+                v: &qkv[2],
+                g: None,
+                kernels,
+                budget: Budget::default(),
+            })
+        };
+        let softmax = |s: f64| Method::Softmax { scale: Some(s) };
+        let performer = |s: f64| Method::Performer {
+            features: FeatureSpec::Draw { m: 4, seed: 0 },
+            scale: Some(s),
+        };
+        // Rows of norm √8: softmax logits up to 8·s, the Performer's up to 4·s + √s·(√8+8)·√8.
+        for kernels in [Kernels::F32, Kernels::Reference] {
+            assert!(run(softmax(1e3), kernels).is_ok());
+            assert!(run(performer(1e3), kernels).is_ok());
+        }
+        assert!(run(softmax(1e36), Kernels::Reference).is_ok());
+        for (m, kernels) in [
+            (softmax(1e38), Kernels::F32),
+            (performer(1e38), Kernels::F32),
+            (softmax(1e308), Kernels::Reference),
+            (performer(2e307), Kernels::Reference),
+        ] {
+            let e = run(m.clone(), kernels).unwrap_err().to_string();
+            assert!(e.contains("`scale`") && e.contains("--scale"), "{m:?}: {e}");
+        }
     }
 }

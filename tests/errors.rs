@@ -155,11 +155,20 @@ fn cli_bad_inputs_exit_nonzero_with_message() {
     assert!(cli_fail("zero", &f(&q, &kz, &v), &["--method", "angular"]).contains("zero vector"));
     assert!(cli_fail("p", &ok, &["--method", "soft", "--p", "30"]).contains("`p`"));
     assert!(cli_fail("l", &ok, &["--method", "hard", "--l", "0"]).contains("`l`"));
-    assert!(cli_fail("beta", &ok, &["--method", "soft", "--beta=-1"]).contains("`beta`"));
-    // A negative number as its own word reaches the validation too, not the parser.
-    assert!(cli_fail("beta", &ok, &["--method", "soft", "--beta", "-1"]).contains("`beta`"));
-    assert!(cli_fail("gamma", &ok, &["--method", "angular", "--gamma", "-2"]).contains("`gamma`"));
-    assert!(cli_fail("gamma", &ok, &["--method", "angular", "--gamma", "0"]).contains("`gamma`"));
+    // β, γ and the logit scale take a finite number above 0, refused by their parsers naming the
+    // flag in the library's words; a negative number as its own word reaches that parser too.
+    for (method, flag, value) in [
+        ("soft", "--beta", "-1"),
+        ("soft", "--beta", "NaN"),
+        ("angular", "--gamma", "-2"),
+        ("angular", "--gamma", "0"),
+        ("softmax", "--scale", "inf"),
+    ] {
+        let e = cli_fail("real", &ok, &["--method", method, flag, value]);
+        assert!(e.contains(flag) && e.contains("> 0"), "{flag} {value}: {e}");
+    }
+    let e = cli_fail("beta", &ok, &["--method", "soft", "--beta=-1"]);
+    assert!(e.contains("--beta"), "{e}");
     // Method, device and combine rule are parsed by clap, which names the flag and lists the
     // values it takes.
     for (tag, args, values) in [
@@ -199,7 +208,18 @@ fn cli_bad_inputs_exit_nonzero_with_message() {
                 &ok,
                 &[&["--method", method, "--scale", "-1"][..], &dev].concat(),
             );
-            assert!(e.contains("`scale`"), "{device} {method}: {e}");
+            assert!(e.contains("--scale"), "{device} {method}: {e}");
+            // A scale the parser takes but whose logits overflow (they once made NaN rows):
+            // refused by the one validation.
+            let e = cli_fail(
+                "scale",
+                &ok,
+                &[&["--method", method, "--scale", "1e308"][..], &dev].concat(),
+            );
+            assert!(
+                e.contains("`scale`") && e.contains("logits"),
+                "{device} {method}: {e}"
+            );
         }
     }
     // Work that cannot fit is refused before allocating, naming P, L, N, the bytes and the

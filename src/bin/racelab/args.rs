@@ -6,6 +6,25 @@ use racelab::params::DEFAULT_BETA;
 use racelab::{Combine, Device, MethodKind};
 use std::path::PathBuf;
 
+/// Parse the command line. Every flag that takes a value takes one with a leading minus
+/// (`--seed -1`, `--out -x`): the value reaches its parser, whose message names the flag,
+/// instead of being read as an unknown flag.
+pub fn parse() -> Cli {
+    use clap::{CommandFactory, FromArgMatches};
+    let cmd = Cli::command().mut_subcommands(|sub| {
+        let names: Vec<clap::Id> = sub
+            .get_arguments()
+            .filter(|a| a.get_action().takes_values())
+            .map(|a| a.get_id().clone())
+            .collect();
+        names.into_iter().fold(sub, |sub, id| {
+            sub.mut_arg(id, |a| a.allow_negative_numbers(true))
+        })
+    });
+    let m = cmd.get_matches();
+    Cli::from_arg_matches(&m).unwrap_or_else(|e| e.exit())
+}
+
 /// The command line.
 #[derive(Parser)]
 #[command(
@@ -22,10 +41,10 @@ pub struct Cli {
 #[derive(Args, Clone)]
 pub struct Common {
     /// Seed of every random draw (planes, inputs, features).
-    #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
+    #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Output folder (CSV, PNG, SVG) — or the output file for `attend`.
-    #[arg(long)]
+    #[arg(long, value_parser = output_path)]
     pub out: Option<PathBuf>,
     /// Print one JSON object on stdout instead of the human summary.
     #[arg(long)]
@@ -83,11 +102,11 @@ pub struct ExpArgs {
     #[arg(long)]
     pub quick: bool,
     /// A TOML config replacing the built-in experiments/<name>.toml.
-    #[arg(long)]
+    #[arg(long, value_parser = input_file)]
     pub config: Option<PathBuf>,
     /// A directory of real Q/K/V (experiments/extract_qk.py format; e.g. experiments/data/minilm)
     /// to use instead of synthetic inputs (fig3, theorem, tradeoff, combine, real).
-    #[arg(long)]
+    #[arg(long, value_parser = input_dir)]
     pub data: Option<PathBuf>,
     #[command(flatten)]
     pub common: Common,
@@ -96,10 +115,10 @@ pub struct ExpArgs {
 #[derive(Args)]
 pub struct Fig3Args {
     /// User queries (.npy, [N,d]; for [H,N,d] or [B,H,N,d] the first head is used).
-    #[arg(long, requires = "k")]
+    #[arg(long, requires = "k", value_parser = input_file)]
     pub q: Option<PathBuf>,
     /// User keys (.npy), same shape rules as --q.
-    #[arg(long, requires = "q")]
+    #[arg(long, requires = "q", value_parser = input_file)]
     pub k: Option<PathBuf>,
     #[command(flatten)]
     pub exp: ExpArgs,
@@ -108,22 +127,22 @@ pub struct Fig3Args {
 #[derive(Args)]
 pub struct BenchArgs {
     /// Sequence lengths (comma-separated). Default 2^10..2^20.
-    #[arg(long, allow_negative_numbers = true, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',')]
     pub n: Vec<usize>,
     /// Bits per table, paired with --l.
-    #[arg(long, allow_negative_numbers = true, value_delimiter = ',', default_values_t = vec![2, 3, 4])]
+    #[arg(long, value_delimiter = ',', default_values_t = vec![2, 3, 4])]
     pub p: Vec<usize>,
     /// Tables, paired with --p.
-    #[arg(long, allow_negative_numbers = true, value_delimiter = ',', default_values_t = vec![2, 3, 4])]
+    #[arg(long, value_delimiter = ',', default_values_t = vec![2, 3, 4])]
     pub l: Vec<usize>,
     /// Heads per row (batch 1).
-    #[arg(long, allow_negative_numbers = true, default_value_t = 4)]
+    #[arg(long, default_value_t = 4)]
     pub heads: usize,
     /// Head dimension of queries, keys and values.
-    #[arg(long, allow_negative_numbers = true, default_value_t = 128)]
+    #[arg(long, default_value_t = 128)]
     pub d: usize,
     /// Soft-hash inverse temperature (the kernels' cost does not depend on it below 16).
-    #[arg(long, default_value_t = DEFAULT_BETA, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = DEFAULT_BETA, value_parser = beta)]
     pub beta: f64,
     /// Time causal attention (Algorithm 2).
     #[arg(long)]
@@ -141,10 +160,10 @@ pub struct BenchArgs {
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
     pub device: Device,
     /// Timed runs per row (median reported; at least 3; short rows get more, up to 0.25 s).
-    #[arg(long, allow_negative_numbers = true, default_value_t = 3)]
+    #[arg(long, default_value_t = 3)]
     pub runs: usize,
     /// Stop timing a reference when its next run is predicted to exceed this (seconds).
-    #[arg(long, allow_negative_numbers = true, default_value_t = 30.0)]
+    #[arg(long, default_value_t = 30.0, value_parser = positive)]
     pub ref_budget: f64,
     /// Long-sequence accuracy of the causal f32 scan vs f64 (N default 1e6,1e7,1e8; d=4).
     #[arg(long)]
@@ -170,17 +189,17 @@ pub struct BenchArgs {
 #[derive(Args)]
 pub struct DistModelArgs {
     /// JSON rows of `bench --distributed` (experiments/distributed/scaling.sh writes them).
-    #[arg(long, default_value = "docs/bench/distributed.jsonl")]
+    #[arg(long, default_value = "docs/bench/distributed.jsonl", value_parser = input_file)]
     pub runs: PathBuf,
     /// Folder for bench/distributed.csv, bench/distributed-projection.csv and
     /// figures/distributed-scaling.png.
-    #[arg(long, default_value = "docs")]
+    #[arg(long, default_value = "docs", value_parser = output_path)]
     pub out: PathBuf,
     /// Tokens of the projection.
-    #[arg(long, allow_negative_numbers = true, default_value_t = 1e12)]
+    #[arg(long, default_value_t = 1e12, value_parser = positive)]
     pub tokens: f64,
     /// Node counts of the projection.
-    #[arg(long, allow_negative_numbers = true, value_delimiter = ',', default_values_t = vec![1, 8, 64, 1024])]
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1, 8, 64, 1024], value_parser = count)]
     pub nodes: Vec<usize>,
     /// Also project for another kind of node: NAME=CAUSAL:SECONDS_PER_TOKEN, its measured
     /// forward+backward seconds per token of the same shape (CAUSAL: true or false); repeat.
@@ -191,46 +210,46 @@ pub struct DistModelArgs {
 #[derive(Args)]
 pub struct AttendArgs {
     /// Queries (.npy, f32 or f64; [N, d], [H, N, d] or [B, H, N, d]).
-    #[arg(long)]
+    #[arg(long, value_parser = input_file)]
     pub q: PathBuf,
     /// Keys (.npy), the shape of --q with as many keys as --v has rows.
-    #[arg(long)]
+    #[arg(long, value_parser = input_file)]
     pub k: PathBuf,
     /// Values (.npy; [.., N, dv]).
-    #[arg(long)]
+    #[arg(long, value_parser = input_file)]
     pub v: PathBuf,
     /// The operator.
     #[arg(long, value_enum)]
     pub method: MethodKind,
     /// Bits per table (R = 2^P buckets) [default: 2, or the --planes file's P].
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long)]
     pub p: Option<usize>,
     /// Number of tables [default: 2, or the --planes file's L].
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long)]
     pub l: Option<usize>,
     /// Soft-hash inverse temperature.
-    #[arg(long, default_value_t = DEFAULT_BETA, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = DEFAULT_BETA, value_parser = beta)]
     pub beta: f64,
     /// Angular power.
-    #[arg(long, default_value_t = 2.0, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 2.0, value_parser = gamma)]
     pub gamma: f64,
     /// Logit scale for softmax/Performer (default 1/sqrt(d)).
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, value_parser = scale)]
     pub scale: Option<f64>,
     /// Performer feature count.
-    #[arg(long, allow_negative_numbers = true, default_value_t = 256)]
+    #[arg(long, default_value_t = 256)]
     pub features: usize,
     /// Causal attention: query i sees keys 0..=i (Algorithm 2 for soft RACE).
     #[arg(long)]
     pub causal: bool,
     /// Use these planes ([L, P, d] .npy) instead of drawing them from --seed.
-    #[arg(long)]
+    #[arg(long, value_parser = input_file)]
     pub planes: Option<PathBuf>,
     /// Performer features ω ([m, d] .npy) instead of drawing them from --seed.
-    #[arg(long)]
+    #[arg(long, value_parser = input_file)]
     pub omega: Option<PathBuf>,
     /// Save the planes used to this .npy file.
-    #[arg(long)]
+    #[arg(long, value_parser = output_path)]
     pub save_planes: Option<PathBuf>,
     /// How the tables are combined: paper (Algorithm 1) or authors (per-bucket means).
     #[arg(long, value_enum, default_value_t = Combine::Paper)]
@@ -243,7 +262,7 @@ pub struct AttendArgs {
     pub device: Device,
     /// Memory budget (e.g. 8G, 512M; default: what the machine has available). Work whose
     /// buffers would exceed it is refused before anything is allocated.
-    #[arg(long, allow_negative_numbers = true, value_parser = parse_memory)]
+    #[arg(long, value_parser = parse_memory)]
     pub max_memory: Option<u64>,
     /// Run exact softmax or angular attention even when its predicted time (from a timed
     /// probe of the same kernel, quadratic in N) is over a minute.
@@ -256,7 +275,7 @@ pub struct AttendArgs {
     pub distributed: bool,
     /// With --distributed: each rank writes its slice to DIR/o.rank-NNNNN.npy (rank 0 also
     /// DIR/shards.json) instead of rank 0 writing --out.
-    #[arg(long)]
+    #[arg(long, value_parser = output_path)]
     pub out_shards: Option<PathBuf>,
     #[command(flatten)]
     pub common: Common,
@@ -269,7 +288,7 @@ pub struct ReproduceArgs {
     pub quick: bool,
     /// Independent master seeds for every empirical claim (from --seed on): inputs and planes
     /// are redrawn per seed, and seeds that disagree make the verdict "unstable (k/K holds)".
-    #[arg(long, allow_negative_numbers = true, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
     pub seeds: u64,
     #[command(flatten)]
     pub common: Common,
@@ -278,4 +297,85 @@ pub struct ReproduceArgs {
 /// `--max-memory`: a byte count with an optional K/M/G/T suffix.
 pub fn parse_memory(s: &str) -> std::result::Result<u64, String> {
     racelab::memory::parse_bytes(s).map_err(|e| e.to_string())
+}
+
+/// A finite number above zero (every real-valued flag: β, γ, the logit scale, budgets, token
+/// counts).
+pub fn positive(s: &str) -> std::result::Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
+        Ok(x) => Err(format!("{x} is not a finite number above 0")),
+        Err(_) => Err(format!("`{s}` is not a number")),
+    }
+}
+
+/// A real number that `check` takes, refused with the library's own message.
+fn checked_real(
+    s: &str,
+    check: fn(f64) -> racelab::Result<()>,
+) -> std::result::Result<f64, String> {
+    let x = s
+        .trim()
+        .parse::<f64>()
+        .map_err(|_| format!("`{s}` is not a number"))?;
+    check(x).map(|()| x).map_err(|e| e.to_string())
+}
+
+/// `--beta`: the library's check.
+pub fn beta(s: &str) -> std::result::Result<f64, String> {
+    checked_real(s, racelab::params::validate_beta)
+}
+
+/// `--gamma`: the library's check.
+pub fn gamma(s: &str) -> std::result::Result<f64, String> {
+    checked_real(s, racelab::params::validate_gamma)
+}
+
+/// `--scale`: the library's check.
+pub fn scale(s: &str) -> std::result::Result<f64, String> {
+    checked_real(s, racelab::params::validate_scale)
+}
+
+/// A count of at least one.
+pub fn count(s: &str) -> std::result::Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("0 is not a count: give 1 or more".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("`{s}` is not a whole number of 1 or more")),
+    }
+}
+
+/// A file that exists (read before any work starts).
+pub fn input_file(s: &str) -> std::result::Result<PathBuf, String> {
+    let p = PathBuf::from(s);
+    if s.is_empty() {
+        Err("an empty path: give a file".into())
+    } else if p.is_dir() {
+        Err(format!("`{s}` is a folder: give a file"))
+    } else if !p.is_file() {
+        Err(format!("no file `{s}`"))
+    } else {
+        Ok(p)
+    }
+}
+
+/// A folder that exists.
+pub fn input_dir(s: &str) -> std::result::Result<PathBuf, String> {
+    let p = PathBuf::from(s);
+    if s.is_empty() {
+        Err("an empty path: give a folder".into())
+    } else if !p.is_dir() {
+        Err(format!("no folder `{s}`"))
+    } else {
+        Ok(p)
+    }
+}
+
+/// A path to write to: not empty.
+pub fn output_path(s: &str) -> std::result::Result<PathBuf, String> {
+    if s.is_empty() {
+        Err("an empty path: give a file or folder to write".into())
+    } else {
+        Ok(PathBuf::from(s))
+    }
 }

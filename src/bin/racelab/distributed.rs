@@ -117,5 +117,5 @@ pub(crate) fn mpi_run(
         &racelab::distributed::Solo,
     ) -> std::result::Result<Option<String>, racelab::distributed::job::JobError>,
 ) -> Result<()> {
-    anyhow::bail!("this racelab was built without MPI: build it with `cargo build --release --features mpi` (needs an MPI library; Debian: libopenmpi-dev openmpi-bin libclang-dev) and start it with mpirun")
+    anyhow::bail!("--distributed: this racelab was built without MPI: build it with `cargo build --release --features mpi` (needs an MPI library; Debian: libopenmpi-dev openmpi-bin libclang-dev) and start it with mpirun")
 }

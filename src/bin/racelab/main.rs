@@ -9,11 +9,10 @@ mod distributed;
 mod experiments;
 mod ticker;
 
-use args::{Cli, Cmd};
-use clap::Parser;
+use args::Cmd;
 
 fn main() {
-    let cli = Cli::parse();
+    let cli = args::parse();
     let r = match cli.cmd {
         Cmd::Attend(a) => attend::run(a),
         Cmd::Reproduce(a) => experiments::run_reproduce(a),
