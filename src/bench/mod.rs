@@ -301,6 +301,7 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
                 "N = {n}: needs {:.1} GiB, more than 90% of available memory",
                 need as f64 / (1u64 << 30) as f64
             ));
+            s.race_step += cfg.pl.len();
             continue;
         }
         let inputs = rows::Inputs::new(cfg, n);

@@ -62,6 +62,8 @@ pub(super) struct Recorder<'a> {
     pub skipped: Vec<String>,
     ref_alive: [bool; 2],
     ref_last: [Option<(usize, f64)>; 2],
+    /// Soft-RACE rows begun (or skipped) of the `N × (P, L)` planned, for the progress lines.
+    pub race_step: usize,
 }
 
 impl<'a> Recorder<'a> {
@@ -85,6 +87,7 @@ impl<'a> Recorder<'a> {
             skipped: Vec::new(),
             ref_alive: [cfg.reference, cfg.reference],
             ref_last: [None, None],
+            race_step: 0,
         }
     }
 
@@ -147,7 +150,12 @@ impl<'a> Recorder<'a> {
             } else {
                 None
             };
-            progress(&format!("race (P,L)=({p},{l}) N={n}"));
+            self.race_step += 1;
+            progress(&format!(
+                "race (P,L)=({p},{l}) N={n} [{}/{}]",
+                self.race_step,
+                cfg.ns.len() * cfg.pl.len()
+            ));
             let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, cfg.seed)?);
             // One validated problem per mode (validated once, outside the timed runs).
             let problem = |causal: bool| {

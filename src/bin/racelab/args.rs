@@ -40,8 +40,9 @@ pub struct Cli {
 /// Options every subcommand shares.
 #[derive(Args, Clone)]
 pub struct Common {
-    /// Seed of every random draw (planes, inputs, features).
-    #[arg(long, default_value_t = 0)]
+    /// Seed of every random draw (planes, inputs, features): 0 to 4294967295 (the experiments
+    /// derive their draws' seeds from it by products and sums that stay within 64 bits).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(..=u32::MAX as u64))]
     pub seed: u64,
     /// Output folder (CSV, PNG, SVG) — or the output file for `attend`.
     #[arg(long, value_parser = output_path)]

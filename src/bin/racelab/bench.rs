@@ -3,7 +3,6 @@
 
 use crate::args::BenchArgs;
 use crate::distributed::mpi_run;
-use crate::progress;
 use anyhow::Result;
 use serde_json::json;
 use std::path::PathBuf;
@@ -12,6 +11,12 @@ use std::path::PathBuf;
 /// `--distributed`).
 pub fn run(a: BenchArgs) -> Result<()> {
     use racelab::bench;
+    // Each step's line on stderr, after the time since the start.
+    let t0 = std::time::Instant::now();
+    let progress = |m: &str| {
+        let s = racelab::attend::human_seconds(t0.elapsed().as_secs_f64());
+        crate::progress(&format!("{s}: {m}"))
+    };
     if a.p.len() != a.l.len() {
         anyhow::bail!("invalid parameter `p`/`l`: --p and --l are paired and need the same length (got {} and {})", a.p.len(), a.l.len());
     }
@@ -251,7 +256,7 @@ fn run_distributed(a: BenchArgs, (p, l): (usize, usize)) -> Result<()> {
         let (line, text) = if a.stream {
             let show = |m: &str| {
                 if rank == 0 {
-                    progress(m)
+                    crate::progress(m)
                 }
             };
             let stream = racelab::distributed::stream::StreamSpec {

@@ -2,8 +2,10 @@
 
 use crate::args::{Common, ExpArgs, Fig3Args, ReproduceArgs};
 use anyhow::Result;
+use racelab::attend::human_seconds;
 use racelab::experiments::{self, registry};
 use serde_json::json;
+use std::io::IsTerminal;
 use std::path::PathBuf;
 
 /// The experiment context of `a` (`--out` defaults to figures/).
@@ -77,11 +79,16 @@ fn print_result(r: &experiments::ExpResult, json: bool) {
 
 /// Run one experiment with the context its arguments give, and print its result.
 fn run_exp(
+    name: &str,
     a: &ExpArgs,
     f: impl FnOnce(&experiments::Ctx) -> racelab::Result<experiments::ExpResult>,
 ) -> Result<()> {
     let ctx = exp_ctx(a);
-    let r = f(&ctx)?;
+    // An experiment reports no progress of its own: its elapsed time, after the first seconds.
+    let ticker = crate::ticker::Ticker::start(name.to_string(), None);
+    let r = f(&ctx);
+    drop(ticker);
+    let r = r?;
     print_result(&r, a.common.json);
     Ok(())
 }
@@ -94,17 +101,36 @@ pub fn run_reproduce(a: ReproduceArgs) -> Result<()> {
         indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
+    // On a terminal the bar; when stderr is a file or a pipe (where the bar is hidden) a line
+    // as each step starts and ends.
+    let logged = !std::io::stderr().is_terminal();
+    let step = |name: &str, what: &str| {
+        let (at, of) = (bar.position() + 1, bar.length().unwrap_or(0));
+        let line = format!("{at}/{of} {name}: {what}");
+        if logged {
+            crate::progress(&format!(
+                "{}: {line}",
+                human_seconds(bar.elapsed().as_secs_f64())
+            ));
+        } else {
+            bar.println(line);
+        }
+    };
     let (results, report, total) = registry::reproduce(
         &ctx,
         a.seeds as usize,
         &|n| bar.set_length(n),
-        &|name| bar.set_message(name.to_string()),
+        &|name| {
+            bar.set_message(name.to_string());
+            if logged {
+                step(name, "started");
+            }
+        },
         &|name, r| {
-            bar.println(format!(
-                "{name}: {:.1} s, {} claims",
-                r.seconds,
-                r.claims.len()
-            ));
+            step(
+                name,
+                &format!("{:.1} s, {} claims", r.seconds, r.claims.len()),
+            );
             bar.inc(1);
         },
     )?;
@@ -126,7 +152,7 @@ pub fn run_reproduce(a: ReproduceArgs) -> Result<()> {
 
 /// An experiment of the registry by name.
 pub fn run_named(name: &str, a: &ExpArgs) -> Result<()> {
-    run_exp(a, |c| registry::run(name, c))
+    run_exp(name, a, |c| registry::run(name, c))
 }
 
 /// `fig3`: the built-in inputs, or the user's `--q`/`--k`.
@@ -136,15 +162,15 @@ pub fn run_fig3(a: Fig3Args) -> Result<()> {
         _ => None,
     };
     match user {
-        Some(u) => run_exp(&a.exp, |ctx| experiments::fig3::run(ctx, Some(u))),
-        None => run_exp(&a.exp, |ctx| registry::run("fig3", ctx)),
+        Some(u) => run_exp("fig3", &a.exp, |ctx| experiments::fig3::run(ctx, Some(u))),
+        None => run_exp("fig3", &a.exp, |ctx| registry::run("fig3", ctx)),
     }
 }
 
 /// `real`: `--data`, or the bundled MiniLM sample.
 pub fn run_real(a: ExpArgs) -> Result<()> {
     match a.data.clone().or_else(experiments::real::bundled) {
-        Some(dir) => run_exp(&a, |ctx| experiments::real::run(ctx, &dir)),
+        Some(dir) => run_exp("real", &a, |ctx| experiments::real::run(ctx, &dir)),
         None => anyhow::bail!("no real data: pass --data DIR (made by experiments/extract_qk.py); the bundled experiments/data/minilm was not found"),
     }
 }
