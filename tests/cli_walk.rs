@@ -1,11 +1,12 @@
 //! A generated walk over the command line's argument space. The subcommands and their flags
 //! come from the binary's own `--help`, so a new flag is walked without editing this file. Each
 //! flag is given degenerate values (0, 1, empty, negative, NaN, infinity, 10^12, 2^64, 1e308) on
-//! top of a small invocation of its subcommand that works (for `attend`: once per method), and
-//! each boolean flag is set alone. Every run must end in exit 0 or in exit 2 with the flag named
-//! on stderr; never a panic, an abort or another signal. The values no flag takes (empty, a
-//! negative number, NaN, infinity) must be refused. A run still going after a few seconds has
-//! accepted its value and is stopped there.
+//! top of a small invocation of its subcommand that works (for `attend`: once per method and
+//! device), and each boolean flag is set alone. Every run must end in exit 0 or in exit 2 with
+//! the flag named on stderr; never a panic, an abort or another signal. The values no flag takes
+//! (empty, a negative number, NaN, infinity) must be refused. A run still going after a few
+//! seconds has accepted its value and is stopped there. An `attend` that exits 0 has its output
+//! read back: every value must be finite.
 mod common;
 use common::randn_t;
 use racelab::io::{read_npy, write_npy, Dtype};
@@ -118,9 +119,14 @@ struct Case {
     must_refuse: bool,
 }
 
-/// The baseline invocation of `sub` (one per method for `attend`), its arguments as
-/// (flag, value) pairs so that the walked flag replaces its own.
-fn baselines(sub: &str, dir: &Path, methods: &[String]) -> Vec<Vec<(String, Option<String>)>> {
+/// The baseline invocation of `sub` (for `attend`: one per method and device), its arguments
+/// as (flag, value) pairs so that the walked flag replaces its own.
+fn baselines(
+    sub: &str,
+    dir: &Path,
+    methods: &[String],
+    devices: &[String],
+) -> Vec<Vec<(String, Option<String>)>> {
     let p = |s: &str| dir.join(s).to_string_lossy().into_owned();
     let kv = |pairs: &[(&str, Option<String>)]| -> Vec<(String, Option<String>)> {
         pairs
@@ -132,12 +138,14 @@ fn baselines(sub: &str, dir: &Path, methods: &[String]) -> Vec<Vec<(String, Opti
     match sub {
         "attend" => methods
             .iter()
-            .map(|m| {
+            .flat_map(|m| devices.iter().map(move |d| (m, d)))
+            .map(|(m, d)| {
                 kv(&[
                     ("q", Some(p("q.npy"))),
                     ("k", Some(p("k.npy"))),
                     ("v", Some(p("v.npy"))),
                     ("method", s(m)),
+                    ("device", s(d)),
                     // Relative: each run has a folder of its own, where its output is read back.
                     ("out", s("o.npy")),
                 ])
@@ -329,25 +337,27 @@ fn every_flag_of_every_subcommand_refuses_degenerate_values_by_name() {
     for sub in &subs {
         let fl = flags(sub);
         assert!(!fl.is_empty(), "{sub}: no flags parsed from --help");
-        let methods = fl
-            .iter()
-            .find(|f| f.name == "method")
-            .map(|f| f.possible.clone())
-            .unwrap_or_default();
+        let possible = |name: &str| -> Vec<String> {
+            fl.iter()
+                .find(|f| f.name == name)
+                .map(|f| f.possible.clone())
+                .unwrap_or_default()
+        };
+        let methods = possible("method");
+        // The devices this machine runs everywhere (a missing GPU is its own refusal).
+        let devices: Vec<String> = possible("device")
+            .into_iter()
+            .filter(|d| d != "cuda")
+            .collect();
         if sub == "attend" {
             assert!(methods.len() >= 6, "attend's methods: {methods:?}");
+            assert!(devices.len() >= 2, "attend's devices: {devices:?}");
         }
-        for base in baselines(sub, &dir, &methods) {
-            let tag = base
-                .iter()
-                .find(|(k, _)| k == "method")
-                .and_then(|(_, v)| v.clone())
-                .map(|m| format!(" (--method {m})"))
-                .unwrap_or_default();
+        for base in baselines(sub, &dir, &methods, &devices) {
             let mut add = |flag: &str, value: Option<&str>, must_refuse: bool| {
                 let args = [vec![sub.clone()], render(&base, flag, value)].concat();
                 cases.push(Case {
-                    label: format!("racelab {}{tag}", args.join(" ")),
+                    label: format!("racelab {}", args.join(" ")),
                     args,
                     flag: flag.to_string(),
                     must_refuse,

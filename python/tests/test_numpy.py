@@ -145,6 +145,9 @@ def test_bad_input_raises_value_error():
         (dict(method="performer", features=0, device="reference"), "`features`"),
         (dict(method="performer", scale=-1.0, device="cpu"), "`scale`"),
         (dict(method="softmax", scale=-1.0, device="reference"), "`scale`"),
+        # Logits past the kernels' type (they made NaN rows): refused by the same validation.
+        (dict(method="softmax", scale=1e39, device="cpu"), "`scale`"),
+        (dict(method="performer", scale=1e308, device="reference"), "`scale`"),
         (dict(q=q[:0], k=k[:0], v=v[:0]), "`q` is empty"),
     ]
     for change, needle in cases:
