@@ -115,35 +115,30 @@ pub fn validate_pl(p: usize, l: usize) -> Result<()> {
     Ok(())
 }
 
+/// `Ok` when `x` is finite and > 0, else the error naming `arg` (`arg = x; {what}`).
+fn finite_positive(arg: &str, x: f64, what: &str) -> Result<()> {
+    if x.is_finite() && x > 0.0 {
+        Ok(())
+    } else {
+        Err(RaceError::param(arg, format!("{arg} = {x}; {what}")))
+    }
+}
+
 /// Check beta: finite and > 0.
 pub fn validate_beta(beta: f64) -> Result<()> {
-    if !(beta.is_finite() && beta > 0.0) {
-        return Err(RaceError::param(
-            "beta",
-            format!("beta = {beta}; the soft-hash temperature must be finite and > 0"),
-        ));
-    }
-    Ok(())
+    finite_positive(
+        "beta",
+        beta,
+        "the soft-hash temperature must be finite and > 0",
+    )
 }
 
 /// Check a logit scale (softmax, Performer): finite and > 0.
 pub fn validate_scale(scale: f64) -> Result<()> {
-    if !(scale.is_finite() && scale > 0.0) {
-        return Err(RaceError::param(
-            "scale",
-            format!("scale = {scale}; use a finite value > 0 (default 1/sqrt(d))"),
-        ));
-    }
-    Ok(())
+    finite_positive("scale", scale, "use a finite value > 0 (default 1/sqrt(d))")
 }
 
 /// Check gamma (angular power): finite and > 0.
 pub fn validate_gamma(gamma: f64) -> Result<()> {
-    if !(gamma.is_finite() && gamma > 0.0) {
-        return Err(RaceError::param(
-            "gamma",
-            format!("gamma = {gamma}; the angular power must be finite and > 0"),
-        ));
-    }
-    Ok(())
+    finite_positive("gamma", gamma, "the angular power must be finite and > 0")
 }
