@@ -495,6 +495,132 @@ pub fn write_planes(path: &Path, planes: &crate::hashing::Planes) -> Result<()> 
     write_npy(path, &[planes.l, planes.p, planes.d], &planes.w, Dtype::F64)
 }
 
+/// The identity of an existing file: device and inode (on Unix; elsewhere its canonical path).
+fn file_id(path: &Path) -> Option<(u64, u64, std::path::PathBuf)> {
+    let m = std::fs::metadata(path).ok()?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        Some((m.dev(), m.ino(), std::path::PathBuf::new()))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = m;
+        Some((0, 0, std::fs::canonicalize(path).ok()?))
+    }
+}
+
+/// Where a path will be: its folder canonicalised, and its file name (for an output that does
+/// not exist yet).
+fn planned_location(path: &Path) -> Option<std::path::PathBuf> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    Some(std::fs::canonicalize(dir).ok()?.join(path.file_name()?))
+}
+
+/// Check, before any work starts, that an output file can be written without destroying what
+/// racelab did not write: `path` (the flag `arg`) is not a symbolic link (a rename would replace
+/// the link, not its target: give the target's path), not a folder, device, FIFO or socket
+/// (racelab replaces its outputs by renaming a new file over them), not the same file as any
+/// of `inputs` (compared by device and inode, so a hard link or another spelling is caught),
+/// not the same path as any of `others` (the other outputs of the same run), and its folder
+/// exists and takes a new file (a probe file is created there and removed).
+pub fn check_output_file(
+    path: &Path,
+    arg: &str,
+    inputs: &[(&str, &Path)],
+    others: &[(&str, &Path)],
+) -> Result<()> {
+    let refuse = |msg: String| Err(RaceError::param(arg, msg));
+    let shown = path.display();
+    if let Ok(m) = std::fs::symlink_metadata(path) {
+        let t = m.file_type();
+        if t.is_symlink() {
+            return refuse(format!("`{shown}` is a symbolic link; racelab writes a new file and renames it over the path, which would replace the link rather than write through it: give the link's target"));
+        }
+        if t.is_dir() {
+            return refuse(format!("`{shown}` is a folder: give a file name"));
+        }
+        if !t.is_file() {
+            return refuse(format!("`{shown}` exists and is not a regular file (a device, FIFO or socket); racelab replaces its outputs by renaming a new file over them: give a file name"));
+        }
+        if let Some(id) = file_id(path) {
+            for (name, input) in inputs {
+                if file_id(input).as_ref() == Some(&id) {
+                    return refuse(format!("`{shown}` is the same file as the input --{name} (`{}`): writing it would destroy the input; give another file", input.display()));
+                }
+            }
+        }
+    }
+    let here = planned_location(path);
+    for (name, other) in others {
+        let same = match (file_id(path), file_id(other)) {
+            (Some(a), Some(b)) => a == b,
+            _ => here.is_some() && here == planned_location(other),
+        };
+        if same {
+            return refuse(format!("`{shown}` is also the output of --{name}: one would overwrite the other; give two different files"));
+        }
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        return refuse(format!(
+            "the folder of `{shown}` does not exist: create it first"
+        ));
+    }
+    let probe = dir.join(format!(".racelab-probe-{}", std::process::id()));
+    match std::fs::File::create(&probe) {
+        Ok(_) => {
+            std::fs::remove_file(&probe).ok();
+            Ok(())
+        }
+        Err(e) => refuse(format!(
+            "the folder of `{shown}` does not take a new file ({e}): give a writable folder"
+        )),
+    }
+}
+
+/// Check, before any work starts, that an output folder (the flag `arg`) is a folder or a new
+/// path: an existing file, device or FIFO there is refused, and so is a path whose nearest
+/// existing ancestor is not a folder.
+pub fn check_output_dir(path: &Path, arg: &str) -> Result<()> {
+    let shown = path.display();
+    if let Ok(m) = std::fs::metadata(path) {
+        if !m.is_dir() {
+            return Err(RaceError::param(
+                arg,
+                format!("`{shown}` exists and is not a folder: give a folder or a new path"),
+            ));
+        }
+        return Ok(());
+    }
+    let mut up = path.parent();
+    while let Some(a) = up {
+        if a.as_os_str().is_empty() {
+            return Ok(());
+        }
+        if let Ok(m) = std::fs::metadata(a) {
+            if m.is_dir() {
+                return Ok(());
+            }
+            return Err(RaceError::param(
+                arg,
+                format!(
+                    "`{shown}` cannot be created: `{}` is not a folder",
+                    a.display()
+                ),
+            ));
+        }
+        up = a.parent();
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -30,6 +30,8 @@
 //! - the backends: [`reference`](mod@reference) (f64, literal, obviously correct: the oracle), [`cpu`] (the
 //!   production f32 kernels), [`cuda`] (the CUDA kernels);
 //! - above them: [`attend`] (one operator on user inputs, and the backend for a device),
+//!   [`bound`] (the soft-hash bias at L = ∞ bounded with no fitted constant: the per-pair bound
+//!   proved for every beta, its certificate's replay, the row-wise output bound on any Q/K/V),
 //!   [`distributed`] (sequence parallelism over ranks, the streaming scale mode), [`bench`]
 //!   (timings against the machine's floors), [`experiments`] (every claim: compute → CSV →
 //!   figure → verdict, and `reproduce`);
@@ -41,6 +43,7 @@ pub mod analysis;
 pub mod attend;
 pub mod backend;
 pub mod bench;
+pub mod bound;
 pub mod cpu;
 pub mod cuda;
 pub mod distributed;

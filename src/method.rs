@@ -187,13 +187,16 @@ impl FeatureSpec {
         }
     }
 
-    /// `m ≥ 1`; given features' `d` equal to the inputs' `d`.
+    /// `m ≥ 1`; given features finite (as given planes must be), of the inputs' `d`.
     pub fn check(&self, d: Option<usize>) -> Result<()> {
         if self.count() == 0 {
             return Err(RaceError::param(
                 "features",
                 "Performer needs m ≥ 1 random features; use --features 256, say",
             ));
+        }
+        if let FeatureSpec::Given(w) = self {
+            crate::tensor::check_finite("omega", &w.data)?;
         }
         if let (FeatureSpec::Given(w), Some(d)) = (self, d) {
             if w.cols != d {

@@ -124,13 +124,24 @@ fn finite_positive(arg: &str, x: f64, what: &str) -> Result<()> {
     }
 }
 
-/// Check beta: finite and > 0.
+/// The largest beta taken: the hash's argument `2·beta·tanh(wᵀx)` must stay finite in f64
+/// (it overflows from beta = f64::MAX/2 ≈ 9e307).
+pub const MAX_BETA: f64 = 1e307;
+
+/// Check beta: finite, > 0 and at most [`MAX_BETA`].
 pub fn validate_beta(beta: f64) -> Result<()> {
     finite_positive(
         "beta",
         beta,
         "the soft-hash temperature must be finite and > 0",
-    )
+    )?;
+    if beta > MAX_BETA {
+        return Err(RaceError::param(
+            "beta",
+            format!("beta = {beta:e} is above {MAX_BETA:e}, where 2·beta·tanh(·) overflows f64; use beta ≤ {MAX_BETA:e}"),
+        ));
+    }
+    Ok(())
 }
 
 /// Check a logit scale (softmax, Performer): finite and > 0.

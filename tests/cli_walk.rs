@@ -6,7 +6,9 @@
 //! the flag named on stderr; never a panic, an abort or another signal. The values no flag takes
 //! (empty, a negative number, NaN, infinity) must be refused. A run still going after a few
 //! seconds has accepted its value and is stopped there. An `attend` that exits 0 has its output
-//! read back: every value must be finite.
+//! read back: every value must be finite. Every output flag is also given paths that are not
+//! racelab's to replace (a device, a FIFO, an input, a symbolic link, a folder where a file is
+//! written), which must be refused and left as they were.
 mod common;
 use common::randn_t;
 use racelab::io::{read_npy, write_npy, Dtype};
@@ -35,6 +37,38 @@ const STRING_FLAGS: [&str; 12] = [
     "node",
     "runs@distributed-model",
 ];
+/// Output flags: `Some(true)` for a file (`--out` of attend and bound, `--save-planes`),
+/// `Some(false)` for a folder (every other `--out`, `--out-shards`).
+fn output_kind(flag: &str, sub: &str) -> Option<bool> {
+    match (flag, sub) {
+        ("save-planes", _) | ("out", "attend" | "bound") => Some(true),
+        ("out", _) | ("out-shards", _) => Some(false),
+        _ => None,
+    }
+}
+
+/// The output paths that must not be replaced, as (path, refused as a file, refused as a
+/// folder): a device, a FIFO, an input file, a symbolic link to a file, an existing folder.
+fn special_outputs(dir: &Path) -> Vec<(String, bool, bool)> {
+    let fifo = dir.join("fifo");
+    let made = Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .map(|s| s.success());
+    assert!(matches!(made, Ok(true)), "mkfifo {fifo:?}");
+    std::fs::write(dir.join("target.npy"), b"not racelab's").unwrap();
+    std::os::unix::fs::symlink(dir.join("target.npy"), dir.join("link.npy")).unwrap();
+    std::fs::create_dir_all(dir.join("adir")).unwrap();
+    let p = |n: &str| dir.join(n).to_string_lossy().into_owned();
+    vec![
+        ("/dev/null".into(), true, true),
+        (p("fifo"), true, true),
+        (p("q.npy"), true, true),
+        (p("link.npy"), true, true),
+        (p("adir"), true, false),
+    ]
+}
+
 /// How long a run that may accept its value is watched before it is stopped.
 const WATCH: Duration = Duration::from_secs(2);
 /// How long a run that must refuse its value may take to do so.
@@ -167,6 +201,16 @@ fn baselines(
                 ("out", Some(p("model"))),
             ])]
         }
+        // The random rows are not unit rows: the baseline normalises them.
+        "bound" => vec![kv(&[
+            ("q", Some(p("q.npy"))),
+            ("k", Some(p("k.npy"))),
+            ("v", Some(p("v.npy"))),
+            ("p", s("2")),
+            ("beta", s("4")),
+            ("normalize", None),
+            ("out", s("rows.csv")),
+        ])],
         "reproduce" => vec![kv(&[("quick", None), ("out", Some(p("repro")))])],
         // fig3 and the experiments.
         _ => vec![kv(&[("quick", None), ("out", Some(p(sub)))])],
@@ -319,10 +363,12 @@ fn every_flag_of_every_subcommand_refuses_degenerate_values_by_name() {
         )
         .unwrap();
     }
+    let special = special_outputs(&dir);
     let subs = subcommands();
     for expected in [
         "attend",
         "bench",
+        "bound",
         "reproduce",
         "distributed-model",
         "fig3",
@@ -377,6 +423,11 @@ fn every_flag_of_every_subcommand_refuses_degenerate_values_by_name() {
                 for v in MAY_TAKE {
                     add(&f.name, Some(v), false);
                 }
+                if let Some(is_file) = output_kind(&f.name, sub) {
+                    for (v, as_file, as_dir) in &special {
+                        add(&f.name, Some(v), if is_file { *as_file } else { *as_dir });
+                    }
+                }
             }
         }
     }
@@ -399,7 +450,25 @@ fn every_flag_of_every_subcommand_refuses_degenerate_values_by_name() {
             });
         }
     });
+    // Nothing racelab did not write was replaced.
+    let kept = [
+        std::fs::metadata("/dev/null")
+            .map(|m| !m.is_file())
+            .unwrap_or(false),
+        std::fs::symlink_metadata(dir.join("fifo"))
+            .map(|m| !m.is_file())
+            .unwrap_or(false),
+        std::fs::read(dir.join("target.npy")).ok().as_deref() == Some(&b"not racelab's"[..]),
+        std::fs::symlink_metadata(dir.join("link.npy"))
+            .map(|m| m.file_type().is_symlink())
+            .unwrap_or(false),
+        read_npy(&dir.join("q.npy")).is_ok(),
+    ];
     std::fs::remove_dir_all(&dir).ok();
+    assert!(
+        kept.iter().all(|&k| k),
+        "special outputs replaced: {kept:?}"
+    );
     let mut failures = failures.into_inner().unwrap();
     failures.sort();
     assert!(

@@ -396,3 +396,205 @@ fn every_library_entry_refuses_the_performer_and_scale_rows() {
         }
     }
 }
+
+/// `racelab attend` with `args` in `dir` (q, k, v there); exit code and stderr.
+fn attend_in(dir: &std::path::Path, args: &[&str]) -> (Option<i32>, String) {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_racelab"));
+    c.arg("attend").current_dir(dir);
+    for name in ["q", "k", "v"] {
+        c.arg(format!("--{name}")).arg(format!("{name}.npy"));
+    }
+    let o = c.args(args).output().unwrap();
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stderr).to_string(),
+    )
+}
+
+/// An output never replaces what racelab did not write: a device, an input (by name, by
+/// another spelling, by a hard link), the other output, a folder, a FIFO, a symbolic link; a
+/// folder that does not take a new file is refused before the work; the planes are written
+/// before it.
+#[test]
+fn outputs_never_replace_what_racelab_did_not_write() {
+    let dir = tmpdir("outputs");
+    let (q, k, v) = qkv(16, 4);
+    for (n, t) in [("q", &q), ("k", &k), ("v", &v)] {
+        write_npy(&dir.join(format!("{n}.npy")), &t.shape, &t.data, Dtype::F64).unwrap();
+    }
+    let q_bytes = std::fs::read(dir.join("q.npy")).unwrap();
+    std::fs::hard_link(dir.join("q.npy"), dir.join("q-link.npy")).unwrap();
+    std::fs::create_dir_all(dir.join("adir")).unwrap();
+    std::fs::write(dir.join("target.npy"), b"kept").unwrap();
+    std::os::unix::fs::symlink(dir.join("target.npy"), dir.join("sym.npy")).unwrap();
+    assert!(std::process::Command::new("mkfifo")
+        .arg(dir.join("fifo"))
+        .status()
+        .unwrap()
+        .success());
+    let soft = ["--method", "soft"];
+    for (args, flag, words) in [
+        (&["--out", "/dev/null"][..], "`out`", "not a regular file"),
+        (&["--out", "q.npy"], "`out`", "same file as the input --q"),
+        (&["--out", "./q.npy"], "`out`", "same file as the input --q"),
+        (
+            &["--out", "q-link.npy"],
+            "`out`",
+            "same file as the input --q",
+        ),
+        (&["--out", "adir"], "`out`", "is a folder"),
+        (&["--out", "fifo"], "`out`", "not a regular file"),
+        (&["--out", "sym.npy"], "`out`", "symbolic link"),
+        (&["--out", "nowhere/o.npy"], "`out`", "does not exist"),
+        (
+            &["--out", "o.npy", "--save-planes", "o.npy"],
+            "`out`",
+            "--save-planes",
+        ),
+        (
+            &["--out", "o.npy", "--save-planes", "k.npy"],
+            "`save-planes`",
+            "the input --k",
+        ),
+    ] {
+        let (code, err) = attend_in(&dir, &[&soft[..], args].concat());
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert!(err.contains(flag) && err.contains(words), "{args:?}: {err}");
+    }
+    assert!(!dir.join("o.npy").exists());
+    // Nothing was replaced.
+    assert_eq!(std::fs::read(dir.join("q.npy")).unwrap(), q_bytes);
+    assert_eq!(std::fs::read(dir.join("target.npy")).unwrap(), b"kept");
+    assert!(std::fs::symlink_metadata(dir.join("sym.npy"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert!(!std::fs::metadata("/dev/null").unwrap().is_file());
+    // The planes are written before the work, and they are the ones used.
+    let (code, err) = attend_in(
+        &dir,
+        &[&soft[..], &["--out", "o1.npy", "--save-planes", "w.npy"]].concat(),
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let (code, err) = attend_in(
+        &dir,
+        &[&soft[..], &["--out", "o2.npy", "--planes", "w.npy"]].concat(),
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let (a, b) = (
+        parse_npy(&std::fs::read(dir.join("o1.npy")).unwrap(), "o1").unwrap(),
+        parse_npy(&std::fs::read(dir.join("o2.npy")).unwrap(), "o2").unwrap(),
+    );
+    assert_eq!(a.tensor.data, b.tensor.data);
+    // An experiment's --out folder: an existing file there is refused before any work.
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_racelab"))
+        .args(["bias", "--quick", "--out"])
+        .arg(dir.join("q.npy"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("`out`") && err.contains("not a folder"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The reference computes in f64 whatever the files hold: f32 inputs with `--dtype f64` give
+/// the f64 answer of the same (f32-valued) inputs, not that answer rounded to f32; NaN or
+/// infinite Performer features are refused like NaN planes.
+#[test]
+fn the_reference_stays_f64_on_f32_files_and_omega_must_be_finite() {
+    let dir = tmpdir("ref-f64");
+    let (q, k, v) = qkv(24, 4);
+    let round = |t: &Tensor<f64>| t.map(|x| x as f32 as f64);
+    let (q32, k32, v32) = (round(&q), round(&k), round(&v));
+    for (n, t) in [("q", &q32), ("k", &k32), ("v", &v32)] {
+        write_npy(&dir.join(format!("{n}.npy")), &t.shape, &t.data, Dtype::F32).unwrap();
+    }
+    let (code, err) = attend_in(
+        &dir,
+        &[
+            "--method",
+            "soft",
+            "--beta",
+            "3",
+            "--device",
+            "reference",
+            "--dtype",
+            "f64",
+            "--out",
+            "o.npy",
+        ],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let got = parse_npy(&std::fs::read(dir.join("o.npy")).unwrap(), "o").unwrap();
+    let soft_ref = |beta: f64| {
+        attend(
+            &q32,
+            &k32,
+            &v32,
+            &AttendOptions::new(Method::soft(2, 2, beta, 0)),
+        )
+        .unwrap()
+    };
+    let want = soft_ref(3.0);
+    let worst = got
+        .tensor
+        .data
+        .iter()
+        .zip(&want.o.data)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    assert!(worst < 1e-12, "{worst}");
+    assert!(
+        got.tensor.data.iter().any(|&x| x != x as f32 as f64),
+        "rounded to f32"
+    );
+    // beta past where 2·beta overflows f64 is refused; at 1e307 no row is zero.
+    let (code, err) = attend_in(
+        &dir,
+        &[
+            "--method",
+            "soft",
+            "--beta",
+            "1e308",
+            "--device",
+            "reference",
+            "--out",
+            "b.npy",
+        ],
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("beta") && err.contains("1e307"), "{err}");
+    let huge = soft_ref(1e307);
+    assert!(
+        huge.o.data.chunks(3).all(|r| r.iter().any(|&x| x != 0.0)),
+        "a zero row at 1e307"
+    );
+    let mut w = randn_t(&[8, 4], 9);
+    w.data[3] = f64::NAN;
+    write_npy(&dir.join("w.npy"), &w.shape, &w.data, Dtype::F64).unwrap();
+    for device in ["reference", "cpu"] {
+        let (code, err) = attend_in(
+            &dir,
+            &[
+                "--method",
+                "performer",
+                "--omega",
+                "w.npy",
+                "--device",
+                device,
+                "--out",
+                "p.npy",
+            ],
+        );
+        assert_eq!(code, Some(2), "{err}");
+        assert!(
+            err.contains("`omega`") && err.contains("non-finite"),
+            "{err}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

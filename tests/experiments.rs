@@ -278,3 +278,85 @@ fn bundled_real_sample_is_present_and_valid() {
         "bundled sample is {size} bytes (limit 5 MB)"
     );
 }
+
+/// Every file below `dir` with its bytes.
+fn snapshot(dir: &std::path::Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push((p.clone(), std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// `reproduce` interrupted at a step (SIGINT, then SIGTERM, at steps chosen from a printed
+/// seed) exits 130 or 143 saying what it kept; the output folder, which held an earlier
+/// run's report and figures, holds exactly those, and no staging folder is left beside it.
+/// A single experiment stops the same way.
+#[test]
+fn an_interrupted_run_leaves_the_previous_run_whole() {
+    let steps = [
+        "rank", "lemma10", "limit", "bias", "combine", "fig3", "variance",
+    ];
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    println!("interrupt seed {seed}");
+    let root = tmp("interrupt");
+    let out = root.join("figs");
+    std::fs::create_dir_all(out.join("mqar")).unwrap();
+    for (f, text) in [
+        ("REPORT.md", "an earlier run's report"),
+        ("claims.json", "{}"),
+        ("lemma10_counterexample.csv", "earlier"),
+        ("bias.csv", "earlier"),
+        ("mqar/mqar.csv", "earlier"),
+    ] {
+        std::fs::write(out.join(f), text).unwrap();
+    }
+    let before = snapshot(&out);
+    for (k, (sig, code)) in [("INT", 130), ("TERM", 143)].into_iter().enumerate() {
+        let step = steps[(seed as usize + 3 * k) % steps.len()];
+        let o = Command::new(env!("CARGO_BIN_EXE_racelab"))
+            .args(["reproduce", "--quick", "--out"])
+            .arg(&out)
+            .env("RACELAB_TEST_INTERRUPT", format!("{step}:{sig}"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(code), "SIG{sig} at {step}: {err}");
+        assert!(
+            err.contains("interrupted") && err.contains("unchanged"),
+            "{err}"
+        );
+        assert_eq!(
+            snapshot(&out),
+            before,
+            "SIG{sig} at {step}: the folder changed"
+        );
+        let left: Vec<_> = std::fs::read_dir(&root).unwrap().flatten().collect();
+        assert_eq!(
+            left.len(),
+            1,
+            "SIG{sig} at {step}: {left:?} beside the output"
+        );
+    }
+    let o = Command::new(env!("CARGO_BIN_EXE_racelab"))
+        .args(["bias", "--quick", "--out"])
+        .arg(&out)
+        .env("RACELAB_TEST_INTERRUPT", "bias:INT")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(130));
+    assert_eq!(snapshot(&out), before);
+    std::fs::remove_dir_all(&root).ok();
+}

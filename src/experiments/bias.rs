@@ -6,6 +6,7 @@
 //! seeded Monte Carlo and by panel refinement. See `proofs-notes/soft-bias.md`.
 
 use super::{f, fig, load_config, read_csv, write_csv, Claim, Ctx, ExpResult, Measure};
+use crate::bound::{asymptotic_eps, PairBound};
 use crate::error::Result;
 use crate::plot::{line_plot, LinePlot, Series};
 use crate::reference::expected::{expected_g, monte_carlo_g, GTable};
@@ -36,18 +37,23 @@ pub struct Config {
     pub mc_draws: usize,
 }
 
-/// Compute → CSV `bias`: the sup over θ of `|g^P − κ^P|` per (beta, P), where it sits, and
-/// `bias·beta/P`.
-fn sup_csv(ctx: &Ctx, cfg: &Config) -> Result<String> {
+/// Compute → CSVs `bias` (the sup over θ of `|g^P − κ^P|` per (beta, P), where it sits, and
+/// `bias·beta/P`) and `bias_pair_bound` (per (beta, P), the largest ratio of that bias to the
+/// proved bound `δ̄ = P·min(1, κ + ε_β)^{P−1}·ε_β` over the θ grid, where it sits, and the
+/// same ratio for the leading-order expansion `ε ≈ min(1/(√(2π)β), π|cot θ|/(12β²))`).
+fn sup_csv(ctx: &Ctx, cfg: &Config) -> Result<Vec<String>> {
     let tables: Vec<GTable> = cfg
         .betas
         .iter()
         .map(|&b| GTable::new(b, cfg.n_theta))
         .collect();
     let mut rows = Vec::new();
+    let mut pair_rows = Vec::new();
     for (t, &beta) in tables.iter().zip(&cfg.betas) {
+        let proved = PairBound::new(beta);
         for &p in &cfg.ps {
             let (mut sup, mut at) = (0.0f64, 0.0);
+            let (mut ratio, mut ratio_at, mut expansion) = (0.0f64, 0.0, 0.0f64);
             for (i, &g) in t.values.iter().enumerate() {
                 let theta = t.theta(i);
                 let kap = 1.0 - theta / PI;
@@ -55,6 +61,16 @@ fn sup_csv(ctx: &Ctx, cfg: &Config) -> Result<String> {
                 if b > sup {
                     sup = b;
                     at = theta;
+                }
+                let r = pair_ratio(b, proved.power_cos(theta.cos(), p));
+                if r > ratio {
+                    ratio = r;
+                    ratio_at = theta;
+                }
+                if theta > 0.0 && theta < PI {
+                    let eps = asymptotic_eps(theta, beta);
+                    let d = p as f64 * (kap + eps).min(1.0).powi(p as i32 - 1) * eps;
+                    expansion = expansion.max(pair_ratio(b, d));
                 }
             }
             rows.push(vec![
@@ -64,15 +80,50 @@ fn sup_csv(ctx: &Ctx, cfg: &Config) -> Result<String> {
                 f(sup * beta / p as f64),
                 f(at),
             ]);
+            pair_rows.push(vec![
+                f(beta),
+                p.to_string(),
+                f(ratio),
+                f(ratio_at),
+                f(expansion),
+            ]);
         }
     }
-    write_csv(
-        ctx,
-        "bias",
-        &["beta", "p", "sup_bias", "bias_beta_over_p", "theta_at_sup"],
-        &rows,
-        &cfg,
-    )
+    Ok(vec![
+        write_csv(
+            ctx,
+            "bias",
+            &["beta", "p", "sup_bias", "bias_beta_over_p", "theta_at_sup"],
+            &rows,
+            &cfg,
+        )?,
+        write_csv(ctx, "bias_pair_bound", &PAIR_COLUMNS, &pair_rows, &cfg)?,
+    ])
+}
+
+/// The columns of `bias_pair_bound.csv`.
+const PAIR_COLUMNS: [&str; 5] = ["beta", "p", "max_ratio", "theta_at_max", "expansion_ratio"];
+
+/// The quadrature's absolute error allowance on `|g^P − κ^P|` (its refinement changes g by
+/// under 1e-15: `bias-refinement`): near θ = π/2 bias and bound both vanish like cos θ while
+/// the quadrature's rounding does not.
+const QUADRATURE_ALLOWANCE: f64 = 1e-13;
+
+/// `(bias − allowance)/bound`, 0 when the bias is within the allowance.
+fn pair_ratio(bias: f64, bound: f64) -> f64 {
+    crate::bound::excess_ratio(bias, QUADRATURE_ALLOWANCE, bound)
+}
+
+/// The `bias-pair-bound` claim's measure from the rows of `bias_pair_bound.csv`: the largest
+/// ratio of the quadrature's bias to the proved bound (≤ 1 + tol holds, below 1/slack loose).
+pub(crate) fn pair_bound_measure(ratios: &[f64]) -> Measure {
+    if ratios.is_empty() {
+        return Measure::NotTestable("no (beta, P) in the grid".into());
+    }
+    Measure::Bound {
+        measured: ratios.iter().cloned().fold(0.0, f64::max),
+        bound: 1.0,
+    }
 }
 
 /// Compute → CSV `bias_norms`: the sup bias at P = 2 for non-unit Q/K (the theorem assumes unit
@@ -396,7 +447,42 @@ fn claims(ctx: &Ctx, cfg: &Config, fits: &Fits) -> Result<(Vec<Claim>, serde_jso
             format!("θ={t}: {x:.4}")
         })
         .collect();
+    let [pb, pp, pr, pe] = super::read_cols(
+        ctx,
+        "bias_pair_bound",
+        ["beta", "p", "max_ratio", "expansion_ratio"],
+    )?;
+    let per_beta: Vec<String> = cfg
+        .betas
+        .iter()
+        .map(|&b| {
+            let worst = |col: &[f64]| {
+                (0..pb.len())
+                    .filter(|&i| pb[i] == b)
+                    .map(|i| col[i])
+                    .fold(0.0, f64::max)
+            };
+            format!("beta={b}: {:.4} ({:.3})", worst(&pr), worst(&pe))
+        })
+        .collect();
+    let p1_expansion = (0..pb.len())
+        .filter(|&i| pp[i] == 1.0)
+        .map(|i| (pe[i], pb[i]))
+        .fold((0.0, f64::NAN), |a, x| if x.0 > a.0 { x } else { a });
     let claims = vec![
+        Claim::judged(
+            "bias-pair-bound",
+            format!(
+                "largest (|g^P − κ^P| − 1e-13)/δ̄ over the θ grid ({} angles) and P ∈ {:?}, per beta (in brackets the same ratio for the leading-order expansion): {}; the expansion is exceeded by up to ×{:.3} at P = 1 (beta = {})",
+                cfg.n_theta + 1,
+                cfg.ps,
+                per_beta.join(", "),
+                p1_expansion.0,
+                p1_expansion.1
+            ),
+            pair_bound_measure(&pr),
+            "the proof covers every θ and beta > 0; the grid checks it against the quadrature",
+        )?,
         Claim::judged(
             "bias-slope",
             format!("slopes for beta ≥ {}: {}", cfg.fit_from_beta, slope_txt.join(", ")),
@@ -439,12 +525,12 @@ fn claims(ctx: &Ctx, cfg: &Config, fits: &Fits) -> Result<(Vec<Claim>, serde_jso
 pub fn run(ctx: &Ctx) -> Result<ExpResult> {
     let t0 = std::time::Instant::now();
     let cfg: Config = load_config(ctx, include_str!("../../experiments/bias.toml"), "bias")?;
-    let csv = vec![
-        sup_csv(ctx, &cfg)?,
+    let mut csv = sup_csv(ctx, &cfg)?;
+    csv.extend([
         norms_csv(ctx, &cfg)?,
         quadrature_csv(ctx, &cfg)?,
         angles_csv(ctx, &cfg)?,
-    ];
+    ]);
     let fits = fits(ctx, &cfg)?;
     let figures = figures(ctx, &cfg, &fits)?;
     Ok(ExpResult::assemble(
@@ -454,4 +540,30 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
         (csv, figures),
         claims(ctx, &cfg, &fits)?,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::experiments::verdict::{judge, specs, Verdict};
+
+    /// The claim can fail: a ratio above 1 + 1e-6 fails, a bound nowhere within 1% is loose;
+    /// and the leading-order expansion, put where the proved bound is, would fail at beta = 4.
+    #[test]
+    fn the_pair_bound_claim_can_fail_and_the_expansion_would() {
+        let spec = &specs().unwrap()["bias-pair-bound"].test;
+        let v = |xs: &[f64]| judge(spec, &pair_bound_measure(xs)).unwrap().verdict;
+        assert_eq!(v(&[0.5, 0.9995]), Verdict::Holds);
+        assert_eq!(v(&[0.5, 0.95]), Verdict::Loose);
+        assert_eq!(v(&[0.5, 1.0001]), Verdict::Fails);
+        let beta = 4.0;
+        let worst = (1..48)
+            .map(|i| {
+                let theta = PI * i as f64 / 48.0;
+                let bias = (expected_g(beta, 1.0, 1.0, theta, 1) - (1.0 - theta / PI)).abs();
+                pair_ratio(bias, asymptotic_eps(theta, beta))
+            })
+            .fold(0.0, f64::max);
+        assert_eq!(v(&[worst]), Verdict::Fails, "expansion ratio {worst}");
+    }
 }

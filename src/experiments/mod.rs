@@ -16,6 +16,7 @@ pub mod rank;
 pub mod real;
 pub mod registry;
 pub mod report;
+pub mod staging;
 pub mod theorem;
 pub mod tradeoff;
 pub mod variance;
@@ -180,8 +181,56 @@ pub fn parse_config<C: DeserializeOwned>(text: &str, path: &str) -> Result<Modes
     config_from_table(&table, path)
 }
 
+/// Every number of a config finite, and every list under a key free of repeats (a grid with a
+/// NaN or a repeated point measures nothing new and poisons its fits), the key named as
+/// `[section].key`.
+fn check_config_values(table: &toml::Table, path: &str) -> Result<()> {
+    fn walk(v: &toml::Value, key: &str, path: &str) -> Result<()> {
+        let bad = |msg: String| {
+            Err(RaceError::Config {
+                path: path.to_string(),
+                msg: format!("`{key}`: {msg}"),
+            })
+        };
+        match v {
+            toml::Value::Float(x) if !x.is_finite() => bad(format!("{x} is not a finite number")),
+            toml::Value::Table(t) => {
+                for (k, v) in t {
+                    let name = if key.is_empty() {
+                        format!("[{k}]")
+                    } else {
+                        format!("{key}.{k}")
+                    };
+                    walk(v, &name, path)?;
+                }
+                Ok(())
+            }
+            toml::Value::Array(items) => {
+                for (i, x) in items.iter().enumerate() {
+                    walk(x, &format!("{key}[{i}]"), path)?;
+                }
+                // A list under a key is a grid; a list inside a list is one point of it (a
+                // (P, L) pair may repeat a number).
+                if !key.ends_with(']') {
+                    for (i, a) in items.iter().enumerate() {
+                        if let Some(j) = items[..i].iter().position(|b| b == a) {
+                            return bad(format!(
+                                "{a} is listed twice (entries {j} and {i}); give each value once"
+                            ));
+                        }
+                    }
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+    walk(&toml::Value::Table(table.clone()), "", path)
+}
+
 /// A config read from a parsed TOML table; `path` names it in errors.
 pub fn config_from_table<C: DeserializeOwned>(table: &toml::Table, path: &str) -> Result<Modes<C>> {
+    check_config_values(table, path)?;
     Modes::<C>::deserialize(table.clone()).map_err(|e| RaceError::Config {
         path: path.to_string(),
         msg: e.to_string(),
@@ -368,4 +417,32 @@ pub fn heatmaps_via_csv(
     }
     crate::plot::heatmaps(&fig(ctx, stem), title, &drawn, cols)?;
     Ok(csv)
+}
+
+#[cfg(test)]
+mod config_tests {
+    use super::check_config_values;
+
+    fn check(text: &str) -> Result<(), String> {
+        let t: toml::Table = toml::from_str(text).unwrap();
+        check_config_values(&t, "c.toml").map_err(|e| e.to_string())
+    }
+
+    /// A NaN, an infinity or a repeated grid point is refused naming its key; a point of a grid
+    /// may repeat a number.
+    #[test]
+    fn configs_refuse_non_finite_and_repeated_grid_values() {
+        assert!(check("[quick]\nbetas = [1.0, 4.0]\npl = [[2, 2], [3, 3]]\n").is_ok());
+        let e = check("[quick]\nfit = [16.0, nan]\n").unwrap_err();
+        assert!(
+            e.contains("`[quick].fit[1]`") && e.contains("finite"),
+            "{e}"
+        );
+        let e = check("[full]\nspread = inf\n").unwrap_err();
+        assert!(e.contains("`[full].spread`"), "{e}");
+        let e = check("[quick]\nns = [128, 512, 128]\n").unwrap_err();
+        assert!(e.contains("`[quick].ns`") && e.contains("twice"), "{e}");
+        let e = check("[quick]\npl = [[2, 2], [2, 2]]\n").unwrap_err();
+        assert!(e.contains("`[quick].pl`"), "{e}");
+    }
 }

@@ -57,6 +57,9 @@ pub struct Common {
 pub enum Cmd {
     /// Run one operator on user Q/K/V (.npy, shapes [N,d], [H,N,d] or [B,H,N,d]).
     Attend(AttendArgs),
+    /// The proved soft-hash bias bound at L = infinity, row by row, on your Q/K/V beside the
+    /// measured bias (O_inf from g^P by quadrature).
+    Bound(BoundArgs),
     /// Run every experiment that exists and write figures/REPORT.md.
     Reproduce(ReproduceArgs),
     /// Time the fast kernels against exact attention and the machine's measured limits.
@@ -160,8 +163,9 @@ pub struct BenchArgs {
     /// Which kernels to time.
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
     pub device: Device,
-    /// Timed runs per row (median reported; at least 3; short rows get more, up to 0.25 s).
-    #[arg(long, default_value_t = 3)]
+    /// Timed runs per row (median reported; at least 3; short rows get more, up to 0.25 s;
+    /// at most 1000).
+    #[arg(long, default_value_t = 3, value_parser = runs)]
     pub runs: usize,
     /// Stop timing a reference when its next run is predicted to exceed this (seconds).
     #[arg(long, default_value_t = 30.0, value_parser = positive)]
@@ -208,8 +212,9 @@ pub struct DistModelArgs {
     pub node: Vec<String>,
 }
 
+/// The Q, K, V files of `attend` and `bound`.
 #[derive(Args)]
-pub struct AttendArgs {
+pub struct QkvFiles {
     /// Queries (.npy, f32 or f64; [N, d], [H, N, d] or [B, H, N, d]).
     #[arg(long, value_parser = input_file)]
     pub q: PathBuf,
@@ -219,6 +224,12 @@ pub struct AttendArgs {
     /// Values (.npy; [.., N, dv]).
     #[arg(long, value_parser = input_file)]
     pub v: PathBuf,
+}
+
+#[derive(Args)]
+pub struct AttendArgs {
+    #[command(flatten)]
+    pub files: QkvFiles,
     /// The operator.
     #[arg(long, value_enum)]
     pub method: MethodKind,
@@ -283,6 +294,32 @@ pub struct AttendArgs {
 }
 
 #[derive(Args)]
+pub struct BoundArgs {
+    #[command(flatten)]
+    pub files: QkvFiles,
+    /// Bits per table: the L = infinity kernel is g^P against angular attention's kappa^P.
+    #[arg(long)]
+    pub p: usize,
+    /// Soft-hash inverse temperature (1e-3 to 1e6, where the quadrature of g is checked).
+    #[arg(long, value_parser = beta)]
+    pub beta: f64,
+    /// Causal attention: query i sees keys 0..=i.
+    #[arg(long)]
+    pub causal: bool,
+    /// Normalise the query and key rows to unit length first (the bound is proved for unit
+    /// rows; without this flag rows of another norm are refused).
+    #[arg(long)]
+    pub normalize: bool,
+    /// Also write every row (head, row, measured, bound, tolerance, ratio) to this CSV.
+    #[arg(long, value_parser = output_path)]
+    pub out: Option<PathBuf>,
+    /// Print one JSON object on stdout: rows [{head, row, measured, bound, ...}], max_ratio,
+    /// beta_min_covered.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
 pub struct ReproduceArgs {
     /// Small grids; finishes in minutes.
     #[arg(long)]
@@ -335,6 +372,16 @@ pub fn gamma(s: &str) -> std::result::Result<f64, String> {
 /// `--scale`: the library's check.
 pub fn scale(s: &str) -> std::result::Result<f64, String> {
     checked_real(s, racelab::params::validate_scale)
+}
+
+/// `bench --runs`: 1 to 1000 timed runs per row (a median of 1000 is long settled; more would
+/// only hold the machine).
+pub fn runs(s: &str) -> std::result::Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if (1..=1000).contains(&n) => Ok(n),
+        Ok(n) => Err(format!("{n} timed runs per row: give 1 to 1000")),
+        Err(_) => Err(format!("`{s}` is not a whole number from 1 to 1000")),
+    }
 }
 
 /// A count of at least one.

@@ -27,25 +27,50 @@ pub fn run(a: AttendArgs) -> Result<()> {
         anyhow::bail!("invalid parameter `out-shards`: it writes the slices of a distributed run; add --distributed (under mpirun) or use --out");
     }
     let (method, combine) = (a.method, a.combine);
+    let out = a
+        .common
+        .out
+        .clone()
+        .context("--out O.npy is required for attend")?;
+    check_outputs(&a, &out)?;
     // From the headers alone, before any data is read: the memory the inputs, their
     // conversions, the output and the operator need, and the time exact attention would take.
     let headers = [
-        read_npy_header(&a.q)?,
-        read_npy_header(&a.k)?,
-        read_npy_header(&a.v)?,
+        read_npy_header(&a.files.q)?,
+        read_npy_header(&a.files.k)?,
+        read_npy_header(&a.files.v)?,
     ];
     let eta = check_before_reading(&a, &headers)?;
     let what = format!("attend: {} on {}", a.method.name(), a.device.name());
     let (q, k, v) = (
-        read_npy_native(&a.q)?,
-        read_npy_native(&a.k)?,
-        read_npy_native(&a.v)?,
+        read_npy_native(&a.files.q)?,
+        read_npy_native(&a.files.k)?,
+        read_npy_native(&a.files.v)?,
     );
     let planes = match &a.planes {
         Some(p) => Some(read_planes(p)?),
         None => None,
     };
     let (p, l) = table_counts(&a, planes.as_ref())?;
+    // --save-planes is written before the work: a full disk or a bad path fails at once,
+    // and the planes passed on are the ones saved.
+    let planes = match (&a.save_planes, method.uses_planes()) {
+        (Some(path), true) => {
+            let d = *q.shape().last().unwrap_or(&0);
+            let drawn = match planes {
+                Some(given) => given,
+                None => racelab::PlaneSpec::Draw {
+                    p,
+                    l,
+                    seed: a.common.seed,
+                }
+                .resolve(d)?,
+            };
+            write_planes(path, &drawn)?;
+            Some(drawn)
+        }
+        _ => planes,
+    };
     let flags = Flags {
         p,
         l,
@@ -69,20 +94,19 @@ pub fn run(a: AttendArgs) -> Result<()> {
         causal: a.causal,
         max_memory: a.max_memory,
     };
-    let out = a
-        .common
-        .out
-        .clone()
-        .context("--out O.npy is required for attend")?;
     let dtype = a.dtype.unwrap_or(q.dtype());
     let shapes = [q.shape().to_vec(), k.shape().to_vec(), v.shape().to_vec()];
-    // f32 files reach the f32 kernels as they are; any f64 input makes the call f64.
+    // f32 files reach the f32 kernels as they are; any f64 input makes the call f64, and so
+    // does the reference, which computes in f64 whatever the files hold (--dtype rounds only
+    // the written file).
     let (res, seconds) = match (q, k, v) {
-        (NpyData::F32(q), NpyData::F32(k), NpyData::F32(v)) => timed_write(
-            || attend_in(&q.view(), &k.view(), &v.view(), &opts, a.device),
-            (&out, dtype),
-            Ticker::start(what, eta),
-        )?,
+        (NpyData::F32(q), NpyData::F32(k), NpyData::F32(v)) if a.device != Device::Reference => {
+            timed_write(
+                || attend_in(&q.view(), &k.view(), &v.view(), &opts, a.device),
+                (&out, dtype),
+                Ticker::start(what, eta),
+            )?
+        }
         (q, k, v) => {
             let (q, k, v) = (q.into_f64(), k.into_f64(), v.into_f64());
             timed_write(
@@ -93,9 +117,6 @@ pub fn run(a: AttendArgs) -> Result<()> {
         }
     };
     let [q_shape, k_shape, v_shape] = &shapes;
-    if let (Some(path), Some(pl)) = (&a.save_planes, &res.planes) {
-        write_planes(path, pl)?;
-    }
     let summary = json!({
         "method": method.name(),
         "q_shape": q_shape, "k_shape": k_shape, "v_shape": v_shape, "o_shape": res.o.shape,
@@ -228,6 +249,31 @@ fn check_before_reading(a: &AttendArgs, headers: &[NpyHeader; 3]) -> Result<Opti
     Ok(Some(secs))
 }
 
+/// The outputs of `attend` checked before any work: `--out` and `--save-planes` are new or
+/// regular files, neither is an input (`--q --k --v --planes --omega`, by device and inode) nor
+/// the other, and their folders take a new file ([`racelab::io::check_output_file`]).
+fn check_outputs(a: &AttendArgs, out: &Path) -> Result<()> {
+    let f = &a.files;
+    let mut inputs = vec![
+        ("q", f.q.as_path()),
+        ("k", f.k.as_path()),
+        ("v", f.v.as_path()),
+    ];
+    inputs.extend(a.planes.as_deref().map(|p| ("planes", p)));
+    inputs.extend(a.omega.as_deref().map(|p| ("omega", p)));
+    let planes_out: Vec<(&str, &Path)> = a
+        .save_planes
+        .as_deref()
+        .map(|p| ("save-planes", p))
+        .into_iter()
+        .collect();
+    racelab::io::check_output_file(out, "out", &inputs, &planes_out)?;
+    if let Some(sp) = &a.save_planes {
+        racelab::io::check_output_file(sp, "save-planes", &inputs, &[("out", out)])?;
+    }
+    Ok(())
+}
+
 /// Exact attention predicted to take longer than this is refused without --allow-slow.
 const SLOW_SECONDS: f64 = 60.0;
 
@@ -258,15 +304,21 @@ fn run_distributed(a: AttendArgs) -> Result<()> {
     if a.device == Device::Reference {
         anyhow::bail!("invalid parameter `device`: --distributed runs the f32 CPU kernels on every rank; add --device cpu");
     }
+    if let Some(out) = &a.common.out {
+        check_outputs(&a, out)?;
+    }
+    if let Some(dir) = &a.out_shards {
+        racelab::io::check_output_dir(dir, "out-shards")?;
+    }
     // A --p or --l that disagrees with the --planes file is refused here, as without MPI.
     let (p, l) = match &a.planes {
         Some(path) => table_counts(&a, Some(&read_planes(path)?))?,
         None => table_counts(&a, None)?,
     };
     let job = racelab::distributed::job::AttendJob {
-        q: a.q,
-        k: a.k,
-        v: a.v,
+        q: a.files.q,
+        k: a.files.k,
+        v: a.files.v,
         params: racelab::RaceParams {
             p,
             l,

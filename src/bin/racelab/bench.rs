@@ -11,6 +11,9 @@ use std::path::PathBuf;
 /// `--distributed`).
 pub fn run(a: BenchArgs) -> Result<()> {
     use racelab::bench;
+    if let Some(out) = &a.common.out {
+        racelab::io::check_output_dir(out, "out")?;
+    }
     // Each step's line on stderr, after the time since the start.
     let t0 = std::time::Instant::now();
     let progress = |m: &str| {

@@ -10,6 +10,7 @@ use anyhow::Result;
 /// `distributed-model`: the measured scaling runs against the time model, and its projection.
 pub fn run_model(a: DistModelArgs) -> Result<()> {
     use racelab::distributed::{model::Interconnect, scaling};
+    racelab::io::check_output_dir(&a.out, "out")?;
     let rows = scaling::read_rows(&a.runs)?;
     let (bench, figs) = (a.out.join("bench"), a.out.join("figures"));
     std::fs::create_dir_all(&bench)?;

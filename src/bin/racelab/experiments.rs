@@ -3,33 +3,109 @@
 use crate::args::{Common, ExpArgs, Fig3Args, ReproduceArgs};
 use anyhow::Result;
 use racelab::attend::human_seconds;
+use racelab::experiments::staging::Staging;
 use racelab::experiments::{self, registry};
 use serde_json::json;
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
-/// The experiment context of `a` (`--out` defaults to figures/).
-fn exp_ctx(a: &ExpArgs) -> experiments::Ctx {
-    experiments::Ctx {
-        config: a.config.clone(),
-        data: a.data.clone(),
-        ..ctx_of(&a.common, a.quick)
+/// The staging folder of the run in progress (`None` once its files have moved in).
+static ACTIVE: Mutex<Option<PathBuf>> = Mutex::new(None);
+/// Held while the finished files move in: a signal then waits for the move to end.
+static MOVING: Mutex<()> = Mutex::new(());
+
+/// On SIGINT or SIGTERM: remove the run's staging folder, say what `out` holds, and exit 130
+/// or 143 (128 + the signal).
+fn stop_cleanly_on_signals(out: &Path) -> Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])?;
+    let out = out.display().to_string();
+    std::thread::spawn(move || {
+        if let Some(sig) = signals.forever().next() {
+            let _moving = MOVING.lock().unwrap_or_else(|e| e.into_inner());
+            let staged = ACTIVE.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let (name, kept) = match staged {
+                Some(dir) => {
+                    std::fs::remove_dir_all(&dir).ok();
+                    (
+                        if sig == SIGINT { "SIGINT" } else { "SIGTERM" },
+                        format!("this run's staging folder was removed; `{out}` holds what it held before, unchanged"),
+                    )
+                }
+                None => (
+                    if sig == SIGINT { "SIGINT" } else { "SIGTERM" },
+                    format!("this run had finished; `{out}` holds its files"),
+                ),
+            };
+            crate::error_line(&format!("interrupted ({name}): {kept}"));
+            std::process::exit(128 + sig);
+        }
+    });
+    Ok(())
+}
+
+/// The test hook `RACELAB_TEST_INTERRUPT=STEP:INT|TERM`: the process signals itself as `STEP`
+/// starts (tests/experiments.rs interrupts `reproduce` there).
+fn test_interrupt(step: &str) {
+    let Ok(spec) = std::env::var("RACELAB_TEST_INTERRUPT") else {
+        return;
+    };
+    if let Some((at, sig)) = spec.rsplit_once(':') {
+        if at == step {
+            let sig = if sig == "TERM" {
+                signal_hook::consts::SIGTERM
+            } else {
+                signal_hook::consts::SIGINT
+            };
+            signal_hook::low_level::raise(sig).ok();
+            // The handler exits the process; wait for it rather than go on writing.
+            std::thread::sleep(std::time::Duration::from_secs(60));
+        }
     }
 }
 
-/// The context every experiment command shares: `--out` (default figures/), `--seed`,
-/// `--quick`; no config or data of its own.
-fn ctx_of(common: &Common, quick: bool) -> experiments::Ctx {
-    experiments::Ctx {
-        out: common
-            .out
-            .clone()
-            .unwrap_or_else(|| PathBuf::from("figures")),
+/// Run `f` into a staging folder beside `ctx.out` and move its files in when it has finished
+/// ([`Staging`]); SIGINT and SIGTERM stop it cleanly.
+fn staged<T>(ctx: &experiments::Ctx, f: impl FnOnce(&experiments::Ctx) -> Result<T>) -> Result<T> {
+    let staging = Staging::begin(&ctx.out)?;
+    *ACTIVE.lock().unwrap_or_else(|e| e.into_inner()) = Some(staging.path().to_path_buf());
+    stop_cleanly_on_signals(&ctx.out)?;
+    let inner = experiments::Ctx {
+        out: staging.path().to_path_buf(),
+        ..ctx.clone()
+    };
+    let r = f(&inner)?;
+    let _moving = MOVING.lock().unwrap_or_else(|e| e.into_inner());
+    staging.finish()?;
+    *ACTIVE.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    Ok(r)
+}
+
+/// The experiment context of `a` (`--out` defaults to figures/).
+fn exp_ctx(a: &ExpArgs) -> Result<experiments::Ctx> {
+    Ok(experiments::Ctx {
+        config: a.config.clone(),
+        data: a.data.clone(),
+        ..ctx_of(&a.common, a.quick)?
+    })
+}
+
+/// The context every experiment command shares: `--out` (default figures/; a folder or a new
+/// path, checked before any work), `--seed`, `--quick`; no config or data of its own.
+fn ctx_of(common: &Common, quick: bool) -> Result<experiments::Ctx> {
+    let out = common
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("figures"));
+    racelab::io::check_output_dir(&out, "out")?;
+    Ok(experiments::Ctx {
+        out,
         seed: common.seed,
         quick,
         config: None,
         data: None,
-    }
+    })
 }
 
 /// An experiment's claims and files, or one JSON object.
@@ -83,19 +159,23 @@ fn run_exp(
     a: &ExpArgs,
     f: impl FnOnce(&experiments::Ctx) -> racelab::Result<experiments::ExpResult>,
 ) -> Result<()> {
-    let ctx = exp_ctx(a);
-    // An experiment reports no progress of its own: its elapsed time, after the first seconds.
-    let ticker = crate::ticker::Ticker::start(name.to_string(), None);
-    let r = f(&ctx);
-    drop(ticker);
-    let r = r?;
+    let ctx = exp_ctx(a)?;
+    let r = staged(&ctx, |ctx| {
+        test_interrupt(name);
+        // An experiment reports no progress of its own: its elapsed time, after the first
+        // seconds.
+        let ticker = crate::ticker::Ticker::start(name.to_string(), None);
+        let r = f(ctx);
+        drop(ticker);
+        Ok(r?)
+    })?;
     print_result(&r, a.common.json);
     Ok(())
 }
 
 /// `reproduce`: every experiment, its claims, and figures/REPORT.md.
 pub fn run_reproduce(a: ReproduceArgs) -> Result<()> {
-    let ctx = ctx_of(&a.common, a.quick);
+    let ctx = ctx_of(&a.common, a.quick)?;
     let bar = indicatif::ProgressBar::new(registry::reproduce_steps().len() as u64);
     bar.set_style(
         indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
@@ -116,24 +196,28 @@ pub fn run_reproduce(a: ReproduceArgs) -> Result<()> {
             bar.println(line);
         }
     };
-    let (results, report, total) = registry::reproduce(
-        &ctx,
-        a.seeds as usize,
-        &|n| bar.set_length(n),
-        &|name| {
-            bar.set_message(name.to_string());
-            if logged {
-                step(name, "started");
-            }
-        },
-        &|name, r| {
-            step(
-                name,
-                &format!("{:.1} s, {} claims", r.seconds, r.claims.len()),
-            );
-            bar.inc(1);
-        },
-    )?;
+    let (results, _, total) = staged(&ctx, |ctx| {
+        Ok(registry::reproduce(
+            ctx,
+            a.seeds as usize,
+            &|n| bar.set_length(n),
+            &|name| {
+                bar.set_message(name.to_string());
+                if logged {
+                    step(name, "started");
+                }
+                test_interrupt(name);
+            },
+            &|name, r| {
+                step(
+                    name,
+                    &format!("{:.1} s, {} claims", r.seconds, r.claims.len()),
+                );
+                bar.inc(1);
+            },
+        )?)
+    })?;
+    let report = ctx.out.join("REPORT.md");
     bar.finish_and_clear();
     if a.common.json {
         let claims: Vec<_> = results.iter().flat_map(|r| r.claims.clone()).collect();

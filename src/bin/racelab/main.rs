@@ -5,6 +5,7 @@
 mod args;
 mod attend;
 mod bench;
+mod bound;
 mod distributed;
 mod experiments;
 mod ticker;
@@ -15,6 +16,7 @@ fn main() {
     let cli = args::parse();
     let r = match cli.cmd {
         Cmd::Attend(a) => attend::run(a),
+        Cmd::Bound(a) => bound::run(a),
         Cmd::Reproduce(a) => experiments::run_reproduce(a),
         Cmd::Bench(a) => bench::run(a),
         Cmd::DistributedModel(a) => distributed::run_model(a),

@@ -30,7 +30,7 @@ use crate::error::Result;
 use bound::{claims, figures, fit, grid_csv, Grid};
 pub use common::{limit_output, rel_rms, Config};
 use limit::limit_study;
-pub use limit::{explicit_bias_bound, pair_bias_bound, LimitSlope};
+pub use limit::LimitSlope;
 
 /// The study: the grid (compute → CSV), the fit and figures from the CSV, the claims; then,
 /// on synthetic inputs, the L = ∞ study.
