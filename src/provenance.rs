@@ -27,6 +27,21 @@ fn git(args: &[&str]) -> Option<String> {
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
+/// Whether revision `a` is an ancestor of (or equal to) revision `b` in this checkout's
+/// history; `None` where git or either revision is not there.
+pub fn git_is_ancestor(a: &str, b: &str) -> Option<bool> {
+    let out = std::process::Command::new("git")
+        .args(["merge-base", "--is-ancestor", a, b])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()?;
+    match out.status.code() {
+        Some(0) => Some(true),
+        Some(1) => Some(false),
+        _ => None,
+    }
+}
+
 impl Provenance {
     /// The machine, revision and time of a run; `isa` is the SIMD level the kernels detected
     /// (`cpu::detected_isa().name()`), given by the caller so this file names nothing above it.

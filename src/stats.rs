@@ -81,6 +81,63 @@ pub fn loglog_slope(pts: &[(f64, f64)]) -> f64 {
     num / den
 }
 
+/// `a.max(b)`, but NaN when either is NaN (`f64::max` returns the other one): the fold
+/// `xs.fold(0.0, nan_max)` carries a NaN to the result instead of passing over it.
+pub fn nan_max(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.max(b)
+    }
+}
+
+/// `a.min(b)` with the same propagation as [`nan_max`].
+pub fn nan_min(a: f64, b: f64) -> f64 {
+    -nan_max(-a, -b)
+}
+
+/// The index of the largest value; `None` for empty data or when any value is not finite (a
+/// non-finite value is never passed over as if it were not there).
+pub fn argmax(v: impl IntoIterator<Item = f64>) -> Option<usize> {
+    let mut best: Option<(usize, f64)> = None;
+    for (i, x) in v.into_iter().enumerate() {
+        if !x.is_finite() {
+            return None;
+        }
+        if best.is_none_or(|(_, b)| x > b) {
+            best = Some((i, x));
+        }
+    }
+    best.map(|b| b.0)
+}
+
+/// The index of the smallest value, with the same propagation as [`argmax`].
+pub fn argmin(v: impl IntoIterator<Item = f64>) -> Option<usize> {
+    argmax(v.into_iter().map(|x| -x))
+}
+
+/// Sort by a float key in the total order (`-NaN < -∞ < … < ∞ < NaN`): a non-finite key is
+/// kept and placed, never dropped, and the sort never panics.
+pub fn sort_by_float<T>(v: &mut [T], key: impl Fn(&T) -> f64) {
+    v.sort_by(|a, b| key(a).total_cmp(&key(b)));
+}
+
+/// The smallest and largest value (`(∞, −∞)` for no data); NaN in both where any value is
+/// NaN, as [`nan_min`] and [`nan_max`] carry it.
+pub fn min_max(v: impl IntoIterator<Item = f64>) -> (f64, f64) {
+    v.into_iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| {
+            (nan_min(a, x), nan_max(b, x))
+        })
+}
+
+/// The item with the smallest key; `None` for no items or when any key is not finite.
+pub fn min_by_float<T>(items: impl IntoIterator<Item = T>, key: impl Fn(&T) -> f64) -> Option<T> {
+    let items: Vec<T> = items.into_iter().collect();
+    let i = argmin(items.iter().map(&key))?;
+    items.into_iter().nth(i)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -114,5 +171,29 @@ mod tests {
         assert!(loglog_slope(&[(1.0, 1.0), (2.0, f64::NAN), (4.0, 0.25)]).is_nan());
         assert!(loglog_slope(&[(1.0, 1.0), (2.0, 0.0)]).is_nan());
         assert!(loglog_slope(&[(1.0, 1.0)]).is_nan());
+    }
+
+    #[test]
+    fn the_folds_picks_and_sorts_carry_nan() {
+        let xs = [1.0, f64::NAN, 3.0];
+        assert!(xs.iter().cloned().fold(0.0, nan_max).is_nan());
+        assert!(xs.iter().cloned().fold(f64::INFINITY, nan_min).is_nan());
+        assert_eq!([1.0, 3.0, 2.0].iter().cloned().fold(0.0, nan_max), 3.0);
+        let (lo, hi) = min_max([2.0, -1.0, 5.0]);
+        assert_eq!((lo, hi), (-1.0, 5.0));
+        assert!(min_max(xs).0.is_nan());
+        assert_eq!(argmax([1.0, 3.0, 2.0]), Some(1));
+        assert_eq!(argmin([1.0, 3.0, 0.5]), Some(2));
+        assert_eq!(argmax(xs), None);
+        assert_eq!(argmax(std::iter::empty()), None);
+        assert_eq!(
+            min_by_float(vec![(0, 2.0), (1, 1.0)], |x| x.1),
+            Some((1, 1.0))
+        );
+        assert_eq!(min_by_float(vec![(0, 2.0), (1, f64::NAN)], |x| x.1), None);
+        let mut v = vec![3.0, f64::NAN, 1.0];
+        sort_by_float(&mut v, |&x| x);
+        assert_eq!(v[..2], [1.0, 3.0]);
+        assert!(v[2].is_nan());
     }
 }

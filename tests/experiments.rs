@@ -19,7 +19,7 @@ fn claim_rows(report: &str) -> Vec<(String, String)> {
             let id = l[3..].split('`').next().unwrap_or("").to_string();
             let cells: Vec<&str> = l.split(" | ").collect();
             let last = cells.last().copied().unwrap_or("");
-            // "**unstable (2/3 holds)**" names the verdict "unstable".
+            // "**unstable (2/3 hold)**" names the verdict "unstable".
             let verdict = last
                 .strip_prefix("**")
                 .and_then(|v| v.split("**").next())
@@ -140,7 +140,7 @@ fn theorem_json_has_limit_slopes() {
     let out = tmp("theorem");
     std::fs::create_dir_all(&out).unwrap();
     let cfg = out.join("small.toml");
-    let table = "d = 8\ndv = 4\nps = [1, 2]\nls = [1, 4]\nbetas = [1.0, 8.0]\nns = [32, 64]\nspread = 0.5\ndelta = 0.1\nseeds = 4\nsampling_beta = 8.0\nn_theta = 64\nlimit_n = 32\nlimit_betas = [0.5, 1.0, 2.0, 4.0, 8.0]\nlimit_seeds = 2\nlimit_clusters = 2\nlimit_noise = 0.6\ncalibrate_from_l = 4\nform_split_beta = 2.0\ntied_fit_from_beta = 4.0\nexplicit_seeds = 1\n";
+    let table = "d = 8\ndv = 4\nps = [1, 2]\nls = [1, 4]\nbetas = [1.0, 8.0]\nns = [32, 64]\nspread = 0.5\ndelta = 0.1\nseeds = 4\nsampling_beta = 8.0\nn_theta = 64\nlimit_n = 32\nlimit_betas = [0.5, 1.0, 2.0, 4.0, 8.0]\nlimit_seeds = 2\nlimit_clusters = 2\nlimit_noise = 0.6\ncalibrate_from_l = 4\nfit_split_beta = 4.0\nfit_split_p = 2\nsampling_from_l = 1\nform_split_beta = 2.0\nform_split_p = 2\ntied_fit_from_beta = 4.0\nexplicit_seeds = 1\n";
     std::fs::write(&cfg, format!("[quick]\n{table}\n[full]\n{table}")).unwrap();
     let o = Command::new(env!("CARGO_BIN_EXE_racelab"))
         .args(["theorem", "--quick", "--json", "--config"])

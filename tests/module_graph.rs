@@ -649,3 +649,60 @@ fn the_graph_reader_sees_use_trees_inline_paths_and_skips_tests_and_strings() {
         vec![vec!["a".to_string(), "b".into(), "c".into()]]
     );
 }
+
+/// The rooms whose code handles measured values: the experiments and their verdicts, the
+/// analysis, the benchmarks and the bound.
+const MEASURING: [&str; 4] = ["experiments", "analysis", "bench", "bound"];
+
+/// Where a line of code could pass over a NaN: `fold` with `f64::max`/`f64::min` (or a
+/// `.max`/`.min` closure, or starting at ±∞), `min_by`/`max_by`, `partial_cmp`, a float sort.
+/// The NaN-propagating forms live in `src/stats.rs` (`max_all`, `nan_max`, `argmin`,
+/// `sort_by_float`, …).
+fn swallows_nan(line: &str) -> bool {
+    let folds = line.contains("fold(")
+        && (line.contains(".max(") || line.contains(".min(") || line.contains("INFINITY"))
+        && !(line.contains("nan_max") || line.contains("nan_min"));
+    folds
+        || [
+            "f64::max",
+            "f64::min",
+            ".min_by(",
+            ".max_by(",
+            ".sort_by(",
+            ".sort_unstable_by(",
+            "partial_cmp",
+        ]
+        .iter()
+        .any(|p| line.contains(p))
+}
+
+#[test]
+fn no_measured_value_is_folded_or_sorted_past_a_nan_outside_stats() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut hits = Vec::new();
+    for room in MEASURING {
+        for p in rust_files(&src.join(room), false) {
+            let code = code_only(&std::fs::read_to_string(&p).unwrap());
+            for (i, line) in code.lines().enumerate() {
+                if swallows_nan(line) {
+                    let name = p.strip_prefix(&src).unwrap().display();
+                    hits.push(format!("{name}:{}: {}", i + 1, line.trim()));
+                }
+            }
+        }
+    }
+    assert!(
+        hits.is_empty(),
+        "use the NaN-propagating helpers of src/stats.rs:\n{}",
+        hits.join("\n")
+    );
+    // The lint sees what it is for.
+    assert!(swallows_nan(
+        "let m = xs.iter().cloned().fold(0.0, f64::max);"
+    ));
+    assert!(swallows_nan(".fold(0.0f64, |m, x| m.max(x.abs()))"));
+    assert!(swallows_nan("v.sort_by(|a, b| a.partial_cmp(b).unwrap());"));
+    assert!(!swallows_nan(
+        "let m = crate::stats::max_all(xs.iter().cloned());"
+    ));
+}

@@ -5,7 +5,7 @@ pub fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
     a.iter()
         .zip(b)
         .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f64::max)
+        .fold(0.0, crate::stats::nan_max)
 }
 
 /// `max_i |a_i − b_i| / max(max_i |b_i|, tiny)`: error relative to the reference's scale.
@@ -13,7 +13,7 @@ pub fn rel_max_err(a: &[f64], reference: &[f64]) -> f64 {
     let scale = reference
         .iter()
         .map(|x| x.abs())
-        .fold(0.0, f64::max)
+        .fold(0.0, crate::stats::nan_max)
         .max(f64::MIN_POSITIVE);
     max_abs_diff(a, reference) / scale
 }

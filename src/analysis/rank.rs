@@ -18,7 +18,7 @@ pub fn singular_values(a: &Mat<f64>) -> Vec<f64> {
     let mut s = m
         .singular_values()
         .expect("SVD of a finite matrix converges");
-    s.sort_by(|x, y| y.partial_cmp(x).unwrap_or(std::cmp::Ordering::Equal));
+    crate::stats::sort_by_float(&mut s, |&x| -x);
     s
 }
 

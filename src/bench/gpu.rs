@@ -28,7 +28,12 @@ pub struct DeviceCeilings {
 pub fn ceilings() -> Result<DeviceCeilings> {
     let name = crate::cuda::device_name()?;
     let floats = 1usize << 29;
-    let best = |secs: &[f64]| secs[1..].iter().cloned().fold(f64::INFINITY, f64::min);
+    let best = |secs: &[f64]| {
+        secs[1..]
+            .iter()
+            .cloned()
+            .fold(f64::INFINITY, crate::stats::nan_min)
+    };
     let copy = crate::cuda::copy_seconds(floats, 6)?;
     let bandwidth_gbs = 2.0 * 4.0 * floats as f64 / best(&copy) / 1e9;
     let (blocks, threads, iters) = (16384u32, 256u32, 16384i32);

@@ -113,7 +113,7 @@ impl<'a> Recorder<'a> {
                     ctx(cfg.causal)
                 }
             })
-            .fold(0.0, f64::max);
+            .fold(0.0, crate::stats::nan_max);
         let state = cfg
             .pl
             .iter()

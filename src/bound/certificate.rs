@@ -51,11 +51,15 @@ impl Iv {
     /// The smallest interval holding the four corner values, one rounding wider.
     fn hull(c: [f64; 4]) -> Iv {
         Iv {
-            lo: c.iter().cloned().fold(f64::INFINITY, f64::min).next_down(),
+            lo: c
+                .iter()
+                .cloned()
+                .fold(f64::INFINITY, crate::stats::nan_min)
+                .next_down(),
             hi: c
                 .iter()
                 .cloned()
-                .fold(f64::NEG_INFINITY, f64::max)
+                .fold(f64::NEG_INFINITY, crate::stats::nan_max)
                 .next_up(),
         }
     }

@@ -73,7 +73,7 @@ fn best(polys: &[&[(usize, f64)]], beta: f64, squared: bool) -> f64 {
     polys
         .iter()
         .map(|p| against(p, beta, squared))
-        .fold(f64::INFINITY, f64::min)
+        .fold(f64::INFINITY, crate::stats::nan_min)
 }
 
 /// `ε_β(θ)` for one β, its θ-free parts computed once.
@@ -108,7 +108,7 @@ impl PairBound {
                         * crate::hashing::sigmoid(-2.0 * beta * x0.tanh())
                         * (-x0 * x0 / 4.0).exp()
             })
-            .fold(f64::INFINITY, f64::min);
+            .fold(f64::INFINITY, crate::stats::nan_min);
         PairBound {
             beta,
             eh_tie: 4.0 * j,

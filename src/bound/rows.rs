@@ -123,7 +123,7 @@ pub fn row_bounds_with(
     let dv = v.cols;
     let vmax = (0..v.rows)
         .map(|j| dot(v.row(j), v.row(j)).sqrt())
-        .fold(0.0, f64::max);
+        .fold(0.0, crate::stats::nan_max);
     let eta = g.error + 1e-15;
     let pi = std::f64::consts::PI;
     (0..q.rows)
@@ -206,7 +206,9 @@ impl BoundReport {
             .iter()
             .flatten()
             .filter_map(|r| r.ratio())
-            .fold(None, |m: Option<f64>, r| Some(m.map_or(r, |m| m.max(r))))
+            .fold(None, |m: Option<f64>, r| {
+                Some(m.map_or(r, |m| crate::stats::nan_max(m, r)))
+            })
     }
     /// Rows where `U_i ≤ Σ_j δ̄_ij`.
     pub fn vacuous(&self) -> usize {

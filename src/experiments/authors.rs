@@ -92,13 +92,13 @@ fn fitted_c(cfg: &Config) -> f64 {
                             let kap = 1.0 - t.theta(i) / std::f64::consts::PI;
                             (t.values[i].powi(p as i32) - kap.powi(p as i32)).abs()
                         })
-                        .fold(0.0, f64::max)
+                        .fold(0.0, crate::stats::nan_max)
                         * b
                         / p as f64
                 })
-                .fold(0.0, f64::max)
+                .fold(0.0, crate::stats::nan_max)
         })
-        .reduce(|| 0.0, f64::max)
+        .reduce(|| 0.0, crate::stats::nan_max)
 }
 
 /// Compute → CSV `authors`: per input instance, P and t (beta = e^t/√d), raw and unit Q/K and

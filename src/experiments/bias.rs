@@ -121,7 +121,7 @@ pub(crate) fn pair_bound_measure(ratios: &[f64]) -> Measure {
         return Measure::NotTestable("no (beta, P) in the grid".into());
     }
     Measure::Bound {
-        measured: ratios.iter().cloned().fold(0.0, f64::max),
+        measured: ratios.iter().cloned().fold(0.0, crate::stats::nan_max),
         bound: 1.0,
     }
 }
@@ -142,7 +142,7 @@ fn norms_csv(ctx: &Ctx, cfg: &Config) -> Result<String> {
                     let theta = PI * i as f64 / cfg.norm_theta as f64;
                     (expected_g(beta, r, r, theta, 1).powi(2) - (1.0 - theta / PI).powi(2)).abs()
                 })
-                .fold(0.0, f64::max);
+                .fold(0.0, crate::stats::nan_max);
             vec![f(beta), f(r), f(sup)]
         })
         .collect();
@@ -408,9 +408,13 @@ fn claims(ctx: &Ctx, cfg: &Config, fits: &Fits) -> Result<(Vec<Claim>, serde_jso
         super::col(&hq, &rq, "z"),
         super::col(&hq, &rq, "refinement_diff"),
     );
-    let max_bbp = nc.iter().cloned().fold(0.0, f64::max);
+    let max_bbp = nc.iter().cloned().fold(0.0, crate::stats::nan_max);
     // bias·beta/P·√(2π) at the largest beta, per P (the limit is 1).
-    let bmax = cfg.betas.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let bmax = cfg
+        .betas
+        .iter()
+        .cloned()
+        .fold(f64::NEG_INFINITY, crate::stats::nan_max);
     let at_max: Vec<(usize, f64)> = cfg
         .ps
         .iter()
@@ -425,9 +429,9 @@ fn claims(ctx: &Ctx, cfg: &Config, fits: &Fits) -> Result<(Vec<Claim>, serde_jso
     let dev = at_max
         .iter()
         .map(|(_, x)| (x * (2.0 * PI).sqrt() - 1.0).abs())
-        .fold(0.0, f64::max);
-    let max_z = zc.iter().map(|z| z.abs()).fold(0.0, f64::max);
-    let max_ref = rc.iter().cloned().fold(0.0, f64::max);
+        .fold(0.0, crate::stats::nan_max);
+    let max_z = zc.iter().map(|z| z.abs()).fold(0.0, crate::stats::nan_max);
+    let max_ref = rc.iter().cloned().fold(0.0, crate::stats::nan_max);
     let slope_txt: Vec<String> = slopes
         .iter()
         .map(|(p, s)| format!("P={p}: {s:.3}"))
@@ -460,7 +464,7 @@ fn claims(ctx: &Ctx, cfg: &Config, fits: &Fits) -> Result<(Vec<Claim>, serde_jso
                 (0..pb.len())
                     .filter(|&i| pb[i] == b)
                     .map(|i| col[i])
-                    .fold(0.0, f64::max)
+                    .fold(0.0, crate::stats::nan_max)
             };
             format!("beta={b}: {:.4} ({:.3})", worst(&pr), worst(&pe))
         })
@@ -563,7 +567,7 @@ mod tests {
                 let bias = (expected_g(beta, 1.0, 1.0, theta, 1) - (1.0 - theta / PI)).abs();
                 pair_ratio(bias, asymptotic_eps(theta, beta))
             })
-            .fold(0.0, f64::max);
+            .fold(0.0, crate::stats::nan_max);
         assert_eq!(v(&[worst]), Verdict::Fails, "expansion ratio {worst}");
     }
 }

@@ -162,7 +162,7 @@ fn heatmaps(ctx: &Ctx, cfg: &Config, inp: &FigInputs) -> Result<(String, Vec<Pan
     let scale = inp.softmax_scale.unwrap_or(cfg.softmax_scale);
     let sm = softmax_matrix(q, k, scale);
     let row_max: Vec<f64> = (0..sm.rows)
-        .map(|i| sm.row(i).iter().cloned().fold(0.0, f64::max))
+        .map(|i| sm.row(i).iter().cloned().fold(0.0, crate::stats::nan_max))
         .collect();
     let mut panels: Vec<(String, Mat<f64>)> = vec![(
         format!(

@@ -61,7 +61,7 @@ fn counterexample_csv(ctx: &Ctx, cfg: &Config) -> Result<String> {
         // Cross-check on the explicit N × N matrix (every entry equals s).
         let xs = crate::tensor::Mat::from_vec(cfg.n.min(64), cfg.d, x.data.repeat(cfg.n.min(64)));
         let shat = soft_matrix(xs.view(), xs.view(), &planes, cfg.beta);
-        let max_shat = shat.data.iter().cloned().fold(0.0, f64::max);
+        let max_shat = shat.data.iter().cloned().fold(0.0, crate::stats::nan_max);
         if (max_shat - s).abs() >= 1e-12 {
             return Err(crate::RaceError::Config {
                 path: "lemma10".into(),
@@ -102,7 +102,10 @@ fn repair_csv(ctx: &Ctx, cfg: &Config) -> Result<String> {
                     b = b.max((table.g(theta).powi(p) - s).abs());
                 }
             }
-            let s_min = s_row.iter().cloned().fold(f64::INFINITY, f64::min);
+            let s_min = s_row
+                .iter()
+                .cloned()
+                .fold(f64::INFINITY, crate::stats::nan_min);
             let c1 = s_min / n as f64;
             let log_term = (2.0 * (n * n) as f64 / cfg.delta).ln();
             let jobs: Vec<(usize, usize)> = cfg
@@ -143,7 +146,7 @@ fn repair_csv(ctx: &Ctx, cfg: &Config) -> Result<String> {
                                 / l as f64;
                             (row - s_row[i]).abs()
                         })
-                        .fold(0.0, f64::max);
+                        .fold(0.0, crate::stats::nan_max);
                     let actual = e2 <= s_min / 2.0;
                     let hp_bound = b + (log_term / (2.0 * l as f64)).sqrt();
                     let sufficient = b <= c1 / 4.0 && (l as f64) >= 8.0 / (c1 * c1) * log_term;
@@ -259,7 +262,7 @@ fn claims(ctx: &Ctx, cfg: &Config) -> Result<(Vec<Claim>, serde_json::Value)> {
         super::col(&h, &r, "e_norm_over_n"),
         super::col(&h, &r, "max_shat"),
     );
-    let max_shat_all = ms.iter().cloned().fold(0.0, f64::max);
+    let max_shat_all = ms.iter().cloned().fold(0.0, crate::stats::nan_max);
     let (h2, r2) = read_csv(ctx, "lemma10_repair")?;
     let e2 = super::col(&h2, &r2, "e_norm_over_n");
     let hp = super::col(&h2, &r2, "hp_bound");
@@ -267,7 +270,7 @@ fn claims(ctx: &Ctx, cfg: &Config) -> Result<(Vec<Claim>, serde_json::Value)> {
     let suf = super::col(&h2, &r2, "sufficient_holds");
     let g0 = GTable::new(cfg.beta, 8).values[0];
     let expected_limit = g0.powi(cfg.p as i32);
-    let all_e = e.iter().cloned().fold(f64::INFINITY, f64::min);
+    let all_e = e.iter().cloned().fold(f64::INFINITY, crate::stats::nan_min);
     // Only points where the repaired bound is below 1 test anything: ‖E‖₂/N ≤ 1 always.
     let informative: Vec<usize> = (0..e2.len()).filter(|&i| hp[i] < 1.0).collect();
     let bound_ok = informative.iter().filter(|&&i| e2[i] <= hp[i]).count();
@@ -283,7 +286,10 @@ fn claims(ctx: &Ctx, cfg: &Config) -> Result<(Vec<Claim>, serde_json::Value)> {
         .map(|p| (p, beta_star(p, 1.0 - bound), beta_star(p, 0.5)))
         .collect();
     let authors_beta = 1.0 / 128f64.sqrt();
-    let min_half = ranges.iter().map(|r| r.2).fold(f64::INFINITY, f64::min);
+    let min_half = ranges
+        .iter()
+        .map(|r| r.2)
+        .fold(f64::INFINITY, crate::stats::nan_min);
     let claims = vec![
         Claim::judged(
             "lemma10-counterexample",

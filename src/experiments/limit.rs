@@ -103,7 +103,7 @@ fn corrections(uq: &[f64], uk: &[f64], p: usize, e: &[f64], emin: f64) -> Vec<(f
 /// Sum the coefficients of equal exponents (within [`TIE`]); drop `x ≤ TIE` (no decay).
 fn merge(mut terms: Vec<(f64, f64)>) -> Vec<(f64, f64)> {
     terms.retain(|t| t.0 > TIE);
-    terms.sort_by(|a, b| a.0.total_cmp(&b.0));
+    crate::stats::sort_by_float(&mut terms, |t| t.0);
     let mut out: Vec<(f64, f64)> = Vec::new();
     for (x, c) in terms {
         match out.last_mut() {
@@ -124,9 +124,12 @@ pub fn row_limit(uq: &[f64], uk: &[f64], v: MatRef<f64>, p: usize) -> RowLimit {
         .collect();
     let ej: Vec<f64> = e
         .iter()
-        .map(|t| t.iter().cloned().fold(f64::INFINITY, f64::min))
+        .map(|t| t.iter().cloned().fold(f64::INFINITY, crate::stats::nan_min))
         .collect();
-    let emin = ej.iter().cloned().fold(f64::INFINITY, f64::min);
+    let emin = ej
+        .iter()
+        .cloned()
+        .fold(f64::INFINITY, crate::stats::nan_min);
     let winners: Vec<usize> = (0..n).filter(|&j| ej[j] <= emin + TIE).collect();
     let mult = |j: usize| e[j].iter().filter(|&&x| x <= emin + TIE).count() as f64;
     let total: f64 = winners.iter().map(|&j| mult(j)).sum();
@@ -138,7 +141,7 @@ pub fn row_limit(uq: &[f64], uk: &[f64], v: MatRef<f64>, p: usize) -> RowLimit {
     let mut rate = (0..n)
         .filter(|j| !winners.contains(j))
         .map(|j| ej[j] - emin)
-        .fold(f64::INFINITY, f64::min);
+        .fold(f64::INFINITY, crate::stats::nan_min);
     // Winners' corrections survive the ratio unless every winner has the same coefficient.
     if winners.len() > 1 {
         let corr: Vec<Vec<(f64, f64)>> = winners
@@ -154,11 +157,7 @@ pub fn row_limit(uq: &[f64], uk: &[f64], v: MatRef<f64>, p: usize) -> RowLimit {
                     .sum::<f64>()
             };
             let cs: Vec<f64> = corr.iter().map(coef).collect();
-            let (lo, hi) = cs
-                .iter()
-                .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &c| {
-                    (a.min(c), b.max(c))
-                });
+            let (lo, hi) = crate::stats::min_max(cs.iter().cloned());
             if hi - lo > 1e-9 {
                 rate = rate.min(x);
                 break; // xs ascend
@@ -201,13 +200,13 @@ pub fn row_error(
     let vmax = v
         .data
         .iter()
-        .fold(0.0f64, |m, x| m.max(x.abs()))
+        .fold(0.0f64, |m, x| crate::stats::nan_max(m, x.abs()))
         .max(1e-300);
     o.row(0)
         .iter()
         .zip(limit)
         .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f64::max)
+        .fold(0.0, crate::stats::nan_max)
         / vmax
 }
 
@@ -422,11 +421,7 @@ fn judge_kind(rows: &[Vec<String>], kind: &str, cfg: &Config, hard_gap: f64) -> 
     } else {
         Measure::Values(values.clone())
     };
-    let (lo, hi) = values
-        .iter()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| {
-            (a.min(x), b.max(x))
-        });
+    let (lo, hi) = crate::stats::min_max(values.iter().cloned());
     let against = if kind == "shared" {
         format!("; the hard-LSH output differs from the predicted limit by {hard_gap:.1e}")
     } else {

@@ -399,11 +399,7 @@ pub fn heatmaps_via_csv(
         .collect();
     if let Some(g) = groups {
         let range = |ix: &[usize]| {
-            ix.iter()
-                .flat_map(|&i| drawn[i].m.data.iter().cloned())
-                .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| {
-                    (a.min(x), b.max(x))
-                })
+            crate::stats::min_max(ix.iter().flat_map(|&i| drawn[i].m.data.iter().cloned()))
         };
         let ranges: Vec<Option<(f64, f64)>> = (0..drawn.len())
             .map(|i| {

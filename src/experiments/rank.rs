@@ -187,7 +187,7 @@ fn claims(ctx: &Ctx, cfg: &Config) -> Result<(Vec<Claim>, serde_json::Value)> {
         .iter()
         .filter(|r| r[0] == "soft" && r[2] != "1")
         .map(|r| r[4].parse::<f64>().unwrap_or(f64::NAN) / r[5].parse::<f64>().unwrap_or(f64::NAN))
-        .fold(f64::NEG_INFINITY, f64::max);
+        .fold(f64::NEG_INFINITY, crate::stats::nan_max);
     let lr_measure = if lr_ratio.is_finite() {
         Measure::Bound {
             measured: lr_ratio,

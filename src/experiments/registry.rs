@@ -265,7 +265,7 @@ fn replicated(r: &ExpResult) -> bool {
 /// are the report's. Each further seed reruns the steps with an empirical claim into
 /// `ctx.out/seeds/<seed>/`, with inputs and planes redrawn from that seed; each claim's
 /// verdicts are then merged by [`super::verdict::replicate`] (the common verdict, or
-/// **unstable (k/K holds)**). `started(label)` and `finished(label, result)` are called around
+/// **unstable (k/K hold)**). `started(label)` and `finished(label, result)` are called around
 /// each run (for a progress display; `planned(n)` once the number of runs is known); a failing
 /// step stops the run with its name in the error.
 pub fn reproduce(

@@ -32,7 +32,7 @@ fn factorisation_csv(ctx: &Ctx) -> Result<String> {
                     a.iter()
                         .zip(&b)
                         .map(|(u, w)| (u - w).abs())
-                        .fold(0.0, f64::max),
+                        .fold(0.0, crate::stats::nan_max),
                 );
             }
             rows.push(vec![
@@ -64,14 +64,11 @@ fn factorisation_claim(ctx: &Ctx) -> Result<(Claim, serde_json::Value)> {
     let worst_moderate = (0..r.len())
         .filter(|&i| bc[i] <= 1.0)
         .map(|i| dc[i])
-        .fold(0.0, f64::max);
-    let worst_all = dc.iter().cloned().fold(0.0, f64::max);
+        .fold(0.0, crate::stats::nan_max);
+    let worst_all = dc.iter().cloned().fold(0.0, crate::stats::nan_max);
     let all_finite = fc.iter().all(|&x| x == 1.0);
-    let naive_overflow_beta = bc
-        .iter()
-        .cloned()
-        .filter(|&b| b * 8.0 > f64::MAX.ln())
-        .fold(f64::NAN, f64::min);
+    let naive_overflow_beta =
+        crate::stats::min_all(bc.iter().cloned().filter(|&b| b * 8.0 > f64::MAX.ln()));
     let claim = Claim::judged(
         "phi-factorisation",
         format!("max |φ_factorised − φ_direct| = {worst_moderate:.1e} for beta ≤ 1 and {worst_all:.1e} over beta ∈ [1e-6, 1e6], P ≤ 8; factorised finite everywhere: {all_finite}; an unstabilised softmax overflows from beta·P > 709 (beta = {naive_overflow_beta:.0e} at P = 8)"),
@@ -213,7 +210,9 @@ pub fn scaling(ctx: &Ctx) -> Result<ExpResult> {
 fn verdict_cell(c: &Claim) -> String {
     let agree = seeds_agree(c);
     let mut tags = Vec::new();
-    if c.seeds.len() > 1 && !matches!(c.verdict, Verdict::Unstable { .. }) {
+    if c.seed_invariant {
+        tags.push("1 input: the seeds do not change it".into());
+    } else if c.seeds.len() > 1 && !matches!(c.verdict, Verdict::Unstable { .. }) {
         tags.push(format!("{agree}/{} seeds", c.seeds.len()));
     }
     if c.borderline {
@@ -257,6 +256,7 @@ fn claim_json(c: &Claim) -> serde_json::Value {
         "kind": c.kind,
         "verdict": c.verdict.text(),
         "verdict_name": c.verdict,
+        "seed_invariant": c.seed_invariant,
         "seeds_total": c.seeds.len(),
         "seeds_agree": seeds_agree(c),
         "seeds": c.seeds,
@@ -267,6 +267,128 @@ fn claim_json(c: &Claim) -> serde_json::Value {
         "correction": c.correction,
         "provenance": c.provenance,
     })
+}
+
+/// The verdicts of the report this run replaces (`claims.json` in the output folder, copied
+/// into the staging folder before the run): its revision and each claim's verdict text.
+pub struct Previous {
+    pub revision: String,
+    pub verdicts: std::collections::BTreeMap<String, String>,
+}
+
+impl Previous {
+    /// Read `claims.json` from `dir`; `None` where there is none or it does not parse.
+    pub fn read(dir: &std::path::Path) -> Option<Previous> {
+        let text = std::fs::read_to_string(dir.join("claims.json")).ok()?;
+        Previous::parse(&text)
+    }
+    pub fn parse(text: &str) -> Option<Previous> {
+        let v: serde_json::Value = serde_json::from_str(text).ok()?;
+        let verdicts = v["claims"]
+            .as_array()?
+            .iter()
+            .filter_map(|c| {
+                Some((
+                    c["id"].as_str()?.to_string(),
+                    c["verdict"].as_str()?.to_string(),
+                ))
+            })
+            .collect();
+        Some(Previous {
+            revision: v["revision"].as_str()?.to_string(),
+            verdicts,
+        })
+    }
+}
+
+/// Why a claim's verdict moved from the previous report's: the claim's own changes committed
+/// after the previous report's revision (by git ancestry), else the code or data between the
+/// two revisions.
+pub fn what_moved(id: &str, prev_rev: &str, now_rev: &str) -> String {
+    let base = id.strip_suffix("-real").unwrap_or(id);
+    let changes: Vec<String> = super::verdict::specs()
+        .ok()
+        .and_then(|s| s.get(id).or_else(|| s.get(base)))
+        .map(|spec| {
+            spec.changed
+                .iter()
+                .filter(|ch| crate::provenance::git_is_ancestor(&ch.rev, prev_rev) == Some(false))
+                .map(|ch| format!("the claim changed at `{}` ({})", ch.rev, ch.reason))
+                .collect()
+        })
+        .unwrap_or_default();
+    if changes.is_empty() {
+        format!("the code or data between `{prev_rev}` and `{now_rev}`; the claim itself did not change")
+    } else {
+        changes.join("; ")
+    }
+}
+
+/// The opening section: each claim's `finding`, in claims.toml's order, stated where the claim
+/// holds (or is loose) and replaced by the verdict's meaning otherwise, with its strength and
+/// its claim ids. Built from the judged claims alone, so it cannot say more than they show.
+pub fn findings(all: &[&Claim]) -> String {
+    let Ok(specs) = super::verdict::specs() else {
+        return String::new();
+    };
+    let order: Vec<&str> = super::verdict::CLAIMS_TOML
+        .lines()
+        .filter_map(|l| l.strip_prefix('[')?.strip_suffix(']'))
+        .collect();
+    let mut s = "## What this lab established about arXiv:2510.04008
+
+Each finding is a claim of `experiments/claims.toml` in plain words, printed as stated only where its verdict below is **holds** or **loose**; otherwise the verdict and what it means stand in its place.
+
+".to_string();
+    for id in order {
+        let Some(text) = specs.get(id).and_then(|sp| sp.finding.as_ref()) else {
+            continue;
+        };
+        let mine: Vec<&&Claim> = all
+            .iter()
+            .filter(|c| c.id == id || c.id.strip_suffix("-real") == Some(id))
+            .collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let strength = |c: &Claim| -> String {
+            if c.kind == Kind::Computed {
+                "computed once to its tolerance".into()
+            } else if c.provenance.is_some() {
+                "read from committed training runs".into()
+            } else if c.seed_invariant {
+                "1 input: the master seeds do not change it".into()
+            } else {
+                format!("{}/{} master seeds agree", seeds_agree(c), c.seeds.len())
+            }
+        };
+        let held = |c: &Claim| matches!(c.verdict, Verdict::Holds | Verdict::Loose);
+        let ids = mine
+            .iter()
+            .map(|c| format!("`{}` **{}** ({})", c.id, c.verdict.text(), strength(c)))
+            .collect::<Vec<_>>()
+            .join("; ");
+        if mine.iter().all(|c| held(c)) {
+            s += &format!(
+                "- {} [{ids}]
+",
+                esc(text)
+            );
+        } else {
+            let why: Vec<String> = mine
+                .iter()
+                .filter(|c| !held(c))
+                .map(|c| format!("{}: {}", c.id, esc(&c.meaning)))
+                .collect();
+            s += &format!(
+                "- *Not established here.* {} [{ids}]
+",
+                why.join("; ")
+            );
+        }
+    }
+    s + "
+"
 }
 
 /// SHA-256 of the claims file built into this binary, in hex.
@@ -287,6 +409,24 @@ pub fn write_report(
 ) -> Result<std::path::PathBuf> {
     let prov = Provenance::collect(crate::cpu::detected_isa().name());
     let all: Vec<&Claim> = results.iter().flat_map(|r| &r.claims).collect();
+    let previous = Previous::read(&ctx.out);
+    let moved: Vec<(String, String, String)> = previous
+        .as_ref()
+        .map(|p| {
+            all.iter()
+                .filter_map(|c| {
+                    let old = p.verdicts.get(&c.id)?;
+                    (old != &c.verdict.text()).then(|| {
+                        (
+                            c.id.clone(),
+                            old.clone(),
+                            what_moved(&c.id, &p.revision, &prov.git_revision),
+                        )
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     let seeds_txt = seeds
         .iter()
         .map(|s| s.to_string())
@@ -306,6 +446,25 @@ pub fn write_report(
         }
     );
     s += &format!("- git revision: `{}`{}\n- machine: {} ({} cores, {} threads, {:.1} GiB, {})\n- master seeds: {seeds_txt}\n- claims: `experiments/claims.toml`, SHA-256 `{}`\n- total run time: {:.1} s\n\n", prov.git_revision, if prov.git_dirty { " (uncommitted changes)" } else { "" }, prov.cpu, prov.cores, prov.threads, prov.memory_gib, prov.isa, claims_sha256(), total_seconds);
+    s += &findings(&all);
+    s += "## Verdicts that moved\n\n";
+    s += &match &previous {
+        None => "No `claims.json` was in the output folder before this run: nothing to compare with.\n\n".to_string(),
+        Some(p) if moved.is_empty() => format!("Every verdict is the one the replaced report (revision `{}`) gave.\n\n", p.revision),
+        Some(p) => format!(
+            "{} verdicts differ from the replaced report's (revision `{}`), each with the change that moved it:\n\n{}\n\n",
+            moved.len(),
+            p.revision,
+            moved
+                .iter()
+                .map(|(id, old, why)| {
+                    let now = all.iter().find(|c| &c.id == id).map(|c| c.verdict.text()).unwrap_or_default();
+                    format!("- `{id}`: {old} → **{now}**, moved by {}", esc(why))
+                })
+                .collect::<Vec<_>>()
+                .join("\n")
+        ),
+    };
     let mut by_source: Vec<(String, Vec<String>)> = Vec::new();
     for c in &all {
         if let Some(p) = &c.provenance {
@@ -326,7 +485,7 @@ pub fn write_report(
         format!(": {}.", committed.join(", "))
     };
     s += " Each CSV has a `.meta.json` with its parameters and provenance, and each figure is drawn from its CSV; the figures and CSVs are those of the first master seed, the other seeds' are under `seeds/`.\n\n";
-    s += "Each claim, its quantity and its threshold are stated in `experiments/claims.toml` before the run that measures them (its `since` and `changed` revisions); the verdict is computed from the measured numbers by `judge` (`src/experiments/verdict/judge.rs`). Verdicts: **holds** (within the threshold), **loose** (the bound holds; its slack is given), **fails** (violated or not supported; the margin is given), **not testable here** (with the reason), **unstable (k/K holds)** (the independent master seeds disagree). An empirical claim is measured at every master seed, with inputs and planes redrawn; its row gives the first seed's measurement and the seeds that agree. **borderline**: the value the verdict turns on lies within one standard error of its threshold. Margins are one-sided Student-t tests with the samples' degrees of freedom; a claim over several comparisons names its multiplicity correction. `claims.json` holds the same verdicts for programs.\n\n";
+    s += "Each claim, its quantity and its threshold are stated in `experiments/claims.toml` before the run that measures them (its `since` and `changed` revisions); the verdict is computed from the measured numbers by `judge` (`src/experiments/verdict/judge.rs`). Verdicts: **holds** (within the threshold), **loose** (the bound holds; its slack is given), **fails** (the opposite was shown, or a bound violated; the margin is given), **not testable here** (with the reason: non-finite values, too few samples, a timing fit outside its plausible window, or a comparison too small to show either way: *underpowered*, power below 0.8 at the claim's minimum effect, or *inconclusive*), **unstable (k/K hold)** (the independent master seeds disagree; a loose seed counts as one that held). An empirical claim is measured at every master seed, with inputs and planes redrawn; its row gives the first seed's measurement and the seeds that agree, or **1 input** where every seed measured the same value (the seed does not reach the quantity's inputs). **borderline**: the value the verdict turns on lies within one standard error of its threshold. Margins are one-sided Student-t tests with the samples' degrees of freedom; a claim over several comparisons names its multiplicity correction. `claims.json` holds the same verdicts for programs.\n\n";
     let empirical: Vec<&&Claim> = all.iter().filter(|c| c.kind == Kind::Empirical).collect();
     let computed: Vec<&&Claim> = all.iter().filter(|c| c.kind == Kind::Computed).collect();
     s += "## Verdicts (empirical claims)\n\n";
@@ -346,7 +505,7 @@ pub fn write_report(
                     "`{}`{}{}",
                     c.id,
                     match c.verdict {
-                        Verdict::Unstable { holds, total } => format!(" ({holds}/{total} holds)"),
+                        Verdict::Unstable { holds, total } => format!(" ({holds}/{total} hold)"),
                         _ => String::new(),
                     },
                     if c.borderline { " (borderline)" } else { "" }
@@ -394,7 +553,10 @@ pub fn write_report(
             esc(&c.quantity),
             esc(&c.threshold),
             esc(&c.measured),
-            verdict_cell(c),
+            match moved.iter().find(|m| m.0 == c.id) {
+                Some((_, old, _)) => format!("{} *(was {old})*", verdict_cell(c)),
+                None => verdict_cell(c),
+            },
         );
     }
     s += "\n## Experiments\n\n";

@@ -6,9 +6,10 @@
 use crate::error::{RaceError, Result};
 use std::path::{Path, PathBuf};
 
-/// The results a run reads from its own output folder (the trained MQAR rows), copied into the
-/// staging folder before the run.
+/// The results a run reads from its own output folder (the trained MQAR rows, and the
+/// verdicts the new report is compared with), copied into the staging folder before the run.
 const READ_FROM_OUT: &[&str] = &[
+    "claims.json",
     "mqar/mqar.csv",
     "mqar/mqar.meta.json",
     "mqar/mqar_sweep.csv",

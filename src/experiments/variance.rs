@@ -302,8 +302,11 @@ fn claims(cfg: &Config, sw: &Sweeps) -> Result<(Vec<Claim>, serde_json::Value)> 
     let (ni, nc, q50, slope_l, slope_n) = (&sw.ni, &sw.nc, &sw.q50, sw.slope_l, sw.slope_n);
     // Growth in N: median / sqrt(log N) should be roughly flat.
     let norm: Vec<f64> = ni.iter().map(|&i| q50[i] / nc[i].ln().sqrt()).collect();
-    let spread = norm.iter().cloned().fold(0.0, f64::max)
-        / norm.iter().cloned().fold(f64::INFINITY, f64::min);
+    let spread = norm.iter().cloned().fold(0.0, crate::stats::nan_max)
+        / norm
+            .iter()
+            .cloned()
+            .fold(f64::INFINITY, crate::stats::nan_min);
     let (first, last) = (ni[0], ni[ni.len() - 1]);
     let growth = q50[last] / q50[first];
     let allowed = (nc[last].ln() / nc[first].ln()).sqrt();

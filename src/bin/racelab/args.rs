@@ -325,7 +325,7 @@ pub struct ReproduceArgs {
     #[arg(long)]
     pub quick: bool,
     /// Independent master seeds for every empirical claim (from --seed on): inputs and planes
-    /// are redrawn per seed, and seeds that disagree make the verdict "unstable (k/K holds)".
+    /// are redrawn per seed, and seeds that disagree make the verdict "unstable (k/K hold)".
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
     pub seeds: u64,
     #[command(flatten)]

@@ -325,7 +325,9 @@ fn beta_not_learned(s: &[Summary], mode: &str) -> Option<String> {
     if moves.is_empty() || moves.iter().any(|m| !m.is_finite()) {
         return None;
     }
-    let most = moves.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    let most = moves
+        .iter()
+        .fold(0.0f64, |m, x| crate::stats::nan_max(m, x.abs()));
     (most < MIN_BETA_MOVE_LOG2).then(|| {
         format!(
             "training moved log2 β by at most {most:.2} (< {MIN_BETA_MOVE_LOG2}) in every (P, L) learned as `{mode}`: β was not learned in this budget"
@@ -511,8 +513,11 @@ fn figure(ctx: &Ctx) -> Result<Vec<String>> {
         .map(|x| x.state)
         .collect();
     if let (Some(sm), false) = (s.iter().find(|x| x.model == "softmax"), xs.is_empty()) {
-        let lo = xs.iter().cloned().fold(f64::INFINITY, f64::min);
-        let hi = xs.iter().cloned().fold(0.0, f64::max);
+        let lo = xs
+            .iter()
+            .cloned()
+            .fold(f64::INFINITY, crate::stats::nan_min);
+        let hi = xs.iter().cloned().fold(0.0, crate::stats::nan_max);
         series.push(Series::dashed(
             "softmax (every key)",
             vec![(lo, sm.accuracy), (hi, sm.accuracy)],

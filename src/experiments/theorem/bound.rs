@@ -1,5 +1,5 @@
-//! Part 1: the bound, calibrated on the odd seeds at large L and tested on the even seeds at
-//! the smaller L (compute → CSV → fit → figures → claims).
+//! Part 1: the bound, calibrated on the odd seeds on one side of a split and tested on the
+//! even seeds on the other, both ways (compute → CSV → fit → figures → claims).
 
 use super::common::*;
 use crate::analysis::metrics::{frob, rms_row_err};
@@ -38,7 +38,7 @@ pub(super) fn grid_csv(ctx: &Ctx, cfg: &Config, real: &RealInputs, stem: &str) -
                         .map(|j| kappa(q.row(i), k.row(j)).powi(p as i32))
                         .sum::<f64>()
                 })
-                .fold(f64::INFINITY, f64::min)
+                .fold(f64::INFINITY, crate::stats::nan_min)
                 / n as f64;
             let limits: Vec<Mat<f64>> = tables
                 .par_iter()
@@ -144,23 +144,129 @@ impl Grid {
     }
 }
 
-/// The bound's held-out test for a shape `t` (by grid row): `c` from the odd seeds at
-/// `L ≥ from_l`, tested on the even seeds at `L < from_l`.
-pub(super) fn held_out_in_l(g: &Grid, from_l: usize, shape: &dyn Fn(usize) -> f64) -> HeldOut {
-    let (cal, test, lc) = (g.c("err_cal"), g.c("err_test"), g.c("l"));
-    let pts = |keep: &dyn Fn(f64) -> bool, err: &[f64]| -> Vec<(f64, f64)> {
+/// The bound's held-out test for a shape `t` (by grid row) across a split of the grid, both
+/// ways: `c` from the odd seeds on one side (`upper(i)` true), tested on the even seeds on
+/// the other, then the reverse. Returns (calibrated on the upper side, on the lower side).
+pub(super) fn held_out_split(
+    g: &Grid,
+    upper: &dyn Fn(usize) -> bool,
+    shape: &dyn Fn(usize) -> f64,
+) -> (HeldOut, HeldOut) {
+    let (cal, test) = (g.c("err_cal"), g.c("err_test"));
+    let pts = |side: bool, err: &[f64]| -> Vec<(f64, f64)> {
         (0..g.len)
-            .filter(|&i| keep(lc[i]))
+            .filter(|&i| upper(i) == side)
             .map(|i| (err[i], shape(i)))
             .collect()
     };
-    let from = from_l as f64;
-    HeldOut::fit(&pts(&|l| l >= from, cal), &pts(&|l| l < from, test))
+    (
+        HeldOut::fit(&pts(true, cal), &pts(false, test)),
+        HeldOut::fit(&pts(false, cal), &pts(true, test)),
+    )
+}
+
+/// The judged test: held out in L both ways, split at `from_l`; the worse direction.
+pub(super) fn held_out_in_l(g: &Grid, from_l: usize, shape: &dyn Fn(usize) -> f64) -> HeldOut {
+    let lc = g.c("l");
+    let (down, up) = held_out_split(g, &|i| lc[i] >= from_l as f64, shape);
+    down.worse(up)
+}
+
+/// A shape of the bound, `t` per grid row from `(N, P, L, beta, ‖V‖_F)`.
+pub(super) type Shape = fn(f64, f64, f64, f64, f64, f64) -> f64;
+
+/// Theorem 2's shape `(P/beta + sqrt(log(N/δ)/L))·‖V‖_F` (δ the last argument).
+pub(super) fn theorem_shape(n: f64, p: f64, l: f64, b: f64, vf: f64, delta: f64) -> f64 {
+    (p / b + ((n / delta).ln() / l).sqrt()) * vf
+}
+
+/// The alternatives to Theorem 2's shape an audit tries: a wrong beta term, no bias term, a
+/// wrong P factor, a wrong L term beside P/beta, and a wrong L term alone (the last two).
+pub(super) const ALTERNATIVES: [(&str, Shape); 8] = [
+    ("P·beta in place of P/beta", |n, p, l, b, vf, dl| {
+        (p * b + ((n / dl).ln() / l).sqrt()) * vf
+    }),
+    ("no P/beta term", |n, _, l, _, vf, dl| {
+        ((n / dl).ln() / l).sqrt() * vf
+    }),
+    ("P² in place of P", |n, p, l, b, vf, dl| {
+        theorem_shape(n, p * p, l, b, vf, dl)
+    }),
+    ("P³ in place of P", |n, p, l, b, vf, dl| {
+        theorem_shape(n, p * p * p, l, b, vf, dl)
+    }),
+    ("P/beta + 1/L", |_, p, l, b, vf, _| (p / b + 1.0 / l) * vf),
+    ("P/beta + e^−L", |_, p, l, b, vf, _| {
+        (p / b + (-l).exp()) * vf
+    }),
+    ("t = ‖V‖_F/L", |_, _, l, _, vf, _| vf / l),
+    ("t = ‖V‖_F·e^−L", |_, _, l, _, vf, _| vf * (-l).exp()),
+];
+
+/// Every held-out direction of a shape: in L, in beta and in P, both ways each, labelled.
+pub(super) fn held_out_directions(
+    g: &Grid,
+    cfg: &Config,
+    shape: &dyn Fn(usize) -> f64,
+) -> Vec<(String, HeldOut)> {
+    let (lc, bc, pc) = (g.c("l"), g.c("beta"), g.c("p"));
+    let (l0, b0, p0) = (cfg.calibrate_from_l, cfg.fit_split_beta, cfg.fit_split_p);
+    let mut out = Vec::new();
+    for (name, split, upper) in [
+        (
+            "L",
+            format!("{l0}"),
+            &(|i: usize| lc[i] >= l0 as f64) as &dyn Fn(usize) -> bool,
+        ),
+        ("beta", format!("{b0}"), &|i: usize| bc[i] >= b0),
+        ("P", format!("{p0}"), &|i: usize| pc[i] >= p0 as f64),
+    ] {
+        let (down, up) = held_out_split(g, upper, shape);
+        out.push((format!("{name} ≥ {split} → {name} < {split}"), down));
+        out.push((format!("{name} < {split} → {name} ≥ {split}"), up));
+    }
+    out
+}
+
+/// The alternative shapes that pass every held-out direction the stated shape passes (by the
+/// claim's own share test): terms this grid cannot test.
+pub(super) fn indistinguishable(g: &Grid, cfg: &Config) -> Result<Vec<&'static str>> {
+    let test = &crate::experiments::verdict::specs()?["theorem2-fit"].test;
+    let passes = |h: &HeldOut| -> Result<bool> {
+        Ok(
+            crate::experiments::verdict::judge(test, &h.measure())?.verdict
+                == crate::experiments::Verdict::Holds,
+        )
+    };
+    let row = |f: Shape| {
+        let (nc, pc, lc, bc, vc) = (g.c("n"), g.c("p"), g.c("l"), g.c("beta"), g.c("v_frob"));
+        let delta = cfg.delta;
+        move |i: usize| f(nc[i], pc[i], lc[i], bc[i], vc[i], delta)
+    };
+    let stated = held_out_directions(g, cfg, &row(theorem_shape));
+    let mut out = Vec::new();
+    for (name, f) in ALTERNATIVES {
+        let alt = held_out_directions(g, cfg, &row(f));
+        let mut all = true;
+        for ((_, s), (_, a)) in stated.iter().zip(&alt) {
+            if passes(s)? && !passes(a)? {
+                all = false;
+            }
+        }
+        if all {
+            out.push(name);
+        }
+    }
+    Ok(out)
 }
 
 /// What the calibration and the sampling study measure, from the grid CSV.
 pub(super) struct Fit {
     pub(super) held: HeldOut,
+    /// Every held-out direction of Theorem 2's shape (reported), and the alternatives the
+    /// grid cannot tell from it.
+    pub(super) directions: Vec<(String, HeldOut)>,
+    pub(super) untestable: Vec<&'static str>,
     pub(super) c_per_n: Vec<(f64, f64)>,
     pub(super) c_slope_n: f64,
     pub(super) nmax: usize,
@@ -168,26 +274,24 @@ pub(super) struct Fit {
     pub(super) sampling_beta: f64,
     pub(super) samp_pts: Vec<(f64, f64)>,
     pub(super) samp_slope: f64,
+    /// The sampling slope over `L ≥ sampling_from_l` at every beta of the grid.
+    pub(super) samp_slopes: Vec<(f64, f64)>,
     pub(super) c1min: f64,
 }
 
 /// The grid value of beta nearest (in log) to the configured sampling beta.
 pub(super) fn sampling_beta(cfg: &Config) -> f64 {
-    cfg.betas
-        .iter()
-        .cloned()
-        .min_by(|a, b| {
-            ((a / cfg.sampling_beta).ln().abs())
-                .partial_cmp(&(b / cfg.sampling_beta).ln().abs())
-                .unwrap()
-        })
+    crate::stats::argmin(cfg.betas.iter().map(|b| (b / cfg.sampling_beta).ln().abs()))
+        .map(|i| cfg.betas[i])
         .unwrap_or(cfg.sampling_beta)
 }
 
-pub(super) fn fit(cfg: &Config, g: &Grid) -> Fit {
+pub(super) fn fit(cfg: &Config, g: &Grid) -> Result<Fit> {
     let (cal, tc) = (g.c("err_cal"), g.c("t"));
     let max_ratio = |ix: &[usize]| max_all(ix.iter().map(|&i| cal[i] / tc[i]));
     let held = held_out_in_l(g, cfg.calibrate_from_l, &|i| tc[i]);
+    let directions = held_out_directions(g, cfg, &|i| tc[i]);
+    let untestable = indistinguishable(g, cfg)?;
     let c_per_n: Vec<(f64, f64)> = cfg
         .ns
         .iter()
@@ -197,15 +301,26 @@ pub(super) fn fit(cfg: &Config, g: &Grid) -> Fit {
     let (nmax, pmid) = (cfg.ns[cfg.ns.len() - 1], cfg.ps[cfg.ps.len() / 2]);
     let sb = sampling_beta(cfg);
     let (lc, samp) = (g.c("l"), g.c("sampling_err"));
-    let samp_pts: Vec<(f64, f64)> = g
-        .idx(&|x| x.0 == nmax && x.1 == pmid && x.3 == sb)
-        .iter()
-        .map(|&i| (lc[i], samp[i]))
-        .collect();
+    let from = cfg.sampling_from_l;
+    let samp_at = |beta: f64| -> Vec<(f64, f64)> {
+        g.idx(&|x| x.0 == nmax && x.1 == pmid && x.3 == beta && x.2 >= from)
+            .iter()
+            .map(|&i| (lc[i], samp[i]))
+            .collect()
+    };
+    let samp_pts = samp_at(sb);
     let samp_slope = loglog_slope(&samp_pts);
+    let samp_slopes = cfg
+        .betas
+        .iter()
+        .map(|&b| (b, loglog_slope(&samp_at(b))))
+        .collect();
     let c1min = min_all(g.c("c1").iter().cloned());
-    Fit {
+    Ok(Fit {
         held,
+        directions,
+        untestable,
+        samp_slopes,
         c_per_n,
         c_slope_n,
         nmax,
@@ -214,7 +329,7 @@ pub(super) fn fit(cfg: &Config, g: &Grid) -> Fit {
         samp_pts,
         samp_slope,
         c1min,
-    }
+    })
 }
 
 /// Figures, from the grid CSV: the error against beta per L with the L = ∞ bias, and the
@@ -279,15 +394,23 @@ pub(super) fn figures(
                         .iter()
                         .map(|&i| (tc[i], test[i] / tc[i]))
                         .collect();
-                    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+                    crate::stats::sort_by_float(&mut v, |x| x.0);
                     v
                 })
             })
             .chain(std::iter::once(Series::dashed(
                 "calibrated c",
                 vec![
-                    (tc.iter().cloned().fold(f64::INFINITY, f64::min), fit.held.c),
-                    (tc.iter().cloned().fold(0.0, f64::max), fit.held.c),
+                    (
+                        tc.iter()
+                            .cloned()
+                            .fold(f64::INFINITY, crate::stats::nan_min),
+                        fit.held.c,
+                    ),
+                    (
+                        tc.iter().cloned().fold(0.0, crate::stats::nan_max),
+                        fit.held.c,
+                    ),
                 ],
             )))
             .collect::<Vec<_>>(),
@@ -312,9 +435,25 @@ pub(super) fn claims(cfg: &Config, label: &str, is_real: bool, fit: &Fit) -> Res
     Ok(vec![
         Claim::judged(
             &claim_id("theorem2-fit", is_real),
-            format!("[{label}] c calibrated on the odd seeds at L ≥ {} = {:.3e} ({} points); held out (even seeds, L < {}): {}/{} points under c·t (worst held-out error/(c·t) {:.3}); {} seeds, {:.0}% quantiles; C1 ≥ {c1min:.3}", cfg.calibrate_from_l, held.c, held.calibration, cfg.calibrate_from_l, held.under, held.total, held.worst, cfg.seeds, 100.0 * q_level),
+            format!(
+                "[{label}] held out in L both ways (c from the odd seeds on one side of L = {}, tested on the even seeds on the other), the worse: c = {:.3e} from {} points, {}/{} held-out points under c·t (worst error/(c·t) {:.3}). Every direction (held-out share): {}. Not judged: {}; {} seeds, {:.0}% quantiles; C1 ≥ {c1min:.3}",
+                cfg.calibrate_from_l,
+                held.c,
+                held.calibration,
+                held.under,
+                held.total,
+                held.worst,
+                fit.directions.iter().map(|(d, h)| format!("{d}: {}/{}", h.under, h.total)).collect::<Vec<_>>().join(", "),
+                if fit.untestable.is_empty() {
+                    "every alternative shape tried fails some held-out direction the stated shape passes".to_string()
+                } else {
+                    format!("this grid cannot tell the stated shape from {} (each passes every held-out direction the stated shape passes)", fit.untestable.join("; "))
+                },
+                cfg.seeds,
+                100.0 * q_level
+            ),
             held.measure(),
-            "the held-out points extrapolate to fewer tables, where the errors grow",
+            "",
         )?,
         Claim::judged(
             &claim_id("theorem2-vf", is_real),
@@ -324,8 +463,15 @@ pub(super) fn claims(cfg: &Config, label: &str, is_real: bool, fit: &Fit) -> Res
         )?,
         Claim::judged(
             &claim_id("theorem2-sampling", is_real),
-            format!("[{label}] {:.0}% quantile of ‖Ô − O_∞‖/‖O_∞‖ over {} seeds, N = {nmax}, P = {pmid}, beta = {sampling_beta}: {}; slope {samp_slope:.3}", 100.0 * q_level, cfg.seeds, fit.samp_pts.iter().map(|(l, e)| format!("L={l}: {e:.3e}")).collect::<Vec<_>>().join(", ")),
-            Measure::Rate(samp_slope),
+            format!(
+                "[{label}] {:.0}% quantile of ‖Ô − O_∞‖/‖O_∞‖ over {} seeds, N = {nmax}, P = {pmid}, L ≥ {}: slope per beta {}; at beta = {sampling_beta}: {} (slope {samp_slope:.3})",
+                100.0 * q_level,
+                cfg.seeds,
+                cfg.sampling_from_l,
+                fit.samp_slopes.iter().map(|(b, e)| format!("{b}: {e:.3}")).collect::<Vec<_>>().join(", "),
+                fit.samp_pts.iter().map(|(l, e)| format!("L={l}: {e:.3e}")).collect::<Vec<_>>().join(", ")
+            ),
+            Measure::Values(fit.samp_slopes.iter().map(|s| s.1).collect()),
             "",
         )?,
     ])

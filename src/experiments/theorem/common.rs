@@ -31,12 +31,19 @@ pub struct Config {
     pub limit_seeds: usize,
     pub limit_clusters: usize,
     pub limit_noise: f64,
-    /// The bound's calibration uses `L ≥ calibrate_from_l`; the held-out points are the
-    /// smaller L.
+    /// The bound is calibrated at `L ≥ calibrate_from_l` and tested at the smaller L, and the
+    /// other way round.
     pub calibrate_from_l: usize,
+    /// The bound's held-out splits in beta and in P (reported, not judged).
+    pub fit_split_beta: f64,
+    pub fit_split_p: usize,
+    /// The sampling rate is fitted over `L ≥ sampling_from_l`.
+    pub sampling_from_l: usize,
     /// The `C·P/beta²` form is calibrated below this beta and tested above it, and the
     /// other way round.
     pub form_split_beta: f64,
+    /// ... and calibrated below this P and tested at and above it, and the other way round.
+    pub form_split_p: usize,
     /// The tied family's asymptotic rate is fitted for beta ≥ this.
     pub tied_fit_from_beta: f64,
     /// Input draws per synthetic family (and MiniLM heads per layer) of the explicit-bound

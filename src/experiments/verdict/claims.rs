@@ -48,6 +48,9 @@ pub struct ClaimSpec {
     pub since: String,
     #[serde(default)]
     pub changed: Vec<Change>,
+    /// The claim in plain words, as REPORT.md's findings state it when it holds.
+    #[serde(default)]
+    pub finding: Option<String>,
 }
 
 /// The text of `experiments/claims.toml` built into the binary.
@@ -101,6 +104,9 @@ pub struct Claim {
     pub seeds: Vec<SeedVerdict>,
     /// Where the row's numbers come from when not from this run (a committed results file).
     pub provenance: Option<String>,
+    /// Every master seed measured the same value: the seed does not change the quantity's
+    /// inputs, so the replication is one input, not several ([`replicate`]).
+    pub seed_invariant: bool,
 }
 
 impl Claim {
@@ -132,6 +138,7 @@ impl Claim {
                 detail: j.detail,
             }],
             provenance: None,
+            seed_invariant: false,
         })
     }
 
@@ -174,11 +181,22 @@ fn meaning(spec: &ClaimSpec, v: Verdict) -> String {
     }
 }
 
+/// Whether a seed's verdict says the claim held: **holds**, or **loose** (a bound that held
+/// with slack).
+fn held(v: Verdict) -> bool {
+    matches!(v, Verdict::Holds | Verdict::Loose)
+}
+
 /// One claim measured at several master seeds, merged: the common verdict where every seed
-/// agrees, else **unstable (k/K holds)**. The value is the mean over seeds with its standard
-/// error; the claim is borderline when that mean lies within one standard error of the
-/// threshold, or when any seed's verdict was borderline. The first run's measured text is
+/// agrees; **loose** where every seed held but some only loosely; else **unstable (k/K
+/// hold)**, a loose seed counting as one that held. The value is the mean over seeds with its
+/// standard error; the claim is borderline when that mean lies within one standard error of
+/// the threshold, or when any seed's verdict was borderline. The first run's measured text is
 /// kept (its figures are the report's); each seed's verdict, value and detail are listed.
+///
+/// Where every seed measured the same value with the same verdict, the seed does not reach
+/// the quantity (fixed inputs, a quadrature): the claim is marked seed-invariant and reported
+/// as one input, not as a replication.
 pub fn replicate(runs: &[Claim]) -> Option<Claim> {
     let first = runs.first()?;
     let mut c = first.clone();
@@ -187,14 +205,27 @@ pub fn replicate(runs: &[Claim]) -> Option<Claim> {
     if k <= 1 {
         return Some(c);
     }
+    let s0 = &c.seeds[0];
+    if s0.value.is_some()
+        && c.seeds.iter().all(|s| {
+            s.verdict == s0.verdict
+                && s.value.map(f64::to_bits) == s0.value.map(f64::to_bits)
+                && s.detail == s0.detail
+        })
+    {
+        c.seed_invariant = true;
+        c.detail = format!(
+            "1 input: the {k} master seeds measured the same value (the seed does not change this quantity's inputs); {}",
+            first.detail
+        );
+        return Some(c);
+    }
     let all_same = c.seeds.iter().all(|s| s.verdict == first.verdict);
-    let holds = c
-        .seeds
-        .iter()
-        .filter(|s| s.verdict == Verdict::Holds)
-        .count();
+    let holds = c.seeds.iter().filter(|s| held(s.verdict)).count();
     c.verdict = if all_same {
         first.verdict
+    } else if holds == k {
+        Verdict::Loose
     } else {
         Verdict::Unstable { holds, total: k }
     };
@@ -209,7 +240,7 @@ pub fn replicate(runs: &[Claim]) -> Option<Claim> {
         }
     }
     c.borderline |= runs.iter().any(|r| r.borderline);
-    c.detail = if all_same {
+    c.detail = if all_same || holds == k {
         format!(
             "{} at all {k} seeds; seed {}: {}",
             first.verdict.text(),

@@ -13,7 +13,8 @@ pub enum Verdict {
     Loose,
     Fails,
     NotTestable,
-    /// The replicated seeds disagree: `holds` of `total` seeds hold.
+    /// The replicated seeds disagree: `holds` of `total` seeds hold (or are loose: the bound
+    /// held).
     Unstable {
         holds: usize,
         total: usize,
@@ -33,7 +34,7 @@ impl Serialize for Verdict {
 }
 
 /// The documented verdict texts, as REPORT.md prints them (an unstable verdict adds its
-/// count: "unstable (2/3 holds)").
+/// count: "unstable (2/3 hold)").
 pub const VERDICTS: [&str; 5] = ["holds", "loose", "fails", "not testable here", "unstable"];
 
 impl Verdict {
@@ -50,7 +51,7 @@ impl Verdict {
     /// The verdict as the report prints it.
     pub fn text(&self) -> String {
         match self {
-            Verdict::Unstable { holds, total } => format!("unstable ({holds}/{total} holds)"),
+            Verdict::Unstable { holds, total } => format!("unstable ({holds}/{total} hold)"),
             v => v.name().to_string(),
         }
     }
@@ -88,11 +89,23 @@ pub enum Test {
     },
     Margin {
         alpha: f64,
+        min_effect: f64,
     },
     Margins {
         alpha: f64,
+        min_effect: f64,
+    },
+    ShareMargins {
+        alpha: f64,
+        min_effect: f64,
+        min_share: f64,
     },
 }
+
+/// The power a margin test must have at its minimum effect before a failure to show the
+/// difference counts for anything: below it the verdict is **not testable here:
+/// underpowered**.
+pub const MIN_POWER: f64 = 0.8;
 
 impl Test {
     /// The threshold in words, for the report.
@@ -127,11 +140,19 @@ impl Test {
                 plausible,
             } => format!("rate: exponent within [{min}, {max}]{}", plaus(plausible)),
             Test::Share { min_share } => format!("share ≥ {min_share}"),
-            Test::Margin { alpha } => {
-                format!("one-sided Student-t, difference > 0 at α = {alpha}")
-            }
-            Test::Margins { alpha } => format!(
-                "some comparison > 0, one-sided Student-t, Holm–Bonferroni at family-wise α = {alpha}"
+            Test::Margin { alpha, min_effect } => format!(
+                "one-sided Student-t, difference > 0 at α = {alpha}; fails if shown < {min_effect} (the minimum effect)"
+            ),
+            Test::Margins { alpha, min_effect } => format!(
+                "some comparison > 0, one-sided Student-t, Holm–Bonferroni at family-wise α = {alpha}; fails if every comparison is shown < {min_effect} (the minimum effect)"
+            ),
+            Test::ShareMargins {
+                alpha,
+                min_effect,
+                min_share,
+            } => format!(
+                "share ≥ {min_share} of comparisons > 0 (one-sided Student-t, Holm–Bonferroni at family-wise α = {alpha}); fails if more than {} are shown < {min_effect} (the minimum effect)",
+                num(1.0 - min_share)
             ),
         }
     }
@@ -155,6 +176,28 @@ impl Cmp {
             diff,
             se,
             df: n as f64 - 1.0,
+        }
+    }
+    /// The unpaired comparison of two independent means (`diff = mean_a − mean_b` or its
+    /// negation), with Welch's standard error and degrees of freedom.
+    pub fn welch(
+        label: impl Into<String>,
+        diff: f64,
+        (se_a, n_a): (f64, usize),
+        (se_b, n_b): (f64, usize),
+    ) -> Self {
+        let (va, vb) = (se_a * se_a, se_b * se_b);
+        let den = va * va / (n_a as f64 - 1.0) + vb * vb / (n_b as f64 - 1.0);
+        let df = if den > 0.0 {
+            (va + vb).powi(2) / den
+        } else {
+            (n_a + n_b) as f64 - 2.0
+        };
+        Cmp {
+            label: label.into(),
+            diff,
+            se: (va + vb).sqrt(),
+            df,
         }
     }
     /// The paired comparison of `a − b` over samples that pair by index.
@@ -313,6 +356,39 @@ pub fn p_one_sided(c: &Cmp) -> f64 {
     1.0 - t.cdf(c.diff / c.se)
 }
 
+/// The one-sided p-value of `diff < e`: the difference shown below the minimum effect `e`.
+pub fn p_below(c: &Cmp, e: f64) -> f64 {
+    let t = StudentsT::new(0.0, 1.0, c.df).expect("df ≥ 2 is checked before");
+    1.0 - t.cdf((e - c.diff) / c.se)
+}
+
+/// The approximate power of the one-sided test of `diff > 0` at level `alpha` when the true
+/// difference is `e`: `P(T > t_{1−α} − e/se)` with `T` Student-t (the shifted central t, an
+/// approximation of the noncentral t that is close for `df ≥ 5`).
+pub fn power(c: &Cmp, e: f64, alpha: f64) -> f64 {
+    let t = StudentsT::new(0.0, 1.0, c.df).expect("df ≥ 2 is checked before");
+    1.0 - t.cdf(t_critical(alpha, c.df) - e / c.se)
+}
+
+/// Not shown either way: underpowered when the power at the minimum effect is below
+/// [`MIN_POWER`], else inconclusive.
+fn not_shown(pw: f64, e: f64, what: String) -> Judgement {
+    if pw < MIN_POWER {
+        Judgement::new(
+            Verdict::NotTestable,
+            format!(
+                "underpowered (power {pw:.2} at effect {}, below {MIN_POWER}): {what}",
+                num(e)
+            ),
+        )
+    } else {
+        Judgement::new(
+            Verdict::NotTestable,
+            format!("inconclusive (power {pw:.2} at effect {}): {what}", num(e)),
+        )
+    }
+}
+
 /// The critical value `t_{1−α, df}`.
 pub fn t_critical(alpha: f64, df: f64) -> f64 {
     StudentsT::new(0.0, 1.0, df)
@@ -324,7 +400,7 @@ pub fn t_critical(alpha: f64, df: f64) -> f64 {
 pub fn holm(p: &[f64], alpha: f64) -> Vec<bool> {
     let m = p.len();
     let mut order: Vec<usize> = (0..m).collect();
-    order.sort_by(|&a, &b| p[a].total_cmp(&p[b]));
+    crate::stats::sort_by_float(&mut order, |&i| p[i]);
     let mut reject = vec![false; m];
     for (k, &i) in order.iter().enumerate() {
         if p[i] <= alpha / (m - k) as f64 {
@@ -411,16 +487,11 @@ pub fn judge(test: &Test, m: &Measure) -> Result<Judgement> {
             } else {
                 let lo = min.unwrap_or(f64::NEG_INFINITY);
                 let hi = max.unwrap_or(f64::INFINITY);
-                let (worst, out) = xs.iter().map(|&x| (x, (lo - x).max(x - hi))).fold(
-                    (f64::NAN, f64::NEG_INFINITY),
-                    |a, b| {
-                        if b.1 > a.1 {
-                            b
-                        } else {
-                            a
-                        }
-                    },
-                );
+                // The values are finite (checked above): the one furthest outside, or nearest
+                // an edge.
+                let outside: Vec<f64> = xs.iter().map(|&x| (lo - x).max(x - hi)).collect();
+                let i = crate::stats::argmax(outside.iter().cloned()).unwrap_or(0);
+                let (worst, out) = (xs[i], outside[i]);
                 let edge = if (lo - worst) >= (worst - hi) { lo } else { hi };
                 if out <= 0.0 {
                     Judgement::new(Holds, format!("inside by {}", num(-out))).at(worst, edge)
@@ -536,16 +607,10 @@ pub fn judge(test: &Test, m: &Measure) -> Result<Judgement> {
                     -dist
                 }
             };
-            let worst = js
-                .iter()
-                .max_by(|a, b| {
-                    rank(a.verdict)
-                        .cmp(&rank(b.verdict))
-                        .then(key(a).total_cmp(&key(b)))
-                })
-                .cloned()
-                .expect("not empty");
-            let mut j = worst;
+            let top = js.iter().map(|j| rank(j.verdict)).max().unwrap_or(1);
+            let worst: Vec<&Judgement> = js.iter().filter(|j| rank(j.verdict) == top).collect();
+            let i = crate::stats::argmax(worst.iter().map(|j| key(j))).unwrap_or(0);
+            let mut j = worst[i].clone();
             j.detail = format!("{} exponents; the worst: {}", es.len(), j.detail);
             j
         }
@@ -572,24 +637,45 @@ pub fn judge(test: &Test, m: &Measure) -> Result<Judgement> {
                 j
             }
         }
-        (Test::Margin { alpha }, Measure::Margin(c)) => {
+        (Test::Margin { alpha, min_effect }, Measure::Margin(c)) => {
             if let Some(why) = untestable(c) {
                 Judgement::new(NotTestable, why)
             } else {
                 let crit = t_critical(*alpha, c.df);
-                let z = c.diff / c.se;
+                let (z, e) = (c.diff / c.se, *min_effect);
+                let below = (e - c.diff) / c.se;
                 let text = format!(
                     "{} = {z:.1} standard errors (t critical {crit:.2} at {} df)",
                     signed(c),
-                    c.df
+                    num(c.df)
                 );
-                let mut j = Judgement::new(if z > crit { Holds } else { Fails }, text).at(z, crit);
+                let mut j = if z > crit {
+                    Judgement::new(Holds, text)
+                } else if below > crit {
+                    Judgement::new(
+                        Fails,
+                        format!(
+                            "{text}; shown below the minimum effect {}: upper {}-level bound {}",
+                            num(e),
+                            1.0 - alpha,
+                            num(c.diff + crit * c.se)
+                        ),
+                    )
+                } else {
+                    not_shown(
+                        power(c, e, *alpha),
+                        e,
+                        format!("{text}, and not shown below {}", num(e)),
+                    )
+                };
+                j = j.at(z, crit);
                 j.se = Some(1.0);
-                j.borderline = (z - crit).abs() < 1.0;
+                j.borderline =
+                    j.verdict != NotTestable && (z - crit).abs().min((below - crit).abs()) < 1.0;
                 j
             }
         }
-        (Test::Margins { alpha }, Measure::Margins(cs)) => {
+        (Test::Margins { alpha, min_effect }, Measure::Margins(cs)) => {
             if cs.is_empty() {
                 Judgement::new(NotTestable, "no comparisons")
             } else if let Some(why) = cs.iter().find_map(untestable) {
@@ -598,7 +684,7 @@ pub fn judge(test: &Test, m: &Measure) -> Result<Judgement> {
                 let p: Vec<f64> = cs.iter().map(p_one_sided).collect();
                 let rej = holm(&p, *alpha);
                 let m = cs.len();
-                let best = (0..m).min_by(|&a, &b| p[a].total_cmp(&p[b])).unwrap_or(0);
+                let best = crate::stats::argmin(p.iter().cloned()).unwrap_or(0);
                 let c = &cs[best];
                 let crit = t_critical(alpha / m as f64, c.df);
                 let z = c.diff / c.se;
@@ -609,10 +695,80 @@ pub fn judge(test: &Test, m: &Measure) -> Result<Judgement> {
                     p[best],
                     alpha / m as f64
                 );
-                let mut j = Judgement::new(if n_rej > 0 { Holds } else { Fails }, text).at(z, crit);
+                let e = *min_effect;
+                // The opposite, shown: every comparison below the minimum effect (an
+                // intersection–union test: each at level α, no correction needed).
+                let shown_below = cs
+                    .iter()
+                    .all(|c| (e - c.diff) / c.se > t_critical(*alpha, c.df));
+                let mut j = if n_rej > 0 {
+                    Judgement::new(Holds, text)
+                } else if shown_below {
+                    Judgement::new(
+                        Fails,
+                        format!(
+                            "{text}; every comparison is shown below the minimum effect {}",
+                            num(e)
+                        ),
+                    )
+                } else {
+                    let pw =
+                        crate::stats::max_all(cs.iter().map(|c| power(c, e, alpha / m as f64)));
+                    not_shown(
+                        pw,
+                        e,
+                        format!("{text}; not every comparison is shown below {}", num(e)),
+                    )
+                }
+                .at(z, crit);
                 j.se = Some(1.0);
-                j.borderline = (z - crit).abs() < 1.0;
+                j.borderline = j.verdict == Holds && (z - crit).abs() < 1.0;
                 j.correction = Some(format!("Holm–Bonferroni over {m} comparisons"));
+                j
+            }
+        }
+        (
+            Test::ShareMargins {
+                alpha,
+                min_effect,
+                min_share,
+            },
+            Measure::Margins(cs),
+        ) => {
+            if cs.is_empty() {
+                Judgement::new(NotTestable, "no comparisons")
+            } else if let Some(why) = cs.iter().find_map(untestable) {
+                Judgement::new(NotTestable, why)
+            } else {
+                let (m, e) = (cs.len(), *min_effect);
+                let wins = holm(&cs.iter().map(p_one_sided).collect::<Vec<_>>(), *alpha);
+                let short = holm(
+                    &cs.iter().map(|c| p_below(c, e)).collect::<Vec<_>>(),
+                    *alpha,
+                );
+                let n_win = wins.iter().filter(|&&w| w).count();
+                let n_short = short.iter().filter(|&&w| w).count();
+                let share = n_win as f64 / m as f64;
+                let pw = cs
+                    .iter()
+                    .map(|c| power(c, e, alpha / m as f64))
+                    .sum::<f64>()
+                    / m as f64;
+                let text = format!(
+                    "{n_win}/{m} significant wins, {n_short}/{m} shown below the minimum effect {}, {} undecided (Holm–Bonferroni at family-wise α = {alpha} each way; mean power {pw:.2} at {})",
+                    num(e),
+                    m - n_win - n_short,
+                    num(e)
+                );
+                let mut j = if share >= *min_share {
+                    Judgement::new(Holds, text)
+                } else if n_short as f64 / m as f64 > 1.0 - min_share {
+                    Judgement::new(Fails, text)
+                } else {
+                    not_shown(pw, e, text)
+                }
+                .at(share, *min_share);
+                j.correction = Some(format!("Holm–Bonferroni over {m} comparisons, each way"));
                 j
             }
         }

@@ -13,7 +13,7 @@
 //! - **fails**: the claim is violated or not supported, with the margin reported;
 //! - **not testable here**: the data cannot decide it, with the reason (non-finite values,
 //!   a zero standard error, too few samples, a timing fit outside its plausible window);
-//! - **unstable (k/K holds)**: the independent master seeds of `reproduce` disagree
+//! - **unstable (k/K hold)**: the independent master seeds of `reproduce` disagree
 //!   ([`replicate`]).
 //!
 //! A verdict whose value lies within one standard error of its threshold is flagged

@@ -55,7 +55,7 @@ fn non_finite_values_make_any_test_not_testable_with_the_count() {
             Measure::Rate(f64::NAN),
         ),
         (
-            Test::Margin { alpha: 0.025 },
+            margin(0.025),
             Measure::Margin(Cmp::of_mean("", 1.0, f64::NAN, 5)),
         ),
     ];
@@ -70,6 +70,13 @@ fn non_finite_values_make_any_test_not_testable_with_the_count() {
     )
     .unwrap();
     assert!(j.detail.starts_with("2 non-finite values"), "{}", j.detail);
+}
+
+fn margin(alpha: f64) -> Test {
+    Test::Margin {
+        alpha,
+        min_effect: 0.01,
+    }
 }
 
 fn tests_range() -> Test {
@@ -174,13 +181,15 @@ fn share_can_hold_and_fail() {
 
 #[test]
 fn margin_uses_student_t_and_refuses_zero_se_or_few_samples() {
-    let t = Test::Margin { alpha: 0.025 };
+    let t = margin(0.025);
     let m = |diff, se, n| v(&t, Measure::Margin(Cmp::of_mean("", diff, se, n)));
-    // t_{0.975, 2} = 4.30: 3 standard errors hold with 20 samples, fail with 3.
+    // t_{0.975, 2} = 4.30: 3 standard errors hold with 20 samples, not with 3.
     assert_eq!(m(0.3, 0.1, 20), Verdict::Holds);
-    assert_eq!(m(0.3, 0.1, 3), Verdict::Fails);
+    assert_eq!(m(0.3, 0.1, 3), Verdict::NotTestable);
     assert_eq!(m(0.5, 0.1, 3), Verdict::Holds);
+    // Shown below the minimum effect 0.01: the opposite is shown.
     assert_eq!(m(-0.5, 0.1, 20), Verdict::Fails);
+    assert_eq!(m(0.002, 0.001, 20), Verdict::Fails);
     assert_eq!(m(1e-12, 0.0, 20), Verdict::NotTestable);
     assert_eq!(m(0.3, 0.1, 2), Verdict::NotTestable);
     assert!((t_critical(0.025, 2.0) - 4.3027).abs() < 1e-3);
@@ -197,6 +206,9 @@ fn margin_uses_student_t_and_refuses_zero_se_or_few_samples() {
         "{}",
         j.detail
     );
+    // Welch: equal standard errors over 8 samples each give 14 degrees of freedom.
+    let w = Cmp::welch("", 0.1, (0.02, 8), (0.02, 8));
+    assert!((w.df - 14.0).abs() < 1e-12 && (w.se - 0.02 * 2f64.sqrt()).abs() < 1e-15);
     // Paired differences.
     let c = Cmp::paired("", &[1.0, 2.0, 3.0, 4.0], &[0.5, 1.4, 2.6, 3.5]);
     assert!((c.diff - 0.5).abs() < 1e-12 && c.df == 3.0);
@@ -210,22 +222,84 @@ fn holm_corrects_the_maximum_over_many_comparisons() {
         .map(|i| Cmp::of_mean(format!("pair {i}"), 0.001 * i as f64 - 0.02, 0.01, 8))
         .collect();
     cs.push(Cmp::of_mean("(4,1) → (5,1)", 0.0109, 0.0052, 8));
-    let t = Test::Margins { alpha: 0.05 };
+    let t = Test::Margins {
+        alpha: 0.05,
+        min_effect: 0.01,
+    };
+    // Nothing survives, and not every comparison is shown below the minimum effect: the
+    // comparisons are too noisy to say "fails".
     let j = judge(&t, &Measure::Margins(cs.clone())).unwrap();
-    assert_eq!(j.verdict, Verdict::Fails, "{}", j.detail);
+    assert_eq!(j.verdict, Verdict::NotTestable, "{}", j.detail);
+    assert!(j.detail.contains("underpowered"), "{}", j.detail);
     assert!(j.correction.unwrap().contains("35"));
     assert_eq!(
-        v(
-            &Test::Margin { alpha: 0.05 },
-            Measure::Margin(cs[34].clone())
-        ),
+        v(&margin(0.05), Measure::Margin(cs[34].clone())),
         Verdict::Holds
     );
+    // Every comparison shown below the minimum effect: fails.
+    let below: Vec<Cmp> = (0..10)
+        .map(|i| Cmp::of_mean(format!("pair {i}"), -0.01 + 0.001 * i as f64, 0.001, 8))
+        .collect();
+    assert_eq!(v(&t, Measure::Margins(below.clone())), Verdict::Fails);
+    // One comparison left undecided is enough to withhold "fails".
+    let mut open = below;
+    open.push(Cmp::of_mean("open", 0.005, 0.004, 8));
+    assert_eq!(v(&t, Measure::Margins(open)), Verdict::NotTestable);
     // A strong effect survives the correction.
     cs.push(Cmp::of_mean("strong", 0.1, 0.01, 8));
     assert_eq!(v(&t, Measure::Margins(cs)), Verdict::Holds);
     assert_eq!(holm(&[0.01, 0.04, 0.03], 0.05), vec![true, false, false]);
     assert_eq!(holm(&[0.01, 0.02, 0.024], 0.05), vec![true, true, true]);
+}
+
+/// A difference that is not significant is never "fails" by itself: it is underpowered,
+/// inconclusive, or shown below the minimum effect.
+#[test]
+fn a_not_significant_margin_is_not_fails() {
+    let t = margin(0.025);
+    let j = |diff, se, n| judge(&t, &Measure::Margin(Cmp::of_mean("", diff, se, n))).unwrap();
+    // RACE ahead by 0.3 standard errors at 8 seeds, effect 0.01 = 2 standard errors: power
+    // far below 0.8.
+    let a = j(0.0015, 0.005, 8);
+    assert_eq!(a.verdict, Verdict::NotTestable);
+    assert!(a.detail.contains("underpowered (power"), "{}", a.detail);
+    // Enough power (effect = 3 standard errors, 20 samples) but the difference sits between
+    // 0 and the effect, neither shown: inconclusive.
+    let t3 = Test::Margin {
+        alpha: 0.025,
+        min_effect: 0.3,
+    };
+    let b = judge(&t3, &Measure::Margin(Cmp::of_mean("", 0.15, 0.1, 20))).unwrap();
+    assert_eq!(b.verdict, Verdict::NotTestable);
+    assert!(b.detail.contains("inconclusive"), "{}", b.detail);
+    // The power at the effect: 1 − F(t_crit − e/se); at e/se = t_crit it is one half.
+    let c = Cmp::of_mean("", 0.0, 0.1, 20);
+    assert!((power(&c, 0.1 * t_critical(0.025, 19.0), 0.025) - 0.5).abs() < 1e-12);
+}
+
+#[test]
+fn a_share_of_margins_fails_only_where_enough_comparisons_are_shown_short() {
+    let t = Test::ShareMargins {
+        alpha: 0.05,
+        min_effect: 0.01,
+        min_share: 0.75,
+    };
+    let cmp = |diff, se| Cmp::welch("", diff, (se, 32), (se, 32));
+    // Twelve clear wins.
+    let wins: Vec<Cmp> = (0..12).map(|_| cmp(0.1, 0.005)).collect();
+    assert_eq!(v(&t, Measure::Margins(wins.clone())), Verdict::Holds);
+    // Half the sizes tied, shown below the minimum effect with small standard errors.
+    let mut tied = wins[..6].to_vec();
+    tied.extend((0..6).map(|_| cmp(0.0005, 0.0005)));
+    let j = judge(&t, &Measure::Margins(tied)).unwrap();
+    assert_eq!(j.verdict, Verdict::Fails, "{}", j.detail);
+    assert!(j.detail.contains("6/12 shown below"), "{}", j.detail);
+    // Half the sizes tied but noisy: neither shown, underpowered, not fails.
+    let mut noisy = wins[..6].to_vec();
+    noisy.extend((0..6).map(|_| cmp(0.002, 0.004)));
+    let j = judge(&t, &Measure::Margins(noisy)).unwrap();
+    assert_eq!(j.verdict, Verdict::NotTestable, "{}", j.detail);
+    assert!(j.detail.contains("underpowered"), "{}", j.detail);
 }
 
 #[test]
@@ -243,15 +317,43 @@ fn replicated_seeds_that_disagree_are_unstable() {
     let same = replicate(&[mk(0, 0.5), mk(1, 0.6), mk(2, 0.7)]).unwrap();
     assert_eq!(same.verdict, Verdict::Holds);
     assert_eq!(same.seeds.len(), 3);
-    let mixed = replicate(&[mk(0, 0.5), mk(1, -0.1), mk(2, 0.7)]).unwrap();
+    let mixed = replicate(&[mk(0, 0.5), mk(1, -0.5), mk(2, 0.7)]).unwrap();
     assert_eq!(mixed.verdict, Verdict::Unstable { holds: 2, total: 3 });
-    assert_eq!(mixed.verdict.text(), "unstable (2/3 holds)");
+    assert_eq!(mixed.verdict.text(), "unstable (2/3 hold)");
     assert!(mixed.detail.contains("seed 1: fails"), "{}", mixed.detail);
     assert_eq!(crate::experiments::report::seeds_agree(&mixed), 2);
     assert_eq!(crate::experiments::report::seeds_agree(&same), 3);
     // Values near the threshold are borderline.
     let near = replicate(&[mk(0, 0.2), mk(1, 0.25), mk(2, 0.3)]).unwrap();
     assert!(near.borderline, "{:?}", near.value);
+    assert!(!near.seed_invariant);
+    // The same value at every seed is one input, not three.
+    let fixed = replicate(&[mk(0, 0.5), mk(1, 0.5), mk(2, 0.5)]).unwrap();
+    assert!(fixed.seed_invariant);
+    assert!(fixed.detail.starts_with("1 input"), "{}", fixed.detail);
+}
+
+#[test]
+fn a_loose_seed_counts_as_a_held_bound() {
+    let mk = |seed, measured| {
+        Claim::judged(
+            "variance-n",
+            String::new(),
+            Measure::Bound {
+                measured,
+                bound: 1.0,
+            },
+            "",
+        )
+        .unwrap()
+        .at_seed(seed)
+    };
+    // Two loose seeds and one violation: two of three held.
+    let r = replicate(&[mk(0, 0.58), mk(1, 0.73), mk(2, 1.19)]).unwrap();
+    assert_eq!(r.verdict, Verdict::Unstable { holds: 2, total: 3 });
+    // Loose and holds mixed: every seed's bound held, loosely at some.
+    let r = replicate(&[mk(0, 0.58), mk(1, 0.95), mk(2, 0.9)]).unwrap();
+    assert_eq!(r.verdict, Verdict::Loose);
 }
 
 #[test]
