@@ -228,9 +228,14 @@ pub(super) fn held_out_directions(
     out
 }
 
-/// The alternative shapes that pass every held-out direction the stated shape passes (by the
-/// claim's own share test): terms this grid cannot test.
-pub(super) fn indistinguishable(g: &Grid, cfg: &Config) -> Result<Vec<&'static str>> {
+/// The alternative shapes that pass every held-out direction the stated shape passes
+/// (`stated`, from [`held_out_directions`]; by the claim's own share test): terms this grid
+/// cannot test.
+pub(super) fn indistinguishable(
+    g: &Grid,
+    cfg: &Config,
+    stated: &[(String, HeldOut)],
+) -> Result<Vec<&'static str>> {
     let test = &crate::experiments::verdict::specs()?["theorem2-fit"].test;
     let passes = |h: &HeldOut| -> Result<bool> {
         Ok(
@@ -243,7 +248,6 @@ pub(super) fn indistinguishable(g: &Grid, cfg: &Config) -> Result<Vec<&'static s
         let delta = cfg.delta;
         move |i: usize| f(nc[i], pc[i], lc[i], bc[i], vc[i], delta)
     };
-    let stated = held_out_directions(g, cfg, &row(theorem_shape));
     let mut out = Vec::new();
     for (name, f) in ALTERNATIVES {
         let alt = held_out_directions(g, cfg, &row(f));
@@ -291,7 +295,7 @@ pub(super) fn fit(cfg: &Config, g: &Grid) -> Result<Fit> {
     let max_ratio = |ix: &[usize]| max_all(ix.iter().map(|&i| cal[i] / tc[i]));
     let held = held_out_in_l(g, cfg.calibrate_from_l, &|i| tc[i]);
     let directions = held_out_directions(g, cfg, &|i| tc[i]);
-    let untestable = indistinguishable(g, cfg)?;
+    let untestable = indistinguishable(g, cfg, &directions)?;
     let c_per_n: Vec<(f64, f64)> = cfg
         .ns
         .iter()
