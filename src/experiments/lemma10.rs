@@ -315,13 +315,13 @@ fn claims(ctx: &Ctx, cfg: &Config) -> Result<(Vec<Claim>, serde_json::Value)> {
                 e2.len() - informative.len(),
                 e2.len()
             ),
-            Measure::Share { hits: bound_ok, total: informative.len() },
+            Measure::share_of(bound_ok, informative.len(), e2.iter().chain(&hp).cloned()),
             format!("δ = {}", cfg.delta),
         )?,
         Claim::judged(
             "lemma10-sufficient",
             format!("sufficient condition met at {suff_true}/{} points, conclusion held at {suff_ok} of them; the conclusion ‖E‖₂ ≤ s_min/2 held at {act_true}/{} points overall", e2.len(), e2.len()),
-            Measure::Share { hits: suff_ok, total: suff_true },
+            Measure::share_of(suff_ok, suff_true, e2.iter().chain(&suf).chain(&act).cloned()),
             "the sufficient condition is conservative: the conclusion holds far more often than it is met",
         )?,
     ];

@@ -286,18 +286,42 @@ pub fn read_csv(ctx: &Ctx, name: &str) -> Result<(Vec<String>, Vec<Vec<String>>)
     let p = ctx.out.join(format!("{name}.csv"));
     let text = std::fs::read_to_string(&p).map_err(|e| RaceError::io(&p, e))?;
     let mut lines = text.lines();
-    let header = lines
+    let header: Vec<String> = lines
         .next()
         .unwrap_or("")
         .split(',')
         .map(String::from)
         .collect();
-    Ok((
-        header,
-        lines
-            .map(|l| l.split(',').map(String::from).collect())
-            .collect(),
-    ))
+    let mut rows: Vec<Vec<String>> = lines
+        .map(|l| l.split(',').map(String::from).collect())
+        .collect();
+    inject_nan(name, &header, &mut rows);
+    Ok((header, rows))
+}
+
+/// The test hook `RACELAB_TEST_NAN=STEM:COLUMN[,STEM:COLUMN…]`: every value of the named
+/// column of CSV `STEM` reads back as NaN, so a test can drive a NaN through an experiment's
+/// own path from its CSV to its claims (tests/nan_injection.rs) and see it arrive as "not
+/// testable: k non-finite values", never dropped.
+fn inject_nan(name: &str, header: &[String], rows: &mut [Vec<String>]) {
+    let Ok(spec) = std::env::var("RACELAB_TEST_NAN") else {
+        return;
+    };
+    for target in spec.split(',') {
+        let Some((stem, column)) = target.split_once(':') else {
+            continue;
+        };
+        if stem != name {
+            continue;
+        }
+        if let Some(i) = header.iter().position(|h| h == column) {
+            for r in rows.iter_mut() {
+                if let Some(cell) = r.get_mut(i) {
+                    *cell = "NaN".into();
+                }
+            }
+        }
+    }
 }
 
 /// Column `name` of CSV rows parsed as f64 (NaN for a missing column or field, so a misnamed

@@ -183,26 +183,46 @@ fn claims(ctx: &Ctx, cfg: &Config) -> Result<(Vec<Claim>, serde_json::Value)> {
         })
         .collect();
     // For L = 1 the two bounds coincide (R); for L ≥ 2 the sharp one is L − 1 lower.
-    let lr_ratio = rows
+    let multi: Vec<&Vec<String>> = rows
         .iter()
         .filter(|r| r[0] == "soft" && r[2] != "1")
-        .map(|r| r[4].parse::<f64>().unwrap_or(f64::NAN) / r[5].parse::<f64>().unwrap_or(f64::NAN))
-        .fold(f64::NEG_INFINITY, crate::stats::nan_max);
-    let lr_measure = if lr_ratio.is_finite() {
+        .collect();
+    let lr_ratio = crate::stats::max_all(multi.iter().map(|r| {
+        r[4].parse::<f64>().unwrap_or(f64::NAN) / r[5].parse::<f64>().unwrap_or(f64::NAN)
+    }));
+    // A rank that is not a whole number (a NaN read back) is reported, never counted as a
+    // configuration that misses the bound.
+    let not_ranks = rows
+        .iter()
+        .flat_map(|r| [&r[4], &r[5], &r[6], &r[8]])
+        .filter(|x| x.parse::<usize>().is_err())
+        .count();
+    let unreadable = || {
+        Measure::NotTestable(format!(
+            "{not_ranks} non-finite values in the measured quantity (ranks that are not whole numbers)"
+        ))
+    };
+    let lr_measure = if not_ranks > 0 {
+        unreadable()
+    } else if multi.is_empty() {
+        Measure::NotTestable("no configuration with L ≥ 2".into())
+    } else {
         Measure::Bound {
             measured: lr_ratio,
             bound: 1.0,
         }
-    } else {
-        Measure::NotTestable("no configuration with L ≥ 2".into())
     };
     let claims = vec![
         Claim::judged(
             "rank-sharp",
             format!("soft ranks {}; hard and feature-matrix ranks (N = {}) in every configuration's row of rank.csv", summary.join(", "), cfg.n_features),
-            Measure::Share {
-                hits: sharp_ok,
-                total: configs.len(),
+            if not_ranks > 0 {
+                unreadable()
+            } else {
+                Measure::Share {
+                    hits: sharp_ok,
+                    total: configs.len(),
+                }
             },
             "numerical rank with tol = max(N,M)·eps·σ₁",
         )?,

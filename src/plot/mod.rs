@@ -229,7 +229,16 @@ where
         .map(|s| finite_pts(s, o.logx, o.logy))
         .collect();
     if pts.iter().all(|p| p.is_empty()) {
-        return Err("no finite points to plot".into());
+        // A figure of non-finite data says so instead of stopping the run: the claims judge
+        // the same numbers and come out not testable.
+        let font = (FONT, 20).into_font();
+        root.draw(&Text::new(
+            format!("{}: no finite points to plot (see the CSV)", o.title),
+            (20, 20),
+            font,
+        ))
+        .map_err(|e| e.to_string())?;
+        return root.present().map_err(|e| e.to_string());
     }
     let xr = padded(pts.iter().flatten().map(|p| p.0), 0.02);
     let yr = padded(pts.iter().flatten().map(|p| p.1), 0.05);

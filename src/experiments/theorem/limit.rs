@@ -123,15 +123,30 @@ pub(super) fn explicit_summary(rows: &[RowBound], target_rms: f64) -> [f64; 6] {
     ]
 }
 
-/// The claim's measure from the CSV's `max_ratio` column: the largest judged ratio over every
-/// row that is not vacuous (≤ 1 holds), or not testable when every row was vacuous.
-pub(super) fn explicit_measure(max_ratio: &[f64]) -> Measure {
-    let finite: Vec<f64> = max_ratio.iter().cloned().filter(|x| !x.is_nan()).collect();
-    if finite.is_empty() {
+/// The claim's measure from the CSV's `max_ratio` column, each instance with whether all its
+/// rows were vacuous (`vacuous_rows == rows`, where `max_ratio` is NaN by construction): the
+/// largest judged ratio over the other instances (≤ 1 holds), not testable when every
+/// instance was vacuous, and a NaN anywhere else is a non-finite measurement, not a vacuous
+/// instance.
+pub(super) fn explicit_measure(max_ratio: &[f64], all_vacuous: &[bool]) -> Measure {
+    let judged: Vec<f64> = max_ratio
+        .iter()
+        .zip(all_vacuous)
+        .filter(|(_, &v)| !v)
+        .map(|(&x, _)| x)
+        .collect();
+    if judged.is_empty() {
         return Measure::NotTestable("every row's bound is vacuous (U_i ≤ Σ_j δ_ij)".into());
     }
+    let bad = judged.iter().filter(|x| !x.is_finite()).count();
+    if bad > 0 {
+        return Measure::NotTestable(format!(
+            "{bad} non-finite value{} in the measured quantity",
+            if bad == 1 { "" } else { "s" }
+        ));
+    }
     Measure::Bound {
-        measured: max_all(finite),
+        measured: max_all(judged),
         bound: 1.0,
     }
 }
@@ -206,7 +221,10 @@ pub(super) fn explicit_study(ctx: &Ctx, cfg: &Config) -> Result<(Claim, String)>
             max_all(mr.iter().cloned().filter(|x| !x.is_nan())),
             per_family.join("; ")
         ),
-        explicit_measure(&mr),
+        explicit_measure(
+            &mr,
+            &(0..mr.len()).map(|i| vac[i] == nrows[i]).collect::<Vec<_>>(),
+        ),
         format!(
             "N = {} (two-keys: 1 query, 2 keys), no fitted constant; g within {g_error:.1e} (a-posteriori estimate)",
             cfg.limit_n

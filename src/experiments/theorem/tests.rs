@@ -120,7 +120,18 @@ fn the_beta_squared_form_held_out_both_ways_fails_wrong_shapes_on_committed_data
 #[test]
 fn the_explicit_claim_can_fail_and_its_rows_hold() {
     let spec = &specs().unwrap()["theorem2-bias-explicit"].test;
-    let v = |xs: &[f64]| judge(spec, &explicit_measure(xs)).unwrap().verdict;
+    // A NaN ratio marks an instance whose rows were all vacuous.
+    let v = |xs: &[f64]| {
+        let vac: Vec<bool> = xs.iter().map(|x| x.is_nan()).collect();
+        judge(spec, &explicit_measure(xs, &vac)).unwrap().verdict
+    };
+    // A NaN where the rows were not vacuous is a non-finite measurement.
+    assert_eq!(
+        judge(spec, &explicit_measure(&[0.3, f64::NAN], &[false, false]))
+            .unwrap()
+            .verdict,
+        Verdict::NotTestable
+    );
     assert_eq!(v(&[0.3, 1.02]), Verdict::Fails);
     assert_eq!(v(&[0.3, 0.97, f64::NAN]), Verdict::Holds);
     assert_eq!(v(&[0.01, 0.05]), Verdict::Loose);

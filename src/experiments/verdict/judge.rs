@@ -231,6 +231,20 @@ impl Measure {
     pub fn value(x: f64) -> Self {
         Measure::Values(vec![x])
     }
+    /// A share whose points were counted from `inputs`: not testable when any input is not
+    /// finite (a NaN fails every comparison, so it would be counted as a miss, or filtered out
+    /// of the points, instead of reported).
+    pub fn share_of(hits: usize, total: usize, inputs: impl IntoIterator<Item = f64>) -> Self {
+        let bad = inputs.into_iter().filter(|x| !x.is_finite()).count();
+        if bad > 0 {
+            Measure::NotTestable(format!(
+                "{bad} non-finite value{} in the measured quantity",
+                if bad == 1 { "" } else { "s" }
+            ))
+        } else {
+            Measure::Share { hits, total }
+        }
+    }
     /// The numbers the measure holds (for the non-finite check).
     fn numbers(&self) -> Vec<f64> {
         match self {
