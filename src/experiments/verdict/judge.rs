@@ -760,8 +760,11 @@ pub fn judge(test: &Test, m: &Measure) -> Result<Judgement> {
                     &cs.iter().map(|c| p_below(c, e)).collect::<Vec<_>>(),
                     *alpha,
                 );
+                // A significant win is a win even where it is also shown below the minimum
+                // effect; "shown short" counts the other comparisons, so the three counts
+                // partition them.
                 let n_win = wins.iter().filter(|&&w| w).count();
-                let n_short = short.iter().filter(|&&w| w).count();
+                let n_short = (0..m).filter(|&i| short[i] && !wins[i]).count();
                 let share = n_win as f64 / m as f64;
                 let pw = cs
                     .iter()

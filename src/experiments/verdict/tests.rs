@@ -294,6 +294,18 @@ fn a_share_of_margins_fails_only_where_enough_comparisons_are_shown_short() {
     let j = judge(&t, &Measure::Margins(tied)).unwrap();
     assert_eq!(j.verdict, Verdict::Fails, "{}", j.detail);
     assert!(j.detail.contains("6/12 shown below"), "{}", j.detail);
+    // Small but significant wins below the minimum effect count as wins, once: the counts
+    // partition the comparisons.
+    let small: Vec<Cmp> = (0..12).map(|_| cmp(0.005, 0.0005)).collect();
+    let j = judge(&t, &Measure::Margins(small)).unwrap();
+    assert_eq!(j.verdict, Verdict::Holds, "{}", j.detail);
+    assert!(
+        j.detail
+            .starts_with("12/12 significant wins, 0/12 shown below"),
+        "{}",
+        j.detail
+    );
+    assert!(j.detail.contains(", 0 undecided"), "{}", j.detail);
     // Half the sizes tied but noisy: neither shown, underpowered, not fails.
     let mut noisy = wins[..6].to_vec();
     noisy.extend((0..6).map(|_| cmp(0.002, 0.004)));
