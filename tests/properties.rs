@@ -63,7 +63,7 @@ fn run(q: &Mat<f64>, k: &Mat<f64>, v: &Mat<f64>, o: &AttendOptions) -> racelab::
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
+    #![proptest_config(common::fixed_cases(48))]
 
     #[test]
     fn outputs_lie_in_the_column_range_of_v((n, d, dv, seed) in problem(), m in method(), rp in race_params(), causal in any::<bool>()) {
@@ -290,7 +290,7 @@ fn authors_rule_differs_from_paper_rule() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, .. ProptestConfig::default() })]
+    #![proptest_config(common::fixed_cases(64))]
 
     /// The log-domain soft RACE reference equals the brute-force log-sum-exp over pairs for
     /// beta drawn log-uniformly in [1e-3, 1e5], causal or not, and never leaves a row empty.
