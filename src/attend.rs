@@ -89,8 +89,8 @@ fn validate<T: Element>(
     v: &TensorRef<'_, T>,
     opts: &AttendOptions,
     device: Device,
-) -> Result<AttnShape> {
-    let checked = crate::validate::check(crate::validate::Call {
+) -> Result<crate::validate::Checked> {
+    crate::validate::check(crate::validate::Call {
         method: &opts.method,
         causal: opts.causal,
         q,
@@ -102,8 +102,7 @@ fn validate<T: Element>(
             max_memory: opts.max_memory,
             held: crate::validate::Held::Nothing,
         },
-    })?;
-    Ok(checked.shape)
+    })
 }
 
 /// The planes of a hashing method for inputs of dimension `d` (drawn, or the given ones).
@@ -128,7 +127,7 @@ fn reference_in(
     v: &TensorRef<'_, f64>,
     opts: &AttendOptions,
 ) -> Result<AttendResult> {
-    let shape = validate(q, k, v, opts, Device::Reference)?;
+    let shape = validate(q, k, v, opts, Device::Reference)?.shape;
     let planes = resolve_planes(&opts.method, shape.d)?;
     let omega = match &opts.method {
         Method::Performer { features, .. } => Some(features.resolve(shape.d)?),
@@ -211,13 +210,7 @@ pub fn attend_in<T: Element>(
 ) -> Result<AttendResult<T>> {
     use crate::cpu::{self, exact, features};
     if device == Device::Reference {
-        let (q64, k64, v64) = (T::as_f64(q.data), T::as_f64(k.data), T::as_f64(v.data));
-        let r = reference_in(
-            &TensorRef::new("q", q.shape.clone(), &q64)?,
-            &TensorRef::new("k", k.shape.clone(), &k64)?,
-            &TensorRef::new("v", v.shape.clone(), &v64)?,
-            opts,
-        )?;
+        let r = widened_reference([q, k, v], opts)?;
         return Ok(AttendResult {
             o: Tensor {
                 shape: r.o.shape,
@@ -229,10 +222,19 @@ pub fn attend_in<T: Element>(
             recomputed: r.recomputed,
         });
     }
-    let shape = validate(q, k, v, opts, device)?;
+    let checked = validate(q, k, v, opts, device)?;
+    let shape = checked.shape;
     let planes = resolve_planes(&opts.method, shape.d)?;
     let hn = shape.batch * shape.heads;
-    let (q32, k32, v32) = (T::as_f32(q.data), T::as_f32(k.data), T::as_f32(v.data));
+    // Values far below 1 are scaled up by a power of two (exactly) for the f32 kernels and
+    // the output scaled back in f64: their weighted sums would otherwise be subnormal in
+    // f32 and keep few digits (1e-40 holds 2^-149 only to 1.4e-5 of itself).
+    let vscale = tiny_value_scale(checked.vmax);
+    let (q32, k32) = (T::as_f32(q.data), T::as_f32(k.data));
+    let v32: std::borrow::Cow<'_, [f32]> = match vscale {
+        None => T::as_f32(v.data),
+        Some(s) => T::as_f64(v.data).iter().map(|&x| (x * s) as f32).collect(),
+    };
     let (qh, kh, vh) = (
         Heads::of(hn, shape.n, shape.d, &q32),
         Heads::of(hn, shape.m, shape.d, &k32),
@@ -272,7 +274,7 @@ pub fn attend_in<T: Element>(
         }
         (_, Method::Linear) => {
             let f = cpu::token::forward(&cpu::LinearMap { d: shape.d }, qh, kh, vh, causal, isa);
-            (f.o, f.empty_rows)
+            finish_flagged(f, [q, k, v], opts, vscale.unwrap_or(1.0), &mut recomputed)?
         }
         (_, Method::Performer { features, scale }) => {
             let om = features.resolve(shape.d)?;
@@ -285,7 +287,7 @@ pub fn attend_in<T: Element>(
                 isa,
             );
             let f = cpu::token::forward(&map, qh, kh, vh, causal, isa);
-            (f.o, f.empty_rows)
+            finish_flagged(f, [q, k, v], opts, vscale.unwrap_or(1.0), &mut recomputed)?
         }
         (_, Method::Softmax { scale }) => {
             let scale = scale.unwrap_or(default_scale) as f32;
@@ -302,16 +304,73 @@ pub fn attend_in<T: Element>(
     };
     let mut oshape = q.shape[..q.shape.len() - 1].to_vec();
     oshape.push(shape.dv);
+    let data = match vscale {
+        None => T::from_f32(o),
+        Some(s) => T::from_f64(o.iter().map(|&x| x as f64 / s).collect()),
+    };
     Ok(AttendResult {
         o: Tensor {
             shape: oshape,
-            data: T::from_f32(o),
+            data,
         },
         shape,
         empty_rows,
         planes,
         recomputed,
     })
+}
+
+/// The f64 reference on rows of either type, widened (exactly) to f64.
+fn widened_reference<T: Element>(
+    [q, k, v]: [&TensorRef<'_, T>; 3],
+    opts: &AttendOptions,
+) -> Result<AttendResult> {
+    let (q64, k64, v64) = (T::as_f64(q.data), T::as_f64(k.data), T::as_f64(v.data));
+    reference_in(
+        &TensorRef::new("q", q.shape.clone(), &q64)?,
+        &TensorRef::new("k", k.shape.clone(), &k64)?,
+        &TensorRef::new("v", v.shape.clone(), &v64)?,
+        opts,
+    )
+}
+
+/// The power of two that brings values whose largest magnitude is `vmax` up to about 1, when
+/// `vmax` is below 2^-64 (products of kernel weights with such values approach f32's
+/// subnormals); `None` otherwise (and for all-zero values).
+fn tiny_value_scale(vmax: f64) -> Option<f64> {
+    (vmax > 0.0 && vmax < 2f64.powi(-64)).then(|| 2f64.powi(-(vmax.log2().floor() as i32)))
+}
+
+/// The rows the linear and Performer kernels flagged (a denominator f32 cannot hold: features
+/// that underflow, as `e^x` of a row of large negative entries does) recomputed by the f64
+/// reference ([`attend`]) on the same inputs; the other rows are the kernel's (on values
+/// scaled by `vscale`, as the recomputed rows are). Returns the output and the rows the
+/// reference leaves empty too.
+fn finish_flagged<T: Element>(
+    f: crate::cpu::ForwardOut,
+    [q, k, v]: [&TensorRef<'_, T>; 3],
+    opts: &AttendOptions,
+    vscale: f64,
+    recomputed: &mut crate::backend::Recomputed,
+) -> Result<(Vec<f32>, usize)> {
+    if f.empty_rows == 0 {
+        return Ok((f.o, 0));
+    }
+    let t0 = std::time::Instant::now();
+    let rows = crate::cpu::recompute::flagged(&f.ctx.den);
+    let r = widened_reference([q, k, v], opts)?;
+    let dv = r.shape.dv;
+    let mut o = f.o;
+    for &i in &rows {
+        for (x, &y) in o[i * dv..(i + 1) * dv].iter_mut().zip(&r.o.data[i * dv..]) {
+            *x = (y * vscale) as f32;
+        }
+    }
+    *recomputed = crate::backend::Recomputed {
+        rows,
+        seconds: t0.elapsed().as_secs_f64(),
+    };
+    Ok((o, r.empty_rows))
 }
 
 /// The output of [`attend_array`]: `O` as an owned array with V's leading dims, and what the

@@ -52,6 +52,18 @@ pub enum RaceError {
 }
 
 impl RaceError {
+    /// The argument at fault, by its library name (`p`, `max_memory`, `v`), where one is.
+    pub fn arg(&self) -> Option<&str> {
+        match self {
+            RaceError::Shape { arg, .. }
+            | RaceError::NonFinite { arg, .. }
+            | RaceError::ZeroVector { arg, .. }
+            | RaceError::Param { arg, .. }
+            | RaceError::Empty { arg, .. } => Some(arg),
+            _ => None,
+        }
+    }
+
     pub fn param(arg: &str, msg: impl Into<String>) -> Self {
         RaceError::Param {
             arg: arg.into(),

@@ -36,6 +36,12 @@ impl Planes {
         if d == 0 {
             return Err(RaceError::empty("d", "planes need d ≥ 1"));
         }
+        crate::memory::check_alloc(
+            &format!("the planes [L, P, d] = [{l}, {p}, {d}]"),
+            l.checked_mul(p).and_then(|x| x.checked_mul(d)),
+            8,
+            "use a smaller l, p or d",
+        )?;
         let mut rng = SeededRng::new(seed, stream::PLANES);
         Ok(Planes {
             l,

@@ -198,6 +198,22 @@ pub fn budget(max_memory: Option<u64>) -> (u64, &'static str) {
     }
 }
 
+/// Refuse an allocation of `count` items of `size` bytes (`what`, e.g. "the planes
+/// [L, P, d] = [1000000, 20, 10000]") when the product overflows or exceeds the machine's
+/// available memory; `fix` says what to lower.
+pub fn check_alloc(what: &str, count: Option<usize>, size: usize, fix: &str) -> Result<()> {
+    let (limit, source) = budget(None);
+    let need = count.and_then(|c| c.checked_mul(size)).map(|b| b as u64);
+    match need {
+        Some(b) if limit == 0 || b <= limit => Ok(()),
+        _ => Err(RaceError::TooLarge(format!(
+            "{what} need {}, more than {source} ({}); {fix}",
+            need.map_or_else(|| "more bytes than a 64-bit count holds".to_string(), human),
+            human(limit)
+        ))),
+    }
+}
+
 /// Refuse `work` if its estimate exceeds the budget.
 pub fn check(work: &Work, max_memory: Option<u64>) -> Result<()> {
     check_need(work, work.bytes(), max_memory)

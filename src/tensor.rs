@@ -254,17 +254,26 @@ pub fn standard_rows<'a, T: Clone, D: ndarray::Dimension>(
 /// the OR over a chunk vectorises), then the first bad chunk scanned for its index: a pass
 /// at memory speed, not one compare and branch per entry.
 pub fn check_finite<T: Copy + Into<f64> + Sync>(arg: &str, data: &[T]) -> Result<()> {
+    check_finite_max(arg, data).map(|_| ())
+}
+
+/// [`check_finite`], returning the largest magnitude of `data` (0 when empty) from the same
+/// pass.
+pub fn check_finite_max<T: Copy + Into<f64> + Sync>(arg: &str, data: &[T]) -> Result<f64> {
     use rayon::prelude::*;
     const CHUNK: usize = 1 << 16;
     let bad = |x: T| {
         let e = (Into::<f64>::into(x).to_bits() >> 52) & 0x7ff;
         e == 0x7ff
     };
-    let Some(c) = data
-        .par_chunks(CHUNK)
-        .position_first(|c| c.iter().fold(false, |a, &x| a | bad(x)))
-    else {
-        return Ok(());
+    let scan = |c: &[T]| {
+        c.iter().fold((false, 0.0f64), |(b, m), &x| {
+            (b | bad(x), m.max(Into::<f64>::into(x).abs()))
+        })
+    };
+    let parts: Vec<(bool, f64)> = data.par_chunks(CHUNK).map(scan).collect();
+    let Some(c) = parts.iter().position(|p| p.0) else {
+        return Ok(parts.iter().fold(0.0, |m, p| m.max(p.1)));
     };
     let start = c * CHUNK;
     let (i, x) = data[start..]
@@ -306,6 +315,20 @@ pub struct AttnShape {
 
 /// Check Q, K, V shapes against each other, emptiness and finiteness.
 pub fn check_qkv<T: Copy + Into<f64> + Sync>(
+    q: &TensorRef<'_, T>,
+    k: &TensorRef<'_, T>,
+    v: &TensorRef<'_, T>,
+    causal: bool,
+) -> Result<AttnShape> {
+    let shape = qkv_shape(q, k, v, causal)?;
+    check_finite("q", q.data)?;
+    check_finite("k", k.data)?;
+    check_finite("v", v.data)?;
+    Ok(shape)
+}
+
+/// [`check_qkv`] without the finiteness scan: shapes and emptiness.
+pub fn qkv_shape<T: Copy + Into<f64> + Sync>(
     q: &TensorRef<'_, T>,
     k: &TensorRef<'_, T>,
     v: &TensorRef<'_, T>,
@@ -362,9 +385,6 @@ pub fn check_qkv<T: Copy + Into<f64> + Sync>(
             format!("causal attention needs as many queries as keys (q has {n}, k has {m})"),
         ));
     }
-    check_finite("q", q.data)?;
-    check_finite("k", k.data)?;
-    check_finite("v", v.data)?;
     Ok(AttnShape {
         batch: qb,
         heads: qh,

@@ -14,14 +14,24 @@
 //!    s·‖q‖·‖k‖` (softmax) and `|ωᵀx' − ‖x'‖²/2| ≤ s·‖x‖²/2 + √s·‖ω‖·‖x‖` with `x' = √s·x`
 //!    (Performer), each at most a quarter of the type's largest value, so that the shift by the
 //!    largest logit cannot overflow either (an overflowing logit made NaN rows);
-//! 5. memory: the call's estimate ([`crate::memory::Work`]) against `--max-memory` or what the
+//! 5. for the f32 kernels, the hashing methods' projections `|w·x| ≤ ‖w‖·‖x‖` within a
+//!    quarter of f32's largest value, and values whose weighted sums f32 holds: every
+//!    method's kernels add
+//!    `w_ij·v_j` with the weights' sum bounded by `W` (keys `M`, tables `L`): `L·M` for soft
+//!    RACE and hard LSH (each key's features sum to 1 per table), `M` for softmax, angular
+//!    (weights scaled to at most 1 by the row's largest) and the Performer (features shifted
+//!    to at most `1/√m`), `M·max_i Σ_c(|q_ic| + 1)·(max|k| + 1)` for linear attention
+//!    (`elu(x) + 1 ≤ |x| + 1`); `W·max(1, max|v|)`, times `dv·max|g|` for a backward's
+//!    `G_i·B_r`, must be at most a quarter of f32's largest value (V near f32's limit made
+//!    every row of every method non-finite);
+//! 6. memory: the call's estimate ([`crate::memory::Work`]) against `--max-memory` or what the
 //!    machine has available, less what the caller already holds in the kernels' type
 //!    ([`Held`]).
 
 use crate::error::{RaceError, Result};
 use crate::memory::{Kernels, Work};
-use crate::method::{FeatureSpec, Method, MethodKind};
-use crate::tensor::{check_finite, check_nonzero_rows, check_qkv, AttnShape, TensorRef};
+use crate::method::{FeatureSpec, Method, MethodKind, PlaneSpec};
+use crate::tensor::{check_finite_max, check_nonzero_rows, qkv_shape, AttnShape, TensorRef};
 
 /// What a caller already holds in memory as the kernels read it, which the estimate does not
 /// count again.
@@ -80,6 +90,8 @@ pub struct Call<'c, 'a, T> {
 pub struct Checked {
     pub shape: AttnShape,
     pub work: Work,
+    /// The largest magnitude in `v` (from the finiteness scan).
+    pub vmax: f64,
 }
 
 /// What `method` asks of `kernels` on inputs of `shape` (forward, or with `backward`).
@@ -112,7 +124,13 @@ pub fn work(
 /// and the fix.
 pub fn check<T: Copy + Into<f64> + Sync>(c: Call<'_, '_, T>) -> Result<Checked> {
     c.method.check(None)?;
-    let shape = check_qkv(c.q, c.k, c.v, c.causal)?;
+    let shape = qkv_shape(c.q, c.k, c.v, c.causal)?;
+    // Finiteness, and the magnitudes step 5 bounds, in one pass over each input.
+    let top = [
+        check_finite_max("q", c.q.data)?,
+        check_finite_max("k", c.k.data)?,
+        check_finite_max("v", c.v.data)?,
+    ];
     c.method.check(Some(shape.d))?;
     if let Some(g) = c.g {
         let mut want = c.q.shape.clone();
@@ -123,8 +141,8 @@ pub fn check<T: Copy + Into<f64> + Sync>(c: Call<'_, '_, T>) -> Result<Checked> 
                 format!("g is {:?} but the output is {want:?}", g.shape),
             ));
         }
-        check_finite("g", g.data)?;
     }
+    let gmax = c.g.map(|g| check_finite_max("g", g.data)).transpose()?;
     if matches!(c.method.kind(), MethodKind::Angular | MethodKind::Hard) {
         for (h, (qm, km)) in
             c.q.heads("q")?
@@ -137,6 +155,7 @@ pub fn check<T: Copy + Into<f64> + Sync>(c: Call<'_, '_, T>) -> Result<Checked> 
         }
     }
     check_logit_range(&c, shape.d)?;
+    check_value_range(&c, &shape, top, gmax)?;
     let work = work(c.method, &shape, c.causal, c.g.is_some(), c.kernels);
     let held = match c.budget.held {
         Held::Nothing => 0,
@@ -147,7 +166,122 @@ pub fn check<T: Copy + Into<f64> + Sync>(c: Call<'_, '_, T>) -> Result<Checked> 
     };
     let need = work.bytes().saturating_sub(held);
     crate::memory::check_need(&work, need, c.budget.max_memory)?;
-    Ok(Checked { shape, work })
+    Ok(Checked {
+        shape,
+        work,
+        vmax: top[2],
+    })
+}
+
+/// Values whose weighted sums the f32 kernels hold (module docs, step 5).
+fn check_value_range<T: Copy + Into<f64> + Sync>(
+    c: &Call<'_, '_, T>,
+    shape: &AttnShape,
+    [_, kmax, vmax]: [f64; 3],
+    gmax: Option<f64>,
+) -> Result<()> {
+    if c.kernels != Kernels::F32 {
+        return Ok(());
+    }
+    let keys = shape.m as f64;
+    let largest = f32::MAX as f64;
+    // The hashing methods project q and k onto the planes in f32: `|w·x| ≤ ‖w‖·‖x‖`.
+    if let Method::Soft { planes, .. } | Method::Hard { planes } = c.method {
+        let d = shape.d;
+        let w = match planes {
+            PlaneSpec::Given(w) => max_row_norm(&w.w, d),
+            // Drawn rows are N(0, I_d): ‖w‖ ≤ √d + 8 but with probability below e^-32.
+            PlaneSpec::Draw { .. } => (d as f64).sqrt() + 8.0,
+        };
+        for (arg, x) in [("q", c.q), ("k", c.k)] {
+            let reach = w * max_row_norm(x.data, d);
+            if !(reach.is_finite() && reach <= largest / 4.0) {
+                return Err(RaceError::param(
+                    arg,
+                    format!(
+                        "its projections onto the planes reach about {reach:.3e} (rows of {arg} \
+                         up to norm {:.3e}, planes' rows up to {w:.3e}), past a quarter of \
+                         f32's largest value ({largest:.3e}), where the f32 kernels' sums \
+                         overflow; use --device reference (f64)",
+                        reach / w
+                    ),
+                ));
+            }
+        }
+    }
+    // Linear attention's q factor per coordinate, against k's (which to name).
+    let mut q_factor = 0.0;
+    let (weights, why) = match c.method {
+        Method::Soft { planes, .. } | Method::Hard { planes } => {
+            let l = planes.pl().1 as f64;
+            (
+                l * keys,
+                format!(
+                    "{} tables × {} keys, each key's features summing to 1",
+                    l, shape.m
+                ),
+            )
+        }
+        Method::Softmax { .. } | Method::Angular { .. } | Method::Performer { .. } => {
+            (keys, format!("{} keys of weight at most 1", shape.m))
+        }
+        Method::Linear => {
+            let d = shape.d.max(1);
+            let q1 =
+                c.q.data
+                    .chunks_exact(d)
+                    .map(|r| r.iter().map(|&x| x.into().abs() + 1.0).sum::<f64>())
+                    .fold(0.0, f64::max);
+            let k = kmax + 1.0;
+            q_factor = q1 / shape.d as f64;
+            (
+                keys * q1 * k,
+                format!(
+                    "{} keys weighted by elu(q)+1 · elu(k)+1 ≤ {q1:.3e} × {k:.3e} (q's largest \
+                     row 1-norm plus d, k's largest entry plus 1)",
+                    shape.m
+                ),
+            )
+        }
+    };
+    let gfac = gmax.map_or(1.0, |g| (shape.dv as f64 * g).max(1.0));
+    let reach = weights * vmax.max(1.0) * gfac;
+    if reach.is_finite() && reach <= largest / 4.0 {
+        return Ok(());
+    }
+    let arg = if matches!(c.method, Method::Linear) && weights > largest / 4.0 {
+        // The larger of the two factors is the one to name.
+        if q_factor >= kmax + 1.0 {
+            "q"
+        } else {
+            "k"
+        }
+    } else if gfac > 1.0 && weights * vmax.max(1.0) <= largest / 4.0 {
+        "g"
+    } else {
+        "v"
+    };
+    let fix = match arg {
+        "q" | "k" => {
+            "use --device reference (f64): linear attention changes when q or k is rescaled"
+        }
+        "g" => "scale g down (the gradients are linear in g) or use --device reference (f64)",
+        _ => "scale v down (the output is linear in v) or use --device reference (f64)",
+    };
+    Err(RaceError::param(
+        arg,
+        format!(
+            "{} on the f32 kernels sums weighted values up to about {reach:.3e} ({why}; v up to \
+             {vmax:.3e}{}), past a quarter of f32's largest value ({largest:.3e}), where its \
+             sums would overflow; {fix}",
+            c.method.name(),
+            if gfac > 1.0 {
+                format!(", × dv·max|g| = {gfac:.3e}")
+            } else {
+                String::new()
+            }
+        ),
+    ))
 }
 
 /// The largest row norm of `data` (rows of `d`).

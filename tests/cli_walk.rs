@@ -151,6 +151,41 @@ struct Case {
     args: Vec<String>,
     flag: String,
     must_refuse: bool,
+    /// Other arguments a refusal may name instead of the flag (an input whose values put the
+    /// logits past f32 is refused naming `scale`, the fix it suggests).
+    also: &'static [&'static str],
+}
+
+/// Value-range variants of an input file: (suffix, how the values are made, must refuse).
+/// Near f32's largest value and in its subnormals a method must run to finite outputs or
+/// refuse naming the input; a NaN anywhere must be refused.
+const VALUE_CASES: [(&str, f64, bool); 3] = [
+    ("max", 3e38, false),
+    ("tiny", 1e-40, false),
+    ("nan", f64::NAN, true),
+];
+
+/// Write `NAME-SUFFIX.npy` for each of [`VALUE_CASES`]: the input scaled so its largest entry
+/// is the case's value (f32), or with one entry NaN.
+fn value_files(dir: &Path, name: &str, t: &racelab::Tensor<f64>) {
+    let top = t.data.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    for (suffix, value, _) in VALUE_CASES {
+        let data: Vec<f64> = if value.is_nan() {
+            let mut d = t.data.clone();
+            let mid = d.len() / 2;
+            d[mid] = f64::NAN;
+            d
+        } else {
+            t.data.iter().map(|x| x / top * value).collect()
+        };
+        write_npy(
+            &dir.join(format!("{name}-{suffix}.npy")),
+            &t.shape,
+            &data,
+            Dtype::F32,
+        )
+        .unwrap();
+    }
 }
 
 /// The baseline invocation of `sub` (for `attend`: one per method and device), its arguments
@@ -316,11 +351,12 @@ fn verdict(
         Some(0) if c.must_refuse => Some(format!("{}: accepted (exit 0)", c.label)),
         Some(0) => non_finite_output(&cwd.join("o.npy")).map(|e| format!("{}: {e}", c.label)),
         Some(2) => {
-            let names = [
+            let mut names = vec![
                 format!("--{}", c.flag),
                 format!("`{}`", c.flag),
                 format!("`{}`", c.flag.replace('-', "_")),
             ];
+            names.extend(c.also.iter().map(|a| format!("`{a}`")));
             (!names.iter().any(|n| err.contains(n.as_str()))).then(|| {
                 format!(
                     "{}: exit 2 without naming --{}: {}",
@@ -362,6 +398,7 @@ fn every_flag_of_every_subcommand_refuses_degenerate_values_by_name() {
             Dtype::F32,
         )
         .unwrap();
+        value_files(&dir, name, &t);
     }
     let special = special_outputs(&dir);
     let subs = subcommands();
@@ -400,14 +437,32 @@ fn every_flag_of_every_subcommand_refuses_degenerate_values_by_name() {
             assert!(devices.len() >= 2, "attend's devices: {devices:?}");
         }
         for base in baselines(sub, &dir, &methods, &devices) {
-            let mut add = |flag: &str, value: Option<&str>, must_refuse: bool| {
+            let mut add_also = |flag: &str,
+                                value: Option<&str>,
+                                must_refuse: bool,
+                                also: &'static [&'static str]| {
                 let args = [vec![sub.clone()], render(&base, flag, value)].concat();
                 cases.push(Case {
                     label: format!("racelab {}", args.join(" ")),
                     args,
                     flag: flag.to_string(),
                     must_refuse,
+                    also,
                 });
+            };
+            // The value-range cases: each input file of attend and bound replaced by its
+            // near-largest, subnormal and NaN variants.
+            if sub == "attend" || sub == "bound" {
+                for name in ["q", "k", "v"] {
+                    for (suffix, _, must_refuse) in VALUE_CASES {
+                        let file = dir.join(format!("{name}-{suffix}.npy"));
+                        let file = file.to_string_lossy().into_owned();
+                        add_also(name, Some(&file), must_refuse, &["scale"]);
+                    }
+                }
+            }
+            let mut add = |flag: &str, value: Option<&str>, must_refuse: bool| {
+                add_also(flag, value, must_refuse, &[])
             };
             for f in &fl {
                 if !f.takes_value {

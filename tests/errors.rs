@@ -598,3 +598,145 @@ fn the_reference_stays_f64_on_f32_files_and_omega_must_be_finite() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A fresh folder holding seeded f64 `q`, `k`, `v` of shape `[8, 4]`.
+fn small_inputs(tag: &str) -> PathBuf {
+    let dir = tmpdir(tag);
+    for (name, seed) in [("q", 1), ("k", 2), ("v", 3)] {
+        let t = randn_t(&[8, 4], seed);
+        write_npy(
+            &dir.join(format!("{name}.npy")),
+            &t.shape,
+            &t.data,
+            Dtype::F64,
+        )
+        .unwrap();
+    }
+    dir
+}
+
+/// `racelab … | head`: a reader that has closed the pipe ends the run by SIGPIPE, as it ends
+/// `cat`, never with a panic; what the run wrote before its first line (`--out`) is whole.
+#[cfg(unix)]
+#[test]
+fn a_closed_stdout_pipe_ends_the_run_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = small_inputs("pipe");
+    for json in [false, true] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let extra: &[&str] = if json {
+            &["--method", "soft", "--json"]
+        } else {
+            &["--method", "soft"]
+        };
+        let mut c = common::attend_command(&dir, extra);
+        let o = c.stdout(writer).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!err.contains("panicked"), "json {json}: {err}");
+        // SIGPIPE is signal 13 on every Unix racelab builds for.
+        assert_eq!(
+            o.status.signal(),
+            Some(13),
+            "json {json}: {:?} {err}",
+            o.status
+        );
+        let out = racelab::io::read_npy(&dir.join("o.npy")).unwrap();
+        assert_eq!(out.tensor.shape, vec![8, 4], "json {json}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// With `--json`, a refused run prints one JSON object on stdout, `{"error", "argument"}`,
+/// naming the flag, whether the library (a value out of range for these inputs) or the
+/// command-line parser (a value that is not a number) refused it; exit 2 as without.
+#[test]
+fn json_errors_are_json_naming_the_flag() {
+    let dir = small_inputs("json-errors");
+    let cases: [(&[&str], Option<&str>); 4] = [
+        // The library: P beyond what can be held.
+        (&["--method", "soft", "--p", "21"], Some("--p")),
+        // clap: not a number.
+        (&["--method", "soft", "--beta", "abc"], Some("--beta")),
+        // The library: the memory budget (no one argument: the estimate names P, L and N).
+        (
+            &["--method", "linear", "--device", "cpu", "--max-memory", "1"],
+            None,
+        ),
+        // A parser that applies the library's check.
+        (&["--method", "angular", "--gamma", "0"], Some("--gamma")),
+    ];
+    for (args, flag) in cases {
+        let mut c = common::attend_command(&dir, args);
+        let o = c.arg("--json").current_dir(&dir).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        let out = String::from_utf8_lossy(&o.stdout);
+        let v: serde_json::Value =
+            serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"));
+        assert!(
+            v["error"].as_str().is_some_and(|s| !s.is_empty()),
+            "{args:?}: {out}"
+        );
+        match flag {
+            Some(f) => assert_eq!(v["argument"], f, "{args:?}: {out}"),
+            None => assert!(v.get("argument").is_some(), "{args:?}: {out}"),
+        }
+        // The human line is still on stderr.
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("error"),
+            "{args:?}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The README's first `attend` example runs as written (from the checkout) and writes a finite
+/// output of the sample's shape.
+#[test]
+fn the_readme_attend_example_runs() {
+    let readme = include_str!("../README.md");
+    let start = readme
+        .find("racelab attend --q experiments/data/minilm/")
+        .expect("the README shows an attend run on the bundled sample");
+    let end = start + readme[start..].find("```").unwrap();
+    let command = readme[start..end].replace("\\\n", " ");
+    let mut args: Vec<String> = command
+        .split_whitespace()
+        .skip(1)
+        .map(String::from)
+        .collect();
+    let out = std::env::temp_dir().join(format!("racelab-readme-{}.npy", std::process::id()));
+    let at = args
+        .iter()
+        .position(|a| a == "--out")
+        .expect("--out in the example");
+    args[at + 1] = out.to_string_lossy().into_owned();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_racelab"))
+        .args(&args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let a = racelab::io::read_npy(&out).unwrap();
+    std::fs::remove_file(&out).ok();
+    assert_eq!(a.tensor.shape, vec![12, 256, 32]);
+    assert!(a.tensor.data.iter().all(|x| x.is_finite()));
+}
+
+/// `distributed-model` runs from any folder: its records default to the checkout's.
+#[test]
+fn distributed_model_runs_from_any_folder() {
+    let dir = tmpdir("dist-model");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_racelab"))
+        .args(["distributed-model", "--out", "model"])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    let ok = o.status.success() && dir.join("model/bench/distributed.csv").is_file();
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(ok, "{}", String::from_utf8_lossy(&o.stderr));
+}

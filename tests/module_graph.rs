@@ -509,7 +509,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("stats", &["error"]),
     ("tensor", &["error"]),
     ("params", &["error", "rng", "tensor"]),
-    ("hashing", &["error", "rng", "tensor", "params"]),
+    // Planes are checked against the memory budget before they are drawn.
+    ("hashing", &["error", "rng", "tensor", "params", "memory"]),
     ("provenance", &["error"]),
     ("memory", &["error", "provenance"]),
     ("method", &["error", "rng", "tensor", "params", "hashing"]),

@@ -165,3 +165,13 @@ def test_cuda_without_a_device_is_a_clear_error():
     q, k, v = qkv((30, 8), 4)
     with pytest.raises(ValueError, match="(?i)cuda"):
         racelab.attend(q, k, v, device="cuda")
+
+
+def test_planes_too_large_for_memory_are_refused_before_allocation():
+    # 10^9 × 4 × 10^4 f64 planes (320 TB): a clear error naming l, p and d, not an abort.
+    with pytest.raises(ValueError) as err:
+        racelab.planes(10**9, 4, 10**4)
+    assert "planes [L, P, d]" in str(err.value) and "smaller l, p or d" in str(err.value), str(err.value)
+    # A product that overflows 64 bits is refused the same way.
+    with pytest.raises(ValueError):
+        racelab.planes(2**62, 4, 2**10)

@@ -199,6 +199,8 @@ def test_bad_input_raises_value_error():
         (lambda: race_attention(q.to("meta"), k, v, w, 1.0), "`q`"),
         (lambda: race_attention(q.numpy(force=True), k, v, w, 1.0), "`q`"),
         (lambda: RaceAttention(8, beta=0.0), "`beta`"),
+        # Planes too large for memory are refused before they are allocated (they aborted).
+        (lambda: RaceAttention(d_head=8, p=2, l=10**12), "smaller l, p or d"),
     ]
     for i, (call, needle) in enumerate(cases):
         with pytest.raises(ValueError) as err:

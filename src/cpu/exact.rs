@@ -5,8 +5,10 @@
 //!   `O_b += P V_b` are faer GEMMs (its AVX-512/AVX2 micro-kernels); each row keeps its running
 //!   max `m` and sum `ℓ`, rescaling `O_b` by `exp(m_old − m_new)`; exponentials use a
 //!   vectorisable Cody–Waite + degree-6 polynomial `exp` (relative error < 2e-7).
-//! - angular: `C = Q̂_b K̂_bᵀ` by GEMM, `S = (1 − acos(C)/π)^γ` with the Abramowitz–Stegun
-//!   4.4.46 `acos` (error ≤ 2e-8), `O_b += S V_b`, `den += S 1`.
+//! - angular: `C = Q̂_b K̂_bᵀ` by GEMM, `κ = 1 − acos(C)/π` with the Abramowitz–Stegun
+//!   4.4.46 `acos` (error ≤ 2e-8), `S = (κ/κ_max)^γ` against the row's running largest `κ`
+//!   (rescaled as softmax's running max is, so no weight underflows at large γ),
+//!   `O_b += S V_b`, `den += S 1`.
 //!
 //! Parallel over (head, query block); causal runs skip key blocks entirely above the diagonal.
 
@@ -136,11 +138,34 @@ impl WithSimd for RowsTask<'_> {
                     self.m[r] = mx;
                 }
                 Exact::Angular { gamma } => {
-                    let kernel = |x: f32| {
-                        let kappa =
-                            1.0 - acos_f32(x.clamp(-1.0, 1.0)) * std::f32::consts::FRAC_1_PI;
-                        pow_gamma(kappa, gamma, int_gamma)
+                    // Weights `(κ/κ_max)^γ` with `κ_max` the row's running largest κ, so the
+                    // largest weight is 1 and none underflows at large γ (`κ^γ` itself is below
+                    // f32's range from γ·ln κ < −87); a larger `κ_max` rescales what is summed
+                    // by `α = (κ_old/κ_new)^γ`, as softmax's running max does. κ grows with
+                    // the cosine, so the block's largest κ is that of its largest cosine.
+                    let kappa =
+                        |x: f32| 1.0 - acos_f32(x.clamp(-1.0, 1.0)) * std::f32::consts::FRAC_1_PI;
+                    let mut lanes = [f32::NEG_INFINITY; 16];
+                    let mut chunks = row[..lim].chunks_exact(16);
+                    for c in &mut chunks {
+                        for l in 0..16 {
+                            lanes[l] = lanes[l].max(c[l]);
+                        }
+                    }
+                    for (l, &x) in chunks.remainder().iter().enumerate() {
+                        lanes[l] = lanes[l].max(x);
+                    }
+                    let cmax = lanes.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                    let old = self.m[r];
+                    let kmax = if lim == 0 { old } else { old.max(kappa(cmax)) };
+                    let alpha = if old > 0.0 && kmax > old {
+                        pow_gamma(old / kmax, gamma, int_gamma)
+                    } else {
+                        1.0
                     };
+                    // Every κ of a row whose largest is 0 is 0: weights 0 (γ > 0).
+                    let inv = if kmax > 0.0 { 1.0 / kmax } else { 0.0 };
+                    let kernel = |x: f32| pow_gamma((kappa(x) * inv).min(1.0), gamma, int_gamma);
                     let mut acc = [0.0f32; 16];
                     let mut chunks = row[..lim].chunks_exact_mut(16);
                     for c in &mut chunks {
@@ -156,20 +181,25 @@ impl WithSimd for RowsTask<'_> {
                     }
                     let sum: f32 = acc.iter().sum();
                     row[lim..].iter_mut().for_each(|x| *x = 0.0);
-                    self.alpha[r] = 1.0;
-                    self.l[r] += sum;
+                    self.alpha[r] = alpha;
+                    self.l[r] = self.l[r] * alpha + sum;
+                    self.m[r] = kmax;
                 }
             }
         }
     }
 }
 
-/// Rows normalised to unit length (angular needs only directions).
+/// Rows normalised to unit length (angular needs only directions). Each row is first divided
+/// by its largest magnitude, so that the squares neither underflow (a row of f32 subnormals
+/// had norm 0 and kept its length) nor overflow.
 fn normalised(x: Heads) -> Vec<f32> {
     let mut out = x.data.to_vec();
     out.par_chunks_mut(x.cols).for_each(|row| {
-        let n = row.iter().map(|v| v * v).sum::<f32>().sqrt();
-        if n > 0.0 {
+        let s = row.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        if s > 0.0 {
+            row.iter_mut().for_each(|v| *v /= s);
+            let n = row.iter().map(|v| v * v).sum::<f32>().sqrt();
             row.iter_mut().for_each(|v| *v /= n);
         }
     });

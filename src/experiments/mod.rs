@@ -7,6 +7,7 @@ pub mod authors;
 pub mod bias;
 pub mod causal;
 pub mod combine;
+pub mod cost;
 pub mod data;
 pub mod fig3;
 pub mod lemma10;
@@ -155,7 +156,11 @@ pub struct Modes<C> {
 }
 
 /// Load the experiment config: the user's file, or the built-in TOML.
-pub fn load_config<C: DeserializeOwned>(ctx: &Ctx, builtin: &str, name: &str) -> Result<C> {
+pub fn load_config<C: DeserializeOwned + cost::Costed>(
+    ctx: &Ctx,
+    builtin: &str,
+    name: &str,
+) -> Result<C> {
     let (text, path) = match &ctx.config {
         Some(p) => (
             std::fs::read_to_string(p).map_err(|e| RaceError::io(p, e))?,
@@ -173,7 +178,10 @@ pub fn load_config<C: DeserializeOwned>(ctx: &Ctx, builtin: &str, name: &str) ->
 /// Parse a config's text (its `quick` and `full` tables); `path` names it in errors. The text
 /// is parsed into a TOML table, then read into the config ([`config_from_table`]): the two
 /// steps the fuzz target `config` drives.
-pub fn parse_config<C: DeserializeOwned>(text: &str, path: &str) -> Result<Modes<C>> {
+pub fn parse_config<C: DeserializeOwned + cost::Costed>(
+    text: &str,
+    path: &str,
+) -> Result<Modes<C>> {
     let table: toml::Table = toml::from_str(text).map_err(|e| RaceError::Config {
         path: path.to_string(),
         msg: e.to_string(),
@@ -229,12 +237,19 @@ fn check_config_values(table: &toml::Table, path: &str) -> Result<()> {
 }
 
 /// A config read from a parsed TOML table; `path` names it in errors.
-pub fn config_from_table<C: DeserializeOwned>(table: &toml::Table, path: &str) -> Result<Modes<C>> {
+pub fn config_from_table<C: DeserializeOwned + cost::Costed>(
+    table: &toml::Table,
+    path: &str,
+) -> Result<Modes<C>> {
     check_config_values(table, path)?;
-    Modes::<C>::deserialize(table.clone()).map_err(|e| RaceError::Config {
+    let modes = Modes::<C>::deserialize(table.clone()).map_err(|e| RaceError::Config {
         path: path.to_string(),
         msg: e.to_string(),
-    })
+    })?;
+    // What each mode asks of the machine, before any work ([`cost`]).
+    cost::check(&modes.quick, path, "quick")?;
+    cost::check(&modes.full, path, "full")?;
+    Ok(modes)
 }
 
 /// Write a CSV (header + rows) and a `.meta.json` sidecar with provenance and parameters.

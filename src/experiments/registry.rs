@@ -126,7 +126,10 @@ pub fn parse_configs(text: &str) -> Vec<(&'static str, Result<()>)> {
 /// A config reader on a parsed table.
 type ReadConfig = fn(&toml::Table, &str) -> Result<()>;
 
-fn read_config<C: serde::de::DeserializeOwned>(t: &toml::Table, name: &str) -> Result<()> {
+fn read_config<C: serde::de::DeserializeOwned + super::cost::Costed>(
+    t: &toml::Table,
+    name: &str,
+) -> Result<()> {
     super::config_from_table::<C>(t, name).map(|_| ())
 }
 
@@ -189,11 +192,17 @@ pub fn fig3_on(ctx: &Ctx, data: Option<&Path>) -> Result<ExpResult> {
 /// A step's run, which may carry its own inputs (a real-data directory).
 pub type BoxedRun = Box<dyn Fn(&Ctx) -> Result<ExpResult>>;
 
-/// One step of `reproduce`: a name and how to run it on the report's context.
+/// One step of `reproduce`: a name, how to run it on the report's context, and whether it is
+/// rerun at the other master seeds ([`replicated`]; declared so that the run's step count is
+/// known from the start, and checked against each first result).
 pub struct Step {
     pub name: &'static str,
     pub run: BoxedRun,
+    pub replicated: bool,
 }
+
+/// The entries whose claims are all computed checks or read from committed results: run once.
+const NOT_REPLICATED: [&str; 4] = ["factorisation", "rank", "bias", "mqar"];
 
 /// What `racelab reproduce` runs, in order: every entry, then (when the bundled real-data
 /// sample is present; it is tracked, so no download) Fig. 3, the real-data study, the
@@ -211,6 +220,7 @@ pub fn reproduce_steps() -> Vec<Step> {
                         ..c.clone()
                     })
                 }),
+                replicated: !NOT_REPLICATED.contains(&e.name),
             }
         })
         .collect();
@@ -225,17 +235,20 @@ pub fn reproduce_steps() -> Vec<Step> {
                         ..c.clone()
                     })
                 }),
+                replicated: true,
             }
         };
         let d2 = dir.clone();
         steps.push(Step {
             name: "fig3 (real)",
             run: Box::new(move |c: &Ctx| fig3_on(c, Some(&d2))),
+            replicated: true,
         });
         let d3 = dir.clone();
         steps.push(Step {
             name: "real",
             run: Box::new(move |c: &Ctx| real::run(c, &d3)),
+            replicated: true,
         });
         steps.push(on_real("theorem (real)", super::theorem::run, &dir));
         steps.push(on_real("tradeoff (real)", super::tradeoff::run, &dir));
@@ -266,7 +279,7 @@ fn replicated(r: &ExpResult) -> bool {
 /// `ctx.out/seeds/<seed>/`, with inputs and planes redrawn from that seed; each claim's
 /// verdicts are then merged by [`super::verdict::replicate`] (the common verdict, or
 /// **unstable (k/K hold)**). `started(label)` and `finished(label, result)` are called around
-/// each run (for a progress display; `planned(n)` once the number of runs is known); a failing
+/// each run (for a progress display; `planned(n)` once, with the number of runs); a failing
 /// step stops the run with its name in the error.
 pub fn reproduce(
     ctx: &Ctx,
@@ -278,7 +291,8 @@ pub fn reproduce(
     let t0 = std::time::Instant::now();
     let master = master_seeds(ctx, seeds);
     let steps = reproduce_steps();
-    planned(steps.len() as u64 * master.len() as u64);
+    let again = steps.iter().filter(|s| s.replicated).count();
+    planned((steps.len() + again * (master.len() - 1)) as u64);
     let run_step = |step: &Step, c: &Ctx, label: &str| -> Result<ExpResult> {
         started(label);
         let r = (step.run)(c).map_err(|e| RaceError::Config {
@@ -291,13 +305,19 @@ pub fn reproduce(
     let mut results = Vec::new();
     for step in &steps {
         let mut r = run_step(step, ctx, step.name)?;
+        if replicated(&r) != step.replicated {
+            return Err(RaceError::Config {
+                path: format!("experiment `{}`", step.name),
+                msg: format!(
+                    "its claims say it is {}replicated at the other master seeds, its step says \
+                     otherwise (registry::NOT_REPLICATED)",
+                    if replicated(&r) { "" } else { "not " }
+                ),
+            });
+        }
         r.claims = r.claims.into_iter().map(|c| c.at_seed(ctx.seed)).collect();
         results.push(r);
     }
-    planned(
-        steps.len() as u64
-            + results.iter().filter(|r| replicated(r)).count() as u64 * (master.len() as u64 - 1),
-    );
     let mut extra: Vec<Vec<ExpResult>> = vec![Vec::new(); steps.len()];
     for &seed in &master[1..] {
         let c = Ctx {
@@ -306,7 +326,7 @@ pub fn reproduce(
             ..ctx.clone()
         };
         for (i, step) in steps.iter().enumerate() {
-            if replicated(&results[i]) {
+            if step.replicated {
                 let mut r = run_step(step, &c, &format!("{} [seed {seed}]", step.name))?;
                 r.claims = r.claims.into_iter().map(|x| x.at_seed(seed)).collect();
                 extra[i].push(r);

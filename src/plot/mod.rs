@@ -22,7 +22,7 @@ pub fn init_font() {
 }
 
 fn perr(path: &Path, e: impl std::fmt::Display) -> RaceError {
-    RaceError::io(path, format!("plotting failed: {e}"))
+    RaceError::io(path, format!("writing the figure: {e}"))
 }
 
 /// Draw into an RGB buffer and write it as a PNG with the strongest deflate and adaptive

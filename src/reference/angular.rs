@@ -24,7 +24,9 @@ pub fn angular_matrix(q: MatRef<f64>, k: MatRef<f64>, gamma: f64) -> Mat<f64> {
     s
 }
 
-/// Angular attention of one head.
+/// Angular attention of one head. Each row's weights are taken against its largest `κ`
+/// (over the keys it sees), `(κ/κ_max)^γ`: the same ratios as `κ^γ`, whose values underflow
+/// f64 at large γ (`0.4^1000 = 1e-398`), which had left rows empty.
 pub fn angular_attention(
     q: MatRef<f64>,
     k: MatRef<f64>,
@@ -32,5 +34,19 @@ pub fn angular_attention(
     gamma: f64,
     causal: bool,
 ) -> HeadOutput {
-    kernel_attention(&angular_matrix(q, k, gamma), v, causal)
+    let mut s = Mat::zeros(q.rows, k.rows);
+    for i in 0..q.rows {
+        let seen = if causal { (i + 1).min(k.rows) } else { k.rows };
+        let row: Vec<f64> = (0..seen).map(|j| kappa(q.row(i), k.row(j))).collect();
+        let top = row.iter().copied().fold(0.0, f64::max);
+        for (j, &x) in row.iter().enumerate() {
+            // A row whose every κ is 0 has weights 0 (γ > 0), as κ^γ gives.
+            s.data[i * k.rows + j] = if top > 0.0 {
+                (x / top).powf(gamma)
+            } else {
+                0.0
+            };
+        }
+    }
+    kernel_attention(&s, v, causal)
 }

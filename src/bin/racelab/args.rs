@@ -21,8 +21,38 @@ pub fn parse() -> Cli {
             sub.mut_arg(id, |a| a.allow_negative_numbers(true))
         })
     });
-    let m = cmd.get_matches();
-    Cli::from_arg_matches(&m).unwrap_or_else(|e| e.exit())
+    let m = match cmd.try_get_matches() {
+        Ok(m) => m,
+        Err(e) => parse_failed(e),
+    };
+    Cli::from_arg_matches(&m).unwrap_or_else(|e| parse_failed(e))
+}
+
+/// A command line clap refused: its own message (and exit 0 for `--help`, `--version`), and
+/// with `--json` also one JSON object on stdout naming the flag ([`crate::json_error`]).
+fn parse_failed(e: clap::Error) -> ! {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let help = matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    );
+    if !help && crate::wants_json() {
+        // The flag as written in the usage (`--p <P>`): its first word.
+        let flag = match e.get(ContextKind::InvalidArg) {
+            Some(ContextValue::String(s)) => s.split_whitespace().next().map(str::to_string),
+            _ => None,
+        };
+        let msg = e.to_string();
+        let first = msg
+            .lines()
+            .next()
+            .unwrap_or("")
+            .trim_start_matches("error: ");
+        crate::json_error(first, flag.as_deref());
+    }
+    e.exit()
 }
 
 /// The command line.
@@ -193,13 +223,15 @@ pub struct BenchArgs {
 
 #[derive(Args)]
 pub struct DistModelArgs {
-    /// JSON rows of `bench --distributed` (experiments/distributed/scaling.sh writes them).
-    #[arg(long, default_value = "docs/bench/distributed.jsonl", value_parser = input_file)]
-    pub runs: PathBuf,
+    /// JSON rows of `bench --distributed` (experiments/distributed/scaling.sh writes them;
+    /// default: docs/bench/distributed.jsonl here, else the checkout's this binary was built
+    /// from).
+    #[arg(long, value_parser = input_file)]
+    pub runs: Option<PathBuf>,
     /// Folder for bench/distributed.csv, bench/distributed-projection.csv and
-    /// figures/distributed-scaling.png.
-    #[arg(long, default_value = "docs", value_parser = output_path)]
-    pub out: PathBuf,
+    /// figures/distributed-scaling.png (default: the docs/ folder of the default --runs).
+    #[arg(long, value_parser = output_path)]
+    pub out: Option<PathBuf>,
     /// Tokens of the projection.
     #[arg(long, default_value_t = 1e12, value_parser = positive)]
     pub tokens: f64,

@@ -117,6 +117,11 @@ pub fn run(a: AttendArgs) -> Result<()> {
         }
     };
     let [q_shape, k_shape, v_shape] = &shapes;
+    // The methods whose f32 kernels flag rows f32 cannot hold and recompute them exactly.
+    let recomputes = matches!(
+        method,
+        MethodKind::Soft | MethodKind::Linear | MethodKind::Performer
+    );
     let summary = json!({
         "method": method.name(),
         "q_shape": q_shape, "k_shape": k_shape, "v_shape": v_shape, "o_shape": res.o.shape,
@@ -131,8 +136,8 @@ pub fn run(a: AttendArgs) -> Result<()> {
         "planes": a.planes.as_ref().map(|p| p.display().to_string()),
         "seconds": seconds,
         "empty_rows": res.empty_rows,
-        "recomputed_rows": (method == MethodKind::Soft).then_some(res.recomputed.rows.len()),
-        "recompute_seconds": (method == MethodKind::Soft).then_some(res.recomputed.seconds),
+        "recomputed_rows": recomputes.then_some(res.recomputed.rows.len()),
+        "recompute_seconds": recomputes.then_some(res.recomputed.seconds),
         "out": out.display().to_string(),
     });
     if a.common.json {
@@ -155,8 +160,8 @@ pub fn run(a: AttendArgs) -> Result<()> {
     }
     if !res.recomputed.rows.is_empty() {
         eprintln!(
-            "note: {} rows had a denominator below what f32 holds and were recomputed exactly \
-             in the log domain ({:.3} s)",
+            "note: {} rows had a denominator f32 cannot hold and were recomputed exactly by the \
+             f64 reference ({:.3} s)",
             res.recomputed.rows.len(),
             res.recomputed.seconds
         );

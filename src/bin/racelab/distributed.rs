@@ -10,9 +10,24 @@ use anyhow::Result;
 /// `distributed-model`: the measured scaling runs against the time model, and its projection.
 pub fn run_model(a: DistModelArgs) -> Result<()> {
     use racelab::distributed::{model::Interconnect, scaling};
-    racelab::io::check_output_dir(&a.out, "out")?;
-    let rows = scaling::read_rows(&a.runs)?;
-    let (bench, figs) = (a.out.join("bench"), a.out.join("figures"));
+    // The records' docs/ folder: here, or the checkout's this binary was built from, so the
+    // command runs from any folder.
+    let docs = {
+        let here = std::path::PathBuf::from("docs");
+        if here.join("bench/distributed.jsonl").exists() {
+            here
+        } else {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs")
+        }
+    };
+    let runs = a
+        .runs
+        .clone()
+        .unwrap_or_else(|| docs.join("bench/distributed.jsonl"));
+    let out = a.out.clone().unwrap_or(docs);
+    racelab::io::check_output_dir(&out, "out")?;
+    let rows = scaling::read_rows(&runs)?;
+    let (bench, figs) = (out.join("bench"), out.join("figures"));
     std::fs::create_dir_all(&bench)?;
     std::fs::create_dir_all(&figs)?;
     let net = Interconnect::IB_HDR;

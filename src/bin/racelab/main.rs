@@ -13,6 +13,7 @@ mod ticker;
 use args::Cmd;
 
 fn main() {
+    default_sigpipe();
     let cli = args::parse();
     let r = match cli.cmd {
         Cmd::Attend(a) => attend::run(a),
@@ -36,7 +37,61 @@ fn main() {
     };
     if let Err(e) = r {
         error_line(&format!("error: {e:#}"));
+        if wants_json() {
+            // The library's error names its argument; the command line's own refusals
+            // say "invalid parameter `NAME`".
+            let arg = match e
+                .chain()
+                .find_map(|c| c.downcast_ref::<racelab::RaceError>())
+            {
+                Some(r) => r.arg().map(flag_of),
+                None => e
+                    .to_string()
+                    .strip_prefix("invalid parameter `")
+                    .and_then(|rest| rest.split_once('`'))
+                    .map(|(name, _)| flag_of(name)),
+            };
+            json_error(&format!("{e:#}"), arg.as_deref());
+        }
         std::process::exit(2);
+    }
+}
+
+/// Whether the command line asks for JSON (`--json`, on any subcommand).
+pub(crate) fn wants_json() -> bool {
+    std::env::args_os().skip(1).any(|a| a == "--json")
+}
+
+/// The command-line flag of a library argument name: `max_memory` is `--max-memory`; a name
+/// that is not one flag (`q/k/v`, `q (head 0)`) is kept as it is.
+fn flag_of(arg: &str) -> String {
+    if !arg.is_empty() && arg.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        format!("--{}", arg.replace('_', "-"))
+    } else {
+        arg.to_string()
+    }
+}
+
+/// A failed run under `--json`: one object on stdout, `{"error": msg, "argument": flag}`
+/// (`argument` null where no one argument is at fault), as the run's output would have been.
+pub(crate) fn json_error(msg: &str, argument: Option<&str>) {
+    use std::io::Write;
+    let obj = serde_json::json!({ "error": msg, "argument": argument });
+    let _ = std::io::stdout()
+        .lock()
+        .write_all(format!("{obj}\n").as_bytes());
+}
+
+/// A reader that closes the pipe (`racelab bench | head`) ends the process quietly, as it ends
+/// `cat`: the Rust runtime ignores SIGPIPE, so a write to the closed pipe fails with EPIPE and
+/// `println!` panics. Restoring the default action makes the write end the process instead
+/// (exit by signal 13; a staging folder it leaves is removed by the next run, as after SIGKILL).
+fn default_sigpipe() {
+    #[cfg(unix)]
+    // SAFETY: `signal` with `SIG_DFL` installs no handler of ours (nothing runs in signal
+    // context); it is called first in `main`, before any other thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 
