@@ -49,6 +49,14 @@ pub enum RaceError {
     /// A CUDA driver/NVRTC failure after a device was found.
     #[error("CUDA error: {0}")]
     Cuda(String),
+    /// An error of one step of a longer run (an experiment of `reproduce`), kept as it was
+    /// (an I/O error stays an I/O error) with the step named.
+    #[error("in {step}: {source}")]
+    In {
+        step: String,
+        #[source]
+        source: Box<RaceError>,
+    },
 }
 
 impl RaceError {
@@ -60,6 +68,7 @@ impl RaceError {
             | RaceError::ZeroVector { arg, .. }
             | RaceError::Param { arg, .. }
             | RaceError::Empty { arg, .. } => Some(arg),
+            RaceError::In { source, .. } => source.arg(),
             _ => None,
         }
     }
@@ -87,5 +96,33 @@ impl RaceError {
             path: path.display().to_string(),
             msg: e.to_string(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RaceError;
+
+    /// An error of one step keeps its own kind and words: an I/O error inside an experiment
+    /// of `reproduce` reads as an I/O error with its path, the step named before it.
+    #[test]
+    fn a_step_error_keeps_its_kind() {
+        let io = RaceError::io(
+            std::path::Path::new("figures/x.csv"),
+            "No space left on device",
+        );
+        let e = RaceError::In {
+            step: "experiment `limit`".into(),
+            source: Box::new(io),
+        };
+        assert_eq!(
+            e.to_string(),
+            "in experiment `limit`: I/O error on `figures/x.csv`: No space left on device"
+        );
+        let p = RaceError::In {
+            step: "experiment `rank`".into(),
+            source: Box::new(RaceError::param("p", "too many")),
+        };
+        assert_eq!(p.arg(), Some("p"));
     }
 }

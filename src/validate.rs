@@ -14,9 +14,9 @@
 //!    s·‖q‖·‖k‖` (softmax) and `|ωᵀx' − ‖x'‖²/2| ≤ s·‖x‖²/2 + √s·‖ω‖·‖x‖` with `x' = √s·x`
 //!    (Performer), each at most a quarter of the type's largest value, so that the shift by the
 //!    largest logit cannot overflow either (an overflowing logit made NaN rows);
-//! 5. for the f32 kernels, the hashing methods' projections `|w·x| ≤ ‖w‖·‖x‖` within a
-//!    quarter of f32's largest value, and values whose weighted sums f32 holds: every
-//!    method's kernels add
+//! 5. for the f32 kernels, the hashing methods' projections `|w·x| ≤ ‖w‖·√d·max|x|` within a
+//!    quarter of f32's largest value, and values whose weighted sums f32 holds (the
+//!    magnitudes come from step 3's scan): every method's kernels add
 //!    `w_ij·v_j` with the weights' sum bounded by `W` (keys `M`, tables `L`): `L·M` for soft
 //!    RACE and hard LSH (each key's features sum to 1 per table), `M` for softmax, angular
 //!    (weights scaled to at most 1 by the row's largest) and the Performer (features shifted
@@ -177,7 +177,7 @@ pub fn check<T: Copy + Into<f64> + Sync>(c: Call<'_, '_, T>) -> Result<Checked> 
 fn check_value_range<T: Copy + Into<f64> + Sync>(
     c: &Call<'_, '_, T>,
     shape: &AttnShape,
-    [_, kmax, vmax]: [f64; 3],
+    [qmax, kmax, vmax]: [f64; 3],
     gmax: Option<f64>,
 ) -> Result<()> {
     if c.kernels != Kernels::F32 {
@@ -185,7 +185,8 @@ fn check_value_range<T: Copy + Into<f64> + Sync>(
     }
     let keys = shape.m as f64;
     let largest = f32::MAX as f64;
-    // The hashing methods project q and k onto the planes in f32: `|w·x| ≤ ‖w‖·‖x‖`.
+    // The hashing methods project q and k onto the planes in f32: `|w·x| ≤ ‖w‖·‖x‖ ≤
+    // ‖w‖·√d·max|x|` (the entries' largest magnitude, from the finiteness scan: no pass more).
     if let Method::Soft { planes, .. } | Method::Hard { planes } = c.method {
         let d = shape.d;
         let w = match planes {
@@ -193,17 +194,16 @@ fn check_value_range<T: Copy + Into<f64> + Sync>(
             // Drawn rows are N(0, I_d): ‖w‖ ≤ √d + 8 but with probability below e^-32.
             PlaneSpec::Draw { .. } => (d as f64).sqrt() + 8.0,
         };
-        for (arg, x) in [("q", c.q), ("k", c.k)] {
-            let reach = w * max_row_norm(x.data, d);
+        for (arg, x) in [("q", qmax), ("k", kmax)] {
+            let reach = w * (d as f64).sqrt() * x;
             if !(reach.is_finite() && reach <= largest / 4.0) {
                 return Err(RaceError::param(
                     arg,
                     format!(
-                        "its projections onto the planes reach about {reach:.3e} (rows of {arg} \
-                         up to norm {:.3e}, planes' rows up to {w:.3e}), past a quarter of \
-                         f32's largest value ({largest:.3e}), where the f32 kernels' sums \
-                         overflow; use --device reference (f64)",
-                        reach / w
+                        "its projections onto the planes can reach {reach:.3e} (entries of {arg} \
+                         up to {x:.3e}, d = {d}, planes' rows up to norm {w:.3e}), past a \
+                         quarter of f32's largest value ({largest:.3e}), where the f32 \
+                         kernels' sums overflow; use --device reference (f64)"
                     ),
                 ));
             }

@@ -437,8 +437,8 @@ mod tests {
         ) -> Vec<(String, Cost)> {
             let m = parse_config::<C>(text, name).expect("the built-in config reads");
             vec![
-                (format!("{name} quick"), m.quick.cost()),
-                (format!("{name} full"), m.full.cost()),
+                (format!("{name} quick"), m.quick.expect("[quick]").cost()),
+                (format!("{name} full"), m.full.expect("[full]").cost()),
             ]
         }
         let all = [
@@ -493,6 +493,6 @@ mod tests {
         assert!(parse_config::<rank::Config>(&text, "c.toml").is_err());
         // The built-in full config passes the same check.
         let cfg = parse_config::<limit::Config>(base, "limit").unwrap();
-        assert!(check(&cfg.full, "limit", "full").is_ok());
+        assert!(check(&cfg.full.expect("[full]"), "limit", "full").is_ok());
     }
 }

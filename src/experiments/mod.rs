@@ -148,11 +148,31 @@ impl ExpResult {
     }
 }
 
-/// `[quick]` and `[full]` variants of one experiment's config.
+/// `[quick]` and `[full]` variants of one experiment's config. The built-in configs have
+/// both; a user's needs only the one its run reads ([`Modes::mode`]).
 #[derive(Debug, Clone, Deserialize)]
 pub struct Modes<C> {
-    pub quick: C,
-    pub full: C,
+    pub quick: Option<C>,
+    pub full: Option<C>,
+}
+
+impl<C> Modes<C> {
+    /// The `[quick]` or the `[full]` variant, or an error naming the missing section of `path`.
+    pub fn mode(self, quick: bool, path: &str) -> Result<C> {
+        let (got, name, other) = if quick {
+            (
+                self.quick,
+                "quick",
+                "without --quick, for its [full] section",
+            )
+        } else {
+            (self.full, "full", "with --quick, for its [quick] section")
+        };
+        got.ok_or_else(|| RaceError::Config {
+            path: path.to_string(),
+            msg: format!("no [{name}] section, which this run reads; add one, or run {other}"),
+        })
+    }
 }
 
 /// Load the experiment config: the user's file, or the built-in TOML.
@@ -172,7 +192,7 @@ pub fn load_config<C: DeserializeOwned + cost::Costed>(
         ),
     };
     let modes: Modes<C> = parse_config(&text, &path)?;
-    Ok(if ctx.quick { modes.quick } else { modes.full })
+    modes.mode(ctx.quick, &path)
 }
 
 /// Parse a config's text (its `quick` and `full` tables); `path` names it in errors. The text
@@ -246,9 +266,19 @@ pub fn config_from_table<C: DeserializeOwned + cost::Costed>(
         path: path.to_string(),
         msg: e.to_string(),
     })?;
+    if modes.quick.is_none() && modes.full.is_none() {
+        return Err(RaceError::Config {
+            path: path.to_string(),
+            msg: "neither a [quick] nor a [full] section; give the one the run reads".into(),
+        });
+    }
     // What each mode asks of the machine, before any work ([`cost`]).
-    cost::check(&modes.quick, path, "quick")?;
-    cost::check(&modes.full, path, "full")?;
+    if let Some(c) = &modes.quick {
+        cost::check(c, path, "quick")?;
+    }
+    if let Some(c) = &modes.full {
+        cost::check(c, path, "full")?;
+    }
     Ok(modes)
 }
 
@@ -457,6 +487,23 @@ pub fn heatmaps_via_csv(
 #[cfg(test)]
 mod config_tests {
     use super::check_config_values;
+
+    /// A user's config needs only the section its run reads; the other run is refused naming
+    /// the missing section and the flag that reads the one given.
+    #[test]
+    fn a_config_with_one_section_serves_the_run_that_reads_it() {
+        let text = include_str!("../../experiments/limit.toml");
+        let quick_only = &text[..text.find("[full]").expect("limit.toml has [full]")];
+        let m = super::parse_config::<super::limit::Config>(quick_only, "q.toml").unwrap();
+        assert!(m.clone().mode(true, "q.toml").is_ok());
+        let e = m.mode(false, "q.toml").unwrap_err().to_string();
+        assert!(
+            e.contains("no [full] section") && e.contains("with --quick"),
+            "{e}"
+        );
+        let e = super::parse_config::<super::limit::Config>("x = 1\n", "n.toml").unwrap_err();
+        assert!(e.to_string().contains("neither"), "{e}");
+    }
 
     fn check(text: &str) -> Result<(), String> {
         let t: toml::Table = toml::from_str(text).unwrap();

@@ -295,9 +295,9 @@ pub fn reproduce(
     planned((steps.len() + again * (master.len() - 1)) as u64);
     let run_step = |step: &Step, c: &Ctx, label: &str| -> Result<ExpResult> {
         started(label);
-        let r = (step.run)(c).map_err(|e| RaceError::Config {
-            path: format!("experiment `{}`", label),
-            msg: e.to_string(),
+        let r = (step.run)(c).map_err(|e| RaceError::In {
+            step: format!("experiment `{label}`"),
+            source: Box::new(e),
         })?;
         finished(label, &r);
         Ok(r)

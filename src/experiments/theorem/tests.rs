@@ -80,9 +80,10 @@ fn the_terms_the_grid_cannot_test_are_named_on_committed_data() {
                 "theorem.toml",
             )
             .unwrap();
+        let full = cfg.full.expect("theorem.toml has [full]");
         let tc = g.c("t").to_vec();
-        let stated = held_out_directions(&g, &cfg.full, &|i| tc[i]);
-        let un = indistinguishable(&g, &cfg.full, &stated).unwrap();
+        let stated = held_out_directions(&g, &full, &|i| tc[i]);
+        let un = indistinguishable(&g, &full, &stated).unwrap();
         for named in [
             "P·beta in place of P/beta",
             "no P/beta term",
