@@ -381,3 +381,78 @@ fn rows_f32_cannot_hold_are_refused_on_every_rank() {
         }
     }
 }
+
+/// The collectives' share of a distributed run is a share: the slowest rank's seconds inside
+/// the collectives (waits included) never exceed the slowest rank's seconds, for the timed
+/// forward+backward (`bench --distributed`) and the streaming mode, causal or not, with ranks
+/// that take turns on the cores (3 ranks as threads).
+#[test]
+fn the_collectives_share_is_at_most_the_whole() {
+    use racelab::distributed::{bench, stream};
+    for causal in [false, true] {
+        let rows: Vec<Result<bench::Row>> = std::thread::scope(|s| {
+            let hs: Vec<_> = thread_group(3)
+                .into_iter()
+                .map(|comm| {
+                    s.spawn(move || {
+                        let spec = bench::Spec {
+                            n: 3000,
+                            weak: false,
+                            heads: 2,
+                            d: 8,
+                            p: 2,
+                            l: 2,
+                            beta: 4.0,
+                            seed: 1,
+                            causal,
+                            runs: 3,
+                            check: false,
+                        };
+                        bench::run(comm, &spec)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for r in rows {
+            let r = r.unwrap();
+            assert!(
+                r.collective_seconds <= r.seconds && (0.0..=1.0).contains(&r.collective_share),
+                "causal {causal}: {} s in collectives of {} s ({})",
+                r.collective_seconds,
+                r.seconds,
+                r.collective_share
+            );
+        }
+        let reports: Vec<Result<stream::StreamReport>> = std::thread::scope(|s| {
+            let hs: Vec<_> = thread_group(3)
+                .into_iter()
+                .map(|comm| {
+                    s.spawn(move || {
+                        let spec = stream::StreamSpec {
+                            n: 5000,
+                            heads: 2,
+                            d: 8,
+                            p: 2,
+                            l: 2,
+                            beta: 4.0,
+                            seed: 1,
+                            causal,
+                        };
+                        stream::run_on(&comm, spec, &|_| {})
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for r in reports {
+            let r = r.unwrap();
+            assert!(
+                r.collective_seconds <= r.seconds,
+                "stream causal {causal}: {} s in collectives of {} s",
+                r.collective_seconds,
+                r.seconds
+            );
+        }
+    }
+}
