@@ -173,8 +173,9 @@ pub fn run(a: AttendArgs) -> Result<()> {
             if method == MethodKind::Hard {
                 "queries that collide with no key"
             } else {
-                "rows below f32's range that this method's kernel cannot recompute; try \
-                 --device reference"
+                // The f32 kernels' rows f32 cannot hold are recomputed by the reference, so
+                // what is left empty is empty there too: --device reference would not help.
+                "rows to which every key gives weight 0, in the f64 reference too"
             }
         );
     }
