@@ -28,8 +28,9 @@ pub fn run_model(a: DistModelArgs) -> Result<()> {
     racelab::io::check_output_dir(&out, "out")?;
     let rows = scaling::read_rows(&runs)?;
     let (bench, figs) = (out.join("bench"), out.join("figures"));
-    std::fs::create_dir_all(&bench)?;
-    std::fs::create_dir_all(&figs)?;
+    for dir in [&bench, &figs] {
+        std::fs::create_dir_all(dir).map_err(|e| racelab::RaceError::io(dir, e))?;
+    }
     let net = Interconnect::IB_HDR;
     let mut other = Vec::new();
     for spec in &a.node {
