@@ -382,6 +382,21 @@ fn rows_f32_cannot_hold_are_refused_on_every_rank() {
     }
 }
 
+/// `f` on each of `size` ranks as threads of this process; the ranks' results in rank order.
+fn on_thread_ranks<T: Send>(
+    size: usize,
+    f: impl Fn(racelab::distributed::ThreadComm) -> T + Sync,
+) -> Vec<T> {
+    std::thread::scope(|s| {
+        let f = &f;
+        let hs: Vec<_> = thread_group(size)
+            .into_iter()
+            .map(|comm| s.spawn(move || f(comm)))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
 /// The collectives' share of a distributed run is a share: the slowest rank's seconds inside
 /// the collectives (waits included) never exceed the slowest rank's seconds, for the timed
 /// forward+backward (`bench --distributed`) and the streaming mode, causal or not, with ranks
@@ -390,29 +405,21 @@ fn rows_f32_cannot_hold_are_refused_on_every_rank() {
 fn the_collectives_share_is_at_most_the_whole() {
     use racelab::distributed::{bench, stream};
     for causal in [false, true] {
-        let rows: Vec<Result<bench::Row>> = std::thread::scope(|s| {
-            let hs: Vec<_> = thread_group(3)
-                .into_iter()
-                .map(|comm| {
-                    s.spawn(move || {
-                        let spec = bench::Spec {
-                            n: 3000,
-                            weak: false,
-                            heads: 2,
-                            d: 8,
-                            p: 2,
-                            l: 2,
-                            beta: 4.0,
-                            seed: 1,
-                            causal,
-                            runs: 3,
-                            check: false,
-                        };
-                        bench::run(comm, &spec)
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        let rows = on_thread_ranks(3, |comm| {
+            let spec = bench::Spec {
+                n: 3000,
+                weak: false,
+                heads: 2,
+                d: 8,
+                p: 2,
+                l: 2,
+                beta: 4.0,
+                seed: 1,
+                causal,
+                runs: 3,
+                check: false,
+            };
+            bench::run(comm, &spec)
         });
         for r in rows {
             let r = r.unwrap();
@@ -424,26 +431,18 @@ fn the_collectives_share_is_at_most_the_whole() {
                 r.collective_share
             );
         }
-        let reports: Vec<Result<stream::StreamReport>> = std::thread::scope(|s| {
-            let hs: Vec<_> = thread_group(3)
-                .into_iter()
-                .map(|comm| {
-                    s.spawn(move || {
-                        let spec = stream::StreamSpec {
-                            n: 5000,
-                            heads: 2,
-                            d: 8,
-                            p: 2,
-                            l: 2,
-                            beta: 4.0,
-                            seed: 1,
-                            causal,
-                        };
-                        stream::run_on(&comm, spec, &|_| {})
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        let reports = on_thread_ranks(3, |comm| {
+            let spec = stream::StreamSpec {
+                n: 5000,
+                heads: 2,
+                d: 8,
+                p: 2,
+                l: 2,
+                beta: 4.0,
+                seed: 1,
+                causal,
+            };
+            stream::run_on(&comm, spec, &|_| {})
         });
         for r in reports {
             let r = r.unwrap();
