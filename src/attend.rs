@@ -248,7 +248,13 @@ pub fn attend_in<T: Element>(
     let (o, empty_rows): (Vec<f32>, usize) = match (device, &opts.method) {
         (_, Method::Soft { combine, .. }) => {
             if *combine != Combine::Paper {
-                return Err(RaceError::param("combine", "the authors' combine rule exists in the reference backend only; use --device reference"));
+                return Err(RaceError::param(
+                    "combine",
+                    format!(
+                        "the authors' combine rule exists in the reference backend only; use {}",
+                        crate::error::setting("device", "reference")
+                    ),
+                ));
             }
             let params = opts.method.race_params(causal).expect("soft RACE");
             // Validated above (`validate`, the same checks): not scanned a second time.
@@ -262,8 +268,10 @@ pub fn attend_in<T: Element>(
             return Err(RaceError::param(
                 "device",
                 format!(
-                    "the CUDA backend runs soft RACE only, not `{}`; use --device cpu or reference",
-                    m.name()
+                    "the CUDA backend runs soft RACE only, not `{}`; use {} or {}",
+                    m.name(),
+                    crate::error::setting("device", "cpu"),
+                    crate::error::setting("device", "reference")
                 ),
             ))
         }

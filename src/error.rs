@@ -1,7 +1,78 @@
 //! The one error type of the library. Every variant names the argument at fault and, where
 //! there is one, the fix. The CLI wraps it in `anyhow` at the edge only.
+//!
+//! **Arguments in the front end's words.** An error carries the argument's library name
+//! (`p`, `max_memory`: [`RaceError::arg`]). A message that tells the user what to pass
+//! spells it through [`arg`] and [`setting`], in the [`Spelling`] its front end sets once at
+//! start ([`set_spelling`]): the command line's `--max-memory` and `--device reference`,
+//! Python's `max_memory=` and `device="reference"`, the library's `` `max_memory` `` and
+//! `device = reference`. No message is rewritten after it is made.
 
+use std::sync::atomic::{AtomicU8, Ordering};
 use thiserror::Error;
+
+/// How the user names an argument: the front end that shows the library's messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Spelling {
+    /// Rust callers: the library's own name, `` `max_memory` ``.
+    Library,
+    /// The `racelab` command line: `--max-memory`.
+    Cli,
+    /// The Python package: the keyword `max_memory=`.
+    Python,
+}
+
+static SPELLING: AtomicU8 = AtomicU8::new(0);
+
+/// Set the spelling of every message made from now on (a front end calls it once, first).
+pub fn set_spelling(s: Spelling) {
+    SPELLING.store(s as u8, Ordering::Relaxed);
+}
+
+/// The spelling messages are made in ([`Spelling::Library`] unless a front end set another).
+pub fn spelling() -> Spelling {
+    match SPELLING.load(Ordering::Relaxed) {
+        1 => Spelling::Cli,
+        2 => Spelling::Python,
+        _ => Spelling::Library,
+    }
+}
+
+impl Spelling {
+    /// The argument of library name `name` as this front end's user writes it. A name that
+    /// is not one identifier (`q/k`) is kept as it is.
+    pub fn arg(self, name: &str) -> String {
+        let plain = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        match self {
+            _ if !plain => name.to_string(),
+            Spelling::Library => format!("`{name}`"),
+            Spelling::Cli => format!("--{}", name.replace('_', "-")),
+            Spelling::Python => format!("{name}="),
+        }
+    }
+
+    /// The argument given `value`: `--device reference`, `device="reference"` (a number
+    /// unquoted: `p=2`), `device = reference`.
+    pub fn setting(self, name: &str, value: impl std::fmt::Display) -> String {
+        let value = value.to_string();
+        match self {
+            Spelling::Library => format!("`{name} = {value}`"),
+            Spelling::Cli => format!("{} {value}", self.arg(name)),
+            Spelling::Python if value.parse::<f64>().is_ok() => format!("{name}={value}"),
+            Spelling::Python => format!("{name}=\"{value}\""),
+        }
+    }
+}
+
+/// [`Spelling::arg`] in the spelling set by the front end.
+pub fn arg(name: &str) -> String {
+    spelling().arg(name)
+}
+
+/// [`Spelling::setting`] in the spelling set by the front end.
+pub fn setting(name: &str, value: impl std::fmt::Display) -> String {
+    spelling().setting(name, value)
+}
 
 /// Result alias used throughout racelab.
 pub type Result<T, E = RaceError> = std::result::Result<T, E>;
@@ -101,7 +172,33 @@ impl RaceError {
 
 #[cfg(test)]
 mod tests {
-    use super::RaceError;
+    use super::{RaceError, Spelling};
+
+    /// Each front end's words for one argument, made without rewriting a message.
+    #[test]
+    fn each_front_end_spells_an_argument_its_way() {
+        let cases = [
+            (
+                Spelling::Library,
+                "`max_memory`",
+                "`device = reference`",
+                "`p = 2`",
+            ),
+            (Spelling::Cli, "--max-memory", "--device reference", "--p 2"),
+            (
+                Spelling::Python,
+                "max_memory=",
+                "device=\"reference\"",
+                "p=2",
+            ),
+        ];
+        for (s, mem, dev, p) in cases {
+            assert_eq!(s.arg("max_memory"), mem);
+            assert_eq!(s.setting("device", "reference"), dev);
+            assert_eq!(s.setting("p", 2), p);
+            assert_eq!(s.arg("q/k"), "q/k", "{s:?}");
+        }
+    }
 
     /// An error of one step keeps its own kind and words: an I/O error inside an experiment
     /// of `reproduce` reads as an I/O error with its path, the step named before it.

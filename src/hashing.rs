@@ -88,7 +88,15 @@ impl Planes {
         if self.p != p || self.l != l {
             return Err(RaceError::shape(
                 "planes",
-                format!("planes are [L={}, P={}] but --l {l} --p {p} was asked; drop --p/--l or match them", self.l, self.p),
+                format!(
+                    "planes are [L={}, P={}] but {} {} was asked; drop {}/{} or match them",
+                    self.l,
+                    self.p,
+                    crate::error::setting("l", l),
+                    crate::error::setting("p", p),
+                    crate::error::arg("p"),
+                    crate::error::arg("l"),
+                ),
             ));
         }
         Ok(())

@@ -188,12 +188,12 @@ pub fn kernel_state_bytes(features: u64, heads: usize, dv: usize) -> u64 {
 }
 
 /// The memory budget: `max_memory` when given, else what the machine has available.
-pub fn budget(max_memory: Option<u64>) -> (u64, &'static str) {
+pub fn budget(max_memory: Option<u64>) -> (u64, String) {
     match max_memory {
-        Some(b) => (b, "--max-memory"),
+        Some(b) => (b, crate::error::arg("max_memory")),
         None => (
             crate::provenance::available_memory_bytes(),
-            "the memory this machine has available",
+            "the memory this machine has available".to_string(),
         ),
     }
 }
@@ -238,18 +238,23 @@ pub fn check_need(work: &Work, need: u64, max_memory: Option<u64>) -> Result<()>
     } else {
         String::new()
     };
+    use crate::error::arg;
     let fix = if work.p > 0 {
-        "use a smaller --p (the state doubles with each bit) or --l, fewer tokens or heads"
+        format!(
+            "use a smaller {} (the state doubles with each bit) or {}, fewer tokens or heads",
+            arg("p"),
+            arg("l")
+        )
     } else if work.method == "performer" {
-        "use fewer --features, tokens or heads"
+        format!("use fewer {}, tokens or heads", arg("features"))
     } else if work.quadratic {
-        "use fewer tokens (exact attention's scores grow as N²) or a linear-time method"
+        "use fewer tokens (exact attention's scores grow as N²) or a linear-time method".into()
     } else {
-        "use fewer tokens or heads"
+        "use fewer tokens or heads".into()
     };
     Err(RaceError::TooLarge(format!(
         "`{}` on {} with {tables}N = {} queries, {} keys, {} heads, d = {}, dv = {} needs about {} \
-         ({} bytes), more than {source} ({}); {fix}, or set --max-memory if more is available",
+         ({} bytes), more than {source} ({}); {fix}, or set {} if more is available",
         work.method,
         work.kernels.name(),
         work.n,
@@ -259,7 +264,8 @@ pub fn check_need(work: &Work, need: u64, max_memory: Option<u64>) -> Result<()>
         work.dv,
         human(need),
         need,
-        human(limit)
+        human(limit),
+        arg("max_memory")
     )))
 }
 
@@ -336,8 +342,8 @@ mod tests {
             "L = 100",
             "N = 300",
             "bytes",
-            "--max-memory",
-            "smaller --p",
+            "`max_memory`",
+            "smaller `p`",
         ] {
             assert!(e.contains(part), "{part} missing from: {e}");
         }

@@ -192,7 +192,10 @@ impl FeatureSpec {
         if self.count() == 0 {
             return Err(RaceError::param(
                 "features",
-                "Performer needs m ≥ 1 random features; use --features 256, say",
+                format!(
+                    "Performer needs m ≥ 1 random features; use {}, say",
+                    crate::error::setting("features", 256)
+                ),
             ));
         }
         if let FeatureSpec::Given(w) = self {

@@ -203,7 +203,8 @@ fn check_value_range<T: Copy + Into<f64> + Sync>(
                         "its projections onto the planes can reach {reach:.3e} (entries of {arg} \
                          up to {x:.3e}, d = {d}, planes' rows up to norm {w:.3e}), past a \
                          quarter of f32's largest value ({largest:.3e}), where the f32 \
-                         kernels' sums overflow; use --device reference (f64)"
+                         kernels' sums overflow; use {} (f64)",
+                        crate::error::setting("device", "reference")
                     ),
                 ));
             }
@@ -261,12 +262,13 @@ fn check_value_range<T: Copy + Into<f64> + Sync>(
     } else {
         "v"
     };
+    let reference = crate::error::setting("device", "reference");
     let fix = match arg {
         "q" | "k" => {
-            "use --device reference (f64): linear attention changes when q or k is rescaled"
+            format!("use {reference} (f64): linear attention changes when q or k is rescaled")
         }
-        "g" => "scale g down (the gradients are linear in g) or use --device reference (f64)",
-        _ => "scale v down (the output is linear in v) or use --device reference (f64)",
+        "g" => format!("scale g down (the gradients are linear in g) or use {reference} (f64)"),
+        _ => format!("scale v down (the output is linear in v) or use {reference} (f64)"),
     };
     Err(RaceError::param(
         arg,
@@ -331,8 +333,9 @@ fn check_logit_range<T: Copy + Into<f64> + Sync>(c: &Call<'_, '_, T>, d: usize) 
         format!(
             "the logits reach about {bound:.3e} ({given}, rows of q up to norm {qn:.3e}, of k up \
              to {kn:.3e}), past a quarter of the largest value {} hold ({largest:.3e}); use a \
-             smaller --scale or rescale q and k",
-            c.kernels.name()
+             smaller {} or rescale q and k",
+            c.kernels.name(),
+            crate::error::arg("scale")
         ),
     ))
 }
@@ -429,7 +432,10 @@ mod tests {
             (performer(2e307), Kernels::Reference),
         ] {
             let e = run(m.clone(), kernels).unwrap_err().to_string();
-            assert!(e.contains("`scale`") && e.contains("--scale"), "{m:?}: {e}");
+            assert!(
+                e.contains("invalid parameter `scale`") && e.contains("smaller `scale`"),
+                "{m:?}: {e}"
+            );
         }
     }
 }

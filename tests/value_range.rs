@@ -89,7 +89,10 @@ fn values_near_f32s_largest_are_refused_where_the_sums_overflow_and_right_where_
             match attend_with(&q, &k, &big, &opts, Device::Cpu) {
                 Err(RaceError::Param { arg, msg }) => {
                     assert_eq!(arg, "v", "{tag}: {msg}");
-                    assert!(msg.contains("--device reference"), "{tag}: {msg}");
+                    assert!(
+                        msg.contains(&racelab::error::setting("device", "reference")),
+                        "{tag}: {msg}"
+                    );
                 }
                 other => panic!("{tag}: expected a refusal naming v, got {other:?}"),
             }
@@ -124,7 +127,10 @@ fn linear_attention_refuses_features_past_f32_and_recomputes_rows_that_underflow
     match e {
         RaceError::Param { arg, msg } => {
             assert!(arg == "q" || arg == "k", "{arg}: {msg}");
-            assert!(msg.contains("--device reference"), "{msg}");
+            assert!(
+                msg.contains(&racelab::error::setting("device", "reference")),
+                "{msg}"
+            );
         }
         other => panic!("expected a refusal naming q or k, got {other:?}"),
     }

@@ -22,6 +22,7 @@ use racelab::backend::{
 };
 use racelab::cpu::mem::ABuf;
 use racelab::cpu::CpuRace;
+use racelab::error::Spelling;
 use racelab::hashing::Planes;
 use racelab::method::{Flags, MethodKind};
 use racelab::params::Combine;
@@ -31,57 +32,10 @@ use racelab::validate::{Budget, Held};
 use racelab::RaceError;
 use rayon::prelude::*;
 
-/// A library error as Python's `ValueError`, with the command line's message.
+/// A library error as Python's `ValueError`, its message in Python's words (the module sets
+/// [`Spelling::Python`] when it loads: `max_memory=`, `device="reference"`).
 fn py_err(e: RaceError) -> PyErr {
-    PyValueError::new_err(python_words(&e.to_string()))
-}
-
-/// The command line's words in a message turned into Python's: `--max-memory` into
-/// `max_memory=`, `--p 2` into `p=2`, and so on for every flag a keyword argument mirrors.
-fn python_words(msg: &str) -> String {
-    const FLAGS: [&str; 14] = [
-        "max-memory",
-        "device",
-        "combine",
-        "method",
-        "features",
-        "planes",
-        "causal",
-        "scale",
-        "gamma",
-        "beta",
-        "seed",
-        "p",
-        "l",
-        "d",
-    ];
-    let mut out = String::with_capacity(msg.len());
-    let mut rest = msg;
-    while let Some(i) = rest.find("--") {
-        out.push_str(&rest[..i]);
-        let after = &rest[i + 2..];
-        let flag = FLAGS.iter().find(|f| {
-            after.starts_with(**f)
-                && !after[f.len()..].starts_with(|c: char| c.is_alphanumeric() || c == '-')
-        });
-        match flag {
-            Some(f) => {
-                out.push_str(&f.replace('-', "_"));
-                out.push('=');
-                rest = &after[f.len()..];
-                // `--p 2` becomes `p=2`.
-                if rest.starts_with(' ') && rest[1..].starts_with(|c: char| c.is_ascii_digit()) {
-                    rest = &rest[1..];
-                }
-            }
-            None => {
-                out.push_str("--");
-                rest = after;
-            }
-        }
-    }
-    out.push_str(rest);
-    out
+    PyValueError::new_err(e.to_string())
 }
 
 /// The elements of a C-contiguous array, or a `ValueError` naming it.
@@ -546,6 +500,7 @@ fn cpu_isa() -> &'static str {
 
 #[pymodule]
 fn _racelab(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    racelab::error::set_spelling(Spelling::Python);
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<Saved>()?;
     m.add_function(wrap_pyfunction!(planes, m)?)?;

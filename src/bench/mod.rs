@@ -238,13 +238,19 @@ fn validate(cfg: &BenchConfig) -> Result<()> {
     if cfg.heads == 0 {
         return Err(RaceError::param(
             "heads",
-            "0 heads times nothing; give --heads 1 or more",
+            format!(
+                "0 heads times nothing; give {} or more",
+                crate::error::setting("heads", 1)
+            ),
         ));
     }
     if cfg.d == 0 {
         return Err(RaceError::param(
             "d",
-            "d = 0 has no features; give --d 1 or more",
+            format!(
+                "d = 0 has no features; give {} or more",
+                crate::error::setting("d", 1)
+            ),
         ));
     }
     for &(p, l) in &cfg.pl {
@@ -254,19 +260,31 @@ fn validate(cfg: &BenchConfig) -> Result<()> {
     if cfg.device == Device::Reference {
         return Err(RaceError::param(
             "device",
-            "bench times the kernels: use --device cpu or cuda (--reference also times the exact references)",
+            format!(
+                "bench times the kernels: use {} or {} ({} also times the exact references)",
+                crate::error::setting("device", "cpu"),
+                crate::error::setting("device", "cuda"),
+                crate::error::arg("reference")
+            ),
         ));
     }
     if cfg.causal_ratio && cfg.causal {
         return Err(RaceError::param(
             "causal",
-            "--causal-ratio times causal and non-causal rows itself; drop --causal",
+            format!(
+                "{} times causal and non-causal rows itself; drop {}",
+                crate::error::arg("causal_ratio"),
+                crate::error::arg("causal")
+            ),
         ));
     }
     if cfg.causal_ratio && cfg.reference {
         return Err(RaceError::param(
             "reference",
-            "--causal-ratio times the RACE kernels only; time the references in a separate run",
+            format!(
+                "{} times the RACE kernels only; time the references in a separate run",
+                crate::error::arg("causal_ratio")
+            ),
         ));
     }
     Ok(())

@@ -275,8 +275,11 @@ pub fn bound_heads(
         .saturating_mul(shape.m as u64);
     if pairs > MAX_PAIRS {
         return Err(RaceError::TooLarge(format!(
-            "{pairs} query-key pairs ({heads} heads × {} × {}): the row-wise bound is quadratic in N and is refused past {MAX_PAIRS}; give fewer rows (--q, --k)",
-            shape.n, shape.m
+            "{pairs} query-key pairs ({heads} heads × {} × {}): the row-wise bound is quadratic in N and is refused past {MAX_PAIRS}; give fewer rows ({}, {})",
+            shape.n,
+            shape.m,
+            crate::error::arg("q"),
+            crate::error::arg("k")
         )));
     }
     let (qh, kh, vh) = (q.heads("q")?, k.heads("k")?, v.heads("v")?);

@@ -129,7 +129,11 @@ impl<'a> SoftMap<'a> {
         if params.combine != crate::params::Combine::Paper {
             return Err(crate::error::RaceError::param(
                 "combine",
-                "the authors' combine rule has no kernel; use --device reference or --combine paper",
+                format!(
+                    "the authors' combine rule has no kernel; use {} or {}",
+                    crate::error::setting("device", "reference"),
+                    crate::error::setting("combine", "paper")
+                ),
             ));
         }
         params.validate()?;

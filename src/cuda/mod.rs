@@ -504,7 +504,11 @@ impl CudaRace {
         if params.combine != crate::params::Combine::Paper {
             return Err(RaceError::param(
                 "combine",
-                "the authors' combine rule has no kernel; use --device reference or --combine paper",
+                format!(
+                    "the authors' combine rule has no kernel; use {} or {}",
+                    crate::error::setting("device", "reference"),
+                    crate::error::setting("combine", "paper")
+                ),
             ));
         }
         if q.n != k.n {
@@ -586,8 +590,12 @@ impl SoftRace for CudaRace {
         ensure_device()?;
         Err(RaceError::param(
             "device",
-            "the CUDA backend has no recurrent decoder (one token per launch leaves the card idle); \
-             decode with --device cpu or reference",
+            format!(
+                "the CUDA backend has no recurrent decoder (one token per launch leaves the card \
+                 idle); decode with {} or {}",
+                crate::error::setting("device", "cpu"),
+                crate::error::setting("device", "reference")
+            ),
         ))
     }
 }

@@ -142,7 +142,13 @@ pub fn run<C: Comm + Send + Sync>(comm: C, s: &Spec) -> Result<Row> {
     if s.n == 0 || s.heads == 0 || s.d == 0 || s.runs == 0 {
         return Err(RaceError::param(
             "n",
-            "--n, --heads, --d and --runs must be at least 1",
+            format!(
+                "{}, {}, {} and {} must be at least 1",
+                crate::error::arg("n"),
+                crate::error::arg("heads"),
+                crate::error::arg("d"),
+                crate::error::arg("runs")
+            ),
         ));
     }
     let n = if s.weak { s.n * size } else { s.n };
@@ -150,7 +156,12 @@ pub fn run<C: Comm + Send + Sync>(comm: C, s: &Spec) -> Result<Row> {
     if s.check && n * h * d > 1 << 24 {
         return Err(RaceError::param(
             "check",
-            format!("--check computes the whole sequence on rank 0 too; {n} tokens × {h} heads × d = {d} is more than 2^24 values: use a smaller --n"),
+            format!(
+                "{} computes the whole sequence on rank 0 too; {n} tokens × {h} heads × d = {d} \
+                 is more than 2^24 values: use a smaller {}",
+                crate::error::arg("check"),
+                crate::error::arg("n")
+            ),
         ));
     }
     let params = RaceParams {

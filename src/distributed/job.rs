@@ -241,11 +241,22 @@ pub fn attend<C: Comm + Send + Sync>(
         let path = job.out.as_ref().ok_or_else(|| {
             JobError::from(RaceError::param(
                 "out",
-                "--out O.npy (written by rank 0) or --out-shards DIR is required",
+                format!(
+                    "{} (written by rank 0) or {} is required",
+                    crate::error::setting("out", "O.npy"),
+                    crate::error::setting("out_shards", "DIR")
+                ),
             ))
         })?;
         if f.o.len() > i32::MAX as usize {
-            return Err(JobError::from(RaceError::param("out", format!("rank {rank}'s output has {} values, more than one MPI message holds; use --out-shards DIR", f.o.len()))));
+            return Err(JobError::from(RaceError::param(
+                "out",
+                format!(
+                    "rank {rank}'s output has {} values, more than one MPI message holds; use {}",
+                    f.o.len(),
+                    crate::error::setting("out_shards", "DIR")
+                ),
+            )));
         }
         if let Some(parts) = dist.comm.gather_to_root(&f.o) {
             let o = assemble(&parts, &layout.q_rows, x.lead, x.dv);

@@ -446,9 +446,11 @@ impl<C: Comm> Distributed<C> {
             return Err(RaceError::Distributed(format!(
                 "{} rows (over all ranks) have a denominator below f32's floor at beta = {}: \
                  f32 cannot hold their weights, and a rank holds only its own keys, so they \
-                 cannot be recomputed exactly across ranks; run on one process (--device cpu \
+                 cannot be recomputed exactly across ranks; run on one process ({} \
                  recomputes them) or use a smaller beta",
-                st[0], params.beta
+                st[0],
+                params.beta,
+                crate::error::setting("device", "cpu")
             )));
         }
         Ok(st[1])

@@ -255,9 +255,10 @@ pub fn run_on(comm: &dyn Comm, spec: StreamSpec, progress: &dyn Fn(&str)) -> Res
             "beta",
             format!(
                 "{} query rows have a denominator below f32's range at beta = {beta}; the \
-                 streaming mode keeps no keys to recompute them exactly: use a smaller --beta, \
+                 streaming mode keeps no keys to recompute them exactly: use a smaller {}, \
                  or `racelab attend` (which does)",
-                st[0]
+                st[0],
+                crate::error::arg("beta")
             ),
         ));
     }

@@ -159,14 +159,19 @@ pub struct Modes<C> {
 impl<C> Modes<C> {
     /// The `[quick]` or the `[full]` variant, or an error naming the missing section of `path`.
     pub fn mode(self, quick: bool, path: &str) -> Result<C> {
+        let quick_flag = crate::error::arg("quick");
         let (got, name, other) = if quick {
             (
                 self.quick,
                 "quick",
-                "without --quick, for its [full] section",
+                format!("without {quick_flag}, for its [full] section"),
             )
         } else {
-            (self.full, "full", "with --quick, for its [quick] section")
+            (
+                self.full,
+                "full",
+                format!("with {quick_flag}, for its [quick] section"),
+            )
         };
         got.ok_or_else(|| RaceError::Config {
             path: path.to_string(),
@@ -498,7 +503,7 @@ mod config_tests {
         assert!(m.clone().mode(true, "q.toml").is_ok());
         let e = m.mode(false, "q.toml").unwrap_err().to_string();
         assert!(
-            e.contains("no [full] section") && e.contains("with --quick"),
+            e.contains("no [full] section") && e.contains("with `quick`"),
             "{e}"
         );
         let e = super::parse_config::<super::limit::Config>("x = 1\n", "n.toml").unwrap_err();

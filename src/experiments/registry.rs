@@ -176,7 +176,8 @@ pub fn run(name: &str, ctx: &Ctx) -> Result<ExpResult> {
         return Err(RaceError::param(
             "data",
             format!(
-                "`{name}` runs on its own synthetic inputs (the theory's setting) and does not take --data"
+                "`{name}` runs on its own synthetic inputs (the theory's setting) and does not take {}",
+                crate::error::arg("data")
             ),
         ));
     }

@@ -81,7 +81,10 @@ impl SoftRace for ReferenceRace {
         if params.combine != Combine::Paper {
             return Err(RaceError::param(
                 "combine",
-                "gradients exist for the paper's combine rule only; use --combine paper",
+                format!(
+                    "gradients exist for the paper's combine rule only; use {}",
+                    crate::error::setting("combine", "paper")
+                ),
             ));
         }
         let fwd = self.forward(params, planes, q, k, v)?;
@@ -120,7 +123,10 @@ impl SoftRace for ReferenceRace {
         if params.combine != Combine::Paper {
             return Err(RaceError::param(
                 "combine",
-                "the decoder reads the state by the paper's combine rule; use --combine paper",
+                format!(
+                    "the decoder reads the state by the paper's combine rule; use {}",
+                    crate::error::setting("combine", "paper")
+                ),
             ));
         }
         if dv == 0 {

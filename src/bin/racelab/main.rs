@@ -11,9 +11,12 @@ mod experiments;
 mod ticker;
 
 use args::Cmd;
+use racelab::error::Spelling;
 
 fn main() {
     default_sigpipe();
+    // The library's messages name arguments as flags (`--max-memory`, `--device reference`).
+    racelab::error::set_spelling(Spelling::Cli);
     let cli = args::parse();
     let r = match cli.cmd {
         Cmd::Attend(a) => attend::run(a),
@@ -44,12 +47,12 @@ fn main() {
                 .chain()
                 .find_map(|c| c.downcast_ref::<racelab::RaceError>())
             {
-                Some(r) => r.arg().map(flag_of),
+                Some(r) => r.arg().map(|a| Spelling::Cli.arg(a)),
                 None => e
                     .to_string()
                     .strip_prefix("invalid parameter `")
                     .and_then(|rest| rest.split_once('`'))
-                    .map(|(name, _)| flag_of(name)),
+                    .map(|(name, _)| Spelling::Cli.arg(name)),
             };
             json_error(&format!("{e:#}"), arg.as_deref());
         }
@@ -60,16 +63,6 @@ fn main() {
 /// Whether the command line asks for JSON (`--json`, on any subcommand).
 pub(crate) fn wants_json() -> bool {
     std::env::args_os().skip(1).any(|a| a == "--json")
-}
-
-/// The command-line flag of a library argument name: `max_memory` is `--max-memory`; a name
-/// that is not one flag (`q/k/v`, `q (head 0)`) is kept as it is.
-fn flag_of(arg: &str) -> String {
-    if !arg.is_empty() && arg.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-        format!("--{}", arg.replace('_', "-"))
-    } else {
-        arg.to_string()
-    }
 }
 
 /// A failed run under `--json`: one object on stdout, `{"error": msg, "argument": flag}`

@@ -430,6 +430,21 @@ fn tradeoff_betas(ctx: &Ctx) -> BTreeMap<(usize, usize), f64> {
 
 const SUMMARY: &str = "mqar/mqar_summary";
 
+/// The training run's `mqar.meta.json` beside `source` (null where there is none); a file
+/// that cannot be read is an I/O error and one that is not JSON a config error, each with
+/// its path, never a silently empty provenance.
+fn training_meta(source: &Path) -> Result<serde_json::Value> {
+    let path = source.with_file_name("mqar.meta.json");
+    match std::fs::read_to_string(&path) {
+        Ok(t) => serde_json::from_str(&t).map_err(|e| RaceError::Config {
+            path: path.display().to_string(),
+            msg: format!("not JSON ({e}); rerun `python experiments/mqar/mqar.py`"),
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(serde_json::Value::Null),
+        Err(e) => Err(RaceError::io(&path, e)),
+    }
+}
+
 /// Summary CSV from the trained rows.
 fn summary_csv(ctx: &Ctx, s: &[Summary], source: &Path) -> Result<String> {
     let rows: Vec<Vec<String>> = s
@@ -451,10 +466,7 @@ fn summary_csv(ctx: &Ctx, s: &[Summary], source: &Path) -> Result<String> {
             ]
         })
         .collect();
-    let meta = std::fs::read_to_string(source.with_file_name("mqar.meta.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .unwrap_or(serde_json::Value::Null);
+    let meta = training_meta(source)?;
     write_csv(
         ctx,
         SUMMARY,
@@ -657,10 +669,7 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
         .map(|l| l.split(',').map(String::from).collect())
         .collect();
     let s = summarise(&header, &rows);
-    let meta: serde_json::Value = std::fs::read_to_string(source.with_file_name("mqar.meta.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or(serde_json::Value::Null);
+    let meta = training_meta(&source)?;
     let provenance = format!(
         "trained by experiments/mqar/mqar.py ({} grid, seeds {}, revision {}, {}, torch {}; {} s)",
         meta["grid"].as_str().unwrap_or("?"),
