@@ -786,3 +786,91 @@ fn large_beta_on_emulated_cuda() {
         }
     }
 }
+
+/// race.cu at the top of the value range the one validation accepts, under the emulation:
+/// values `v` just inside the bound of `validate` (step 5: `L·n·max|v|` within a quarter of
+/// f32's largest) run finite and equal to the CPU kernels (1e-5 forward, 1e-4 gradients), and
+/// eight times larger they are refused before any device is asked for, naming `v` and the f64
+/// reference, on the CUDA device as on the CPU: the kernels never see values whose sums overflow.
+#[test]
+fn values_at_the_top_of_the_accepted_range_on_emulated_cuda() {
+    let (heads, n, d, dv, p, l, beta) = (2usize, 128usize, 16usize, 8usize, 2, 3, 4.0f32);
+    let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, 3).unwrap());
+    let (q, k) = (data(heads * n * d, 1, 1.0), data(heads * n * d, 2, 1.0));
+    let unit = data(heads * n * dv, 3, 1.0);
+    let top = unit.iter().fold(0.0f32, |m, x| m.max(x.abs())) as f64;
+    // The largest power of two the bound accepts, as a scale of `unit`.
+    let limit = f32::MAX as f64 / 4.0 / (l * n) as f64 / top;
+    let scale = 2f64.powi(limit.log2().floor() as i32);
+    // dv·max|g| ≤ 1: the gradients' own factor of the bound stays 1.
+    let g: Vec<f32> = data(heads * n * dv, 4, 1.0)
+        .iter()
+        .map(|x| x / (4.0 * dv as f32))
+        .collect();
+    let mut params = racelab::RaceParams::new(p, l, beta as f64).unwrap();
+    for causal in [false, true] {
+        params.causal = causal;
+        let qh = Heads::new(heads, n, d, &q).unwrap();
+        let kh = Heads::new(heads, n, d, &k).unwrap();
+        let gh = Heads::new(heads, n, dv, &g).unwrap();
+        let over: Vec<f32> = unit
+            .iter()
+            .map(|x| (*x as f64 * scale * 8.0) as f32)
+            .collect();
+        let vh = Heads::new(heads, n, dv, &over).unwrap();
+        let e = racelab::backend::check(&params, &planes, &qh, &kh, &vh, Some(&gh)).unwrap_err();
+        assert_eq!(e.arg(), Some("v"), "{e}");
+        assert!(e.to_string().contains("reference"), "{e}");
+        let opts =
+            racelab::AttendOptions::new(racelab::Method::soft(p, l, beta as f64, 3)).causal(causal);
+        let wide = |x: &[f32], c: usize| racelab::Tensor {
+            shape: vec![heads, n, c],
+            data: x.iter().map(|&a| a as f64).collect(),
+        };
+        let (qw, kw, vw) = (wide(&q, d), wide(&k, d), wide(&over, dv));
+        let e =
+            racelab::attend::attend_with(&qw, &kw, &vw, &opts, racelab::Device::Cuda).unwrap_err();
+        assert_eq!(
+            e.arg(),
+            Some("v"),
+            "the CUDA device refuses as the CPU does: {e}"
+        );
+
+        let v: Vec<f32> = unit.iter().map(|x| (*x as f64 * scale) as f32).collect();
+        let vh = Heads::new(heads, n, dv, &v).unwrap();
+        racelab::backend::check(&params, &planes, &qh, &kh, &vh, Some(&gh)).unwrap();
+        let s = GpuShape { heads, n, d, dv };
+        let x = [GpuInput::F32(&q), GpuInput::F32(&k), GpuInput::F32(&v)];
+        let (o, den, mut gr) =
+            emulate(&planes, beta, x[0], x[1], x[2], &g, s, causal, false, false);
+        let map = SoftMap::new(&planes, beta).unwrap();
+        let f = cuda::finish_forward(o, den, map, [&x[0], &x[1], &x[2]], s, causal);
+        cuda::finish_backward(&f, map, [&x[0], &x[1], &x[2]], &g, s, causal, &mut gr);
+        let isa = racelab::cpu::detected_isa();
+        let cpu = racelab::cpu::soft_forward(&map, qh, kh, vh, causal, isa);
+        let oh = Heads::new(heads, n, dv, &cpu.o).unwrap();
+        let cg = racelab::cpu::soft_backward(
+            &map,
+            &cpu.ctx,
+            BackwardInputs::new(qh, kh, vh, oh, gh),
+            isa,
+        );
+        let tag = format!("causal={causal}, max|v| = {:.3e}", top * scale);
+        let all = [&f.o, &cpu.o, &gr.dq, &gr.dk, &gr.dv, &cg.dq, &cg.dk, &cg.dv];
+        assert!(
+            all.iter().all(|a| a.iter().all(|x| x.is_finite())),
+            "{tag}: a non-finite value"
+        );
+        let err = rel(&f.o, &cpu.o);
+        assert!(err <= 1e-5, "{tag}: forward {err:.2e}");
+        for (name, a, b) in [
+            ("dq", &gr.dq, &cg.dq),
+            ("dk", &gr.dk, &cg.dk),
+            ("dv", &gr.dv, &cg.dv),
+        ] {
+            let e = rel(a, b);
+            assert!(e <= 1e-4, "{tag}: {name} {e:.2e}");
+        }
+        println!("{tag}: forward {err:.1e}");
+    }
+}

@@ -25,7 +25,11 @@
 //! A row whose f32 denominator is below [`crate::cpu::recompute::den_floor`] is flagged by the
 //! forward kernels (zero output, saved `DEN = 0`, so the backward kernels give it no share)
 //! and recomputed exactly on the host ([`finish_forward`], [`finish_backward`]): the GPU
-//! never returns such a row unflagged.
+//! never returns such a row unflagged. A denominator that is not finite is flagged the same
+//! way (`den_kept`). Numerators cannot overflow: the one validation ([`crate::validate`],
+//! step 5) refuses, before a device is asked for, values whose weighted sums could pass a
+//! quarter of f32's largest (`tests/cuda.rs` runs race.cu under the CPU emulation at the top
+//! of the accepted range).
 
 use crate::backend::Recomputed;
 use crate::backend::{
