@@ -411,6 +411,63 @@ fn attend_in(dir: &std::path::Path, args: &[&str]) -> (Option<i32>, String) {
     )
 }
 
+/// A disk that takes no more (the file-size limit `RLIMIT_FSIZE` of the child, so a write past
+/// 1 MiB fails with `EFBIG` as a full disk fails with `ENOSPC`, with no device or mount): the
+/// 5 MB planes of `--save-planes` at L = 20,000 fail at once as an I/O error naming the file,
+/// before the work, so the earlier `--out` (small enough to be written) keeps its contents and
+/// no temporary is left beside either.
+#[test]
+fn a_full_disk_fails_before_the_work_and_keeps_the_old_output() {
+    use std::os::unix::process::CommandExt;
+    let dir = tmpdir("full-disk");
+    let (q, k, v) = qkv(16, 4);
+    for (n, t) in [("q", &q), ("k", &k), ("v", &v)] {
+        write_npy(&dir.join(format!("{n}.npy")), &t.shape, &t.data, Dtype::F64).unwrap();
+    }
+    std::fs::write(dir.join("o.npy"), b"the earlier output").unwrap();
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_racelab"));
+    c.arg("attend").current_dir(&dir);
+    for name in ["q", "k", "v"] {
+        c.arg(format!("--{name}")).arg(format!("{name}.npy"));
+    }
+    c.args([
+        "--method", "soft", "--p", "2", "--l", "20000", "--out", "o.npy",
+    ])
+    .args(["--save-planes", "w.npy"]);
+    // SAFETY: between fork and exec the closure calls only `setrlimit` and `signal`, which are
+    // async-signal-safe, and touches no memory of the parent's.
+    unsafe {
+        c.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: 1 << 20,
+                rlim_max: 1 << 20,
+            };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // A write past the limit then fails with EFBIG instead of killing the process.
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let o = c.output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("I/O error") && err.contains("w.npy"), "{err}");
+    assert_eq!(
+        std::fs::read(dir.join("o.npy")).unwrap(),
+        b"the earlier output"
+    );
+    assert!(!dir.join("w.npy").exists());
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .filter(|n| n.contains(".tmp-"))
+        .collect();
+    assert!(left.is_empty(), "temporaries left: {left:?}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// An output never replaces what racelab did not write: a device, an input (by name, by
 /// another spelling, by a hard link), the other output, a folder, a FIFO, a symbolic link; a
 /// folder that does not take a new file is refused before the work; the planes are written
