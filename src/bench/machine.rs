@@ -95,7 +95,8 @@ fn fma_chains(isa: Isa, iters: usize) -> (f64, f32) {
             let s = a
                 .iter()
                 .fold(_mm256_setzero_ps(), |acc, v| _mm256_add_ps(acc, *v));
-            _mm256_storeu_ps(out.as_mut_ptr(), s);
+            // SAFETY: `out` holds the 8 floats one 256-bit store writes.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr(), s) };
             out.iter().sum()
         }
         match isa.level() {

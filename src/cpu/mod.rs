@@ -34,6 +34,7 @@
 pub mod bank16;
 pub mod decode;
 pub mod exact;
+pub(crate) mod extent;
 pub mod features;
 pub mod gemm;
 pub mod mem;

@@ -340,7 +340,9 @@ fn rows_combine512(phi: &[f32], x: &[f32], y: &[f32], w: usize, out: &mut [f32])
         out.iter_mut().for_each(|o| *o = 0.0);
         return;
     }
-    assert!(n <= w && x.len() >= (m - 1) * w + n && y.len() >= (m - 1) * w + n);
+    assert!(n <= w, "rows_combine: {n} columns past the row stride {w}");
+    crate::cpu::extent::assert_holds(x.len(), m, n, w, 1, "rows_combine: x too short");
+    crate::cpu::extent::assert_holds(y.len(), m, n, w, 1, "rows_combine: y too short");
     let (px, py, po) = (x.as_ptr(), y.as_ptr(), out.as_mut_ptr());
     let mut c = 0;
     while c < n {

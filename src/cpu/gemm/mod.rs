@@ -85,25 +85,15 @@ impl Gemm<'_> {
         if self.rows == 0 || self.cols == 0 {
             return;
         }
-        let last = |rs: usize, cs: usize, r: usize, c: usize| (r - 1) * rs + (c - 1) * cs;
-        assert!(
-            self.d.len() > last(self.ldd, 1, self.rows, self.cols),
-            "gemm: D too short"
-        );
-        if self.k > 0 {
-            assert!(
-                self.a.data.len() > last(self.a.rs, self.a.cs, self.rows, self.k),
-                "gemm: A too short"
-            );
-            assert!(
-                self.b.len() > last(self.ldb, 1, self.k, self.cols),
-                "gemm: B too short"
-            );
+        use crate::cpu::extent::assert_holds;
+        let (rows, cols, k) = (self.rows, self.cols, self.k);
+        assert_holds(self.d.len(), rows, cols, self.ldd, 1, "gemm: D too short");
+        if k > 0 {
+            let a = self.a;
+            assert_holds(a.data.len(), rows, k, a.rs, a.cs, "gemm: A too short");
+            assert_holds(self.b.len(), k, cols, self.ldb, 1, "gemm: B too short");
             if let Some(b2) = self.b2 {
-                assert!(
-                    b2.len() > last(self.ldb, 1, self.k, self.cols),
-                    "gemm: B2 too short"
-                );
+                assert_holds(b2.len(), k, cols, self.ldb, 1, "gemm: B2 too short");
             }
         }
         native::dispatch(isa, self)
@@ -398,13 +388,14 @@ pub fn transpose_into(
     if rows == 0 || cols == 0 {
         return;
     }
-    assert!(
-        x.len() >= (rows - 1) * ld + cols,
-        "transpose: input too short"
-    );
-    assert!(
-        out.len() >= (cols - 1) * ld_out + rows,
-        "transpose: output too short"
+    crate::cpu::extent::assert_holds(x.len(), rows, cols, ld, 1, "transpose: input too short");
+    crate::cpu::extent::assert_holds(
+        out.len(),
+        cols,
+        rows,
+        ld_out,
+        1,
+        "transpose: output too short",
     );
     #[cfg(target_arch = "x86_64")]
     if isa.level() == Level::Avx512 {

@@ -22,10 +22,15 @@ unsafe impl Send for ABuf {}
 unsafe impl Sync for ABuf {}
 
 impl ABuf {
+    /// The allocation of `len` floats: `Layout::array` refuses a size past `isize::MAX` bytes
+    /// (a panic, "capacity overflow", as `Vec` has), never a smaller allocation.
     fn layout(len: usize) -> std::alloc::Layout {
-        let bytes = (len * 4).max(64);
+        let bytes = std::alloc::Layout::array::<f32>(len)
+            .expect("ABuf: capacity overflow")
+            .size()
+            .max(64);
         let align = if bytes >= HUGE_MIN { HUGE } else { 64 };
-        std::alloc::Layout::from_size_align(bytes, align).expect("ABuf: size overflow")
+        std::alloc::Layout::from_size_align(bytes, align).expect("ABuf: capacity overflow")
     }
 
     /// `len` zeros.

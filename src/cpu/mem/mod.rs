@@ -291,21 +291,30 @@ pub struct Behind<'s> {
     cur: usize,
     /// The sequence number of each buffer's last queued write (0: none).
     last: [u64; 2],
+    /// The end of the segment's floats handed out so far: a range handed out next starts at
+    /// or after it, so it never overlaps a write still queued.
+    next: usize,
     _seg: std::marker::PhantomData<&'s mut [f32]>,
 }
 
 impl Behind<'_> {
     /// Compute the `len` floats at `offset` of the segment with `f`: straight into the
     /// segment without streaming; otherwise into a scratch buffer (whose previous write is
-    /// finished first), then its unaligned ends are copied and its lines queued.
+    /// finished first), then its unaligned ends are copied and its lines queued. Offsets
+    /// increase: a range that starts before the end of one already handed out panics.
     pub fn produce(&mut self, offset: usize, len: usize, f: impl FnOnce(&mut [f32])) {
+        let what = "Behind::produce: past the segment";
+        crate::cpu::extent::assert_range(offset, len, self.len, what);
         assert!(
-            offset + len <= self.len,
-            "Behind::produce: past the segment"
+            offset >= self.next,
+            "Behind::produce: {offset} is before {}, the end of a range already handed out",
+            self.next
         );
-        // SAFETY: in bounds (asserted); the segment is exclusively borrowed for the scope, and
-        // no queued write of this `Behind` targets memory this call hands out: without
-        // streaming nothing is queued, and with it only scratch is handed to `f`.
+        self.next = offset + len;
+        // SAFETY: in bounds (asserted, without wrapping); the segment is exclusively borrowed
+        // for the scope, and no queued write of this `Behind` targets memory this call hands
+        // out: every queued write lies below `next` as it was before this call, which this
+        // range starts at or after (asserted).
         let dst = unsafe { std::slice::from_raw_parts_mut(self.seg.add(offset), len) };
         if !self.out.stream {
             f(dst);

@@ -97,6 +97,7 @@ impl Out {
             bufs: [ABuf::zeroed(cap), ABuf::zeroed(cap)],
             cur: 0,
             last: [0; 2],
+            next: 0,
             _seg: std::marker::PhantomData,
         };
         let _finish = Finish(self);

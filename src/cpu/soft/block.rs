@@ -276,13 +276,9 @@ impl Block {
         }
         #[cfg(target_arch = "x86_64")]
         if let (Level::Avx512, Some(lanes)) = (isa.level(), &self.lanes) {
-            let n = rows * self.lp;
-            assert!(self.phi.len() >= rows * 16 && gphi.len() >= rows * 16);
-            assert!(self.z.len() >= n && self.dz.len() >= n);
             self.dz_rows = true;
-            // SAFETY: an `Isa` at Avx512 exists only where the CPU has AVX-512F; every row
-            // read or written is in bounds (asserted above; masked lanes past `lp` are not
-            // accessed).
+            // SAFETY: an `Isa` at Avx512 exists only where the CPU has AVX-512F (the
+            // function checks the slices' extents itself).
             return unsafe {
                 tree_backward_rows16(&self.phi, gphi, &self.z, &mut self.dz, rows, lanes, beta)
             };
@@ -407,8 +403,8 @@ impl Lanes16 {
 /// out; returns Σ `u_b c_b` (f32 per lane over the block, then f64).
 ///
 /// # Safety
-/// The CPU must support AVX-512F; `phi` and `gphi` hold `rows` rows of 16, `u` and `dz` at
-/// least `rows·lp` floats, `lp = L·P ≤ 16`.
+/// The CPU must support AVX-512F. (The slices' lengths are checked here: `phi` and `gphi`
+/// hold `rows` rows of 16, `u` and `dz` at least `rows·lp` floats, `lp = L·P ≤ 16`.)
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn tree_backward_rows16(
@@ -420,40 +416,71 @@ unsafe fn tree_backward_rows16(
     lanes: &Lanes16,
     beta: f32,
 ) -> f64 {
+    use crate::cpu::extent::assert_holds;
+    let (p, lp) = (lanes.p, lanes.lp);
+    assert!(
+        lp <= 16 && p <= 4,
+        "tree_backward_rows16: L·P = {lp} past 16"
+    );
+    assert_holds(phi.len(), rows, 16, 16, 1, "tree_backward_rows16: phi");
+    assert_holds(gphi.len(), rows, 16, 16, 1, "tree_backward_rows16: gphi");
+    assert_holds(u.len(), rows, lp, lp, 1, "tree_backward_rows16: u");
+    assert_holds(dz.len(), rows, lp, lp, 1, "tree_backward_rows16: dz");
+    // SAFETY: the caller guarantees AVX-512F. Every load of `lanes` reads one of its arrays
+    // of 16 lanes; row `i < rows` of `phi` and `gphi` is the 16 floats at `16·i`, of `u` and
+    // `dz` the `lp ≤ 16` floats at `lp·i` (masked to them), all within the lengths asserted.
+    unsafe { tree_rows16(phi, gphi, u, dz, rows, lanes, beta) }
+}
+
+/// The body of [`tree_backward_rows16`], whose checks it relies on.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn tree_rows16(
+    phi: &[f32],
+    gphi: &[f32],
+    u: &[f32],
+    dz: &mut [f32],
+    rows: usize,
+    lanes: &Lanes16,
+    beta: f32,
+) -> f64 {
     use std::arch::x86_64::*;
     let (p, lp) = (lanes.p, lanes.lp);
-    // Each table is 16 lanes: one unaligned 512-bit load.
-    let xor: [__m512i; 4] =
-        std::array::from_fn(|s| _mm512_loadu_si512(lanes.xor[s].as_ptr() as *const _));
-    let sign: [__m512; 4] = std::array::from_fn(|b| _mm512_loadu_ps(lanes.sign[b].as_ptr()));
-    let to: [__m512i; 4] =
-        std::array::from_fn(|b| _mm512_loadu_si512(lanes.to[b].as_ptr() as *const _));
-    let to_mask = lanes.to_mask;
-    let umask: __mmask16 = ((1u32 << lp) - 1) as u16;
-    let (bv, one) = (_mm512_set1_ps(beta), _mm512_set1_ps(1.0));
-    let mut db = _mm512_setzero_ps();
-    for i in 0..rows {
-        let ph = _mm512_loadu_ps(phi.as_ptr().add(i * 16));
-        let g = _mm512_loadu_ps(gphi.as_ptr().add(i * 16));
-        let mut gbar = _mm512_mul_ps(ph, g);
-        for x in &xor[..p] {
-            gbar = _mm512_add_ps(gbar, _mm512_permutexvar_ps(*x, gbar));
-        }
-        let y = _mm512_mul_ps(ph, _mm512_sub_ps(g, gbar));
-        let mut cv = _mm512_setzero_ps();
-        for b in 0..p {
-            let mut cb = _mm512_mul_ps(y, sign[b]);
+    // SAFETY: see `tree_backward_rows16`, which checked every extent read or written here.
+    unsafe {
+        // Each table is 16 lanes: one unaligned 512-bit load.
+        let xor: [__m512i; 4] =
+            std::array::from_fn(|s| _mm512_loadu_si512(lanes.xor[s].as_ptr() as *const _));
+        let sign: [__m512; 4] = std::array::from_fn(|b| _mm512_loadu_ps(lanes.sign[b].as_ptr()));
+        let to: [__m512i; 4] =
+            std::array::from_fn(|b| _mm512_loadu_si512(lanes.to[b].as_ptr() as *const _));
+        let to_mask = lanes.to_mask;
+        let umask: __mmask16 = ((1u32 << lp) - 1) as u16;
+        let (bv, one) = (_mm512_set1_ps(beta), _mm512_set1_ps(1.0));
+        let mut db = _mm512_setzero_ps();
+        for i in 0..rows {
+            let ph = _mm512_loadu_ps(phi.as_ptr().add(i * 16));
+            let g = _mm512_loadu_ps(gphi.as_ptr().add(i * 16));
+            let mut gbar = _mm512_mul_ps(ph, g);
             for x in &xor[..p] {
-                cb = _mm512_add_ps(cb, _mm512_permutexvar_ps(*x, cb));
+                gbar = _mm512_add_ps(gbar, _mm512_permutexvar_ps(*x, gbar));
             }
-            cv = _mm512_mask_permutexvar_ps(cv, to_mask[b], to[b], cb);
+            let y = _mm512_mul_ps(ph, _mm512_sub_ps(g, gbar));
+            let mut cv = _mm512_setzero_ps();
+            for b in 0..p {
+                let mut cb = _mm512_mul_ps(y, sign[b]);
+                for x in &xor[..p] {
+                    cb = _mm512_add_ps(cb, _mm512_permutexvar_ps(*x, cb));
+                }
+                cv = _mm512_mask_permutexvar_ps(cv, to_mask[b], to[b], cb);
+            }
+            let uv = _mm512_maskz_loadu_ps(umask, u.as_ptr().add(i * lp));
+            let dzv = _mm512_mul_ps(_mm512_mul_ps(bv, cv), _mm512_fnmadd_ps(uv, uv, one));
+            _mm512_mask_storeu_ps(dz.as_mut_ptr().add(i * lp), umask, dzv);
+            db = _mm512_fmadd_ps(uv, cv, db);
         }
-        let uv = _mm512_maskz_loadu_ps(umask, u.as_ptr().add(i * lp));
-        let dzv = _mm512_mul_ps(_mm512_mul_ps(bv, cv), _mm512_fnmadd_ps(uv, uv, one));
-        _mm512_mask_storeu_ps(dz.as_mut_ptr().add(i * lp), umask, dzv);
-        db = _mm512_fmadd_ps(uv, cv, db);
+        let mut sums = [0.0f32; 16];
+        _mm512_storeu_ps(sums.as_mut_ptr(), db);
+        sums.iter().map(|&x| x as f64).sum()
     }
-    let mut sums = [0.0f32; 16];
-    _mm512_storeu_ps(sums.as_mut_ptr(), db);
-    sums.iter().map(|&x| x as f64).sum()
 }
