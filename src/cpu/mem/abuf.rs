@@ -100,7 +100,7 @@ pub(crate) const HUGE: usize = 2 << 20;
 /// Advise `[addr, addr + bytes)` (its whole pages) as transparent huge pages, for regions of
 /// at least 4 MiB not yet touched; a failure (THP unavailable) is ignored.
 fn advise_huge(addr: usize, bytes: usize) {
-    #[cfg(target_os = "linux")]
+    #[cfg(all(target_os = "linux", not(miri)))]
     if bytes >= HUGE_MIN {
         extern "C" {
             fn madvise(
@@ -118,6 +118,6 @@ fn advise_huge(addr: usize, bytes: usize) {
             let _ = unsafe { madvise(start as *mut std::ffi::c_void, end - start, MADV_HUGEPAGE) };
         }
     }
-    #[cfg(not(target_os = "linux"))]
+    #[cfg(any(not(target_os = "linux"), miri))]
     let _ = (addr, bytes);
 }

@@ -92,7 +92,8 @@ fn write_some() {
 #[inline(always)]
 fn drip_lines(mut p: usize, end: usize) {
     for _ in 0..PER.with(|c| c.get()) {
-        #[cfg(target_arch = "x86_64")]
+        // (Miri has no prefetch: there the walk only keeps its count.)
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
         // SAFETY: a prefetch hint never faults and has no architectural effect; the address
         // is not dereferenced. (SSE is part of the x86-64 baseline.)
         unsafe {
@@ -195,7 +196,7 @@ fn write_lines(mut w: Pend, n: usize) {
         // destination in a segment exclusively borrowed by a live `Behind` scope (both stay
         // alive until `Out::behind` has finished every write it queued); `dst` is 64-byte
         // aligned and whole lines are written. SSE is part of the x86-64 baseline.
-        #[cfg(target_arch = "x86_64")]
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
         unsafe {
             use std::arch::x86_64::{_mm_loadu_ps, _mm_stream_ps};
             let (d, s) = (w.dst as *mut f32, w.src as *const f32);
@@ -203,8 +204,9 @@ fn write_lines(mut w: Pend, n: usize) {
                 _mm_stream_ps(d.add(4 * j), _mm_loadu_ps(s.add(4 * j)));
             }
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        // SAFETY: as above (plain copies where there are no streaming stores).
+        #[cfg(any(not(target_arch = "x86_64"), miri))]
+        // SAFETY: as above (plain copies where there are no streaming stores, and under Miri,
+        // which checks these accesses but has no streaming stores).
         unsafe {
             std::ptr::copy_nonoverlapping(w.src as *const u8, w.dst as *mut u8, 64)
         };
@@ -497,6 +499,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "64 MiB buffers and /proc/self/smaps: not under Miri")]
     fn large_buffers_are_zeroed_aligned_and_backed_by_huge_pages() {
         let len = 16 << 20; // 64 MiB of f32
         let b = ABuf::zeroed(len);
