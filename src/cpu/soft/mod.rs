@@ -117,16 +117,25 @@ mod tests {
             rows(&v, heads, n, dv),
             rows(&g, heads, n, dv),
         );
+        // Miri perturbs the results of `tanh`, `exp` and the like by a few units (it checks
+        // that nothing relies on their last bits): there the engines agree less closely.
+        let tol = if cfg!(miri) { 1e-3 } else { 1e-5 };
         let close = |tag: &str, a: &[f32], b: &[f32]| {
             let top = b.iter().fold(1e-6f32, |m, y| m.max(y.abs()));
             for (i, (p, r)) in a.iter().zip(b).enumerate() {
-                assert!((p - r).abs() <= 1e-5 * top, "{tag}[{i}]: {p} vs {r}");
+                assert!((p - r).abs() <= tol * top, "{tag}[{i}]: {p} vs {r}");
             }
         };
+        let mut isas: Vec<Isa> = Vec::new();
         for level in [Level::Scalar, Level::Avx2, Level::Avx512] {
             let isa = Isa::at_most(level);
+            if !isas.contains(&isa) {
+                isas.push(isa);
+            }
+        }
+        for isa in isas {
             for causal in [false, true] {
-                let tag = format!("{level:?} causal={causal}");
+                let tag = format!("{:?} causal={causal}", isa.level());
                 let (blk, tw) = (
                     soft_forward(&map, qh, kh, vh, causal, isa),
                     token::forward(&map, qh, kh, vh, causal, isa),
