@@ -398,13 +398,28 @@ fn every_library_entry_refuses_the_performer_and_scale_rows() {
 }
 
 /// `racelab attend` with `args` in `dir` (q, k, v there); exit code and stderr.
-fn attend_in(dir: &std::path::Path, args: &[&str]) -> (Option<i32>, String) {
+/// `racelab attend --q q.npy --k k.npy --v v.npy` run in `dir`.
+fn attend_cmd(dir: &std::path::Path) -> std::process::Command {
     let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_racelab"));
     c.arg("attend").current_dir(dir);
     for name in ["q", "k", "v"] {
         c.arg(format!("--{name}")).arg(format!("{name}.npy"));
     }
-    let o = c.args(args).output().unwrap();
+    c
+}
+
+/// A new folder `name` holding `q.npy`, `k.npy`, `v.npy` ([2, 16, 4] of seed 4, f64).
+fn qkv_dir(name: &str) -> std::path::PathBuf {
+    let dir = tmpdir(name);
+    let (q, k, v) = qkv(16, 4);
+    for (n, t) in [("q", &q), ("k", &k), ("v", &v)] {
+        write_npy(&dir.join(format!("{n}.npy")), &t.shape, &t.data, Dtype::F64).unwrap();
+    }
+    dir
+}
+
+fn attend_in(dir: &std::path::Path, args: &[&str]) -> (Option<i32>, String) {
+    let o = attend_cmd(dir).args(args).output().unwrap();
     (
         o.status.code(),
         String::from_utf8_lossy(&o.stderr).to_string(),
@@ -419,17 +434,9 @@ fn attend_in(dir: &std::path::Path, args: &[&str]) -> (Option<i32>, String) {
 #[test]
 fn a_full_disk_fails_before_the_work_and_keeps_the_old_output() {
     use std::os::unix::process::CommandExt;
-    let dir = tmpdir("full-disk");
-    let (q, k, v) = qkv(16, 4);
-    for (n, t) in [("q", &q), ("k", &k), ("v", &v)] {
-        write_npy(&dir.join(format!("{n}.npy")), &t.shape, &t.data, Dtype::F64).unwrap();
-    }
+    let dir = qkv_dir("full-disk");
     std::fs::write(dir.join("o.npy"), b"the earlier output").unwrap();
-    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_racelab"));
-    c.arg("attend").current_dir(&dir);
-    for name in ["q", "k", "v"] {
-        c.arg(format!("--{name}")).arg(format!("{name}.npy"));
-    }
+    let mut c = attend_cmd(&dir);
     c.args([
         "--method", "soft", "--p", "2", "--l", "20000", "--out", "o.npy",
     ])
@@ -474,11 +481,7 @@ fn a_full_disk_fails_before_the_work_and_keeps_the_old_output() {
 /// before it.
 #[test]
 fn outputs_never_replace_what_racelab_did_not_write() {
-    let dir = tmpdir("outputs");
-    let (q, k, v) = qkv(16, 4);
-    for (n, t) in [("q", &q), ("k", &k), ("v", &v)] {
-        write_npy(&dir.join(format!("{n}.npy")), &t.shape, &t.data, Dtype::F64).unwrap();
-    }
+    let dir = qkv_dir("outputs");
     let q_bytes = std::fs::read(dir.join("q.npy")).unwrap();
     std::fs::hard_link(dir.join("q.npy"), dir.join("q-link.npy")).unwrap();
     std::fs::create_dir_all(dir.join("adir")).unwrap();

@@ -417,6 +417,7 @@ unsafe fn tree_backward_rows16(
     beta: f32,
 ) -> f64 {
     use crate::cpu::extent::assert_holds;
+    use std::arch::x86_64::*;
     let (p, lp) = (lanes.p, lanes.lp);
     assert!(
         lp <= 16 && p <= 4,
@@ -429,24 +430,6 @@ unsafe fn tree_backward_rows16(
     // SAFETY: the caller guarantees AVX-512F. Every load of `lanes` reads one of its arrays
     // of 16 lanes; row `i < rows` of `phi` and `gphi` is the 16 floats at `16·i`, of `u` and
     // `dz` the `lp ≤ 16` floats at `lp·i` (masked to them), all within the lengths asserted.
-    unsafe { tree_rows16(phi, gphi, u, dz, rows, lanes, beta) }
-}
-
-/// The body of [`tree_backward_rows16`], whose checks it relies on.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn tree_rows16(
-    phi: &[f32],
-    gphi: &[f32],
-    u: &[f32],
-    dz: &mut [f32],
-    rows: usize,
-    lanes: &Lanes16,
-    beta: f32,
-) -> f64 {
-    use std::arch::x86_64::*;
-    let (p, lp) = (lanes.p, lanes.lp);
-    // SAFETY: see `tree_backward_rows16`, which checked every extent read or written here.
     unsafe {
         // Each table is 16 lanes: one unaligned 512-bit load.
         let xor: [__m512i; 4] =
