@@ -77,8 +77,26 @@ impl Planes {
         &self.w[l * self.p * self.d..(l + 1) * self.p * self.d]
     }
 
-    /// Check that these planes fit inputs of dimension `d` and the requested (P, L).
+    /// Check that these planes hold `L·P·d` values (the fields are public: a value built by
+    /// hand may not) and fit inputs of dimension `d` and the requested (P, L).
     pub fn check(&self, d: usize, p: usize, l: usize) -> Result<()> {
+        let want = self
+            .l
+            .checked_mul(self.p)
+            .and_then(|x| x.checked_mul(self.d));
+        if want != Some(self.w.len()) {
+            return Err(RaceError::shape(
+                "planes",
+                format!(
+                    "{} values for shape [L, P, d] = [{}, {}, {}]; build planes with \
+                     Planes::from_data or Planes::gaussian",
+                    self.w.len(),
+                    self.l,
+                    self.p,
+                    self.d
+                ),
+            ));
+        }
         if self.d != d {
             return Err(RaceError::shape(
                 "planes",
@@ -227,4 +245,32 @@ pub fn hard_code_bank(planes: &Planes, x: &[f64], n: usize) -> Vec<usize> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Planes built by hand (public fields) whose data is not `L·P·d` long are refused by the
+    /// check every entry point makes, naming the planes; the same planes made properly pass.
+    #[test]
+    fn planes_whose_data_is_not_their_shape_are_refused() {
+        let good = Planes::gaussian(3, 2, 4, 1).unwrap();
+        assert!(good.check(4, 2, 3).is_ok());
+        for len in [0, 23, 25] {
+            let mut bad = good.clone();
+            bad.w.truncate(len.min(24));
+            bad.w.resize(len, 0.5);
+            let e = bad.check(4, 2, 3).unwrap_err();
+            assert_eq!(e.arg(), Some("planes"), "{e}");
+        }
+        // A shape whose product wraps is refused, not compared after wrapping.
+        let wrap = Planes {
+            l: 1 << 62,
+            p: 4,
+            d: 1,
+            w: vec![],
+        };
+        assert!(wrap.check(1, 4, 1 << 62).is_err());
+    }
 }

@@ -333,3 +333,37 @@ fn every_backend_refuses_work_that_cannot_fit() {
         );
     }
 }
+
+/// Planes and rows a caller builds by hand (the fields of `PlanesF32` and `Heads` are public)
+/// that disagree with their data are refused by every backend's validation, naming what is
+/// wrong, before a kernel runs (the CPU kernels once reached a guard's panic on short planes).
+#[test]
+fn hand_built_planes_and_rows_that_disagree_with_their_data_are_refused() {
+    let (heads, n, d) = (1usize, 8usize, 4usize);
+    let params = RaceParams::new(2, 3, 4.0).unwrap();
+    let good = PlanesF32::from_planes(&Planes::gaussian(3, 2, d, 1).unwrap());
+    let x = data(heads * n * d, 2, 1.0);
+    let h = Heads::new(heads, n, d, &x).unwrap();
+    for device in [Device::Cpu, Device::Reference] {
+        let backend = for_device(device).unwrap();
+        assert!(backend.forward(&params, &good, h, h, h).is_ok());
+        let mut short = good.clone();
+        short.w.pop();
+        let e = backend.forward(&params, &short, h, h, h).unwrap_err();
+        assert_eq!(e.arg(), Some("planes"), "{device:?}: {e}");
+        let wide = PlanesF32 {
+            d: d + 1,
+            ..good.clone()
+        };
+        let e = backend.forward(&params, &wide, h, h, h).unwrap_err();
+        assert_eq!(e.arg(), Some("planes"), "{device:?}: {e}");
+        let lying = Heads { n: n + 1, ..h };
+        assert!(backend.forward(&params, &good, lying, h, h).is_err());
+        let wrapping = Heads {
+            heads: 2,
+            n: usize::MAX / 2 + 1,
+            ..h
+        };
+        assert!(backend.forward(&params, &good, wrapping, h, h).is_err());
+    }
+}
