@@ -1,11 +1,13 @@
 //! Forward and backward time per token and head of the soft-RACE CPU paths, causal and not
 //! (developer tool; one thread shows per-core cost):
-//! `RAYON_NUM_THREADS=1 cargo run --release --example timing` (env: `N` tokens, default 2^16;
+//! `RAYON_NUM_THREADS=1 cargo run --release --features bench-internals --example timing` (env: `N` tokens, default 2^16;
 //! `ENGINE=1` times the per-token engine instead of the production blocked paths; `PL=2|3|4`
 //! and `CAUSAL=0|1` pick one row, `REPS` the repeats; `VEC=1` uses plain, unaligned vectors).
-use racelab::backend::{BackwardInputs, ForwardInputs, GradsMut, Heads, PlanesF32};
-use racelab::cpu::{detected_isa, soft_backward_into, soft_forward_into, token, Ctx, Isa, SoftMap};
+//! Needs the unstable `bench-internals` feature (`--features bench-internals`) for the engine.
+use racelab::backend::{BackwardInputs, ForwardInputs, GradsMut, Heads, PlanesF32, Problem, Saved};
+use racelab::cpu::{detected_isa, token, CpuRace, SoftMap};
 use racelab::hashing::Planes;
+use racelab::{RaceParams, SoftRace};
 use std::time::Instant;
 
 fn h(x: &[f32], hd: usize, n: usize, d: usize) -> Heads<'_> {
@@ -27,7 +29,7 @@ fn main() {
         let mut v: Box<dyn std::ops::DerefMut<Target = [f32]>> = if plain {
             Box::new(vec![0.0f32; len])
         } else {
-            Box::new(racelab::cpu::mem::ABuf::zeroed(len))
+            Box::new(racelab::cpu::ABuf::zeroed(len))
         };
         v.iter_mut()
             .enumerate()
@@ -36,12 +38,6 @@ fn main() {
     };
     let (q, k, v, g) = (fill(1), fill(2), fill(3), fill(4));
     let (mut o, mut dq, mut dk, mut dv) = (fill(5), fill(6), fill(7), fill(8));
-    type Fwd = fn(&SoftMap, ForwardInputs, bool, Isa, &mut [f32], Ctx) -> (usize, Ctx);
-    let fwd: Fwd = if engine {
-        |m, x, c, i, o, reuse| token::forward_into(m, x, c, i, o, reuse.den)
-    } else {
-        soft_forward_into
-    };
     // `PL=2` (or 3, 4) and `CAUSAL=0|1` select one row; `REPS` repeats (default 4), for profilers.
     let only = |k: &str| std::env::var(k).ok().and_then(|s| s.parse::<usize>().ok());
     let reps = only("REPS").unwrap_or(4);
@@ -55,38 +51,61 @@ fn main() {
             if only("CAUSAL").is_some_and(|x| (x == 1) != causal) {
                 continue;
             }
-            let (mut tf, mut tb, mut reuse) = (f64::MAX, f64::MAX, Ctx::default());
-            for _ in 0..reps {
-                let s = Instant::now();
-                let x = ForwardInputs::new(h(&q, hd, n, d), h(&k, hd, n, d), h(&v, hd, n, d));
-                let (_, ctx) = fwd(&map, x, causal, isa, &mut o, reuse);
-                tf = tf.min(s.elapsed().as_secs_f64());
-                let s = Instant::now();
-                let bwd = if engine {
-                    token::soft_backward_into
-                } else {
-                    soft_backward_into
-                };
-                let db = bwd(
-                    &map,
-                    &ctx,
-                    BackwardInputs::new(
-                        h(&q, hd, n, d),
-                        h(&k, hd, n, d),
-                        h(&v, hd, n, d),
-                        h(&o, hd, n, d),
-                        h(&g, hd, n, d),
-                    ),
-                    isa,
-                    GradsMut {
+            let (mut tf, mut tb) = (f64::MAX, f64::MAX);
+            let x = || ForwardInputs::new(h(&q, hd, n, d), h(&k, hd, n, d), h(&v, hd, n, d));
+            if engine {
+                let mut reuse = Default::default();
+                for _ in 0..reps {
+                    let s = Instant::now();
+                    let (_, ctx) = token::forward_into(&map, x(), causal, isa, &mut o, reuse);
+                    tf = tf.min(s.elapsed().as_secs_f64());
+                    let s = Instant::now();
+                    let grads = GradsMut {
                         dq: &mut dq,
                         dk: &mut dk,
                         dv: &mut dv,
-                    },
-                );
-                tb = tb.min(s.elapsed().as_secs_f64());
-                std::hint::black_box(db);
-                reuse = ctx;
+                    };
+                    let db = token::soft_backward_into(
+                        &map,
+                        &ctx,
+                        BackwardInputs::new(
+                            h(&q, hd, n, d),
+                            h(&k, hd, n, d),
+                            h(&v, hd, n, d),
+                            h(&o, hd, n, d),
+                            h(&g, hd, n, d),
+                        ),
+                        isa,
+                        grads,
+                    );
+                    tb = tb.min(s.elapsed().as_secs_f64());
+                    std::hint::black_box(db);
+                    reuse = ctx.den;
+                }
+            } else {
+                // The production paths through the backend contract, validated once.
+                let mut params = RaceParams::new(p, l, 8.0).unwrap();
+                params.causal = causal;
+                let x = x();
+                let pb =
+                    Problem::with_grad(&params, &planes, x.q, x.k, x.v, h(&g, hd, n, d)).unwrap();
+                let cpu = CpuRace { isa };
+                let mut reuse = Saved::default();
+                for _ in 0..reps {
+                    let s = Instant::now();
+                    let saved = cpu.forward_into(&pb, &mut o, reuse).unwrap();
+                    tf = tf.min(s.elapsed().as_secs_f64());
+                    let s = Instant::now();
+                    let grads = GradsMut {
+                        dq: &mut dq,
+                        dk: &mut dk,
+                        dv: &mut dv,
+                    };
+                    let db = cpu.backward_into(&pb, &saved, &o, grads).unwrap();
+                    tb = tb.min(s.elapsed().as_secs_f64());
+                    std::hint::black_box(db);
+                    reuse = saved;
+                }
             }
             let c = |x: f64| x * 4.0e9 / (hd * n) as f64;
             println!(

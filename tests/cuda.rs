@@ -2,11 +2,27 @@
 //! compared with the CPU kernels on identical inputs and planes only where a device exists
 //! (`cfg(racelab_cuda_tests)`, set by build.rs). Without one those tests are *ignored* with
 //! "skipped: no CUDA device" — never counted as passed.
-use racelab::backend::{BackwardInputs, Heads, PlanesF32};
-use racelab::cpu::{token, SoftMap};
+use racelab::backend::SoftGrads;
+use racelab::backend::{Forward, Heads, PlanesF32, SoftRace};
+use racelab::cpu::{CpuRace, SoftMap};
 use racelab::cuda::{self, from_bf16, to_bf16, GpuInput, GpuShape, KERNELS, RACE_CU};
 use racelab::rng::SeededRng;
 use racelab::{Planes, RaceError};
+
+/// The production CPU kernels through the backend contract: forward and backward, at the
+/// detected ISA, on `[q, k, v, g]`.
+fn cpu_kernels(
+    planes: &PlanesF32,
+    beta: f32,
+    causal: bool,
+    [q, k, v, g]: [Heads; 4],
+) -> (Forward, SoftGrads) {
+    let mut params = racelab::RaceParams::new(planes.p, planes.l, beta as f64).unwrap();
+    params.causal = causal;
+    CpuRace::detected()
+        .forward_backward(&params, planes, q, k, v, g)
+        .unwrap()
+}
 
 #[test]
 fn no_device_is_a_clear_error_not_a_panic() {
@@ -334,38 +350,29 @@ fn check_device(device: &str) {
             data(heads * n * dv, 3, 1.0),
             data(heads * n * dv, 4, 1.0),
         );
-        let map = SoftMap::new(&planes, beta).unwrap();
         for causal in [false, true] {
             let (qh, kh, vh) = (
                 Heads::new(heads, n, d, &q).unwrap(),
                 Heads::new(heads, n, d, &k).unwrap(),
                 Heads::new(heads, n, dv, &v).unwrap(),
             );
-            let cpu = token::forward(&map, qh, kh, vh, causal, racelab::cpu::detected_isa());
-            let cg = token::soft_backward(
-                &map,
-                &cpu.ctx,
-                BackwardInputs::new(
-                    qh,
-                    kh,
-                    vh,
-                    Heads::new(heads, n, dv, &cpu.o).unwrap(),
-                    Heads::new(heads, n, dv, &g).unwrap(),
-                ),
-                racelab::cpu::detected_isa(),
-            );
+            let gh = Heads::new(heads, n, dv, &g).unwrap();
+            let (cpu, cg) = cpu_kernels(&planes, beta, causal, [qh, kh, vh, gh]);
             let s = GpuShape { heads, n, d, dv };
             // bf16 inputs: a device's forward against the CPU on the same (bf16-rounded) values.
             let (qb, kb, vb) = (to_bf16(&q), to_bf16(&k), to_bf16(&v));
             let check_bf16 = |ob: &[f32]| {
                 let (qw, kw, vw) = (from_bf16(&qb), from_bf16(&kb), from_bf16(&vb));
-                let cb = token::forward(
-                    &map,
-                    Heads::new(heads, n, d, &qw).unwrap(),
-                    Heads::new(heads, n, d, &kw).unwrap(),
-                    Heads::new(heads, n, dv, &vw).unwrap(),
+                let (cb, _) = cpu_kernels(
+                    &planes,
+                    beta,
                     causal,
-                    racelab::cpu::detected_isa(),
+                    [
+                        Heads::new(heads, n, d, &qw).unwrap(),
+                        Heads::new(heads, n, d, &kw).unwrap(),
+                        Heads::new(heads, n, dv, &vw).unwrap(),
+                        gh,
+                    ],
                 );
                 let err = rel(ob, &cb.o);
                 assert!(
@@ -438,20 +445,7 @@ fn check_device(device: &str) {
                     (f.o, gr)
                 }
                 _ => {
-                    let again =
-                        token::forward(&map, qh, kh, vh, causal, racelab::cpu::detected_isa());
-                    let g2 = token::soft_backward(
-                        &map,
-                        &again.ctx,
-                        BackwardInputs::new(
-                            qh,
-                            kh,
-                            vh,
-                            Heads::new(heads, n, dv, &again.o).unwrap(),
-                            Heads::new(heads, n, dv, &g).unwrap(),
-                        ),
-                        racelab::cpu::detected_isa(),
-                    );
+                    let (again, g2) = cpu_kernels(&planes, beta, causal, [qh, kh, vh, gh]);
                     (again.o, g2)
                 }
             };
@@ -703,7 +697,7 @@ fn race_cu_compiles_with_nvrtc_with_at_most_small_spills() {
 /// (`cuda::finish_forward`, `cuda::finish_backward`): the bundled MiniLM layer 5 (raw Q/K),
 /// P = 3, L = 4, causal and not, on the kernels `cuda::path_for` picks. The rows the kernels
 /// flag (saved `DEN = 0`) are recomputed on the host; every row must match the CPU kernels
-/// (which `tests/large_beta.rs` holds to the exact reference) within 1e-5 forward and 1e-4
+/// (which `src/cpu/tests/large_beta.rs` holds to the exact reference) within 1e-5 forward and 1e-4
 /// in the gradients.
 #[test]
 fn large_beta_on_emulated_cuda() {
@@ -722,7 +716,6 @@ fn large_beta_on_emulated_cuda() {
     let g = data(heads * n * d, 6, 1.0);
     let planes = PlanesF32::from_planes(&Planes::gaussian(4, 3, d, 0).unwrap());
     let s = GpuShape { heads, n, d, dv: d };
-    let isa = racelab::cpu::detected_isa();
     // At beta = 10^4 every bit of these heads is saturated: the largest dq is 1e-3, where
     // `Σ_r φ_r (gφ_r − ḡ)` would keep only rounding; the kernels' bit contrasts keep it.
     for beta in [100.0f32, 1000.0, 1e4] {
@@ -744,23 +737,16 @@ fn large_beta_on_emulated_cuda() {
             let map = SoftMap::new(&planes, beta).unwrap();
             let f = cuda::finish_forward(o, den, map, qkv, s, causal);
             cuda::finish_backward(&f, map, qkv, &g, s, causal, &mut gr);
-            let map = SoftMap::new(&planes, beta).unwrap();
-            let (qh, kh, vh) = (
+            let (qh, kh, vh, gh) = (
                 Heads::new(heads, n, d, &q).unwrap(),
                 Heads::new(heads, n, d, &k).unwrap(),
                 Heads::new(heads, n, d, &v).unwrap(),
+                Heads::new(heads, n, d, &g).unwrap(),
             );
-            let cpu = racelab::cpu::soft_forward(&map, qh, kh, vh, causal, isa);
-            let o = Heads::new(heads, n, d, &cpu.o).unwrap();
-            let cg = racelab::cpu::soft_backward(
-                &map,
-                &cpu.ctx,
-                BackwardInputs::new(qh, kh, vh, o, Heads::new(heads, n, d, &g).unwrap()),
-                isa,
-            );
+            let (cpu, cg) = cpu_kernels(&planes, beta, causal, [qh, kh, vh, gh]);
             let tag = format!("beta={beta} causal={causal}");
             assert_eq!(
-                f.recomputed.rows, cpu.ctx.recomputed.rows,
+                f.recomputed.rows, cpu.recomputed.rows,
                 "{tag}: the emulated kernels flag the rows the CPU kernels flag"
             );
             if causal {
@@ -846,15 +832,7 @@ fn values_at_the_top_of_the_accepted_range_on_emulated_cuda() {
         let map = SoftMap::new(&planes, beta).unwrap();
         let f = cuda::finish_forward(o, den, map, [&x[0], &x[1], &x[2]], s, causal);
         cuda::finish_backward(&f, map, [&x[0], &x[1], &x[2]], &g, s, causal, &mut gr);
-        let isa = racelab::cpu::detected_isa();
-        let cpu = racelab::cpu::soft_forward(&map, qh, kh, vh, causal, isa);
-        let oh = Heads::new(heads, n, dv, &cpu.o).unwrap();
-        let cg = racelab::cpu::soft_backward(
-            &map,
-            &cpu.ctx,
-            BackwardInputs::new(qh, kh, vh, oh, gh),
-            isa,
-        );
+        let (cpu, cg) = cpu_kernels(&planes, beta, causal, [qh, kh, vh, gh]);
         let tag = format!("causal={causal}, max|v| = {:.3e}", top * scale);
         let all = [&f.o, &cpu.o, &gr.dq, &gr.dk, &gr.dv, &cg.dq, &cg.dk, &cg.dv];
         assert!(

@@ -1,7 +1,8 @@
 //! The crate's files form a graph without circles: file `a` points at file `b` when `a` names
 //! an item of `b` (a `use`, a re-export, or a path written inline as `crate::…`, `super::…`,
 //! `self::…`). `mod b;` declarations are not arrows (a parent holds its children; it does not
-//! use them), and neither are unit-test modules (`#[cfg(test)] mod … { … }`), which may reach
+//! use them), and neither are unit-test modules (`#[cfg(test)] mod … { … }`, and the files
+//! `tests.rs` and `tests/` of `src/` that `#[cfg(test)] mod tests;` declares), which may reach
 //! anywhere. A path is resolved to the longest module prefix that is a file.
 //!
 //! A second test keeps the base of the house free of upward arrows: the files that take plain
@@ -38,9 +39,17 @@ fn rust_files(dir: &Path, skip_bin: bool) -> Vec<PathBuf> {
     out
 }
 
+/// The crate's modules, without unit-test files (`tests.rs`, or anything under a `tests/`
+/// folder of `src/`, declared `#[cfg(test)] mod tests;`), which may reach anywhere, as inline
+/// test modules do.
 fn modules(src: &Path) -> Vec<Module> {
     rust_files(src, true)
         .into_iter()
+        .filter(|p| {
+            let rel = p.strip_prefix(src).unwrap();
+            !(rel.file_name().is_some_and(|f| f == "tests.rs")
+                || rel.parent().is_some_and(|d| d.iter().any(|c| c == "tests")))
+        })
         .map(|p| {
             let rel = p.strip_prefix(src).unwrap();
             let mut path: Vec<String> = rel

@@ -20,7 +20,7 @@ use racelab::attend::{attend_with, AttendOptions};
 use racelab::backend::{
     Device, GradsMut, Heads, PlanesF32, Problem, RaceParams, Saved as Kept, SoftRace,
 };
-use racelab::cpu::mem::ABuf;
+use racelab::cpu::ABuf;
 use racelab::cpu::CpuRace;
 use racelab::error::Spelling;
 use racelab::hashing::Planes;

@@ -56,10 +56,6 @@ impl Decoder {
         self.tokens
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.tokens == 0
-    }
-
     /// Consume `(q_t, k_t, v_t)` and return `Ô_t`.
     pub fn step(&mut self, q: &[f32], k: &[f32], v: &[f32]) -> Result<Vec<f32>> {
         let d = self.planes.d;

@@ -17,8 +17,6 @@ use crate::params::MAX_P;
 pub trait FeatureMap: Sync {
     /// Feature width m.
     fn width(&self) -> usize;
-    /// Input dimension d.
-    fn dim(&self) -> usize;
     /// Factor applied to the stored denominator (`1/L` for RACE, else 1).
     fn den_scale(&self) -> f32 {
         1.0
@@ -200,9 +198,6 @@ impl FeatureMap for SoftMap<'_> {
     fn width(&self) -> usize {
         self.planes.l * self.planes.r()
     }
-    fn dim(&self) -> usize {
-        self.planes.d
-    }
     fn den_scale(&self) -> f32 {
         1.0 / self.planes.l as f32
     }
@@ -223,9 +218,6 @@ pub struct HardMap<'a> {
 impl FeatureMap for HardMap<'_> {
     fn width(&self) -> usize {
         self.planes.l * self.planes.r()
-    }
-    fn dim(&self) -> usize {
-        self.planes.d
     }
     fn den_scale(&self) -> f32 {
         1.0 / self.planes.l as f32
@@ -251,9 +243,6 @@ pub struct LinearMap {
 
 impl FeatureMap for LinearMap {
     fn width(&self) -> usize {
-        self.d
-    }
-    fn dim(&self) -> usize {
         self.d
     }
     #[inline(always)]
@@ -289,9 +278,6 @@ impl PerformerMap {
 impl FeatureMap for PerformerMap {
     fn width(&self) -> usize {
         self.m
-    }
-    fn dim(&self) -> usize {
-        self.d
     }
     #[inline(always)]
     fn features<S: Simd>(&self, simd: S, x: &[f32], key: bool, out: &mut [f32]) {

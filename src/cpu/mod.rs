@@ -23,6 +23,42 @@
 //! `u = tanh(Wq)`, `u = tanh(Wk)`: 4–16 floats against `d = 128` for a row of Q); never an
 //! `N × R × d` intermediate. Every kernel is tested against [`crate::reference`] on the same
 //! (f32-rounded) planes.
+//!
+//! What a caller outside the crate reaches is [`CpuRace`] (through the backend contract, which
+//! checks shapes, planes and values before any kernel runs), [`Isa`] and [`ABuf`]. The
+//! kernels' modules take shapes on trust and are the crate's own; none of the calls that
+//! reached memory outside their buffers can be written outside it:
+//!
+//! ```compile_fail
+//! // gemm's strided operands (`Gemm { a: Strided { rs: 1 << 61, .. }, .. }.run(isa)`)
+//! use racelab::cpu::gemm::{Gemm, Strided};
+//! ```
+//!
+//! ```compile_fail
+//! // `transpose_into(isa, &[1.0], 9, 1, 1 << 61, &mut [0.0; 9], 1)`
+//! use racelab::cpu::gemm::transpose_into;
+//! ```
+//!
+//! ```compile_fail
+//! // `rows_combine(.., w = 1 << 61, ..)` through a user `WithSimd` and `dispatch`
+//! use racelab::cpu::simd::{dispatch, WithSimd};
+//! ```
+//!
+//! ```compile_fail
+//! // `Behind::produce(usize::MAX - 3, 4, ..)` and overlapping ranges
+//! use racelab::cpu::mem::{Behind, Out};
+//! ```
+//!
+//! and the one buffer type that stays public sizes its allocation without wrapping:
+//!
+//! ```
+//! let too_many = (usize::MAX >> 2) + 2; // 4 bytes each: wraps to 4 in usize arithmetic
+//! assert!(std::panic::catch_unwind(|| racelab::cpu::ABuf::zeroed(too_many)).is_err());
+//! let b = racelab::cpu::ABuf::zeroed(3);
+//! assert_eq!(&b[..], &[0.0; 3]);
+//! ```
+//!
+//! (The same calls inside the crate are refused at run time: `cpu::extent`'s tests.)
 
 // Off x86-64 the AVX-512 fast paths are configured out, and with them the helpers and
 // imports only they use; the portable paths run there (NEON through LLVM's vectoriser).
@@ -31,25 +67,44 @@
     allow(unused_imports, dead_code, unused_variables)
 )]
 
-pub mod bank16;
-pub mod decode;
-pub mod exact;
+// The kernels and their helpers are the crate's own: what a caller reaches is the operator
+// behind the backend contract ([`CpuRace`]), the proof of an instruction set ([`Isa`]) and
+// the aligned output buffer ([`ABuf`]). Each of these checks what it is given before any
+// unchecked access; the modules below trust their (crate-internal) callers' shapes.
+pub(crate) mod bank16;
+pub(crate) mod decode;
 pub(crate) mod extent;
-pub mod features;
-pub mod gemm;
-pub mod mem;
+pub(crate) mod features;
+pub(crate) mod mem;
 pub(crate) mod native;
-pub mod recompute;
-pub mod saved;
-pub mod simd;
-pub mod soft;
-pub mod state;
-pub mod token;
+pub(crate) mod recompute;
+pub(crate) mod saved;
+pub(crate) mod soft;
+pub(crate) mod state;
+#[cfg(test)]
+mod tests;
 pub(crate) mod v16;
 
-pub use features::{FeatureMap, HardMap, LinearMap, PerformerMap, SoftMap};
-pub use saved::{Ctx, ForwardOut};
-pub use simd::{detected_isa, Isa};
+/// Modules the developer tools (`examples/gemm_micro.rs`, `examples/timing.rs`,
+/// `benches/kernels.rs`) time directly: public only with the `bench-internals` feature, which
+/// is unstable and not part of the crate's contract (these take shapes on trust).
+macro_rules! bench_internals {
+    ($($(#[$doc:meta])* $m:ident),* $(,)?) => {$(
+        $(#[$doc])*
+        #[cfg(feature = "bench-internals")]
+        pub mod $m;
+        $(#[$doc])*
+        #[cfg(not(feature = "bench-internals"))]
+        pub(crate) mod $m;
+    )*};
+}
+bench_internals!(exact, gemm, simd, token);
+
+pub use features::SoftMap;
+pub(crate) use features::{FeatureMap, HardMap, LinearMap};
+pub use mem::ABuf;
+pub(crate) use saved::{Ctx, ForwardOut};
+pub use simd::{detected_isa, Isa, Level};
 
 use crate::backend::{
     BackwardInputs, Decode, Device, Forward, ForwardInputs, GradsMut, Heads, PlanesF32, Problem,
@@ -63,7 +118,7 @@ use crate::error::{RaceError, Result};
 /// [`Ctx::recomputed`]); the returned count is the rows with no key at all. `reuse` is a previous context whose
 /// buffers are recycled (`Ctx::default()` for none): a training loop or a benchmark then
 /// does not pay fresh pages for the per-token saved values every step.
-pub fn soft_forward_into(
+pub(crate) fn soft_forward_into(
     map: &SoftMap,
     x: ForwardInputs,
     causal: bool,
@@ -82,7 +137,7 @@ pub fn soft_forward_into(
 }
 
 /// [`soft_forward_into`] allocating its output.
-pub fn soft_forward(
+pub(crate) fn soft_forward(
     map: &SoftMap,
     q: Heads,
     k: Heads,
@@ -98,7 +153,7 @@ pub fn soft_forward(
 
 /// Production soft-RACE backward for a context from either forward path; the rows the
 /// forward recomputed get their exact share of every gradient ([`recompute`]).
-pub fn soft_backward_into(
+pub(crate) fn soft_backward_into(
     map: &SoftMap,
     ctx: &Ctx,
     x: BackwardInputs,
@@ -115,7 +170,8 @@ pub fn soft_backward_into(
 }
 
 /// [`soft_backward_into`] allocating its outputs.
-pub fn soft_backward(map: &SoftMap, ctx: &Ctx, x: BackwardInputs, isa: Isa) -> SoftGrads {
+#[cfg(test)]
+pub(crate) fn soft_backward(map: &SoftMap, ctx: &Ctx, x: BackwardInputs, isa: Isa) -> SoftGrads {
     let mut gr = SoftGrads::zeros(x.q, x.k, x.v);
     gr.dbeta = soft_backward_into(map, ctx, x, isa, gr.as_mut());
     gr

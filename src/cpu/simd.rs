@@ -34,8 +34,14 @@ pub enum Level {
 /// forge it.
 ///
 /// ```compile_fail
-/// use racelab::cpu::simd::{Isa, Level};
+/// use racelab::cpu::{Isa, Level};
 /// let forged = Isa(Level::Avx512); // the field is private
+/// ```
+///
+/// ```
+/// use racelab::cpu::{Isa, Level};
+/// let isa = Isa::at_most(Level::Avx512); // detection: at most what this CPU has
+/// assert!(isa.level() <= Level::Avx512);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Isa(Level);
@@ -112,27 +118,12 @@ mod sealed {
 
 /// The row primitives of the kernels. Sealed: its implementations are [`Scalar`] and
 /// [`Lanes`] (portable code, safe on every CPU) and a crate-private AVX-512 form whose value
-/// holds a detection-created `V4` token (only [`dispatch`] makes one). Code outside the crate
-/// therefore reaches AVX-512 instructions only through [`dispatch`] with a detected [`Isa`]:
+/// holds a detection-created `V4` token (only [`dispatch`] makes one). The module is the
+/// crate's own, so code outside it reaches none of this:
 ///
 /// ```compile_fail
-/// // The AVX-512 primitives cannot be named outside the crate.
-/// use racelab::cpu::simd::{Lanes512, Simd};
-/// let forged: Lanes512 = unsafe { std::mem::zeroed() };
-/// let _ = forged.dot(&[1.0; 16], &[1.0; 16]);
-/// ```
-///
-/// ```compile_fail
-/// // Nor can the trait be implemented there.
-/// #[derive(Clone, Copy)]
-/// struct Mine;
-/// impl racelab::cpu::simd::Simd for Mine {
-///     fn dot(self, a: &[f32], b: &[f32]) -> f32 { 0.0 }
-///     fn dot2(self, g: &[f32], x: &[f32], y: &[f32]) -> f32 { 0.0 }
-///     fn axpy(self, out: &mut [f32], w: f32, x: &[f32]) {}
-///     fn axpy2(self, out: &mut [f32], w: f32, x: &[f32], y: &[f32]) {}
-///     fn fma(self, a: f32, b: f32, c: f32) -> f32 { a * b + c }
-/// }
+/// // Neither the primitives nor the dispatch can be named outside the crate.
+/// use racelab::cpu::simd::{dispatch, Simd, WithSimd};
 /// ```
 pub trait Simd: Copy + sealed::Sealed {
     /// `Σ a_i b_i`.

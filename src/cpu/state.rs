@@ -30,13 +30,6 @@ pub fn bank_width(dv: usize) -> usize {
     (dv + 1).next_multiple_of(16)
 }
 
-/// `[x, 1, 0, …, 0]` of length `bank_width(x.len())` into `out`.
-#[inline(always)]
-pub fn extend_one(x: &[f32], out: &mut [f32]) {
-    out[..x.len()].copy_from_slice(x);
-    out[x.len()] = 1.0;
-}
-
 /// A fresh `[·, 1, 0…]` buffer for values of width `dv`.
 pub fn ext_buffer(dv: usize) -> Vec<f32> {
     let mut e = vec![0.0f32; bank_width(dv)];
@@ -127,6 +120,7 @@ impl Bank {
     }
 
     /// `(base_f + local_f) · g`.
+    #[cfg(any(test, feature = "bench-internals"))]
     #[inline(always)]
     pub fn dot_row<S: Simd>(&self, simd: S, f: usize, g: &[f32]) -> f32 {
         let w = self.w;
@@ -138,6 +132,7 @@ impl Bank {
     }
 
     /// `out += p · (base_f + local_f)[..out.len()]`.
+    #[cfg(any(test, feature = "bench-internals"))]
     #[inline(always)]
     pub fn axpy_row<S: Simd>(&self, simd: S, out: &mut [f32], p: f32, f: usize) {
         let (w, n) = (self.w, out.len());

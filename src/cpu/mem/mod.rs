@@ -15,7 +15,9 @@ mod out;
 pub use abuf::ABuf;
 #[cfg(test)]
 use abuf::HUGE;
-pub use out::{Out, STREAM_MIN_BYTES};
+pub use out::Out;
+#[cfg(test)]
+pub(crate) use out::STREAM_MIN_BYTES;
 
 /// The next block's input rows, prefetched a few lines at a time by the [`drip`]s of the
 /// current block. Creating one arms this thread's drip with the rows and ends the previous
@@ -97,7 +99,9 @@ fn drip_lines(mut p: usize, end: usize) {
         // SAFETY: a prefetch hint never faults and has no architectural effect; the address
         // is not dereferenced. (SSE is part of the x86-64 baseline.)
         unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p as *const i8)
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                std::ptr::without_provenance::<i8>(p),
+            )
         };
         p += 64;
         if p >= end {
@@ -164,24 +168,25 @@ impl Drop for Ahead<'_> {
 }
 
 /// A pending streamed write: the bytes `[src, end)` go to `dst..` (64-byte lines; `dst`
-/// line-aligned), queued by [`Behind::produce`] as write number `seq`.
+/// line-aligned), queued by [`Behind::produce`] as write number `seq`. Pointers, not
+/// addresses, so that the accesses keep the provenance of the slices they came from.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Pend {
-    dst: usize,
-    src: usize,
-    end: usize,
+    dst: *mut u8,
+    src: *const u8,
+    end: *const u8,
     seq: u64,
 }
 
 impl Pend {
     const NONE: Pend = Pend {
-        dst: 0,
-        src: 0,
-        end: 0,
+        dst: std::ptr::null_mut(),
+        src: std::ptr::null(),
+        end: std::ptr::null(),
         seq: 0,
     };
     fn lines(&self) -> usize {
-        (self.end - self.src) / 64
+        (self.end.addr() - self.src.addr()) / 64
     }
 }
 
@@ -208,10 +213,10 @@ fn write_lines(mut w: Pend, n: usize) {
         // SAFETY: as above (plain copies where there are no streaming stores, and under Miri,
         // which checks these accesses but has no streaming stores).
         unsafe {
-            std::ptr::copy_nonoverlapping(w.src as *const u8, w.dst as *mut u8, 64)
+            std::ptr::copy_nonoverlapping(w.src, w.dst, 64)
         };
-        w.dst += 64;
-        w.src += 64;
+        w.dst = w.dst.wrapping_add(64);
+        w.src = w.src.wrapping_add(64);
         if w.src >= w.end {
             next_write();
             return;
@@ -246,13 +251,13 @@ fn finish_until(seq: u64) {
 
 /// Queue a write; returns its sequence number. Lines per drip are set so that everything
 /// pending is written over about one block's drips.
-fn queue(dst: usize, src: usize, bytes: usize) -> u64 {
+fn queue(dst: *mut u8, src: *const u8, bytes: usize) -> u64 {
     let seq = WSEQ.with(|c| c.get()) + 1;
     WSEQ.with(|c| c.set(seq));
     let p = Pend {
         dst,
         src,
-        end: src + bytes,
+        end: src.wrapping_add(bytes),
         seq,
     };
     if WN.with(|c| c.get()) == WQ {
@@ -341,8 +346,8 @@ impl Behind<'_> {
         dst[head + body..].copy_from_slice(&buf[head + body..]);
         if body > 0 {
             let (d, s) = (
-                dst[head..].as_mut_ptr() as usize,
-                buf[head..].as_ptr() as usize,
+                dst[head..].as_mut_ptr() as *mut u8,
+                buf[head..].as_ptr() as *const u8,
             );
             self.last[self.cur] = queue(d, s, 4 * body);
         }

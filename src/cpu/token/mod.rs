@@ -4,8 +4,15 @@
 //! [`crate::cpu::soft`] (the same [`forward`] with a [`SoftMap`](crate::cpu::SoftMap), and
 //! [`soft_backward`]), written token by token so the blocked paths have an independent check.
 
+// The twin's backward checks the blocked backward in the tests; the developer tools time it.
+#[cfg(any(test, feature = "bench-internals"))]
 pub mod backward;
 pub mod forward;
 
-pub use backward::{soft_backward, soft_backward_into};
-pub use forward::{forward, forward_into};
+#[cfg(any(test, feature = "bench-internals"))]
+pub use backward::soft_backward;
+#[cfg(feature = "bench-internals")]
+pub use backward::soft_backward_into;
+pub use forward::forward;
+#[cfg(feature = "bench-internals")]
+pub use forward::forward_into;
