@@ -14,7 +14,7 @@ use crate::cpu::soft::banks::{
 };
 use crate::cpu::soft::block::{block_rows, Block};
 use crate::cpu::soft::probs::{lanes16, pad16};
-use crate::cpu::state::{bank_width, split_out};
+use crate::cpu::state::{bank_width, plan_segments, split_out};
 use crate::cpu::v16::{self, Task16, V16};
 use rayon::prelude::*;
 
@@ -442,5 +442,7 @@ pub fn backward_into(map: &SoftMap, isa: Isa, ctx: &Ctx, x: BackwardInputs, out:
     let _ = o; // not read: see `query_grads`
     let (uq, uk) = ctx.saved_u(&q, &k, map.planes.l * map.planes.p);
     let (dbanks, dbeta_q) = query_grads(map, isa, QuerySaved::of(ctx, uq), q, g, dq);
-    dbeta_q + key_grads(map, isa, (&dbanks, &ctx.segs), (k, uk), v, (dk, dvv))
+    // The keys' own segments: `ctx.segs` are the queries', and keys may be more or fewer.
+    let kseg = plan_segments(k.n, k.heads);
+    dbeta_q + key_grads(map, isa, (&dbanks, &kseg), (k, uk), v, (dk, dvv))
 }

@@ -273,3 +273,58 @@ fn causal_subnormal_denominators_give_finite_outputs() {
         }
     }
 }
+
+/// Non-causal soft RACE with more or fewer keys than queries, through the backend contract:
+/// the CPU kernels at every level against the f64 reference backend. (The blocked backward
+/// once split the keys' gradients by the queries' segments: with fewer keys it panicked,
+/// with more it left the last keys' `dk`, `dv` unwritten.)
+#[test]
+fn keys_and_queries_of_different_counts_match_the_reference() {
+    use crate::backend::{RaceParams, SoftRace};
+    let (heads, d, dv) = (2, 8, 5);
+    let planes = PlanesF32::from_planes(&Planes::gaussian(2, 3, d, 9).unwrap());
+    let params = RaceParams::new(3, 2, 4.0).unwrap();
+    let reference = crate::attend::for_device(crate::backend::Device::Reference).unwrap();
+    for (n, m) in [(9, 2), (5, 300), (300, 40), (1, 700)] {
+        let q = data(heads * n * d, 61, 0.5).0;
+        let k = data(heads * m * d, 62, 0.5).0;
+        let v = data(heads * m * dv, 63, 1.0).0;
+        let g = data(heads * n * dv, 64, 1.0).0;
+        let (qh, kh, vh, gh) = (
+            Heads::new(heads, n, d, &q).unwrap(),
+            Heads::new(heads, m, d, &k).unwrap(),
+            Heads::new(heads, m, dv, &v).unwrap(),
+            Heads::new(heads, n, dv, &g).unwrap(),
+        );
+        let (rf, rg) = reference
+            .forward_backward(&params, &planes, qh, kh, vh, gh)
+            .unwrap();
+        for isa in isas() {
+            let cpu = super::super::CpuRace { isa };
+            let (f, gr) = cpu
+                .forward_backward(&params, &planes, qh, kh, vh, gh)
+                .unwrap();
+            let tag = format!("n={n} m={m} {isa:?}");
+            let wide = |x: &[f32]| x.iter().map(|&a| a as f64).collect::<Vec<f64>>();
+            let fo = rel_max_err(&wide(&f.o), &wide(&rf.o));
+            assert!(fo <= FWD_TOL, "{tag}: forward {fo:.2e}");
+            // Relative to the largest reference gradient, floored at 1e-3·max|G|·max|V| (as in
+            // `soft_backward_matches_reference_gradients`).
+            let floor = 1e-3 * maxabs(&wide(&g)) * maxabs(&wide(&v));
+            for (name, a, b) in [
+                ("dq", &gr.dq, &rg.dq),
+                ("dk", &gr.dk, &rg.dk),
+                ("dv", &gr.dv, &rg.dv),
+            ] {
+                let (a, b) = (wide(a), wide(b));
+                let err = a
+                    .iter()
+                    .zip(&b)
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(0.0, f64::max);
+                let e = err / maxabs(&b).max(floor);
+                assert!(e <= GRAD_TOL, "{tag} {name}: rel err {e:.2e}");
+            }
+        }
+    }
+}
