@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The fuzz corpora as one file each (`fuzz/corpus/<target>.pack`: for every input, its
-length as 4 little-endian bytes, then its bytes), so the repository holds two files, not
+length as 4 little-endian bytes, then its bytes), so the repository holds one file per target, not
 thousands. `cargo test` replays the packs (tests/fuzz_corpus.rs).
 
     python3 fuzz/corpus.py unpack   # packs -> fuzz/corpus/<target>/ (for cargo fuzz run)
@@ -12,7 +12,7 @@ import struct
 import sys
 
 HERE = pathlib.Path(__file__).resolve().parent / "corpus"
-TARGETS = ["npy", "config"]
+TARGETS = ["npy", "config", "attend"]
 
 
 def pack():

@@ -73,3 +73,37 @@ fn the_built_in_configs_parse() {
         );
     }
 }
+
+#[path = "../fuzz/harness/attend.rs"]
+mod attend_harness;
+
+/// The API fuzzer's corpus (`fuzz/corpus/attend.pack`) through the same harness: every input
+/// an error or a finite result, and the corpus reaches both, past every entry point.
+#[test]
+fn the_attend_corpus_replays_without_a_panic() {
+    use attend_harness::Outcome;
+    let files = corpus("attend");
+    assert!(files.len() >= 10, "only {} attend inputs", files.len());
+    let mut seen = [0usize; 3];
+    for bytes in &files {
+        let i = match attend_harness::run(bytes) {
+            Outcome::Ran => 0,
+            Outcome::Refused => 1,
+            Outcome::Skipped => 2,
+        };
+        seen[i] += 1;
+    }
+    println!(
+        "{} inputs: {} ran, {} refused, {} past the caps",
+        files.len(),
+        seen[0],
+        seen[1],
+        seen[2]
+    );
+    assert!(
+        seen[0] > 0 && seen[1] > 0,
+        "ran {}, refused {}",
+        seen[0],
+        seen[1]
+    );
+}
