@@ -852,3 +852,34 @@ fn values_at_the_top_of_the_accepted_range_on_emulated_cuda() {
         println!("{tag}: forward {err:.1e}");
     }
 }
+
+/// The CUDA kernels' host check holds hand-built planes and shapes to their data, with
+/// products that cannot wrap (the kernels index every buffer by these extents), before any
+/// device is asked for.
+#[test]
+fn hand_built_planes_and_wrapping_shapes_are_refused_before_a_launch() {
+    let planes = PlanesF32::from_planes(&Planes::gaussian(2, 2, 4, 1).unwrap());
+    let x = vec![0.5f32; 8];
+    let s = GpuShape {
+        heads: 1,
+        n: 2,
+        d: 4,
+        dv: 4,
+    };
+    let inp = || GpuInput::F32(&x);
+    assert!(cuda::check_problem(&planes, 2.0, &inp(), &inp(), &inp(), s).is_ok());
+    let mut short = planes.clone();
+    short.w.pop();
+    let e = cuda::check_problem(&short, 2.0, &inp(), &inp(), &inp(), s).unwrap_err();
+    assert_eq!(e.arg(), Some("planes"), "{e}");
+    // 2 · 2^63 · 4 wraps to 0 in release arithmetic: empty inputs would have passed.
+    let wrap = GpuShape {
+        heads: 2,
+        n: 1 << 63,
+        d: 4,
+        dv: 4,
+    };
+    let empty: Vec<f32> = Vec::new();
+    let e = || GpuInput::F32(&empty);
+    assert!(cuda::check_problem(&planes, 2.0, &e(), &e(), &e(), wrap).is_err());
+}

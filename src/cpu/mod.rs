@@ -25,9 +25,11 @@
 //! (f32-rounded) planes.
 //!
 //! What a caller outside the crate reaches is [`CpuRace`] (through the backend contract, which
-//! checks shapes, planes and values before any kernel runs), [`Isa`] and [`ABuf`]. The
-//! kernels' modules take shapes on trust and are the crate's own; none of the calls that
-//! reached memory outside their buffers can be written outside it:
+//! checks shapes, planes and values before any kernel runs), [`Isa`], [`ABuf`] and the checked
+//! constructors of [`SoftMap`]. The kernels' modules take shapes on trust and are the crate's
+//! own (the unstable `bench-internals` feature opens `exact`, `gemm`, `simd` and `token` to
+//! the developer tools); none of the calls that reached memory outside their buffers can be
+//! written outside it:
 //!
 //! ```compile_fail
 //! // gemm's strided operands (`Gemm { a: Strided { rs: 1 << 61, .. }, .. }.run(isa)`)

@@ -430,12 +430,27 @@ pub fn check_problem(
             format!("planes have d = {} but inputs have d = {}", planes.d, s.d),
         ));
     }
+    // Planes and shapes built by hand (public fields) are held to their data, with products
+    // that cannot wrap: the kernels index every buffer by these extents.
+    let product = |a: usize, b: usize, c: usize| a.checked_mul(b).and_then(|x| x.checked_mul(c));
+    if product(planes.l, planes.p, planes.d) != Some(planes.w.len()) {
+        return Err(RaceError::shape(
+            "planes",
+            format!(
+                "{} values for shape [L, P, d] = [{}, {}, {}]",
+                planes.w.len(),
+                planes.l,
+                planes.p,
+                planes.d
+            ),
+        ));
+    }
     for (name, x, want) in [
-        ("q", q, s.heads * s.n * s.d),
-        ("k", k, s.heads * s.n * s.d),
-        ("v", v, s.heads * s.n * s.dv),
+        ("q", q, product(s.heads, s.n, s.d)),
+        ("k", k, product(s.heads, s.n, s.d)),
+        ("v", v, product(s.heads, s.n, s.dv)),
     ] {
-        if x.len() != want {
+        if Some(x.len()) != want {
             return Err(RaceError::shape(
                 name,
                 format!(
