@@ -24,6 +24,18 @@ fn cpu_kernels(
         .unwrap()
 }
 
+/// Planes, inputs and a shape of one head, two tokens, d = dv = 4.
+fn tiny_problem() -> (PlanesF32, Vec<f32>, GpuShape) {
+    let planes = PlanesF32::from_planes(&Planes::gaussian(2, 2, 4, 1).unwrap());
+    let s = GpuShape {
+        heads: 1,
+        n: 2,
+        d: 4,
+        dv: 4,
+    };
+    (planes, vec![0.5f32; 8], s)
+}
+
 #[test]
 fn no_device_is_a_clear_error_not_a_panic() {
     match cuda::ensure_device() {
@@ -35,14 +47,7 @@ fn no_device_is_a_clear_error_not_a_panic() {
         }
     }
     // The public entry points return the same error rather than panicking.
-    let planes = PlanesF32::from_planes(&Planes::gaussian(2, 2, 4, 1).unwrap());
-    let x = vec![0.5f32; 8];
-    let s = GpuShape {
-        heads: 1,
-        n: 2,
-        d: 4,
-        dv: 4,
-    };
+    let (planes, x, s) = tiny_problem();
     if cuda::ensure_device().is_err() {
         let e = cuda::soft_forward(
             &planes,
@@ -858,14 +863,7 @@ fn values_at_the_top_of_the_accepted_range_on_emulated_cuda() {
 /// device is asked for.
 #[test]
 fn hand_built_planes_and_wrapping_shapes_are_refused_before_a_launch() {
-    let planes = PlanesF32::from_planes(&Planes::gaussian(2, 2, 4, 1).unwrap());
-    let x = vec![0.5f32; 8];
-    let s = GpuShape {
-        heads: 1,
-        n: 2,
-        d: 4,
-        dv: 4,
-    };
+    let (planes, x, s) = tiny_problem();
     let inp = || GpuInput::F32(&x);
     assert!(cuda::check_problem(&planes, 2.0, &inp(), &inp(), &inp(), s).is_ok());
     let mut short = planes.clone();
