@@ -2,7 +2,7 @@
 //! parallel STREAM-style triad) and f32 FMA throughput (independent FMA chains in the
 //! dispatched SIMD frame). Also a fast counter-based input filler.
 
-use crate::cpu::simd::Isa;
+use crate::cpu::simd::{Isa, Kernel, Token};
 use rayon::prelude::*;
 use std::time::Instant;
 
@@ -65,57 +65,63 @@ const CHAINS_512: usize = 24;
 /// alive). A core needs latency × pipes FMAs in flight (4–5 cycles × 2 pipes: 8–10); the
 /// probe keeps more than that, so that it measures throughput on any current core: 14 on
 /// AVX2 (with the two constants, all 16 `ymm` registers) and 24 on AVX-512 (of 32 `zmm`).
-#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+/// The intrinsics are methods of the token [`crate::cpu::simd::dispatch`] makes for `isa`.
 fn fma_chains(isa: Isa, iters: usize) -> (f64, f32) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use crate::cpu::simd::Level;
-        use std::arch::x86_64::*;
-        #[target_feature(enable = "avx512f")]
-        unsafe fn z(iters: usize) -> f32 {
-            let (x, y) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
-            let mut a = [_mm512_set1_ps(1.0); CHAINS_512];
-            for _ in 0..iters {
-                for v in a.iter_mut() {
-                    *v = _mm512_fmadd_ps(*v, x, y);
+    crate::cpu::simd::dispatch(isa, FmaChains { iters })
+}
+
+struct FmaChains {
+    iters: usize,
+}
+
+impl Kernel for FmaChains {
+    type Output = (f64, f32);
+    #[inline(always)]
+    fn run<T: Token>(self, t: T) -> (f64, f32) {
+        let iters = self.iters;
+        #[cfg(target_arch = "x86_64")]
+        {
+            if let Some(v4) = t.v4() {
+                let f = v4.avx512f;
+                let (x, y) = (f._mm512_set1_ps(0.999_999), f._mm512_set1_ps(1e-7));
+                let mut a = [f._mm512_set1_ps(1.0); CHAINS_512];
+                for _ in 0..iters {
+                    for v in a.iter_mut() {
+                        *v = f._mm512_fmadd_ps(*v, x, y);
+                    }
                 }
-            }
-            a.iter().map(|v| _mm512_reduce_add_ps(*v)).sum()
-        }
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn y8(iters: usize) -> f32 {
-            let (x, y) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
-            let mut a = [_mm256_set1_ps(1.0); CHAINS_256];
-            for _ in 0..iters {
-                for v in a.iter_mut() {
-                    *v = _mm256_fmadd_ps(*v, x, y);
+                let mut s = 0.0f32;
+                for v in a {
+                    s += f._mm512_reduce_add_ps(v);
                 }
+                return ((iters * CHAINS_512 * 16 * 2) as f64, s);
             }
-            let mut out = [0.0f32; 8];
-            let s = a
-                .iter()
-                .fold(_mm256_setzero_ps(), |acc, v| _mm256_add_ps(acc, *v));
-            // SAFETY: `out` holds the 8 floats one 256-bit store writes.
-            unsafe { _mm256_storeu_ps(out.as_mut_ptr(), s) };
-            out.iter().sum()
+            if let Some(v3) = t.v3() {
+                let (avx, fma) = (v3.avx, v3.fma);
+                let (x, y) = (avx._mm256_set1_ps(0.999_999), avx._mm256_set1_ps(1e-7));
+                let mut a = [avx._mm256_set1_ps(1.0); CHAINS_256];
+                for _ in 0..iters {
+                    for v in a.iter_mut() {
+                        *v = fma._mm256_fmadd_ps(*v, x, y);
+                    }
+                }
+                let mut s = avx._mm256_setzero_ps();
+                for v in a {
+                    s = avx._mm256_add_ps(s, v);
+                }
+                let out: [f32; 8] = pulp::cast(s);
+                return ((iters * CHAINS_256 * 8 * 2) as f64, out.iter().sum());
+            }
         }
-        match isa.level() {
-            // SAFETY: each branch runs only for an `Isa` at its level, which only detection
-            // creates, after CPUID (`is_x86_feature_detected!`) reported the features the
-            // function is compiled for.
-            Level::Avx512 => return ((iters * CHAINS_512 * 16 * 2) as f64, unsafe { z(iters) }),
-            // SAFETY: as above, an `Isa` at the AVX2 level exists only after detection.
-            Level::Avx2 => return ((iters * CHAINS_256 * 8 * 2) as f64, unsafe { y8(iters) }),
-            _ => {}
+        let _ = t;
+        let mut a = [1.0f32; 10];
+        for _ in 0..iters {
+            for v in a.iter_mut() {
+                *v = *v * 0.999_999 + 1e-7;
+            }
         }
+        ((iters * 10 * 2) as f64, a.iter().sum())
     }
-    let mut a = [1.0f32; 10];
-    for _ in 0..iters {
-        for v in a.iter_mut() {
-            *v = *v * 0.999_999 + 1e-7;
-        }
-    }
-    ((iters * 10 * 2) as f64, a.iter().sum())
 }
 
 /// Peak f32 FMA throughput of `isa` on all threads, GFLOP/s (2 flops per lane per FMA), best
@@ -153,10 +159,10 @@ struct FillTask<'a> {
     base: u64,
 }
 
-impl crate::cpu::simd::WithSimd for FillTask<'_> {
+impl Kernel for FillTask<'_> {
     type Output = ();
     #[inline(always)]
-    fn run<S: crate::cpu::simd::Simd>(self, _simd: S) {
+    fn run<T: Token>(self, _t: T) {
         for (i, x) in self.out.iter_mut().enumerate() {
             *x = counter_uniform(self.seed, self.base + i as u64);
         }

@@ -30,9 +30,9 @@
 //! it the prefetch and the write-behind stall).
 
 use super::gemm::{load, store};
-use super::native::{self, Native, TaskN};
-use super::simd::{Isa, Level};
-use super::v16::{self, Task16, V16};
+use super::native::Native;
+use super::simd::{dispatch, Isa, Kernel, Level, Token};
+use super::v16::{self, V16};
 
 /// The mass column's weights `ω_j` for [`read_update`]'s update.
 #[derive(Clone, Copy)]
@@ -177,7 +177,7 @@ impl Local<'_> {
     }
 }
 
-/// The pass of [`read_update`], as a task for [`v16::dispatch`].
+/// The pass of [`read_update`], as a kernel for [`dispatch`].
 struct Pass<'a, 'b> {
     m: usize,
     dv: usize,
@@ -195,27 +195,19 @@ impl Pass<'_, '_> {
     /// (sixteen `ymm` on AVX2, NEON's 32 `q` registers hold a quarter of a 16-lane chunk each)
     /// streams them from L1 at its own width ([`run_n`]).
     fn run(self, isa: Isa) {
-        if isa.level() == Level::Avx512 {
-            v16::dispatch(isa, self)
+        dispatch(isa, self)
+    }
+}
+
+impl Kernel for Pass<'_, '_> {
+    type Output = ();
+    #[inline(always)]
+    fn run<T: Token>(self, t: T) {
+        if T::ROW_IN_REGISTER {
+            run(t.w16(), self)
         } else {
-            native::dispatch(isa, self)
+            run_n(t.native(), self)
         }
-    }
-}
-
-impl Task16 for Pass<'_, '_> {
-    type Output = ();
-    #[inline(always)]
-    fn run<S: V16>(self, simd: S) {
-        run(simd, self)
-    }
-}
-
-impl TaskN for Pass<'_, '_> {
-    type Output = ();
-    #[inline(always)]
-    fn run<S: Native>(self, simd: S) {
-        run_n(simd, self)
     }
 }
 

@@ -4,7 +4,7 @@
 //! never drifts however long it runs; features are the fast path's f32 features.
 
 use super::features::{FeatureMap, SoftMap};
-use super::simd::{detected_isa, dispatch, Isa, Simd, WithSimd};
+use super::simd::{detected_isa, dispatch, Isa, Kernel, Token};
 use crate::backend::PlanesF32;
 use crate::error::{RaceError, Result};
 use crate::params::validate_beta;
@@ -25,10 +25,11 @@ struct FeatTask<'a> {
     out: &'a mut [f32],
 }
 
-impl WithSimd for FeatTask<'_> {
+impl Kernel for FeatTask<'_> {
     type Output = ();
     #[inline(always)]
-    fn run<S: Simd>(self, simd: S) {
+    fn run<T: Token>(self, t: T) {
+        let simd = t.rows();
         self.map.features(simd, self.x, false, self.out)
     }
 }

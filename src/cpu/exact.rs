@@ -12,7 +12,7 @@
 //!
 //! Parallel over (head, query block); causal runs skip key blocks entirely above the diagonal.
 
-use super::simd::{dispatch, exp_f32, Isa, Simd, WithSimd};
+use super::simd::{dispatch, exp_f32, Isa, Kernel, Token};
 use super::state::split_out;
 use crate::backend::Heads;
 use faer::linalg::matmul::matmul;
@@ -81,10 +81,10 @@ struct RowsTask<'a> {
     alpha: &'a mut [f32],
 }
 
-impl WithSimd for RowsTask<'_> {
+impl Kernel for RowsTask<'_> {
     type Output = ();
     #[inline(always)]
-    fn run<S: Simd>(self, _simd: S) {
+    fn run<T: Token>(self, _t: T) {
         let int_gamma = match self.kind {
             Exact::Angular { gamma } if gamma.fract() == 0.0 && gamma <= 64.0 => Some(gamma as u32),
             _ => None,

@@ -78,7 +78,7 @@ mod tests {
     fn calls_whose_extents_wrap_are_refused_not_run() {
         use crate::cpu::gemm::{transpose_into, Gemm, Strided, Tri};
         use crate::cpu::mem::{ABuf, Out};
-        use crate::cpu::simd::{dispatch, Isa, Level, Simd, WithSimd};
+        use crate::cpu::simd::{dispatch, Isa, Kernel, Level, Simd, Token};
         let refused = |what: &str, f: &mut dyn FnMut()| {
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
             assert!(r.is_err(), "{what} ran");
@@ -115,9 +115,10 @@ mod tests {
                 transpose_into(isa, &[1.0], 9, 1, 1 << 61, &mut [0.0; 9], 1)
             });
             struct Combine;
-            impl WithSimd for Combine {
+            impl Kernel for Combine {
                 type Output = ();
-                fn run<S: Simd>(self, simd: S) {
+                fn run<T: Token>(self, t: T) {
+                    let simd = t.rows();
                     let (x, mut out) = ([1.0f32; 4], [0.0f32; 4]);
                     simd.rows_combine(&[1.0; 9], &x, &x, 1 << 61, &mut out);
                 }

@@ -9,7 +9,7 @@
 //! - [`PerformerMap`]: `exp(ωx' − |x'|²/2 − c)/sqrt(m)`, `x' = sqrt(s)·x`; queries take `c` per
 //!   row, keys one global `c` (measured by a pre-pass), both cancel in the ratio.
 
-use super::simd::{exp_f32, tanh_f32, Simd};
+use super::simd::{exp_f32, tanh_f32, Kernel, Simd, Token};
 use crate::backend::{Heads, PlanesF32};
 use crate::params::MAX_P;
 
@@ -297,10 +297,11 @@ struct KeyShiftTask<'a> {
     k: Heads<'a>,
 }
 
-impl super::simd::WithSimd for KeyShiftTask<'_> {
+impl Kernel for KeyShiftTask<'_> {
     type Output = f32;
     #[inline(always)]
-    fn run<S: Simd>(self, simd: S) -> f32 {
+    fn run<T: Token>(self, t: T) -> f32 {
+        let simd = t.rows();
         let mut buf = vec![0.0f32; self.map.m];
         let mut mx = f32::NEG_INFINITY;
         for h in 0..self.k.heads {

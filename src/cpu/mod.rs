@@ -42,8 +42,8 @@
 //! ```
 //!
 //! ```compile_fail
-//! // `rows_combine(.., w = 1 << 61, ..)` through a user `WithSimd` and `dispatch`
-//! use racelab::cpu::simd::{dispatch, WithSimd};
+//! // `rows_combine(.., w = 1 << 61, ..)` through a user `Kernel` and `dispatch`
+//! use racelab::cpu::simd::{dispatch, Kernel};
 //! ```
 //!
 //! ```compile_fail

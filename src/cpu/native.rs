@@ -1,8 +1,9 @@
 //! One source for the passes that run at the CPU's own vector width.
 //!
 //! Where a pass does not need a fixed 16-lane row ([`super::v16`]), it is written once over
-//! [`Native`]: a [`pulp`] SIMD token with its own register width, instantiated by
-//! [`dispatch`] for
+//! [`Native`]: a [`pulp`] SIMD token with its own register width, the view
+//! [`Token::native`](crate::cpu::simd::Token::native) of the one dispatch's token
+//! ([`crate::cpu::simd::dispatch`]):
 //!
 //! | level | token | `f32s` |
 //! |---|---|---|
@@ -11,13 +12,13 @@
 //! | aarch64 | `pulp::aarch64::Neon` | `f32x4` (one `q` register) |
 //! | scalar | `pulp::Scalar` | `f32` |
 //!
-//! As in [`super::v16`], a token is a value only pulp's detection creates, and [`dispatch`]
-//! runs the task inside a `#[target_feature]` frame for the token's features, so the token's
-//! `#[inline(always)]` methods become single instructions there. The one operation pulp
-//! has no portable form of, the reduction of a register tile of dot products, is
-//! [`Native::reduce_tile`]: a transpose-and-add tree on AVX-512, lane sums elsewhere.
+//! As in [`super::v16`], a token is a value only pulp's detection creates, and the dispatch
+//! runs the kernel inside a `#[target_feature]` frame for the token's features, so the token's
+//! `#[inline(always)]` methods become single instructions there. The operations pulp has no
+//! portable form of are the token's own methods: the reduction of a register tile of dot
+//! products ([`Native::reduce_tile`]: a transpose-and-add tree on AVX-512, lane sums
+//! elsewhere) and an 8 × 8 transpose ([`Native::transpose8`]: shuffles on AVX2).
 
-use super::simd::{Isa, Level};
 use pulp::Simd as _;
 
 /// A SIMD token at its own width, with the kernels' one non-portable operation.
@@ -65,9 +66,7 @@ impl Native for pulp::x86::V4 {
             let l = 4 * (a % 4) + a / 4;
             *va = pulp::cast(acc[l / QT][l % QT]);
         }
-        // SAFETY: `self` is a V4 token, which only pulp's detection creates after finding
-        // AVX-512F (with BW, CD, DQ, VL) on this CPU.
-        let s: [f32; 16] = pulp::cast(unsafe { hsum16x(&v) });
+        let s: [f32; 16] = pulp::cast(hsum16x(self, &v));
         let mut out = [[0.0; QT]; RT];
         for (r, row) in out.iter_mut().enumerate() {
             row.copy_from_slice(&s[QT * r..QT * r + QT]);
@@ -134,93 +133,36 @@ impl Native for pulp::Scalar {}
 /// The 16 horizontal sums of `v[0..16]` in one vector: lane `4k + j` holds the sum of
 /// `v[4j + k]` (a transpose-and-add tree: 128-bit blocks, then lanes; 15 adds in all).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn hsum16x(v: &[std::arch::x86_64::__m512; 16]) -> std::arch::x86_64::__m512 {
-    use std::arch::x86_64::*;
+#[inline(always)]
+fn hsum16x(v4: pulp::x86::V4, v: &[std::arch::x86_64::__m512; 16]) -> std::arch::x86_64::__m512 {
+    let f = v4.avx512f;
     // Block k of g[j] holds four partial sums of v[4j + k].
-    let g = [0, 1, 2, 3].map(|j| {
-        let pair = |a: __m512, b: __m512| {
-            _mm512_add_ps(
-                _mm512_shuffle_f32x4::<0b01_00_01_00>(a, b),
-                _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b),
-            )
-        };
-        let (ab, cd) = (
-            pair(v[4 * j], v[4 * j + 1]),
-            pair(v[4 * j + 2], v[4 * j + 3]),
+    let mut g = [f._mm512_setzero_ps(); 4];
+    for (j, gj) in g.iter_mut().enumerate() {
+        let mut ab = [f._mm512_setzero_ps(); 2];
+        for (h, x) in ab.iter_mut().enumerate() {
+            let (a, b) = (v[4 * j + 2 * h], v[4 * j + 2 * h + 1]);
+            *x = f._mm512_add_ps(
+                f._mm512_shuffle_f32x4::<0b01_00_01_00>(a, b),
+                f._mm512_shuffle_f32x4::<0b11_10_11_10>(a, b),
+            );
+        }
+        *gj = f._mm512_add_ps(
+            f._mm512_shuffle_f32x4::<0b10_00_10_00>(ab[0], ab[1]),
+            f._mm512_shuffle_f32x4::<0b11_01_11_01>(ab[0], ab[1]),
         );
-        _mm512_add_ps(
-            _mm512_shuffle_f32x4::<0b10_00_10_00>(ab, cd),
-            _mm512_shuffle_f32x4::<0b11_01_11_01>(ab, cd),
-        )
-    });
-    // 4 × 4 transpose-and-add inside each 128-bit block.
-    let u0 = _mm512_add_ps(
-        _mm512_unpacklo_ps(g[0], g[1]),
-        _mm512_unpackhi_ps(g[0], g[1]),
-    );
-    let u1 = _mm512_add_ps(
-        _mm512_unpacklo_ps(g[2], g[3]),
-        _mm512_unpackhi_ps(g[2], g[3]),
-    );
-    _mm512_add_ps(
-        _mm512_shuffle_ps::<0b01_00_01_00>(u0, u1),
-        _mm512_shuffle_ps::<0b11_10_11_10>(u0, u1),
-    )
-}
-
-/// A pass at the native width. Implementations mark `run` as `#[inline(always)]`, so that it
-/// is compiled inside [`dispatch`]'s frame.
-pub(crate) trait TaskN {
-    type Output;
-    fn run<S: Native>(self, simd: S) -> Self::Output;
-}
-
-/// Run `task` with the native token for `isa` (see the module table). As in
-/// [`super::v16::dispatch`], a CPU that has the `Isa` level but not pulp's token (which asks
-/// for a few more features) runs the scalar form.
-pub(crate) fn dispatch<T: TaskN>(isa: Isa, task: T) -> T::Output {
-    match isa.level() {
-        #[cfg(target_arch = "x86_64")]
-        Level::Avx512 => {
-            if let Some(simd) = pulp::x86::V4::try_new() {
-                #[target_feature(
-                    enable = "sse,sse2,fxsr,sse3,ssse3,sse4.1,sse4.2,popcnt,avx,avx2,bmi1,bmi2,fma,lzcnt,avx512f,avx512bw,avx512cd,avx512dq,avx512vl"
-                )]
-                fn frame<T: TaskN>(t: T, simd: pulp::x86::V4) -> T::Output {
-                    t.run(simd)
-                }
-                // SAFETY: `simd` exists, so pulp's detection found every feature of V4 (the
-                // ones the frame enables) on this CPU.
-                return unsafe { frame(task, simd) };
-            }
-        }
-        #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => {
-            if let Some(simd) = pulp::x86::V3::try_new() {
-                #[target_feature(
-                    enable = "sse,sse2,fxsr,sse3,ssse3,sse4.1,sse4.2,popcnt,avx,avx2,bmi1,bmi2,fma,lzcnt"
-                )]
-                fn frame<T: TaskN>(t: T, simd: pulp::x86::V3) -> T::Output {
-                    t.run(simd)
-                }
-                // SAFETY: `simd` exists, so pulp's detection found every feature of V3 (the
-                // ones the frame enables) on this CPU.
-                return unsafe { frame(task, simd) };
-            }
-        }
-        #[cfg(target_arch = "aarch64")]
-        Level::Scalar => {
-            if let Some(simd) = pulp::aarch64::Neon::try_new() {
-                #[target_feature(enable = "neon")]
-                fn frame<T: TaskN>(t: T, simd: pulp::aarch64::Neon) -> T::Output {
-                    t.run(simd)
-                }
-                // SAFETY: `simd` exists, so pulp's detection found NEON on this CPU.
-                return unsafe { frame(task, simd) };
-            }
-        }
-        _ => {}
     }
-    task.run(pulp::Scalar)
+    // 4 × 4 transpose-and-add inside each 128-bit block.
+    let u0 = f._mm512_add_ps(
+        f._mm512_unpacklo_ps(g[0], g[1]),
+        f._mm512_unpackhi_ps(g[0], g[1]),
+    );
+    let u1 = f._mm512_add_ps(
+        f._mm512_unpacklo_ps(g[2], g[3]),
+        f._mm512_unpackhi_ps(g[2], g[3]),
+    );
+    f._mm512_add_ps(
+        f._mm512_shuffle_ps::<0b01_00_01_00>(u0, u1),
+        f._mm512_shuffle_ps::<0b11_10_11_10>(u0, u1),
+    )
 }

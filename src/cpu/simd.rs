@@ -1,22 +1,29 @@
-//! Runtime SIMD dispatch with a scalar twin.
+//! The one SIMD dispatch of the kernels, and the row primitives.
 //!
-//! The hot loops are two primitives on `d`-length f32 rows: `dot` and `axpy` (and their
-//! two-operand forms for the two-level causal state, `x = base + local`). They are written
-//! once per [`Simd`] implementation:
+//! **One proof, one dispatch.** A kernel is a value implementing [`Kernel`];
+//! [`dispatch`]`(isa, kernel)` makes the pulp token of the best level up to `isa` that the CPU
+//! has (a value only pulp's run-time detection creates) and runs the kernel's
+//! `#[inline(always)]` `run(token)` inside a `#[target_feature]` frame for exactly that token's
+//! features, so every method of the token inlines into single instructions there. The token is
+//! the only proof any `unsafe` SIMD code rests on; an [`Isa`] only selects the level
+//! (`RACELAB_ISA=scalar|avx2` lowers it, and the tests run every level the CPU has). A kernel
+//! reads the token through the view its loops are written for ([`Token`]'s table): the row
+//! primitives of [`Simd`], 16-lane rows ([`super::v16`]) or the native width
+//! ([`super::native`]); the intrinsics only AVX-512 has are methods of the `V4` token
+//! ([`Token::v4`]). [`in_frame`] is the same dispatch for a closure that only wants its loops
+//! compiled in the frame.
+//!
+//! **The row primitives** on `d`-length f32 rows: `dot` and `axpy` (and their two-operand
+//! forms for the two-level causal state, `x = base + local`), written once per [`Simd`]
+//! implementation:
 //!
 //! - [`Scalar`]: plain sequential loops, the always-tested twin;
 //! - [`Lanes`]: 16 independent accumulators with `mul_add`, which LLVM turns into two
-//!   AVX2+FMA registers when compiled inside [`dispatch`]'s `#[target_feature]` frame;
-//! - a crate-private AVX-512 form in intrinsics, a value holding pulp's `V4` token.
-//!
-//! The primitives are methods of a value (`simd.dot(a, b)`). A kernel is a value implementing
-//! [`WithSimd`]; [`dispatch`] runs its `#[inline(always)]` `run(simd)` body inside a function
-//! compiled for the detected ISA, so every primitive is inlined and vectorised there. An
-//! [`Isa`] is created only by runtime detection, and the AVX-512 value only from a token that
-//! pulp's detection creates, so no safe call, inside the crate or out, reaches an instruction
-//! the CPU lacks. `RACELAB_ISA=scalar|avx2` lowers the detected
-//! level (tests use it to run both twins on the same inputs).
+//!   AVX2+FMA registers inside the AVX2 frame;
+//! - [`Lanes512`]: AVX-512 intrinsics, methods of the `V4` token it holds.
 
+use super::native::Native;
+use super::v16::V16;
 use std::sync::OnceLock;
 
 /// An instruction-set level of the SIMD paths.
@@ -28,10 +35,10 @@ pub enum Level {
 }
 
 /// An instruction set this CPU has. Only detection creates one ([`Isa::best`],
-/// [`Isa::at_most`], [`detected_isa`]; [`Isa::SCALAR`] runs everywhere), so holding an `Isa`
-/// at [`Level::Avx512`] proves the CPU has AVX-512F/DQ and FMA, and one at [`Level::Avx2`]
-/// that it has AVX2 and FMA: the `unsafe` SIMD blocks rely on this, and safe code cannot
-/// forge it.
+/// [`Isa::at_most`], [`detected_isa`]; [`Isa::SCALAR`] runs everywhere), so an `Isa` never
+/// asks for more than the CPU has, and safe code cannot forge one. It selects the level the
+/// kernels run at; the proof that an instruction exists is the pulp token the dispatch makes
+/// for it (see the module docs), never the level.
 ///
 /// ```compile_fail
 /// use racelab::cpu::{Isa, Level};
@@ -107,13 +114,21 @@ fn cpu_level() -> Level {
     Level::Scalar
 }
 
-/// Only this module implements [`Simd`]: a type outside it could run any instructions.
+/// Only this module implements [`Simd`] and [`Token`]: a type outside it could run any
+/// instructions.
 mod sealed {
     pub trait Sealed {}
     impl Sealed for super::Scalar {}
     impl Sealed for super::Lanes {}
     #[cfg(target_arch = "x86_64")]
     impl Sealed for super::Lanes512 {}
+    #[cfg(target_arch = "x86_64")]
+    impl Sealed for pulp::x86::V4 {}
+    #[cfg(target_arch = "x86_64")]
+    impl Sealed for pulp::x86::V3 {}
+    #[cfg(target_arch = "aarch64")]
+    impl Sealed for pulp::aarch64::Neon {}
+    impl Sealed for pulp::Scalar {}
 }
 
 /// The row primitives of the kernels. Sealed: its implementations are [`Scalar`] and
@@ -123,7 +138,7 @@ mod sealed {
 ///
 /// ```compile_fail
 /// // Neither the primitives nor the dispatch can be named outside the crate.
-/// use racelab::cpu::simd::{dispatch, Simd, WithSimd};
+/// use racelab::cpu::simd::{dispatch, Kernel, Simd, Token};
 /// ```
 pub trait Simd: Copy + sealed::Sealed {
     /// `Σ a_i b_i`.
@@ -277,10 +292,12 @@ impl Simd for Lanes {
     }
 }
 
-/// [`Lanes`] with `dot` written in AVX-512 intrinsics (four `zmm` accumulators): the
-/// auto-vectorised form was compiled to 128-bit vectors. It holds a `pulp::x86::V4` token,
-/// which only pulp's run-time detection creates, so even inside the crate no value of it (and
-/// so no call of its methods) exists on a CPU without AVX-512; [`dispatch`] makes the one.
+/// [`Lanes`] with its primitives written in AVX-512 intrinsics (four `zmm` accumulators for
+/// `dot`: the auto-vectorised form was compiled to 128-bit vectors). It holds a
+/// `pulp::x86::V4` token, which only pulp's run-time detection creates, and every intrinsic
+/// is a method of that token: no value of it, and so no call of its methods, exists on a CPU
+/// without AVX-512. Its methods are `#[inline(always)]` and run inside [`dispatch`]'s AVX-512
+/// frame, where the token's methods become single instructions.
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
 pub(crate) struct Lanes512(pulp::x86::V4);
@@ -293,240 +310,234 @@ impl Simd for Lanes512 {
     }
     #[inline(always)]
     fn dot(self, a: &[f32], b: &[f32]) -> f32 {
-        // SAFETY: `self` holds a V4 token, which exists only where pulp's detection found
-        // AVX-512F (with BW, CD, DQ, VL) on this CPU; `dot512` keeps its accesses in bounds.
-        unsafe { dot512(a, b) }
+        avx512::dot(self.0, a, b)
     }
     #[inline(always)]
     fn rows_combine(self, phi: &[f32], x: &[f32], y: &[f32], w: usize, out: &mut [f32]) {
-        // SAFETY: as in `dot` (the token proves AVX-512F).
-        unsafe { rows_combine512(phi, x, y, w, out) }
+        avx512::rows_combine(self.0, phi, x, y, w, out)
     }
     #[inline(always)]
     fn dot2(self, g: &[f32], x: &[f32], y: &[f32]) -> f32 {
-        // SAFETY: as in `dot` (the token proves AVX-512F).
-        unsafe { dot2_512(g, x, y) }
+        avx512::dot2(self.0, g, x, y)
     }
     #[inline(always)]
     fn axpy(self, out: &mut [f32], w: f32, x: &[f32]) {
-        // SAFETY: as in `dot` (the token proves AVX-512F).
-        unsafe { axpy2_512(out, w, x, None) }
+        avx512::axpy2(self.0, out, w, x, None)
     }
     #[inline(always)]
     fn axpy2(self, out: &mut [f32], w: f32, x: &[f32], y: &[f32]) {
-        // SAFETY: as in `dot` (the token proves AVX-512F).
-        unsafe { axpy2_512(out, w, x, Some(y)) }
+        avx512::axpy2(self.0, out, w, x, Some(y))
     }
 }
 
-/// [`Simd::rows_combine`]: one 16-column chunk of `out` at a time stays in a register while
-/// all rows are added (a row-by-row `axpy` would chain every row through memory).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-#[inline]
-fn rows_combine512(phi: &[f32], x: &[f32], y: &[f32], w: usize, out: &mut [f32]) {
-    use std::arch::x86_64::*;
-    let (m, n) = (phi.len(), out.len());
-    if m == 0 {
-        out.iter_mut().for_each(|o| *o = 0.0);
-        return;
+mod avx512;
+
+/// The proof that this CPU has a level's instructions: a pulp token, which only pulp's run-time
+/// detection creates (`V4::try_new`, `V3::try_new`, `Neon::try_new`; `pulp::Scalar` runs
+/// everywhere). It is the only proof the kernels use: [`dispatch`] makes the one token of a
+/// level and runs the kernel inside a `#[target_feature]` frame for that token's features, and
+/// every SIMD instruction is a method reached through a token. A kernel sees the token through
+/// the view its loops are written for:
+///
+/// | token | [`Token::rows`] ([`Simd`]) | [`Token::w16`] ([`V16`], 16 lanes) | [`Token::native`] ([`Native`]) |
+/// |---|---|---|---|
+/// | `V4` (AVX-512) | [`Lanes512`] | `V4` (one `zmm`) | `V4` (`f32x16`) |
+/// | `V3` (AVX2 + FMA) | [`Lanes`] | `V3_512b` (two `ymm`) | `V3` (`f32x8`) |
+/// | `Neon` (aarch64) | [`Scalar`] | `Scalar512b` | `Neon` (`f32x4`) |
+/// | `pulp::Scalar` | [`Scalar`] | `Scalar512b` | `pulp::Scalar` |
+pub(crate) trait Token: Copy + sealed::Sealed {
+    /// The row primitives.
+    type Rows: Simd;
+    /// Rows of 16 lanes.
+    type W16: V16;
+    /// The token at its own register width.
+    type N: Native;
+    /// Whether a 16-lane row is one register (the AVX-512 token).
+    const ROW_IN_REGISTER: bool = false;
+    fn rows(self) -> Self::Rows;
+    fn w16(self) -> Self::W16;
+    fn native(self) -> Self::N;
+    /// The AVX-512 token, at that level: the way to the intrinsics only it has.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn v4(self) -> Option<pulp::x86::V4> {
+        None
     }
-    assert!(n <= w, "rows_combine: {n} columns past the row stride {w}");
-    crate::cpu::extent::assert_holds(x.len(), m, n, w, 1, "rows_combine: x too short");
-    crate::cpu::extent::assert_holds(y.len(), m, n, w, 1, "rows_combine: y too short");
-    let (px, py, po) = (x.as_ptr(), y.as_ptr(), out.as_mut_ptr());
-    let mut c = 0;
-    while c < n {
-        let mask: __mmask16 = if n - c >= 16 {
-            0xFFFF
-        } else {
-            ((1u32 << (n - c)) - 1) as u16
-        };
-        let mut acc = _mm512_setzero_ps();
-        for (f, &p) in phi.iter().enumerate() {
-            // SAFETY: lanes c..c+16 (masked to < n) of row f lie within `x`, `y` (asserted).
-            unsafe {
-                let xy = _mm512_add_ps(
-                    _mm512_maskz_loadu_ps(mask, px.add(f * w + c)),
-                    _mm512_maskz_loadu_ps(mask, py.add(f * w + c)),
-                );
-                acc = _mm512_fmadd_ps(_mm512_set1_ps(p), xy, acc);
-            }
-        }
-        // SAFETY: lanes below n − c of `out` from c.
-        unsafe { _mm512_mask_storeu_ps(po.add(c), mask, acc) };
-        c += 16;
+    /// The AVX2 token, at that level or above.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn v3(self) -> Option<pulp::x86::V3> {
+        None
     }
 }
 
-/// `Σ g_i (x_i + y_i)` over `g.len()` elements, two accumulators, masked tail.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-#[inline]
-fn dot2_512(g: &[f32], x: &[f32], y: &[f32]) -> f32 {
-    use std::arch::x86_64::*;
-    let n = g.len();
-    assert!(x.len() >= n && y.len() >= n);
-    let (pg, px, py) = (g.as_ptr(), x.as_ptr(), y.as_ptr());
-    let mut acc = [_mm512_setzero_ps(); 2];
-    let mut i = 0;
-    // SAFETY: (all loads) full loads read [i, i + 16) with i + 16 ≤ n; the masked load reads
-    // only lanes below n − i; all three slices hold at least n elements (asserted).
-    unsafe {
-        while i + 16 <= n {
-            let s = _mm512_add_ps(_mm512_loadu_ps(px.add(i)), _mm512_loadu_ps(py.add(i)));
-            let j = (i / 16) & 1;
-            acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(pg.add(i)), s, acc[j]);
-            i += 16;
-        }
-        if i < n {
-            let m: __mmask16 = ((1u32 << (n - i)) - 1) as u16;
-            let s = _mm512_add_ps(
-                _mm512_maskz_loadu_ps(m, px.add(i)),
-                _mm512_maskz_loadu_ps(m, py.add(i)),
-            );
-            acc[0] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, pg.add(i)), s, acc[0]);
-        }
+impl Token for pulp::x86::V4 {
+    type Rows = Lanes512;
+    type W16 = pulp::x86::V4;
+    type N = pulp::x86::V4;
+    const ROW_IN_REGISTER: bool = true;
+    #[inline(always)]
+    fn rows(self) -> Lanes512 {
+        Lanes512(self)
     }
-    _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]))
+    #[inline(always)]
+    fn w16(self) -> Self {
+        self
+    }
+    #[inline(always)]
+    fn native(self) -> Self {
+        self
+    }
+    #[inline(always)]
+    fn v4(self) -> Option<pulp::x86::V4> {
+        Some(self)
+    }
+    #[inline(always)]
+    fn v3(self) -> Option<pulp::x86::V3> {
+        Some(*self)
+    }
 }
 
-/// `out += w · (x + y)` (or `out += w · x` without `y`) over `out.len()` elements.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-#[inline]
-fn axpy2_512(out: &mut [f32], w: f32, x: &[f32], y: Option<&[f32]>) {
-    use std::arch::x86_64::*;
-    let n = out.len();
-    assert!(x.len() >= n && y.is_none_or(|y| y.len() >= n));
-    let (po, px) = (out.as_mut_ptr(), x.as_ptr());
-    let wv = _mm512_set1_ps(w);
-    let mut i = 0;
-    // SAFETY: (all loads and stores) full accesses cover [i, i + 16) with i + 16 ≤ n, masked
-    // ones only lanes below n − i; `x` and `y` hold at least n elements (asserted).
-    unsafe {
-        let load = |m: __mmask16, i: usize| -> __m512 {
-            let xv = _mm512_maskz_loadu_ps(m, px.add(i));
-            match y {
-                Some(y) => _mm512_add_ps(xv, _mm512_maskz_loadu_ps(m, y.as_ptr().add(i))),
-                None => xv,
-            }
-        };
-        while i + 16 <= n {
-            let o = _mm512_loadu_ps(po.add(i));
-            _mm512_storeu_ps(po.add(i), _mm512_fmadd_ps(wv, load(0xFFFF, i), o));
-            i += 16;
-        }
-        if i < n {
-            let m: __mmask16 = ((1u32 << (n - i)) - 1) as u16;
-            let o = _mm512_maskz_loadu_ps(m, po.add(i));
-            _mm512_mask_storeu_ps(po.add(i), m, _mm512_fmadd_ps(wv, load(m, i), o));
-        }
+impl Token for pulp::x86::V3 {
+    type Rows = Lanes;
+    type W16 = pulp::x86::V3_512b;
+    type N = pulp::x86::V3;
+    #[inline(always)]
+    fn rows(self) -> Lanes {
+        Lanes
+    }
+    #[inline(always)]
+    fn w16(self) -> pulp::x86::V3_512b {
+        pulp::x86::V3_512b(self)
+    }
+    #[inline(always)]
+    fn native(self) -> Self {
+        self
+    }
+    #[inline(always)]
+    fn v3(self) -> Option<pulp::x86::V3> {
+        Some(self)
     }
 }
 
-/// `Σ a_i b_i` with four 16-lane accumulators; the tail (< 16) through a masked load.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-#[inline]
-fn dot512(a: &[f32], b: &[f32]) -> f32 {
-    use std::arch::x86_64::*;
-    let n = a.len().min(b.len());
-    let (pa, pb) = (a.as_ptr(), b.as_ptr());
-    let mut acc = [_mm512_setzero_ps(); 4];
-    let mut i = 0;
-    // SAFETY: (all loads below) every full load reads [i, i + 16) with i + 16 ≤ n, and the
-    // masked load reads only the lanes below n − i; both slices have at least n elements.
-    unsafe {
-        while i + 64 <= n {
-            for (j, acc_j) in acc.iter_mut().enumerate() {
-                let (x, y) = (
-                    _mm512_loadu_ps(pa.add(i + 16 * j)),
-                    _mm512_loadu_ps(pb.add(i + 16 * j)),
-                );
-                *acc_j = _mm512_fmadd_ps(x, y, *acc_j);
-            }
-            i += 64;
-        }
-        while i + 16 <= n {
-            acc[0] = _mm512_fmadd_ps(
-                _mm512_loadu_ps(pa.add(i)),
-                _mm512_loadu_ps(pb.add(i)),
-                acc[0],
-            );
-            i += 16;
-        }
-        if i < n {
-            let m: __mmask16 = (1u32 << (n - i)) as u16 - 1;
-            let (x, y) = (
-                _mm512_maskz_loadu_ps(m, pa.add(i)),
-                _mm512_maskz_loadu_ps(m, pb.add(i)),
-            );
-            acc[1] = _mm512_fmadd_ps(x, y, acc[1]);
-        }
+#[cfg(target_arch = "aarch64")]
+impl Token for pulp::aarch64::Neon {
+    type Rows = Scalar;
+    type W16 = pulp::Scalar512b;
+    type N = pulp::aarch64::Neon;
+    #[inline(always)]
+    fn rows(self) -> Scalar {
+        Scalar
     }
-    let s = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
-    _mm512_reduce_add_ps(s)
+    #[inline(always)]
+    fn w16(self) -> pulp::Scalar512b {
+        pulp::Scalar512b
+    }
+    #[inline(always)]
+    fn native(self) -> Self {
+        self
+    }
 }
 
-/// A unit of kernel work, generic over the primitives. Implementations mark `run` as
-/// `#[inline(always)]` so it is compiled inside the ISA frame of [`dispatch`]; `simd` is the
-/// value whose methods are the primitives (`simd.dot(a, b)`).
-pub trait WithSimd {
+impl Token for pulp::Scalar {
+    type Rows = Scalar;
+    type W16 = pulp::Scalar512b;
+    type N = pulp::Scalar;
+    #[inline(always)]
+    fn rows(self) -> Scalar {
+        Scalar
+    }
+    #[inline(always)]
+    fn w16(self) -> pulp::Scalar512b {
+        pulp::Scalar512b
+    }
+    #[inline(always)]
+    fn native(self) -> Self {
+        self
+    }
+}
+
+/// A unit of kernel work, generic over the token. Implementations mark `run` as
+/// `#[inline(always)]` so it is compiled inside the frame of [`dispatch`], and take the view
+/// of the token their loops use (`let simd = t.rows();`, `t.w16()`, `t.native()`).
+pub(crate) trait Kernel {
     type Output;
-    fn run<S: Simd>(self, simd: S) -> Self::Output;
+    fn run<T: Token>(self, t: T) -> Self::Output;
 }
 
-/// Run `task` with the primitives for `isa`. At AVX-512 the primitives are a value holding
-/// pulp's `V4` token; a CPU with the `Isa` level but not every feature pulp asks for (BW, CD,
-/// VL) runs the AVX2 form.
-pub fn dispatch<T: WithSimd>(isa: Isa, task: T) -> T::Output {
-    match isa.level() {
-        #[cfg(target_arch = "x86_64")]
-        Level::Avx512 => {
+/// Run `kernel` with the token of the best level up to `isa` that pulp's detection finds (it
+/// asks a little more than [`Isa`]'s: V4 also needs AVX-512BW/CD/VL, V3 BMI1/2 and LZCNT), in
+/// a `#[target_feature]` frame for exactly that token's features; `pulp::Scalar` where there is
+/// none. The level only selects: the token is the proof the frame's `unsafe` call rests on.
+pub(crate) fn dispatch<K: Kernel>(isa: Isa, kernel: K) -> K::Output {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa.level() == Level::Avx512 {
             if let Some(v4) = pulp::x86::V4::try_new() {
-                #[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
-                fn frame<T: WithSimd>(t: T, simd: Lanes512) -> T::Output {
-                    t.run(simd)
+                #[target_feature(
+                    enable = "sse,sse2,fxsr,sse3,ssse3,sse4.1,sse4.2,popcnt,avx,avx2,bmi1,bmi2,fma,lzcnt,avx512f,avx512bw,avx512cd,avx512dq,avx512vl"
+                )]
+                fn frame<K: Kernel>(k: K, t: pulp::x86::V4) -> K::Output {
+                    k.run(t)
                 }
-                // SAFETY: `v4` exists, so pulp's detection found AVX-512F/DQ (and AVX2, FMA)
-                // on this CPU: the features this frame is compiled with.
-                return unsafe { frame(task, Lanes512(v4)) };
+                // SAFETY: `v4` exists, so pulp's detection found every feature of V4 (the ones
+                // the frame enables) on this CPU.
+                return unsafe { frame(kernel, v4) };
             }
-            dispatch(Isa::at_most(Level::Avx2), task)
         }
-        #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => {
-            #[target_feature(enable = "avx2,fma")]
-            fn frame<T: WithSimd>(t: T) -> T::Output {
-                t.run(Lanes)
+        if isa.level() >= Level::Avx2 {
+            if let Some(v3) = pulp::x86::V3::try_new() {
+                #[target_feature(
+                    enable = "sse,sse2,fxsr,sse3,ssse3,sse4.1,sse4.2,popcnt,avx,avx2,bmi1,bmi2,fma,lzcnt"
+                )]
+                fn frame<K: Kernel>(k: K, t: pulp::x86::V3) -> K::Output {
+                    k.run(t)
+                }
+                // SAFETY: `v3` exists, so pulp's detection found every feature of V3 (the ones
+                // the frame enables) on this CPU.
+                return unsafe { frame(kernel, v3) };
             }
-            // SAFETY: an `Isa` at Avx2 is only created by detection, after
-            // `is_x86_feature_detected!` confirmed avx2 and fma on this CPU.
-            unsafe { frame(task) }
         }
-        _ => task.run(Scalar),
     }
+    #[cfg(target_arch = "aarch64")]
+    {
+        let _ = isa;
+        if let Some(neon) = pulp::aarch64::Neon::try_new() {
+            #[target_feature(enable = "neon")]
+            fn frame<K: Kernel>(k: K, t: pulp::aarch64::Neon) -> K::Output {
+                k.run(t)
+            }
+            // SAFETY: `neon` exists, so pulp's detection found NEON on this CPU.
+            return unsafe { frame(kernel, neon) };
+        }
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    let _ = isa;
+    kernel.run(pulp::Scalar)
 }
 
-/// Run the closure `f` inside [`dispatch`]'s frame for `isa`, so that its loops (inlined into
-/// the frame) are compiled for that instruction set: code outside a frame is compiled for the
-/// x86-64 baseline (SSE2), where an elementwise loop over f32 runs 4 lanes at a time and one
-/// over f64 only 2. The closure must be marked `#[inline(always)]` at the call site
-/// (`in_frame(isa, #[inline(always)] || …)`): a closure is its own function, and LLVM declines
-/// to inline a large one into the frame, which leaves its body compiled for the baseline (seen
-/// in the assembly: the frame was a bare jump to the closure).
+/// Run the closure `f` inside [`dispatch`]'s frame for `isa` (a [`Kernel`] that ignores its
+/// token), so that its loops (inlined into the frame) are compiled for that instruction set:
+/// code outside a frame is compiled for the x86-64 baseline (SSE2), where an elementwise loop
+/// over f32 runs 4 lanes at a time and one over f64 only 2. The closure must be marked
+/// `#[inline(always)]` at the call site (`in_frame(isa, #[inline(always)] || …)`): a closure
+/// is its own function, and LLVM declines to inline a large one into the frame, which leaves
+/// its body compiled for the baseline (seen in the assembly: the frame was a bare jump to the
+/// closure).
 #[inline(always)]
-pub fn in_frame<R, F: FnOnce() -> R>(isa: Isa, f: F) -> R {
-    struct Task<F>(F);
-    impl<R, F: FnOnce() -> R> WithSimd for Task<F> {
+pub(crate) fn in_frame<R, F: FnOnce() -> R>(isa: Isa, f: F) -> R {
+    struct Closure<F>(F);
+    impl<R, F: FnOnce() -> R> Kernel for Closure<F> {
         type Output = R;
         #[inline(always)]
-        fn run<S: Simd>(self, _simd: S) -> R {
+        fn run<T: Token>(self, _t: T) -> R {
             (self.0)()
         }
     }
-    dispatch(isa, Task(f))
+    dispatch(isa, Closure(f))
 }
 
 /// `acc += x` elementwise, f32 into f64 (the two-level flush), in the dispatched frame.
@@ -585,10 +596,11 @@ mod tests {
     #[test]
     fn the_primitives_agree_at_every_level() {
         struct All<'a>(&'a [f32], &'a [f32], &'a [f32], usize);
-        impl WithSimd for All<'_> {
+        impl Kernel for All<'_> {
             type Output = Vec<f32>;
             #[inline(always)]
-            fn run<S: Simd>(self, simd: S) -> Vec<f32> {
+            fn run<T: Token>(self, t: T) -> Vec<f32> {
+                let simd = t.rows();
                 let (x, y, g, n) = (self.0, self.1, self.2, self.3);
                 let mut out = vec![simd.dot(&x[..n], &y[..n]), simd.dot2(&g[..n], x, y)];
                 let mut a = g[..n].to_vec();
@@ -605,7 +617,7 @@ mod tests {
         let v = |k: f32| (0..100).map(|i| (i as f32 * k).sin()).collect::<Vec<f32>>();
         let (x, y, g) = (v(0.7), v(1.3), v(2.1));
         for n in [1, 15, 16, 17, 37, 64, 100] {
-            let want = All(&x, &y, &g, n).run(Scalar);
+            let want = All(&x, &y, &g, n).run(pulp::Scalar);
             for level in [Level::Scalar, Level::Avx2, Level::Avx512] {
                 let got = dispatch(Isa::at_most(level), All(&x, &y, &g, n));
                 for (i, (a, b)) in got.iter().zip(&want).enumerate() {

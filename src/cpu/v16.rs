@@ -2,7 +2,8 @@
 //!
 //! The soft-RACE paths keep their feature rows 16 floats wide (`mp = pad16(m)`), so a row is
 //! one 16-lane vector. A pass over such rows is written once, generic over [`V16`]: a
-//! [`pulp`] SIMD token whose f32 vector is `f32x16`, and instantiated by [`dispatch`] for
+//! [`pulp`] SIMD token whose f32 vector is `f32x16`, the view [`Token::w16`](crate::cpu::simd::Token::w16) of the one
+//! dispatch's token ([`crate::cpu::simd::dispatch`]):
 //!
 //! | level | token | one row is |
 //! |---|---|---|
@@ -12,7 +13,7 @@
 //!
 //! A pulp token is a value that only pulp's CPU detection creates (`V4::try_new`,
 //! `V3::try_new`), and every SIMD method takes it: a safe function cannot reach an
-//! instruction the CPU lacks. [`dispatch`] runs the task inside a `#[target_feature]` frame
+//! instruction the CPU lacks. The dispatch runs the kernel inside a `#[target_feature]` frame
 //! for the token's features, so that the token's `#[inline(always)]` methods inline into
 //! the pass and become single instructions.
 //!
@@ -21,7 +22,6 @@
 //! and [`V16::load_part`] / [`V16::store_part`] (the first `len` lanes of a slice, the rest
 //! zero / untouched).
 
-use super::simd::{Isa, Level};
 pub(crate) use pulp::f32x16;
 use pulp::Simd as _;
 
@@ -80,52 +80,6 @@ impl V16 for pulp::Scalar512b {
         let n = out.len();
         out.copy_from_slice(&a[..n]);
     }
-}
-
-/// A pass over 16-lane rows, generic over the token. Implementations mark `run` as
-/// `#[inline(always)]`, so that it is compiled inside [`dispatch`]'s frame.
-pub(crate) trait Task16 {
-    type Output;
-    fn run<S: V16>(self, simd: S) -> Self::Output;
-}
-
-/// Run `task` with the 16-lane token for `isa` (see the module table). The token comes from
-/// pulp's own detection, which asks for a little more than [`Isa`]'s (V4 also needs
-/// AVX-512BW/CD/VL, V3 BMI1/2 and LZCNT); on a CPU that has the `Isa` level but not the
-/// token, the task runs on the scalar form, which every CPU has.
-pub(crate) fn dispatch<T: Task16>(isa: Isa, task: T) -> T::Output {
-    match isa.level() {
-        #[cfg(target_arch = "x86_64")]
-        Level::Avx512 => {
-            if let Some(simd) = pulp::x86::V4::try_new() {
-                #[target_feature(
-                    enable = "sse,sse2,fxsr,sse3,ssse3,sse4.1,sse4.2,popcnt,avx,avx2,bmi1,bmi2,fma,lzcnt,avx512f,avx512bw,avx512cd,avx512dq,avx512vl"
-                )]
-                fn frame<T: Task16>(t: T, simd: pulp::x86::V4) -> T::Output {
-                    t.run(simd)
-                }
-                // SAFETY: `simd` exists, so pulp's detection found every feature of V4 (the
-                // ones the frame enables) on this CPU.
-                return unsafe { frame(task, simd) };
-            }
-        }
-        #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => {
-            if let Some(v3) = pulp::x86::V3::try_new() {
-                #[target_feature(
-                    enable = "sse,sse2,fxsr,sse3,ssse3,sse4.1,sse4.2,popcnt,avx,avx2,bmi1,bmi2,fma,lzcnt"
-                )]
-                fn frame<T: Task16>(t: T, simd: pulp::x86::V3_512b) -> T::Output {
-                    t.run(simd)
-                }
-                // SAFETY: `v3` exists, so pulp's detection found every feature of V3 (the
-                // ones the frame enables) on this CPU.
-                return unsafe { frame(task, pulp::x86::V3_512b(v3)) };
-            }
-        }
-        _ => {}
-    }
-    task.run(pulp::Scalar512b)
 }
 
 /// The first `len` lanes (≤ 16) of `x` from `at`, the rest zero.
@@ -205,12 +159,14 @@ pub(crate) fn lanes(v: f32x16) -> [f32; 16] {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::simd::{dispatch, Isa, Kernel, Level, Token};
 
     struct Dot<'a>(&'a [f32], &'a [f32]);
-    impl Task16 for Dot<'_> {
+    impl Kernel for Dot<'_> {
         type Output = (f32, [f32; 16]);
         #[inline(always)]
-        fn run<S: V16>(self, s: S) -> Self::Output {
+        fn run<T: Token>(self, t: T) -> Self::Output {
+            let s = t.w16();
             let (a, b) = (load(s, self.0, 0), load_n(s, self.1, 0, 5));
             let p = s.mul_add_e_f32s(a, b, s.splat_f32s(1.0));
             let mut out = [0.0f32; 16];
@@ -220,10 +176,11 @@ mod tests {
     }
 
     struct Keep(usize);
-    impl Task16 for Keep {
+    impl Kernel for Keep {
         type Output = [f32; 16];
         #[inline(always)]
-        fn run<S: V16>(self, s: S) -> [f32; 16] {
+        fn run<T: Token>(self, t: T) -> [f32; 16] {
+            let s = t.w16();
             lanes(keep_first(s, s.splat_f32s(2.0), self.0))
         }
     }
@@ -241,10 +198,11 @@ mod tests {
     }
 
     struct Parts(usize);
-    impl Task16 for Parts {
+    impl Kernel for Parts {
         type Output = (Vec<f32>, [f32; 16]);
         #[inline(always)]
-        fn run<S: V16>(self, s: S) -> Self::Output {
+        fn run<T: Token>(self, t: T) -> Self::Output {
+            let s = t.w16();
             // A short store must stay inside its slice: the guard lanes after it keep −1.
             let mut buf = vec![-1.0f32; 32];
             let x: Vec<f32> = (0..16).map(|i| i as f32).collect();

@@ -18,8 +18,8 @@
 //! one partial vector (masked loads and stores), so any `cols` is exact and no access leaves
 //! its slice.
 
-use super::native::{self, Native, TaskN};
-use super::simd::{Isa, Level};
+use super::native::Native;
+use super::simd::{dispatch, Isa, Kernel, Token};
 
 /// A row-major or transposed operand: element `(i, k)` is `data[i·rs + k·cs]`.
 #[derive(Clone, Copy)]
@@ -96,7 +96,7 @@ impl Gemm<'_> {
                 assert_holds(b2.len(), k, cols, self.ldb, 1, "gemm: B2 too short");
             }
         }
-        native::dispatch(isa, self)
+        dispatch(isa, self)
     }
 }
 
@@ -128,10 +128,11 @@ impl Shape<'_> {
     }
 }
 
-impl TaskN for Gemm<'_> {
+impl Kernel for Gemm<'_> {
     type Output = ();
     #[inline(always)]
-    fn run<S: Native>(self, s: S) {
+    fn run<T: Token>(self, t: T) {
+        let s = t.native();
         let d = self.d;
         let g = Shape {
             ldd: self.ldd,
@@ -147,9 +148,9 @@ impl TaskN for Gemm<'_> {
             tri: self.tri,
         };
         if g.b2.is_empty() {
-            columns::<S, false>(s, &g, d)
+            columns::<T::N, false>(s, &g, d)
         } else {
-            columns::<S, true>(s, &g, d)
+            columns::<T::N, true>(s, &g, d)
         }
     }
 }
@@ -412,18 +413,12 @@ pub fn transpose_into(
         1,
         "transpose: output too short",
     );
-    #[cfg(target_arch = "x86_64")]
-    if isa.level() == Level::Avx512 {
-        // SAFETY: an `Isa` at Avx512 exists only where CPUID reports AVX-512F; lengths asserted.
-        unsafe { transpose_avx512(x, rows, cols, ld, out, ld_out) };
-        return;
-    }
     let task = Transpose {
         x: Mat::new(x, rows, cols, ld),
         out,
         ld_out,
     };
-    native::dispatch(isa, task)
+    dispatch(isa, task)
 }
 
 /// [`transpose_into`] at the native width: 8 × 8 tiles by [`Native::transpose8`], the edges
@@ -434,10 +429,15 @@ struct Transpose<'a> {
     ld_out: usize,
 }
 
-impl TaskN for Transpose<'_> {
+impl Kernel for Transpose<'_> {
     type Output = ();
     #[inline(always)]
-    fn run<S: Native>(self, s: S) {
+    fn run<T: Token>(self, t: T) {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(v4) = t.v4() {
+            return transpose16_tiles(v4, self.x, self.out, self.ld_out);
+        }
+        let s = t.native();
         let (
             Mat {
                 data: x,
@@ -481,22 +481,20 @@ impl TaskN for Transpose<'_> {
     }
 }
 
-/// [`transpose_into`] by 16 × 16 register tiles.
-///
-/// # Safety
-/// The CPU must support AVX-512F, and the operands must be as long as [`transpose_into`]
-/// asserts (masked lanes are never touched, so edge tiles stay in bounds).
+/// [`transpose_into`] by 16 × 16 register tiles, intrinsics of the `V4` token.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn transpose_avx512(
-    x: &[f32],
-    rows: usize,
-    cols: usize,
-    ld: usize,
-    out: &mut [f32],
-    ld_out: usize,
-) {
-    use std::arch::x86_64::*;
+#[inline(always)]
+fn transpose16_tiles(v4: pulp::x86::V4, x: Mat, out: &mut [f32], ld_out: usize) {
+    use std::arch::x86_64::__mmask16;
+    let f = v4.avx512f;
+    let Mat {
+        data: x,
+        rows,
+        cols,
+        ld,
+    } = x;
+    crate::cpu::extent::assert_holds(x.len(), rows, cols, ld, 1, "transpose: input too short");
+    crate::cpu::extent::assert_holds(out.len(), cols, rows, ld_out, 1, "transpose: output");
     let (xp, op) = (x.as_ptr(), out.as_mut_ptr());
     let mut r0 = 0;
     while r0 < rows {
@@ -505,17 +503,18 @@ unsafe fn transpose_avx512(
         while c0 < cols {
             let nc = (cols - c0).min(16);
             let cmask: __mmask16 = if nc == 16 { 0xFFFF } else { (1u16 << nc) - 1 };
-            let mut v = [_mm512_setzero_ps(); 16];
+            let mut v = [f._mm512_setzero_ps(); 16];
             for (i, vi) in v.iter_mut().enumerate().take(nr) {
-                // SAFETY: lanes `c0..c0 + nc` of row `r0 + i < rows` are in bounds; the masked
-                // lanes are not accessed.
-                *vi = unsafe { _mm512_maskz_loadu_ps(cmask, xp.add((r0 + i) * ld + c0)) };
+                // SAFETY: lanes `c0..c0 + nc` of row `r0 + i < rows` lie within `x` (asserted:
+                // (rows − 1)·ld + cols ≤ len); the masked lanes are not accessed.
+                *vi = unsafe { f._mm512_maskz_loadu_ps(cmask, xp.add((r0 + i) * ld + c0)) };
             }
-            let t = transpose16(&v);
+            let t = transpose16(v4, &v);
             let rmask: __mmask16 = if nr == 16 { 0xFFFF } else { (1u16 << nr) - 1 };
             for (j, tj) in t.iter().enumerate().take(nc) {
-                // SAFETY: lanes `r0..r0 + nr` of output row `c0 + j < cols` are in bounds.
-                unsafe { _mm512_mask_storeu_ps(op.add((c0 + j) * ld_out + r0), rmask, *tj) };
+                // SAFETY: lanes `r0..r0 + nr` of output row `c0 + j < cols` lie within `out`
+                // (asserted: (cols − 1)·ld_out + rows ≤ len).
+                unsafe { f._mm512_mask_storeu_ps(op.add((c0 + j) * ld_out + r0), rmask, *tj) };
             }
             super::mem::drip();
             c0 += 16;
@@ -527,37 +526,44 @@ unsafe fn transpose_avx512(
 /// The transpose of a 16 × 16 tile held as 16 row vectors (element pairs, then pairs of
 /// pairs, then 128-bit blocks twice).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn transpose16(r: &[std::arch::x86_64::__m512; 16]) -> [std::arch::x86_64::__m512; 16] {
-    use std::arch::x86_64::*;
+#[inline(always)]
+fn transpose16(
+    v4: pulp::x86::V4,
+    r: &[std::arch::x86_64::__m512; 16],
+) -> [std::arch::x86_64::__m512; 16] {
+    let f = v4.avx512f;
     // t[2i] / t[2i+1]: rows 2i, 2i+1 interleaved (elements 0,1 | 2,3 of each 128-bit block).
-    let mut t = [_mm512_setzero_ps(); 16];
+    let mut t = [f._mm512_setzero_ps(); 16];
     for i in 0..8 {
-        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i] = f._mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = f._mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
     }
     // u[4g + e]: rows 4g..4g+4 at element e of each 128-bit block.
-    let mut u = [_mm512_setzero_ps(); 16];
+    let mut u = [f._mm512_setzero_ps(); 16];
     for g in 0..4 {
-        let pd = |a: __m512| _mm512_castps_pd(a);
-        let (a, b, c, d) = (t[4 * g], t[4 * g + 1], t[4 * g + 2], t[4 * g + 3]);
-        u[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(a), pd(c)));
-        u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(a), pd(c)));
-        u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(b), pd(d)));
-        u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(b), pd(d)));
+        let (a, b, c, d) = (
+            f._mm512_castps_pd(t[4 * g]),
+            f._mm512_castps_pd(t[4 * g + 1]),
+            f._mm512_castps_pd(t[4 * g + 2]),
+            f._mm512_castps_pd(t[4 * g + 3]),
+        );
+        u[4 * g] = f._mm512_castpd_ps(f._mm512_unpacklo_pd(a, c));
+        u[4 * g + 1] = f._mm512_castpd_ps(f._mm512_unpackhi_pd(a, c));
+        u[4 * g + 2] = f._mm512_castpd_ps(f._mm512_unpacklo_pd(b, d));
+        u[4 * g + 3] = f._mm512_castpd_ps(f._mm512_unpackhi_pd(b, d));
     }
     // Blocks 0, 2 / 1, 3 of row groups (0, 1) and (2, 3).
-    let mut w = [_mm512_setzero_ps(); 16];
+    let mut w = [f._mm512_setzero_ps(); 16];
     for e in 0..4 {
-        w[e] = _mm512_shuffle_f32x4::<0x88>(u[e], u[4 + e]);
-        w[4 + e] = _mm512_shuffle_f32x4::<0xdd>(u[e], u[4 + e]);
-        w[8 + e] = _mm512_shuffle_f32x4::<0x88>(u[8 + e], u[12 + e]);
-        w[12 + e] = _mm512_shuffle_f32x4::<0xdd>(u[8 + e], u[12 + e]);
+        w[e] = f._mm512_shuffle_f32x4::<0x88>(u[e], u[4 + e]);
+        w[4 + e] = f._mm512_shuffle_f32x4::<0xdd>(u[e], u[4 + e]);
+        w[8 + e] = f._mm512_shuffle_f32x4::<0x88>(u[8 + e], u[12 + e]);
+        w[12 + e] = f._mm512_shuffle_f32x4::<0xdd>(u[8 + e], u[12 + e]);
     }
-    let mut o = [_mm512_setzero_ps(); 16];
+    let mut o = [f._mm512_setzero_ps(); 16];
     for e in 0..8 {
-        o[e] = _mm512_shuffle_f32x4::<0x88>(w[e], w[8 + e]);
-        o[8 + e] = _mm512_shuffle_f32x4::<0xdd>(w[e], w[8 + e]);
+        o[e] = f._mm512_shuffle_f32x4::<0x88>(w[e], w[8 + e]);
+        o[8 + e] = f._mm512_shuffle_f32x4::<0xdd>(w[e], w[8 + e]);
     }
     o
 }
@@ -607,7 +613,7 @@ impl Nt<'_> {
                 .is_none_or(|b2| b2.len() >= (cols - 1) * self.ldb + k),
             "Nt: B2 too short"
         );
-        native::dispatch(isa, self)
+        dispatch(isa, self)
     }
 
     /// All tiles of `RT` rows × `QT` columns (`TWO`: `B` is `b + b2`). Rows and columns past
@@ -716,19 +722,20 @@ fn outer<S: Native, const RT: usize, const QT: usize>(
     }
 }
 
-impl TaskN for Nt<'_> {
+impl Kernel for Nt<'_> {
     type Output = ();
     /// Tile shapes: 4 × 4 (16 accumulators), or 8 rows × 2 columns for a two-part `B` (each
     /// `B` chunk, two loads and an add, then serves 8 rows: measured 40% faster than 4 × 4 on
     /// a 2 × 36 KiB causal state with AVX-512); with AVX2's sixteen `ymm` registers 3 × 4 and
     /// 4 × 2, so that accumulators and operands fit.
     #[inline(always)]
-    fn run<S: Native>(self, s: S) {
-        match (S::LANES, self.b2.is_some()) {
-            (8, false) => self.tiles::<S, false, 3, 4>(s),
-            (8, true) => self.tiles::<S, true, 4, 2>(s),
-            (_, false) => self.tiles::<S, false, 4, 4>(s),
-            (_, true) => self.tiles::<S, true, 8, 2>(s),
+    fn run<T: Token>(self, t: T) {
+        let s = t.native();
+        match (T::N::LANES, self.b2.is_some()) {
+            (8, false) => self.tiles::<T::N, false, 3, 4>(s),
+            (8, true) => self.tiles::<T::N, true, 4, 2>(s),
+            (_, false) => self.tiles::<T::N, false, 4, 4>(s),
+            (_, true) => self.tiles::<T::N, true, 8, 2>(s),
         }
     }
 }

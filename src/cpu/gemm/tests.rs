@@ -1,5 +1,6 @@
 //! The products' unit tests: every tile shape and partial vector at every ISA against the f64 sum.
 
+use crate::cpu::Level;
 use super::*;
 
 /// Every ISA's `A Bᵀ` (one- and two-part `B`, full and triangular) matches the f64 sum at

@@ -3,7 +3,7 @@
 //! computation ([`Out::queued`], [`super::Behind`]).
 
 use super::{finish_until, ABuf, Behind};
-use crate::cpu::simd::{Isa, Level};
+use crate::cpu::simd::{dispatch, Isa, Kernel, Level, Token};
 
 /// Outputs at least this large (bytes) are written with non-temporal stores ([`Out`]):
 /// beyond the last-level cache, where the data would be evicted before it is read again.
@@ -35,18 +35,10 @@ impl Out {
     /// results are used elsewhere.
     pub fn write(self, dst: &mut [f32], src: &[f32]) {
         assert_eq!(dst.len(), src.len(), "Out::write: lengths differ");
-        #[cfg(target_arch = "x86_64")]
-        if self.stream && std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: AVX-512F was detected at run time; `stream_avx512` keeps every access in
-            // bounds.
-            unsafe { stream_avx512(dst, src) };
-            return;
-        }
-        #[cfg(target_arch = "x86_64")]
-        if self.stream && std::arch::is_x86_feature_detected!("avx") {
-            // SAFETY: AVX was detected at run time; `stream_avx` keeps every access in bounds.
-            unsafe { stream_avx(dst, src) };
-            return;
+        if self.stream {
+            // The widest stores the CPU has, whatever level the kernels run at: streaming is
+            // about memory, not arithmetic.
+            return dispatch(Isa::best(), Stream { dst, src });
         }
         dst.copy_from_slice(src);
     }
@@ -116,68 +108,77 @@ impl Out {
     }
 }
 
-/// [`Out::write`]'s streaming copy with `LANES`-float vectors: plain stores up to the first
-/// `4·LANES`-byte boundary of `dst`, then `store(dst + i, src + i)` (one aligned streaming
-/// store) per vector, plain stores for the rest. Inlined into the target-feature wrappers
-/// below, so `store`'s intrinsics compile for their ISA.
-///
-/// # Safety
-/// `store` must write `LANES` floats from its source to its (aligned) destination and nothing
-/// else; `dst.len() == src.len()`.
+/// [`Out::write`]'s streaming copy, as a kernel: whole 64-byte lines with the AVX-512 token,
+/// 32-byte halves with the AVX2 one (methods of the token), a plain copy otherwise.
+struct Stream<'a> {
+    dst: &'a mut [f32],
+    src: &'a [f32],
+}
+
+impl Kernel for Stream<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn run<T: Token>(self, t: T) {
+        let Stream { dst, src } = self;
+        assert_eq!(dst.len(), src.len(), "Out::write: lengths differ");
+        #[cfg(target_arch = "x86_64")]
+        {
+            if let Some(v4) = t.v4() {
+                let f = v4.avx512f;
+                return stream_by::<16>(
+                    dst,
+                    src,
+                    #[inline(always)]
+                    |d, s| {
+                        // SAFETY: `d` and `s` are arrays of the 16 floats read and written, and
+                        // `stream_by` passes `d` 64-byte aligned.
+                        unsafe { f._mm512_stream_ps(d.as_mut_ptr(), f._mm512_loadu_ps(s.as_ptr())) }
+                    },
+                );
+            }
+            if let Some(v3) = t.v3() {
+                let avx = v3.avx;
+                return stream_by::<8>(
+                    dst,
+                    src,
+                    #[inline(always)]
+                    |d, s| {
+                        // SAFETY: `d` and `s` are arrays of the 8 floats read and written, and
+                        // `stream_by` passes `d` 32-byte aligned.
+                        unsafe {
+                            avx._mm256_stream_ps(d.as_mut_ptr(), avx._mm256_loadu_ps(s.as_ptr()))
+                        }
+                    },
+                );
+            }
+        }
+        let _ = t;
+        dst.copy_from_slice(src);
+    }
+}
+
+/// The streaming copy with `LANES`-float vectors: plain stores up to the first
+/// `4·LANES`-byte boundary of `dst`, then `store(dst[i..], src[i..])` (one streaming store of
+/// `LANES` floats to a `4·LANES`-byte-aligned destination) per vector, plain stores for the
+/// rest. Inlined into [`Stream`]'s kernel, so `store`'s intrinsics compile in its frame.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn stream_by<const LANES: usize>(
+fn stream_by<const LANES: usize>(
     dst: &mut [f32],
     src: &[f32],
-    store: impl Fn(*mut f32, *const f32),
+    store: impl Fn(&mut [f32; LANES], &[f32; LANES]),
 ) {
     let n = dst.len();
+    assert_eq!(n, src.len(), "stream_by: lengths differ");
     let head = (dst.as_ptr().align_offset(4 * LANES)).min(n);
     dst[..head].copy_from_slice(&src[..head]);
     let mut i = head;
     while i + LANES <= n {
-        // `i + LANES ≤ n` for both slices; `dst + i` is aligned (`head` aligned it and `i`
-        // advances by whole vectors).
-        store(dst[i..].as_mut_ptr(), src[i..].as_ptr());
+        // `dst + i` is aligned: `head` aligned it and `i` advances by whole vectors.
+        let d: &mut [f32; LANES] = (&mut dst[i..i + LANES]).try_into().expect("LANES floats");
+        let s: &[f32; LANES] = src[i..i + LANES].try_into().expect("LANES floats");
+        store(d, s);
         i += LANES;
     }
     dst[i..].copy_from_slice(&src[i..]);
-}
-
-/// [`stream_by`] with 32-byte `vmovntps ymm`.
-///
-/// # Safety
-/// The CPU must support AVX; `dst.len() == src.len()`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx")]
-unsafe fn stream_avx(dst: &mut [f32], src: &[f32]) {
-    use std::arch::x86_64::{_mm256_loadu_ps, _mm256_stream_ps};
-    // SAFETY: the store writes 8 floats to a 32-byte-aligned, in-bounds address (`stream_by`).
-    unsafe {
-        stream_by::<8>(
-            dst,
-            src,
-            #[inline(always)]
-            |d, s| _mm256_stream_ps(d, _mm256_loadu_ps(s)),
-        )
-    }
-}
-
-/// [`stream_by`] with whole 64-byte lines (`vmovntps zmm`).
-///
-/// # Safety
-/// The CPU must support AVX-512F; `dst.len() == src.len()`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn stream_avx512(dst: &mut [f32], src: &[f32]) {
-    use std::arch::x86_64::{_mm512_loadu_ps, _mm512_stream_ps};
-    // SAFETY: the store writes 16 floats to a 64-byte-aligned, in-bounds address (`stream_by`).
-    unsafe {
-        stream_by::<16>(
-            dst,
-            src,
-            #[inline(always)]
-            |d, s| _mm512_stream_ps(d, _mm512_loadu_ps(s)),
-        )
-    }
 }

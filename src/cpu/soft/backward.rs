@@ -8,14 +8,15 @@ use crate::cpu::features::{FeatureMap, SoftMap};
 use crate::cpu::gemm::{gemm, Mat, MatMut, Strided};
 use crate::cpu::mem::{ABuf, Out};
 use crate::cpu::saved::Ctx;
-use crate::cpu::simd::{add_into_f64, dispatch, in_frame, Isa, Simd, WithSimd};
+use crate::cpu::simd::{add_into_f64, dispatch, in_frame, Isa, Kernel, Simd, Token};
 use crate::cpu::soft::banks::{
     add_rows, assign_bank, bank_dots, bank_views, inv_den, rows_of, saved_rows,
 };
 use crate::cpu::soft::block::{block_rows, Block};
 use crate::cpu::soft::probs::{lanes16, pad16};
 use crate::cpu::state::{bank_width, plan_segments, split_out};
-use crate::cpu::v16::{self, Task16, V16};
+use crate::cpu::v16;
+use pulp::Simd as _;
 use rayon::prelude::*;
 
 /// `out_i = c_i (a_i · b_i)` (`c_i = 1` without `c`) for the rows of two matrices with row
@@ -30,10 +31,11 @@ pub(crate) struct RowDots<'a> {
     pub(crate) out: &'a mut [f32],
 }
 
-impl WithSimd for RowDots<'_> {
+impl Kernel for RowDots<'_> {
     type Output = ();
     #[inline(always)]
-    fn run<S: Simd>(self, simd: S) {
+    fn run<T: Token>(self, t: T) {
+        let simd = t.rows();
         for (i, o) in self.out.iter_mut().enumerate() {
             let (a, b) = (&self.a[i * self.ld..], &self.b[i * self.ld..]);
             let dot = simd.dot(&a[..self.len], &b[..self.len]);
@@ -168,7 +170,7 @@ fn query_rows16(
             cs: (c, s),
             a: lanes16(a),
         };
-        return Some(v16::dispatch(isa, task));
+        return Some(dispatch(isa, task));
     }
     None
 }
@@ -189,10 +191,11 @@ struct QueryRows16<'a> {
     a: [f32; 16],
 }
 
-impl Task16 for QueryRows16<'_> {
+impl Kernel for QueryRows16<'_> {
     type Output = [f32; 16];
     #[inline(always)]
-    fn run<S: V16>(self, simd: S) -> [f32; 16] {
+    fn run<T: Token>(self, t: T) -> [f32; 16] {
+        let simd = t.w16();
         let QueryRows16 {
             rows: (phi, gphi, sphi),
             n,

@@ -6,7 +6,9 @@ use crate::backend::Heads;
 use crate::cpu::features::{FeatureMap, SoftMap};
 use crate::cpu::gemm::{gemm, transpose_into, Mat, MatMut, Nt, Strided, Tri};
 use crate::cpu::mem::{ABuf, Ahead};
-use crate::cpu::simd::{dispatch, in_frame, Isa, Level};
+use crate::cpu::simd::{dispatch, in_frame, Isa};
+#[cfg(target_arch = "x86_64")]
+use crate::cpu::simd::{Kernel, Token};
 use crate::cpu::soft::banks::rows_of;
 use crate::cpu::soft::probs::{pad16, probs_f64, tree, tree_backward, BitProbs};
 
@@ -275,13 +277,21 @@ impl Block {
             return self.backward_contrast(map, gphi, rows);
         }
         #[cfg(target_arch = "x86_64")]
-        if let (Level::Avx512, Some(lanes)) = (isa.level(), &self.lanes) {
-            self.dz_rows = true;
-            // SAFETY: an `Isa` at Avx512 exists only where the CPU has AVX-512F (the
-            // function checks the slices' extents itself).
-            return unsafe {
-                tree_backward_rows16(&self.phi, gphi, &self.z, &mut self.dz, rows, lanes, beta)
+        if let Some(lanes) = &self.lanes {
+            let (phi, u, dz) = (&self.phi, &self.z, &mut self.dz);
+            let task = Rows16 {
+                phi,
+                gphi,
+                u,
+                dz,
+                rows,
+                lanes,
+                beta,
             };
+            if let Some(db) = dispatch(isa, task) {
+                self.dz_rows = true;
+                return db;
+            }
         }
         self.dz_rows = false;
         transpose_into(isa, &self.z, rows, self.lp, self.lp, &mut self.ut, tp);
@@ -395,19 +405,53 @@ impl Lanes16 {
     }
 }
 
+/// [`tree_backward_rows16`] as a kernel: `None` below AVX-512 (the caller takes the
+/// tokens-in-lanes path).
+#[cfg(target_arch = "x86_64")]
+struct Rows16<'a> {
+    phi: &'a [f32],
+    gphi: &'a [f32],
+    u: &'a [f32],
+    dz: &'a mut [f32],
+    rows: usize,
+    lanes: &'a Lanes16,
+    beta: f32,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Kernel for Rows16<'_> {
+    type Output = Option<f64>;
+    #[inline(always)]
+    fn run<T: Token>(self, t: T) -> Option<f64> {
+        let v4 = t.v4()?;
+        let Rows16 {
+            phi,
+            gphi,
+            u,
+            dz,
+            rows,
+            lanes,
+            beta,
+        } = self;
+        Some(tree_backward_rows16(
+            v4, phi, gphi, u, dz, rows, lanes, beta,
+        ))
+    }
+}
+
 /// [`Block::backward`] with one token per 512-bit vector, for banks of at most 16 features
 /// (`L·2^P ≤ 16`; row stride 16, padding lanes 0). A table is `R = 2^P` adjacent lanes, so its
 /// sums are `P` butterfly steps `x += x[j ^ 2^s]` (each lane ends with its table's sum):
 /// `ḡ` from `φ ⊙ g`, then `c_b` from `±(φ ⊙ (g − ḡ))` with bit `b`'s signs, moved by a masked
 /// permute to lane `t·P + b` of `∂ℓ/∂z`'s row. `u` (`rows × lp`) in, `∂ℓ/∂z` (`rows × lp`)
-/// out; returns Σ `u_b c_b` (f32 per lane over the block, then f64).
-///
-/// # Safety
-/// The CPU must support AVX-512F. (The slices' lengths are checked here: `phi` and `gphi`
-/// hold `rows` rows of 16, `u` and `dz` at least `rows·lp` floats, `lp = L·P ≤ 16`.)
+/// out; returns Σ `u_b c_b` (f32 per lane over the block, then f64). The intrinsics are
+/// methods of the `V4` token; the slices' lengths are checked here: `phi` and `gphi` hold
+/// `rows` rows of 16, `u` and `dz` at least `rows·lp` floats, `lp = L·P ≤ 16`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn tree_backward_rows16(
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn tree_backward_rows16(
+    v4: pulp::x86::V4,
     phi: &[f32],
     gphi: &[f32],
     u: &[f32],
@@ -417,7 +461,8 @@ unsafe fn tree_backward_rows16(
     beta: f32,
 ) -> f64 {
     use crate::cpu::extent::assert_holds;
-    use std::arch::x86_64::*;
+    use std::arch::x86_64::{__m512, __m512i, __mmask16};
+    let f = v4.avx512f;
     let (p, lp) = (lanes.p, lanes.lp);
     assert!(
         lp <= 16 && p <= 4,
@@ -427,43 +472,49 @@ unsafe fn tree_backward_rows16(
     assert_holds(gphi.len(), rows, 16, 16, 1, "tree_backward_rows16: gphi");
     assert_holds(u.len(), rows, lp, lp, 1, "tree_backward_rows16: u");
     assert_holds(dz.len(), rows, lp, lp, 1, "tree_backward_rows16: dz");
-    // SAFETY: the caller guarantees AVX-512F. Every load of `lanes` reads one of its arrays
-    // of 16 lanes; row `i < rows` of `phi` and `gphi` is the 16 floats at `16·i`, of `u` and
-    // `dz` the `lp ≤ 16` floats at `lp·i` (masked to them), all within the lengths asserted.
-    unsafe {
-        // Each table is 16 lanes: one unaligned 512-bit load.
-        let xor: [__m512i; 4] =
-            std::array::from_fn(|s| _mm512_loadu_si512(lanes.xor[s].as_ptr() as *const _));
-        let sign: [__m512; 4] = std::array::from_fn(|b| _mm512_loadu_ps(lanes.sign[b].as_ptr()));
-        let to: [__m512i; 4] =
-            std::array::from_fn(|b| _mm512_loadu_si512(lanes.to[b].as_ptr() as *const _));
-        let to_mask = lanes.to_mask;
-        let umask: __mmask16 = ((1u32 << lp) - 1) as u16;
-        let (bv, one) = (_mm512_set1_ps(beta), _mm512_set1_ps(1.0));
-        let mut db = _mm512_setzero_ps();
-        for i in 0..rows {
-            let ph = _mm512_loadu_ps(phi.as_ptr().add(i * 16));
-            let g = _mm512_loadu_ps(gphi.as_ptr().add(i * 16));
-            let mut gbar = _mm512_mul_ps(ph, g);
-            for x in &xor[..p] {
-                gbar = _mm512_add_ps(gbar, _mm512_permutexvar_ps(*x, gbar));
-            }
-            let y = _mm512_mul_ps(ph, _mm512_sub_ps(g, gbar));
-            let mut cv = _mm512_setzero_ps();
-            for b in 0..p {
-                let mut cb = _mm512_mul_ps(y, sign[b]);
-                for x in &xor[..p] {
-                    cb = _mm512_add_ps(cb, _mm512_permutexvar_ps(*x, cb));
-                }
-                cv = _mm512_mask_permutexvar_ps(cv, to_mask[b], to[b], cb);
-            }
-            let uv = _mm512_maskz_loadu_ps(umask, u.as_ptr().add(i * lp));
-            let dzv = _mm512_mul_ps(_mm512_mul_ps(bv, cv), _mm512_fnmadd_ps(uv, uv, one));
-            _mm512_mask_storeu_ps(dz.as_mut_ptr().add(i * lp), umask, dzv);
-            db = _mm512_fmadd_ps(uv, cv, db);
-        }
-        let mut sums = [0.0f32; 16];
-        _mm512_storeu_ps(sums.as_mut_ptr(), db);
-        sums.iter().map(|&x| x as f64).sum()
+    // Each table is 16 lanes: one 512-bit value, by a cast of its array.
+    let mut xor: [__m512i; 4] = [pulp::cast([0i32; 16]); 4];
+    let mut sign: [__m512; 4] = [f._mm512_setzero_ps(); 4];
+    let mut to: [__m512i; 4] = [pulp::cast([0i32; 16]); 4];
+    for s in 0..4 {
+        xor[s] = pulp::cast(lanes.xor[s]);
+        sign[s] = pulp::cast(lanes.sign[s]);
+        to[s] = pulp::cast(lanes.to[s]);
     }
+    let to_mask = lanes.to_mask;
+    let umask: __mmask16 = ((1u32 << lp) - 1) as u16;
+    let (bv, one) = (f._mm512_set1_ps(beta), f._mm512_set1_ps(1.0));
+    let mut db = f._mm512_setzero_ps();
+    for i in 0..rows {
+        // SAFETY: row `i < rows` of `phi` and `gphi` is the 16 floats at `16·i`, within the
+        // lengths asserted (rows·16 ≤ len).
+        let (ph, g) = unsafe {
+            (
+                f._mm512_loadu_ps(phi.as_ptr().add(i * 16)),
+                f._mm512_loadu_ps(gphi.as_ptr().add(i * 16)),
+            )
+        };
+        let mut gbar = f._mm512_mul_ps(ph, g);
+        for x in &xor[..p] {
+            gbar = f._mm512_add_ps(gbar, f._mm512_permutexvar_ps(*x, gbar));
+        }
+        let y = f._mm512_mul_ps(ph, f._mm512_sub_ps(g, gbar));
+        let mut cv = f._mm512_setzero_ps();
+        for b in 0..p {
+            let mut cb = f._mm512_mul_ps(y, sign[b]);
+            for x in &xor[..p] {
+                cb = f._mm512_add_ps(cb, f._mm512_permutexvar_ps(*x, cb));
+            }
+            cv = f._mm512_mask_permutexvar_ps(cv, to_mask[b], to[b], cb);
+        }
+        // SAFETY: the `lp ≤ 16` floats at `lp·i` of `u` (masked to them), within the length
+        // asserted ((rows − 1)·lp + lp ≤ len).
+        let uv = unsafe { f._mm512_maskz_loadu_ps(umask, u.as_ptr().add(i * lp)) };
+        let dzv = f._mm512_mul_ps(f._mm512_mul_ps(bv, cv), f._mm512_fnmadd_ps(uv, uv, one));
+        // SAFETY: as for `u`, the `lp` floats at `lp·i` of `dz`.
+        unsafe { f._mm512_mask_storeu_ps(dz.as_mut_ptr().add(i * lp), umask, dzv) };
+        db = f._mm512_fmadd_ps(uv, cv, db);
+    }
+    let sums: [f32; 16] = pulp::cast(db);
+    sums.iter().map(|&x| x as f64).sum()
 }

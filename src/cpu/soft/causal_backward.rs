@@ -10,7 +10,7 @@ use crate::cpu::features::{FeatureMap, SoftMap};
 use crate::cpu::gemm::{Mat, MatMut, Strided};
 use crate::cpu::mem::{ABuf, Out};
 use crate::cpu::saved::{exclusive_scan, Ctx};
-use crate::cpu::simd::{add_into_f64, Isa};
+use crate::cpu::simd::{add_into_f64, dispatch, Isa, Kernel, Token};
 use crate::cpu::soft::backward::GFactors;
 use crate::cpu::soft::banks::{add_rows, inv_den, rows_of, saved_rows};
 use crate::cpu::soft::block::{Block, T};
@@ -21,7 +21,8 @@ use crate::cpu::soft::causal::{
 use crate::cpu::soft::causal_forward::add_per_head;
 use crate::cpu::soft::probs::lanes16;
 use crate::cpu::state::{bank_width, split_out};
-use crate::cpu::v16::{self, Task16, V16};
+use crate::cpu::v16;
+use pulp::Simd as _;
 use rayon::prelude::*;
 
 /// The keys' `∂ℓ/∂φ_k` from `gphi_j = (x̂_j·dS_f)_f` without the mass column: adds `dA`
@@ -48,7 +49,7 @@ fn key_intra(
             pq,
             a: lanes16(a),
         };
-        v16::dispatch(isa, task);
+        dispatch(isa, task);
         return;
     }
     add_rows(isa, gphi, mp, rows, a);
@@ -73,10 +74,11 @@ struct KeyIntra16<'a> {
     a: [f32; 16],
 }
 
-impl Task16 for KeyIntra16<'_> {
+impl Kernel for KeyIntra16<'_> {
     type Output = ();
     #[inline(always)]
-    fn run<S: V16>(self, simd: S) {
+    fn run<T: Token>(self, t: T) {
+        let simd = t.w16();
         let KeyIntra16 {
             gphi,
             rows,

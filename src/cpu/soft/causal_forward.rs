@@ -9,7 +9,7 @@ use crate::cpu::features::{FeatureMap, SoftMap};
 use crate::cpu::gemm::{Mat, MatMut};
 use crate::cpu::mem::{ABuf, Ahead, Out};
 use crate::cpu::saved::{exclusive_scan, Buffers, Ctx};
-use crate::cpu::simd::Isa;
+use crate::cpu::simd::{dispatch, Isa, Kernel, Token};
 use crate::cpu::soft::banks::{rows_of, saved_pieces};
 use crate::cpu::soft::causal::{
     blocks, feature_gram, mask, state_len, sub, sub_blocks, tri_gemm, FeatureRows, Scale, Scratch,
@@ -18,7 +18,8 @@ use crate::cpu::soft::causal::{
 use crate::cpu::soft::forward::{key_bank, normalise, DenRule};
 use crate::cpu::soft::probs::lanes16;
 use crate::cpu::state::{bank_width, plan_segments, split_out};
-use crate::cpu::v16::{self, Task16, V16};
+use crate::cpu::v16;
+use pulp::Simd as _;
 use rayon::prelude::*;
 
 /// `att = tril(Φ_Q Φ_Kᵀ)` for a sub-block's feature rows (row stride [`TC`], 0 above the
@@ -49,7 +50,7 @@ fn lower_gram(
             den: (den, ldd),
             a: lanes16(a),
         };
-        v16::dispatch(isa, task);
+        dispatch(isa, task);
         return;
     }
     feature_gram(isa, att, (x, y, (yt, ldt), mp), m, rows, true);
@@ -80,10 +81,11 @@ struct LowerGram16<'a> {
     a: [f32; 16],
 }
 
-impl Task16 for LowerGram16<'_> {
+impl Kernel for LowerGram16<'_> {
     type Output = ();
     #[inline(always)]
-    fn run<S: V16>(self, simd: S) {
+    fn run<T: Token>(self, t: T) {
+        let simd = t.w16();
         let LowerGram16 {
             x,
             kt: (yt, ldt),

@@ -11,11 +11,12 @@ use crate::backend::Heads;
 use crate::cpu::features::{FeatureMap, SoftMap};
 use crate::cpu::gemm::{Mat, MatMut};
 use crate::cpu::mem::Ahead;
-use crate::cpu::simd::{dispatch, in_frame, Isa, Simd, WithSimd};
+use crate::cpu::simd::{dispatch, in_frame, Isa, Kernel, Simd, Token};
 use crate::cpu::soft::backward::GFactors;
 use crate::cpu::soft::banks::{inv_den, rows_of, saved_rows};
 use crate::cpu::soft::probs::lanes16;
-use crate::cpu::v16::{self, Task16, V16};
+use crate::cpu::v16;
+use pulp::Simd as _;
 
 /// The inputs of the causal backward passes (`uq`, `uk`: the forward's saved `u`, or empty).
 pub(crate) struct Io<'a> {
@@ -194,10 +195,11 @@ struct CausalS<'a> {
     pub(crate) s: &'a mut [f32],
 }
 
-impl WithSimd for CausalS<'_> {
+impl Kernel for CausalS<'_> {
     type Output = ();
     #[inline(always)]
-    fn run<S: Simd>(self, simd: S) {
+    fn run<T: Token>(self, t: T) {
+        let simd = t.rows();
         let (mp, m) = (self.mp, self.m);
         for (i, si) in self.s.iter_mut().enumerate() {
             let bank = simd.dot(&self.pq[i * mp..i * mp + m], &self.gphi[i * mp..i * mp + m]);
@@ -234,7 +236,7 @@ pub(crate) fn query_intra16(
             cs: (c, s),
             a: lanes16(a),
         };
-        v16::dispatch(isa, task);
+        dispatch(isa, task);
         return true;
     }
     false
@@ -263,10 +265,11 @@ struct QueryIntra16<'a> {
     a: [f32; 16],
 }
 
-impl Task16 for QueryIntra16<'_> {
+impl Kernel for QueryIntra16<'_> {
     type Output = ();
     #[inline(always)]
-    fn run<S: V16>(self, simd: S) {
+    fn run<T: Token>(self, t: T) {
+        let simd = t.w16();
         let QueryIntra16 {
             phi: (pq, pk, (pkt, tp)),
             m,

@@ -8,12 +8,13 @@ use crate::cpu::features::{FeatureMap, SoftMap};
 use crate::cpu::gemm::{gemm, Mat, MatMut, Strided};
 use crate::cpu::mem::{ABuf, Ahead, Out};
 use crate::cpu::saved::{Buffers, Ctx};
-use crate::cpu::simd::{add_into_f64, in_frame, Isa};
+use crate::cpu::simd::{add_into_f64, dispatch, in_frame, Isa, Kernel, Token};
 use crate::cpu::soft::banks::{assign_bank, mass_columns, rows_of, saved_pieces, to_f32};
 use crate::cpu::soft::block::{block_rows, Block};
 use crate::cpu::soft::probs::lanes16;
 use crate::cpu::state::{bank_width, plan_segments, split_out, KeyTotals};
-use crate::cpu::v16::{self, Task16, V16};
+use crate::cpu::v16;
+use pulp::Simd as _;
 use rayon::prelude::*;
 
 /// `Σ_j φ(k_j)[v_j, 1]` over `range` of head `h` (f64); with `save`, also the keys'
@@ -208,7 +209,7 @@ pub(crate) fn scaled_features(
             den: &mut den[..rows],
             floor,
         };
-        return v16::dispatch(isa, task);
+        return dispatch(isa, task);
     }
     let mut empty = 0;
     in_frame(
@@ -253,10 +254,11 @@ struct ScaledRows16<'a> {
     floor: f32,
 }
 
-impl Task16 for ScaledRows16<'_> {
+impl Kernel for ScaledRows16<'_> {
     type Output = usize;
     #[inline(always)]
-    fn run<S: V16>(self, simd: S) -> usize {
+    fn run<T: Token>(self, t: T) -> usize {
+        let simd = t.w16();
         let av = v16::load(simd, &self.a, 0);
         let mut empty = 0;
         for (i, de) in self.den.iter_mut().enumerate() {

@@ -2,7 +2,7 @@
 //! `u = tanh(z)`, as f32 SIMD passes (f64 from β ≥ [`crate::cpu::features::PROJ_F64_BETA`]),
 //! then the `R = 2^P` products `φ_r = Π_p a_p^{b_{r,p}}(1−a_p)^{1−b_{r,p}}` and their backward.
 
-use crate::cpu::simd::{exp_f32, tanh_f32, Simd, WithSimd};
+use crate::cpu::simd::{exp_f32, tanh_f32, Kernel, Token};
 
 /// Multiple of 16 at or above `x` (the row stride of padded `T × LP` and `T × m` buffers).
 pub(crate) fn pad16(x: usize) -> usize {
@@ -52,10 +52,10 @@ pub(crate) struct BitProbs<'a, const TANH: bool> {
     pub(crate) beta: f32,
 }
 
-impl<const TANH: bool> WithSimd for BitProbs<'_, TANH> {
+impl<const TANH: bool> Kernel for BitProbs<'_, TANH> {
     type Output = ();
     #[inline(always)]
-    fn run<S: Simd>(self, _simd: S) {
+    fn run<T: Token>(self, _t: T) {
         // Whole 16-lane chunks straight from the slices; the last partial one through a
         // zero-padded copy (a variable-length copy per chunk would be a `memcpy` call).
         let beta = self.beta;

@@ -18,7 +18,7 @@
 use crate::backend::{BackwardInputs, GradsMut, Heads, SoftGrads};
 use crate::cpu::features::{bit_contrast, BitState, FeatureMap, SoftMap, PROJ_F64_BETA};
 use crate::cpu::saved::{exclusive_scan, Ctx};
-use crate::cpu::simd::{dispatch, Isa, Simd, WithSimd};
+use crate::cpu::simd::{dispatch, Isa, Kernel, Simd, Token};
 use crate::cpu::state::{bank_width, ext_buffer, split_out, Bank};
 use crate::params::MAX_P;
 use rayon::prelude::*;
@@ -98,10 +98,11 @@ struct QueryGradTask<'a> {
     dq: &'a mut [f32],
 }
 
-impl WithSimd for QueryGradTask<'_> {
+impl Kernel for QueryGradTask<'_> {
     type Output = (Vec<f64>, f64);
     #[inline(always)]
-    fn run<S: Simd>(self, simd: S) -> (Vec<f64>, f64) {
+    fn run<T: Token>(self, t: T) -> (Vec<f64>, f64) {
+        let simd = t.rows();
         let map = self.map;
         let (r, tables, dv, d) = (map.planes.r(), map.planes.l, self.v.cols, map.planes.d);
         let inv_l = 1.0 / tables as f32;
@@ -182,10 +183,11 @@ struct KeyGradTask<'a> {
     dv: &'a mut [f32],
 }
 
-impl WithSimd for KeyGradTask<'_> {
+impl Kernel for KeyGradTask<'_> {
     type Output = f64;
     #[inline(always)]
-    fn run<S: Simd>(self, simd: S) -> f64 {
+    fn run<T: Token>(self, t: T) -> f64 {
+        let simd = t.rows();
         let map = self.map;
         let (r, tables, dv, d) = (map.planes.r(), map.planes.l, self.v.cols, map.planes.d);
         let inv_l = 1.0 / tables as f32;
@@ -393,10 +395,11 @@ struct SuffixTotalTask<'a> {
     range: (usize, usize),
 }
 
-impl WithSimd for SuffixTotalTask<'_> {
+impl Kernel for SuffixTotalTask<'_> {
     type Output = Vec<f64>;
     #[inline(always)]
-    fn run<S: Simd>(self, simd: S) -> Vec<f64> {
+    fn run<T: Token>(self, t: T) -> Vec<f64> {
+        let simd = t.rows();
         let (m, dv) = (self.map.width(), self.o.cols);
         let inv_l = 1.0 / self.map.planes.l as f32;
         let mut bank = Bank::new(m, bank_width(dv), None);

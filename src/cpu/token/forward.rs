@@ -14,7 +14,7 @@
 use crate::backend::{ForwardInputs, Heads};
 use crate::cpu::features::FeatureMap;
 use crate::cpu::saved::{exclusive_scan, finish_row, Ctx, ForwardOut};
-use crate::cpu::simd::{dispatch, Isa, Simd, WithSimd};
+use crate::cpu::simd::{dispatch, Isa, Kernel, Simd, Token};
 use crate::cpu::state::{bank_width, ext_buffer, plan_segments, split_out, Bank, KeyTotals};
 use rayon::prelude::*;
 
@@ -26,10 +26,11 @@ struct TotalsTask<'a, F> {
     range: (usize, usize),
 }
 
-impl<F: FeatureMap> WithSimd for TotalsTask<'_, F> {
+impl<F: FeatureMap> Kernel for TotalsTask<'_, F> {
     type Output = Vec<f64>;
     #[inline(always)]
-    fn run<S: Simd>(self, simd: S) -> Vec<f64> {
+    fn run<T: Token>(self, t: T) -> Vec<f64> {
+        let simd = t.rows();
         let (m, dv) = (self.map.width(), self.v.cols);
         let mut bank = Bank::new(m, bank_width(dv), None);
         let mut phi = vec![0.0f32; m];
@@ -79,10 +80,11 @@ struct ReadTask<'a, F> {
     floor: f32,
 }
 
-impl<F: FeatureMap> WithSimd for ReadTask<'_, F> {
+impl<F: FeatureMap> Kernel for ReadTask<'_, F> {
     type Output = usize;
     #[inline(always)]
-    fn run<S: Simd>(self, simd: S) -> usize {
+    fn run<T: Token>(self, t: T) -> usize {
+        let simd = t.rows();
         let m = self.map.width();
         let (dv, w) = (self.dv, bank_width(self.dv));
         let mut phi = vec![0.0f32; m];
@@ -122,10 +124,11 @@ struct CausalTask<'a, F> {
     floor: f32,
 }
 
-impl<F: FeatureMap> WithSimd for CausalTask<'_, F> {
+impl<F: FeatureMap> Kernel for CausalTask<'_, F> {
     type Output = usize;
     #[inline(always)]
-    fn run<S: Simd>(self, simd: S) -> usize {
+    fn run<T: Token>(self, t: T) -> usize {
+        let simd = t.rows();
         let (m, dv) = (self.map.width(), self.v.cols);
         let mut bank = Bank::new(m, bank_width(dv), Some(self.base));
         let mut phi = vec![0.0f32; m];
