@@ -77,8 +77,8 @@ impl Planes {
         &self.w[l * self.p * self.d..(l + 1) * self.p * self.d]
     }
 
-    /// Check that these planes hold `L·P·d` values (the fields are public: a value built by
-    /// hand may not) and fit inputs of dimension `d` and the requested (P, L).
+    /// Check that these planes hold `L·P·d` finite values (the fields are public: a value
+    /// built by hand may not) and fit inputs of dimension `d` and the requested (P, L).
     pub fn check(&self, d: usize, p: usize, l: usize) -> Result<()> {
         let want = self
             .l
@@ -97,6 +97,7 @@ impl Planes {
                 ),
             ));
         }
+        crate::tensor::check_finite("planes", &self.w)?;
         if self.d != d {
             return Err(RaceError::shape(
                 "planes",

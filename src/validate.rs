@@ -287,10 +287,12 @@ fn check_value_range<T: Copy + Into<f64> + Sync>(
 }
 
 /// The largest row norm of `data` (rows of `d`).
+/// The largest row norm of `data` (rows of `d`); NaN if any entry is NaN (`f64::max` would
+/// drop it, and a NaN row would then pass as a norm of 0).
 fn max_row_norm<T: Copy + Into<f64>>(data: &[T], d: usize) -> f64 {
     data.chunks_exact(d.max(1))
         .map(|r| r.iter().map(|&x| x.into() * x.into()).sum::<f64>().sqrt())
-        .fold(0.0, f64::max)
+        .fold(0.0, |a: f64, b| if a.is_nan() || b > a { b } else { a })
 }
 
 /// Softmax's and the Performer's logits within the kernels' type (module docs, step 4).

@@ -351,6 +351,18 @@ fn hand_built_planes_and_rows_that_disagree_with_their_data_are_refused() {
         short.w.pop();
         let e = backend.forward(&params, &short, h, h, h).unwrap_err();
         assert_eq!(e.arg(), Some("planes"), "{device:?}: {e}");
+        for bad in [f32::NAN, f32::INFINITY] {
+            // Non-finite planes built by hand (`Planes::from_data` refuses them).
+            let mut nan = good.clone();
+            nan.w[1] = bad;
+            let e = backend.forward(&params, &nan, h, h, h).unwrap_err();
+            assert_eq!(e.arg(), Some("planes"), "{device:?} {bad}: {e}");
+            let g = Heads::new(heads, n, d, &x).unwrap();
+            let e = backend
+                .forward_backward(&params, &nan, h, h, h, g)
+                .unwrap_err();
+            assert_eq!(e.arg(), Some("planes"), "{device:?} {bad}: {e}");
+        }
         let wide = PlanesF32 {
             d: d + 1,
             ..good.clone()
