@@ -423,42 +423,33 @@ impl Token for pulp::x86::V3 {
     }
 }
 
+/// The tokens whose row primitives and 16-lane rows are the portable forms ([`Scalar`],
+/// `Scalar512b`, which LLVM vectorises for the baseline: SSE2, or NEON on aarch64); the native
+/// width is their own.
+macro_rules! portable_rows {
+    ($($t:ty),*) => {$(
+        impl Token for $t {
+            type Rows = Scalar;
+            type W16 = pulp::Scalar512b;
+            type N = $t;
+            #[inline(always)]
+            fn rows(self) -> Scalar {
+                Scalar
+            }
+            #[inline(always)]
+            fn w16(self) -> pulp::Scalar512b {
+                pulp::Scalar512b
+            }
+            #[inline(always)]
+            fn native(self) -> Self {
+                self
+            }
+        }
+    )*};
+}
 #[cfg(target_arch = "aarch64")]
-impl Token for pulp::aarch64::Neon {
-    type Rows = Scalar;
-    type W16 = pulp::Scalar512b;
-    type N = pulp::aarch64::Neon;
-    #[inline(always)]
-    fn rows(self) -> Scalar {
-        Scalar
-    }
-    #[inline(always)]
-    fn w16(self) -> pulp::Scalar512b {
-        pulp::Scalar512b
-    }
-    #[inline(always)]
-    fn native(self) -> Self {
-        self
-    }
-}
-
-impl Token for pulp::Scalar {
-    type Rows = Scalar;
-    type W16 = pulp::Scalar512b;
-    type N = pulp::Scalar;
-    #[inline(always)]
-    fn rows(self) -> Scalar {
-        Scalar
-    }
-    #[inline(always)]
-    fn w16(self) -> pulp::Scalar512b {
-        pulp::Scalar512b
-    }
-    #[inline(always)]
-    fn native(self) -> Self {
-        self
-    }
-}
+portable_rows!(pulp::aarch64::Neon);
+portable_rows!(pulp::Scalar);
 
 /// A unit of kernel work, generic over the token. Implementations mark `run` as
 /// `#[inline(always)]` so it is compiled inside the frame of [`dispatch`], and take the view

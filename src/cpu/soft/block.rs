@@ -405,8 +405,8 @@ impl Lanes16 {
     }
 }
 
-/// [`tree_backward_rows16`] as a kernel: `None` below AVX-512 (the caller takes the
-/// tokens-in-lanes path).
+/// The slices of [`tree_backward_rows16`], as a kernel: `None` below AVX-512 (the caller
+/// takes the tokens-in-lanes path).
 #[cfg(target_arch = "x86_64")]
 struct Rows16<'a> {
     phi: &'a [f32],
@@ -423,19 +423,7 @@ impl Kernel for Rows16<'_> {
     type Output = Option<f64>;
     #[inline(always)]
     fn run<T: Token>(self, t: T) -> Option<f64> {
-        let v4 = t.v4()?;
-        let Rows16 {
-            phi,
-            gphi,
-            u,
-            dz,
-            rows,
-            lanes,
-            beta,
-        } = self;
-        Some(tree_backward_rows16(
-            v4, phi, gphi, u, dz, rows, lanes, beta,
-        ))
+        Some(tree_backward_rows16(t.v4()?, self))
     }
 }
 
@@ -448,20 +436,19 @@ impl Kernel for Rows16<'_> {
 /// methods of the `V4` token; the slices' lengths are checked here: `phi` and `gphi` hold
 /// `rows` rows of 16, `u` and `dz` at least `rows·lp` floats, `lp = L·P ≤ 16`.
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn tree_backward_rows16(
-    v4: pulp::x86::V4,
-    phi: &[f32],
-    gphi: &[f32],
-    u: &[f32],
-    dz: &mut [f32],
-    rows: usize,
-    lanes: &Lanes16,
-    beta: f32,
-) -> f64 {
+fn tree_backward_rows16(v4: pulp::x86::V4, slices: Rows16) -> f64 {
     use crate::cpu::extent::assert_holds;
     use std::arch::x86_64::{__m512, __m512i, __mmask16};
+    let Rows16 {
+        phi,
+        gphi,
+        u,
+        dz,
+        rows,
+        lanes,
+        beta,
+    } = slices;
     let f = v4.avx512f;
     let (p, lp) = (lanes.p, lanes.lp);
     assert!(
