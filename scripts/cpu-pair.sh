@@ -7,7 +7,9 @@
 # (RACELAB_ISA; `native` is the detected level), each (P,L) and each mode (`nc` non-causal,
 # `c` causal) runs `racelab bench --backward` (forward+backward, paper shape: 4 heads,
 # d = 128, f32, N tokens, median of 3 runs) PAIRS times, the two binaries alternated and their
-# order swapped every pair. Prints one line per pair and the median NEW/OLD ratio per row.
+# order swapped every pair. Prints one line per pair and, per row, the median NEW/OLD ratio with
+# its distribution-free 95% interval (scripts/pair_summary.py; 6 pairs or more give one) and
+# whether the median is within PAIR_LIMIT (default 1.03, the ±3% of a no-regression check).
 # Defaults: 5 pairs, ISAS "native avx2 scalar", PLS "2,2 4,4", MODES "nc c", N 1048576.
 # Nothing else should run on the machine meanwhile.
 set -euo pipefail
@@ -20,6 +22,8 @@ pls=${5:-2,2 4,4}
 modes=${6:-nc c}
 n=${7:-1048576}
 root=$PWD/target/pair
+summary=$PWD/scripts/pair_summary.py
+limit=${PAIR_LIMIT:-1.03}
 mkdir -p "$root"
 bin() {
     local rev dir
@@ -64,8 +68,7 @@ for isa in $isas; do
                 ratios+=("$r")
                 echo "($p,$l) $mode $level pair $i: old $ta s, new $tb s, new/old $r"
             done
-            median=$(printf '%s\n' "${ratios[@]}" | sort -n | sed -n "$(((pairs + 1) / 2))p")
-            echo "($p,$l) $mode $level median new/old $median"
+            echo "($p,$l) $mode $level $(python3 "$summary" "${ratios[@]}" --limit "$limit")"
         done
     done
 done

@@ -36,15 +36,16 @@ pub(crate) trait V16: pulp::Simd<f32s = f32x16> {
     fn store_part(self, out: &mut [f32], v: f32x16);
 }
 
+/// One masked load or store (pulp's partial accesses on `V4` call an assembly stub per length).
 #[cfg(target_arch = "x86_64")]
 impl V16 for pulp::x86::V4 {
     #[inline(always)]
     fn load_part(self, x: &[f32]) -> f32x16 {
-        self.partial_load_f32s(x)
+        pulp::cast(crate::cpu::simd::load_part_v4(self, x))
     }
     #[inline(always)]
     fn store_part(self, out: &mut [f32], v: f32x16) {
-        self.partial_store_f32s(out, v)
+        crate::cpu::simd::store_part_v4(self, out, pulp::cast(v))
     }
 }
 
@@ -82,16 +83,27 @@ impl V16 for pulp::Scalar512b {
     }
 }
 
-/// The first `len` lanes (≤ 16) of `x` from `at`, the rest zero.
+/// The first `len` lanes (≤ 16) of `x` from `at`, the rest zero: a whole row by one plain
+/// load (a partial access may be a call, as pulp's are on `V3`, around which a loop's
+/// accumulators are kept in memory).
 #[inline(always)]
 pub(crate) fn load_n<S: V16>(simd: S, x: &[f32], at: usize, len: usize) -> f32x16 {
-    simd.load_part(&x[at..at + len])
+    if len == 16 {
+        load(simd, x, at)
+    } else {
+        simd.load_part(&x[at..at + len])
+    }
 }
 
-/// Store the first `len` lanes (≤ 16) of `v` into `out` from `at`.
+/// Store the first `len` lanes (≤ 16) of `v` into `out` from `at` (a whole row by one plain
+/// store).
 #[inline(always)]
 pub(crate) fn store_n<S: V16>(simd: S, out: &mut [f32], at: usize, len: usize, v: f32x16) {
-    simd.store_part(&mut out[at..at + len], v)
+    if len == 16 {
+        store(simd, out, at, v)
+    } else {
+        simd.store_part(&mut out[at..at + len], v)
+    }
 }
 
 /// A full row of 16 lanes of `x` from `at`.

@@ -4,7 +4,7 @@
 use pulp::x86::V4;
 use std::arch::x86_64::{__m512, __mmask16};
 
-/// The mask of the first `n < 16` lanes.
+/// The mask of the first `min(n, 16)` lanes.
 #[inline(always)]
 fn first(n: usize) -> __mmask16 {
     ((1u32 << n.min(16)) - 1) as u16
@@ -177,4 +177,24 @@ pub(super) fn dot(v4: V4, a: &[f32], b: &[f32]) -> f32 {
         f._mm512_add_ps(acc[2], acc[3]),
     );
     f._mm512_reduce_add_ps(s)
+}
+
+/// The first `x.len()` lanes (at most 16) of `x`, the rest zero: one masked load. (pulp's
+/// `partial_load_f32s` on `V4` calls an out-of-line assembly stub per length, a call in the
+/// kernels' loops around which their accumulators were kept in memory.)
+#[inline(always)]
+pub(crate) fn load_part(v4: V4, x: &[f32]) -> __m512 {
+    let mask = first(x.len());
+    // SAFETY: the mask enables the first min(len, 16) lanes, all within `x`; AVX-512 masked
+    // loads do not access (or fault on) the lanes the mask disables.
+    unsafe { v4.avx512f._mm512_maskz_loadu_ps(mask, x.as_ptr()) }
+}
+
+/// The first `out.len()` lanes (at most 16) of `v` into `out`: one masked store.
+#[inline(always)]
+pub(crate) fn store_part(v4: V4, out: &mut [f32], v: __m512) {
+    let mask = first(out.len());
+    // SAFETY: the mask enables the first min(len, 16) lanes, all within `out`; the disabled
+    // lanes are not written.
+    unsafe { v4.avx512f._mm512_mask_storeu_ps(out.as_mut_ptr(), mask, v) }
 }
