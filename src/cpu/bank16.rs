@@ -526,7 +526,13 @@ fn step<S: V16, const M: usize, const CH: usize>(
         // The state's chunks, S_f = base_f + local_f (0 for the padding rows f ≥ m).
         let lv = local.get();
         let mut s = [[zero; CH]; M];
-        for (f, sf) in s.iter_mut().enumerate().take(m) {
+        // All `M` rows visited (those past `m` skipped): a loop of constant length unrolls, so
+        // every index into `s` is a constant and `s` lives in registers. Over `take(m)` it
+        // stayed in memory, and each FMA of the read took its operand from the stack.
+        for (f, sf) in s.iter_mut().enumerate() {
+            if f >= m {
+                continue;
+            }
             for (c, sfc) in sf.iter_mut().enumerate() {
                 *sfc = v16::load_n(simd, lv, f * ld + col(c), len[c]);
                 if !base.is_empty() {
@@ -578,7 +584,10 @@ fn step<S: V16, const M: usize, const CH: usize>(
                 }
             }
         }
-        for (f, df) in dl.iter().enumerate().take(m) {
+        for (f, df) in dl.iter().enumerate() {
+            if f >= m {
+                continue;
+            }
             for (c, dfc) in df.iter().enumerate() {
                 let at = f * ld + col(c);
                 let sum = simd.add_f32s(v16::load_n(simd, lp, at, len[c]), *dfc);

@@ -663,15 +663,23 @@ impl Nt<'_> {
                 let zero = s.splat_f32s(0.0);
                 let mut acc = [[zero; QT]; RT];
                 let (mut xs, mut w) = ([zero; RT], [zero; QT]);
-                for c in 0..xv[0].0.len() {
-                    for (x, v) in xs.iter_mut().zip(&xv) {
-                        *x = v.0[c];
+                // Every operand cut to the same whole-vector length once per tile, so that the
+                // loop's indices need no check (split one by one, each load was checked).
+                let nv = xv[0].0.len();
+                let (xw, ww, ww2) = (
+                    xv.map(|v| &v.0[..nv]),
+                    wv.map(|v| &v.0[..nv]),
+                    wv2.map(|v| &v.0[..nv]),
+                );
+                for c in 0..nv {
+                    for (x, v) in xs.iter_mut().zip(&xw) {
+                        *x = v[c];
                     }
                     for (q, wq) in w.iter_mut().enumerate() {
                         *wq = if TWO {
-                            s.add_f32s(wv[q].0[c], wv2[q].0[c])
+                            s.add_f32s(ww[q][c], ww2[q][c])
                         } else {
-                            wv[q].0[c]
+                            ww[q][c]
                         };
                     }
                     outer(s, &mut acc, xs, w);
