@@ -93,6 +93,18 @@ def classify(text):
     return load, store, fma
 
 
+def demangle(names):
+    """Readable names (llvm-cxxfilt; a build with `-C symbol-mangling-version=v0` names each
+    instance of a generic frame by its kernel), or the mangled ones where it is missing."""
+    names = sorted(set(names))
+    try:
+        out = subprocess.run(["llvm-cxxfilt"], input="\n".join(names), capture_output=True,
+                             text=True, check=True).stdout.splitlines()
+    except (OSError, subprocess.CalledProcessError):
+        return {}
+    return dict(zip(names, out))
+
+
 def loops(insns):
     """(head, tail) address pairs of the backward branches."""
     addrs = {a for a, _ in insns}
@@ -138,10 +150,12 @@ def main():
     for name, s, key, n, insns in rows:
         agg[(name, s, key)] += n
         listing[(name, s, key)] = insns
+    names = demangle([k[0] for k in agg])
     print(f"{total} user samples of {os.path.basename(binary)} {' '.join(args)}")
     print("share | insns | loads | stores | fma | function @ loop")
     for k, n in sorted(agg.items(), key=lambda kv: -kv[1])[:top]:
         name, s, key = k
+        name = names.get(name, name)
         if key is None:
             print(f"{100 * n / total:5.1f}% | (not in a loop) | {name[:70]}")
             continue
@@ -149,7 +163,7 @@ def main():
         c = [classify(t) for _, t in body]
         loads, stores, fmas = (sum(x[i] for x in c) for i in range(3))
         print(f"{100 * n / total:5.1f}% | {len(body):5} | {loads:5} | {stores:6} | {fmas:3} | "
-              f"{name[:60]} @ {key[0]:#x}-{key[1]:#x}")
+              f"{name[:90]} @ {key[0]:#x}-{key[1]:#x}")
         if outdir:
             os.makedirs(outdir, exist_ok=True)
             with open(os.path.join(outdir, f"{key[0]:x}.s"), "w") as f:

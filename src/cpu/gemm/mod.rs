@@ -637,11 +637,16 @@ impl Nt<'_> {
         let mut i = 0;
         while i < rows {
             let nr = (rows - i).min(RT);
-            let xr: [&[f32]; RT] = std::array::from_fn(|r| {
+            // Each operand row as whole vectors, all cut to one length `nv`, and its tail: by
+            // plain loops (the closures of `array::map` and `from_fn` are compiled outside the
+            // frame, which hid the common length and left a bounds check per row and step).
+            let nv = k / S::LANES;
+            let mut xv: [(&[S::f32s], &[f32]); RT] = [(&[], &[]); RT];
+            for (r, x) in xv.iter_mut().enumerate() {
                 let o = (i + r.min(nr - 1)) * lda;
-                &a[o..o + k]
-            });
-            let xv = xr.map(|x| S::as_simd_f32s(x));
+                let (h, t) = S::as_simd_f32s(&a[o..o + k]);
+                *x = (&h[..nv], t);
+            }
             let mut p = 0;
             while p < cols {
                 let np = (cols - p).min(QT);
@@ -654,32 +659,29 @@ impl Nt<'_> {
                     p += QT;
                     continue;
                 }
-                let at = |q: usize| (p + q.min(np - 1)) * ldb;
-                let wv: [_; QT] = std::array::from_fn(|q| S::as_simd_f32s(&b[at(q)..at(q) + k]));
-                let wv2: [_; QT] = std::array::from_fn(|q| {
-                    let o = if TWO { at(q) } else { 0 };
-                    S::as_simd_f32s(&b2[o..o + k])
-                });
+                let mut wv: [(&[S::f32s], &[f32]); QT] = [(&[], &[]); QT];
+                let mut wv2: [(&[S::f32s], &[f32]); QT] = [(&[], &[]); QT];
+                for (q, (w, w2)) in wv.iter_mut().zip(wv2.iter_mut()).enumerate() {
+                    let o = (p + q.min(np - 1)) * ldb;
+                    let (h, t) = S::as_simd_f32s(&b[o..o + k]);
+                    *w = (&h[..nv], t);
+                    if TWO {
+                        let (h, t) = S::as_simd_f32s(&b2[o..o + k]);
+                        *w2 = (&h[..nv], t);
+                    }
+                }
                 let zero = s.splat_f32s(0.0);
                 let mut acc = [[zero; QT]; RT];
                 let (mut xs, mut w) = ([zero; RT], [zero; QT]);
-                // Every operand cut to the same whole-vector length once per tile, so that the
-                // loop's indices need no check (split one by one, each load was checked).
-                let nv = xv[0].0.len();
-                let (xw, ww, ww2) = (
-                    xv.map(|v| &v.0[..nv]),
-                    wv.map(|v| &v.0[..nv]),
-                    wv2.map(|v| &v.0[..nv]),
-                );
                 for c in 0..nv {
-                    for (x, v) in xs.iter_mut().zip(&xw) {
-                        *x = v[c];
+                    for (x, v) in xs.iter_mut().zip(&xv) {
+                        *x = v.0[c];
                     }
                     for (q, wq) in w.iter_mut().enumerate() {
                         *wq = if TWO {
-                            s.add_f32s(ww[q][c], ww2[q][c])
+                            s.add_f32s(wv[q].0[c], wv2[q].0[c])
                         } else {
-                            ww[q][c]
+                            wv[q].0[c]
                         };
                     }
                     outer(s, &mut acc, xs, w);
