@@ -8,7 +8,8 @@
 # target/pair/), runs each (P,L) in {(2,2), (4,4)}, non-causal and causal, at N tokens (default
 # 65536; 2 heads, d = 128, one thread) with REPS=1 and REPS=3, and prints the instructions of
 # one repetition, (count(3) - count(1)) / 2, so that set-up and input generation cancel, and
-# the NEW/OLD ratio. Instruction counts are exact and do not depend on the host's load.
+# the NEW/OLD ratio. The counts do not depend on the host's load (run to run they agree to
+# within a few tens of instructions).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 old=${1:?usage: scripts/neon-icount.sh OLD_REV NEW_REV [N]}
