@@ -331,9 +331,7 @@ impl Simd for Lanes512 {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512;
-#[cfg(target_arch = "x86_64")]
-pub(crate) use avx512::{load_part as load_part_v4, store_part as store_part_v4};
+pub(crate) mod avx512;
 
 /// The proof that this CPU has a level's instructions: a pulp token, which only pulp's run-time
 /// detection creates (`V4::try_new`, `V3::try_new`, `Neon::try_new`; `pulp::Scalar` runs

@@ -41,11 +41,11 @@ pub(crate) trait V16: pulp::Simd<f32s = f32x16> {
 impl V16 for pulp::x86::V4 {
     #[inline(always)]
     fn load_part(self, x: &[f32]) -> f32x16 {
-        pulp::cast(crate::cpu::simd::load_part_v4(self, x))
+        pulp::cast(crate::cpu::simd::avx512::load_part(self, x))
     }
     #[inline(always)]
     fn store_part(self, out: &mut [f32], v: f32x16) {
-        crate::cpu::simd::store_part_v4(self, out, pulp::cast(v))
+        crate::cpu::simd::avx512::store_part(self, out, pulp::cast(v))
     }
 }
 
