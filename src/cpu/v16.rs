@@ -34,6 +34,12 @@ pub(crate) trait V16: pulp::Simd<f32s = f32x16> {
     fn load_part(self, x: &[f32]) -> f32x16;
     /// The first `out.len() ≤ 16` lanes of `v` into `out`.
     fn store_part(self, out: &mut [f32], v: f32x16);
+    /// `v` with the lanes from `n` on set to zero: a product with 1s and 0s (`v` must be
+    /// finite there, as feature products are), one masked move where the token has masks.
+    #[inline(always)]
+    fn keep_first(self, v: f32x16, n: usize) -> f32x16 {
+        self.mul_f32s(v, pulp::cast(PREFIX[n.min(16)]))
+    }
 }
 
 /// One masked load or store (pulp's partial accesses on `V4` call an assembly stub per length).
@@ -46,6 +52,10 @@ impl V16 for pulp::x86::V4 {
     #[inline(always)]
     fn store_part(self, out: &mut [f32], v: f32x16) {
         crate::cpu::simd::avx512::store_part(self, out, pulp::cast(v))
+    }
+    #[inline(always)]
+    fn keep_first(self, v: f32x16, n: usize) -> f32x16 {
+        pulp::cast(crate::cpu::simd::avx512::keep_first(self, pulp::cast(v), n))
     }
 }
 
@@ -122,11 +132,38 @@ pub(crate) fn store<S: V16>(simd: S, out: &mut [f32], at: usize, v: f32x16) {
     *row = pulp::cast(v);
 }
 
-/// `v` with the lanes from `n` on set to zero (by a product with 1s and 0s: `v` must be
-/// finite there, as feature products are).
+/// `v` with the lanes from `n` on set to zero ([`V16::keep_first`]; `v` must be finite there,
+/// as feature products are).
 #[inline(always)]
 pub(crate) fn keep_first<S: V16>(simd: S, v: f32x16, n: usize) -> f32x16 {
-    simd.mul_f32s(v, load(simd, &PREFIX[n.min(16)], 0))
+    simd.keep_first(v, n)
+}
+
+/// The first `n` rows of 16 floats of `x` (panics if `x` is shorter): a kernel indexes rows
+/// of a known length, so that the only bounds checks left are on the row index.
+#[inline(always)]
+pub(crate) fn rows(x: &[f32], n: usize) -> &[[f32; 16]] {
+    x[..n * 16].as_chunks::<16>().0
+}
+
+/// [`rows`], mutable.
+#[inline(always)]
+pub(crate) fn rows_mut(x: &mut [f32], n: usize) -> &mut [[f32; 16]] {
+    x[..n * 16].as_chunks_mut::<16>().0
+}
+
+/// One row of 16 lanes.
+#[inline(always)]
+pub(crate) fn row<S: V16>(simd: S, x: &[f32; 16]) -> f32x16 {
+    let _ = simd;
+    pulp::cast(*x)
+}
+
+/// Store one row of 16 lanes.
+#[inline(always)]
+pub(crate) fn set_row<S: V16>(simd: S, out: &mut [f32; 16], v: f32x16) {
+    let _ = simd;
+    *out = pulp::cast(v);
 }
 
 /// `PREFIX[n]`: 1 in the first `n` lanes, 0 after.
@@ -147,7 +184,8 @@ const PREFIX: [[f32; 16]; 17] = {
 /// `Σ_f x_f t_f` over the first `m ≤ 16` of the 16-lane vectors `t` (two chains, even and
 /// odd `f`): one row of a product with a transposed 16-feature block.
 #[inline(always)]
-pub(crate) fn feature_row<S: V16>(simd: S, x: &[f32], t: &[f32x16; 16], m: usize) -> f32x16 {
+pub(crate) fn feature_row<S: V16>(simd: S, x: &[f32; 16], t: &[f32x16; 16], m: usize) -> f32x16 {
+    let m = m.min(16);
     let zero = simd.splat_f32s(0.0);
     let (mut q0, mut q1) = (zero, zero);
     let mut f = 0;

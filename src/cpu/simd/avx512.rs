@@ -190,6 +190,12 @@ pub(crate) fn load_part(v4: V4, x: &[f32]) -> __m512 {
     unsafe { v4.avx512f._mm512_maskz_loadu_ps(mask, x.as_ptr()) }
 }
 
+/// `v` with the lanes from `n` on set to zero: one masked move.
+#[inline(always)]
+pub(crate) fn keep_first(v4: V4, v: __m512, n: usize) -> __m512 {
+    v4.avx512f._mm512_maskz_mov_ps(first(n), v)
+}
+
 /// The first `out.len()` lanes (at most 16) of `v` into `out`: one masked store.
 #[inline(always)]
 pub(crate) fn store_part(v4: V4, out: &mut [f32], v: __m512) {

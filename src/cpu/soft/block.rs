@@ -423,7 +423,15 @@ impl Kernel for Rows16<'_> {
     type Output = Option<f64>;
     #[inline(always)]
     fn run<T: Token>(self, t: T) -> Option<f64> {
-        Some(tree_backward_rows16(t.v4()?, self))
+        let v4 = t.v4()?;
+        // P a constant of each instance: the butterfly loops unroll and their tables stay in
+        // registers.
+        Some(match self.lanes.p {
+            1 => tree_backward_rows16::<1>(v4, self),
+            2 => tree_backward_rows16::<2>(v4, self),
+            3 => tree_backward_rows16::<3>(v4, self),
+            _ => tree_backward_rows16::<4>(v4, self),
+        })
     }
 }
 
@@ -434,10 +442,11 @@ impl Kernel for Rows16<'_> {
 /// permute to lane `t·P + b` of `∂ℓ/∂z`'s row. `u` (`rows × lp`) in, `∂ℓ/∂z` (`rows × lp`)
 /// out; returns Σ `u_b c_b` (f32 per lane over the block, then f64). The intrinsics are
 /// methods of the `V4` token; the slices' lengths are checked here: `phi` and `gphi` hold
-/// `rows` rows of 16, `u` and `dz` at least `rows·lp` floats, `lp = L·P ≤ 16`.
+/// `rows` rows of 16, `u` and `dz` at least `rows·lp` floats, `lp = L·P ≤ 16`, and `P` is
+/// the tables' `p`.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn tree_backward_rows16(v4: pulp::x86::V4, slices: Rows16) -> f64 {
+fn tree_backward_rows16<const P: usize>(v4: pulp::x86::V4, slices: Rows16) -> f64 {
     use crate::cpu::extent::assert_holds;
     use std::arch::x86_64::{__m512, __m512i, __mmask16};
     let Rows16 {
@@ -450,10 +459,11 @@ fn tree_backward_rows16(v4: pulp::x86::V4, slices: Rows16) -> f64 {
         beta,
     } = slices;
     let f = v4.avx512f;
-    let (p, lp) = (lanes.p, lanes.lp);
+    let (p, lp) = (P, lanes.lp);
     assert!(
-        lp <= 16 && p <= 4,
-        "tree_backward_rows16: L·P = {lp} past 16"
+        lp <= 16 && p <= 4 && lanes.p == P,
+        "tree_backward_rows16: L·P = {lp} past 16, or P = {} not {P}",
+        lanes.p
     );
     assert_holds(phi.len(), rows, 16, 16, 1, "tree_backward_rows16: phi");
     assert_holds(gphi.len(), rows, 16, 16, 1, "tree_backward_rows16: gphi");

@@ -86,21 +86,29 @@ impl Kernel for KeyIntra16<'_> {
             pq,
             a,
         } = self;
+        // Rows of 16 floats (TC = 16), cut to `rows ≤ 16`: every index is a lane under 16.
+        const { assert!(TC == 16) };
+        let rows = rows.min(16);
+        let (att, pq, gphi) = (
+            v16::rows(att, rows),
+            v16::rows(pq, rows),
+            v16::rows_mut(gphi, rows),
+        );
         let av = v16::load(simd, &a, 0);
-        let q = |i: usize| v16::load(simd, pq, i * 16);
-        for j in 0..rows {
-            let mut g0 = simd.add_f32s(v16::load(simd, gphi, j * 16), av);
+        for (j, grow) in gphi.iter_mut().enumerate() {
+            let mut g0 = simd.add_f32s(v16::row(simd, grow), av);
             let mut g1 = simd.splat_f32s(0.0);
-            let mut i = j;
-            while i + 1 < rows {
-                g0 = simd.mul_add_e_f32s(simd.splat_f32s(att[i * TC + j]), q(i), g0);
-                g1 = simd.mul_add_e_f32s(simd.splat_f32s(att[(i + 1) * TC + j]), q(i + 1), g1);
-                i += 2;
+            // Σ_{i≥j} att_ij φ(q_i), two chains (rows i, i + 1 of `att` and `pq` in pairs).
+            let (a2, a1) = att[j..].as_chunks::<2>();
+            let (q2, q1) = pq[j..].as_chunks::<2>();
+            for (w, q) in a2.iter().zip(q2) {
+                g0 = simd.mul_add_e_f32s(simd.splat_f32s(w[0][j]), v16::row(simd, &q[0]), g0);
+                g1 = simd.mul_add_e_f32s(simd.splat_f32s(w[1][j]), v16::row(simd, &q[1]), g1);
             }
-            if i < rows {
-                g0 = simd.mul_add_e_f32s(simd.splat_f32s(att[i * TC + j]), q(i), g0);
+            if let (Some(w), Some(q)) = (a1.first(), q1.first()) {
+                g0 = simd.mul_add_e_f32s(simd.splat_f32s(w[j]), v16::row(simd, q), g0);
             }
-            v16::store(simd, gphi, j * 16, simd.add_f32s(g0, g1));
+            v16::set_row(simd, grow, simd.add_f32s(g0, g1));
         }
     }
 }

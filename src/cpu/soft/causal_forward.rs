@@ -95,16 +95,20 @@ impl Kernel for LowerGram16<'_> {
             den: (den, ldd),
             a,
         } = self;
+        // Rows of 16 floats (TC = 16), cut to `rows ≤ 16`: no bounds checks in the row loop
+        // but `den`'s.
+        const { assert!(TC == 16) };
+        let (rows, m) = (rows.min(16), m.min(16));
+        let (x, att) = (v16::rows(x, rows), v16::rows_mut(att, rows));
         let av = v16::load(simd, &a, 0);
         let mut kt = [simd.splat_f32s(0.0); 16];
         for (f, t) in kt.iter_mut().enumerate().take(m) {
             *t = v16::load_n(simd, yt, f * ldt, rows);
         }
-        for i in 0..rows {
-            let row = &x[i * 16..i * 16 + 16];
+        for (i, (row, arow)) in x.iter().zip(att.iter_mut()).enumerate() {
             let q = v16::keep_first(simd, v16::feature_row(simd, row, &kt, m), i + 1);
-            v16::store_n(simd, att, i * TC, rows, q);
-            let phi = v16::load(simd, row, 0);
+            v16::store_n(simd, arow, 0, rows, q);
+            let phi = v16::row(simd, row);
             den[i * ldd] = simd.reduce_sum_f32s(simd.mul_add_e_f32s(phi, av, q));
         }
     }

@@ -278,6 +278,16 @@ impl Kernel for QueryIntra16<'_> {
             cs: (c, s),
             a,
         } = self;
+        // Rows of 16 floats (TC = 16), cut to `rows ≤ 16`: every index below is a row index
+        // under `rows` or a lane under 16, so the loops carry no bounds checks.
+        const { assert!(TC == 16) };
+        let (rows, m) = (rows.min(16), m.min(16));
+        let (pq, pk) = (v16::rows(pq, rows), v16::rows(pk, rows));
+        let (gphi, att, qk) = (
+            v16::rows_mut(gphi, rows),
+            v16::rows_mut(att, rows),
+            v16::rows_mut(qk, rows),
+        );
         let zero = simd.splat_f32s(0.0);
         let mut kt = [zero; 16];
         for (f, t) in kt.iter_mut().enumerate().take(m) {
@@ -288,41 +298,45 @@ impl Kernel for QueryIntra16<'_> {
         // − s_i Σ_{j≤i} φ(k_j)): the product over the row does not wait for s_i (and does not
         // read back the scaled row just stored, which would stall on store forwarding).
         let mut pre = zero;
-        for i in 0..rows {
-            let krow = |j: usize| v16::load(simd, pk, j * 16);
-            let ar = i * TC;
-            // Σ_{j≤i} (g_i·v_j) φ(k_j), two chains (even and odd j).
+        let lines = pq
+            .iter()
+            .zip(gphi.iter_mut())
+            .zip(att.iter_mut().zip(qk.iter_mut()));
+        for (i, (((prow, grow), (arow, qrow)), (&ci, si_out))) in
+            lines.zip(c.iter().zip(s.iter_mut())).enumerate()
+        {
+            // Σ_{j<i} (g_i·v_j) φ(k_j), two chains (even and odd j).
+            let (k2, k1) = pk[..i].as_chunks::<2>();
+            let (a2, a1) = arow[..i].as_chunks::<2>();
             let (mut t0, mut t1) = (zero, zero);
-            let mut j = 0;
-            while j < i {
-                t0 = simd.mul_add_e_f32s(simd.splat_f32s(att[ar + j]), krow(j), t0);
-                t1 = simd.mul_add_e_f32s(simd.splat_f32s(att[ar + j + 1]), krow(j + 1), t1);
-                j += 2;
+            for (k, w) in k2.iter().zip(a2) {
+                t0 = simd.mul_add_e_f32s(simd.splat_f32s(w[0]), v16::row(simd, &k[0]), t0);
+                t1 = simd.mul_add_e_f32s(simd.splat_f32s(w[1]), v16::row(simd, &k[1]), t1);
             }
-            if j == i {
-                t0 = simd.mul_add_e_f32s(simd.splat_f32s(att[ar + j]), krow(j), t0);
+            if let (Some(k), Some(&w)) = (k1.first(), a1.first()) {
+                t0 = simd.mul_add_e_f32s(simd.splat_f32s(w), v16::row(simd, k), t0);
             }
-            pre = simd.add_f32s(pre, krow(i));
+            // j = i: its φ(k_i) into the prefix sum and its product into t0.
+            let ki = v16::row(simd, &pk[i]);
+            pre = simd.add_f32s(pre, ki);
+            t0 = simd.mul_add_e_f32s(simd.splat_f32s(arow[i]), ki, t0);
             // Row i keeps the keys j ≤ i.
-            let prow = &pq[i * 16..i * 16 + 16];
             let q = v16::keep_first(simd, v16::feature_row(simd, prow, &kt, m), i + 1);
             let ph = v16::load_n(simd, prow, 0, m);
-            let g = v16::load_n(simd, gphi, i * 16, m);
-            let at = v16::load_n(simd, att, ar, i + 1);
-            let ci = c[i];
+            let g = v16::load_n(simd, grow, 0, m);
+            let at = v16::load_n(simd, arow, 0, i + 1);
             let dot = simd.mul_add_e_f32s(q, at, simd.mul_f32s(ph, g));
             let si = ci * simd.reduce_sum_f32s(dot);
-            s[i] = si;
+            *si_out = si;
             let (cv, sv) = (simd.splat_f32s(ci), simd.splat_f32s(si));
             // Only the sub-block's columns (a row is `TC` floats), and only j ≤ i.
             let scaled = v16::keep_first(simd, simd.mul_f32s(cv, simd.sub_f32s(at, sv)), i + 1);
-            v16::store_n(simd, att, ar, rows, scaled);
-            v16::store_n(simd, qk, i * TC, rows, simd.mul_f32s(q, cv));
+            v16::store_n(simd, arow, 0, rows, scaled);
+            v16::store_n(simd, qrow, 0, rows, simd.mul_f32s(q, cv));
             // c_i (g_i·S + Σ_j (g_i·v_j) φ(k_j) − s_i (A + Σ_{j≤i} φ(k_j))).
             let gsum = simd.add_f32s(g, simd.add_f32s(t0, t1));
             let gout = simd.negate_mul_add_e_f32s(sv, simd.add_f32s(av, pre), gsum);
-            let gout = simd.mul_f32s(cv, gout);
-            v16::store(simd, gphi, i * 16, gout);
+            v16::set_row(simd, grow, simd.mul_f32s(cv, gout));
         }
     }
 }

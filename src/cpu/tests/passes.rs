@@ -154,7 +154,9 @@ fn causal_backward_one_pass_and_two_passes_match_reference() {
             .build()
             .unwrap()
     };
-    for (p, l) in [(2, 2), (3, 3), (4, 4), (1, 5)] {
+    // (1, 5), (2, 2), (3, 2), (4, 1): banks of at most 16 features, every P of the 16-lane
+    // backward rows (one instance per P).
+    for (p, l) in [(2, 2), (3, 3), (4, 4), (1, 5), (3, 2), (4, 1)] {
         let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, 9).unwrap());
         let p64 = planes.to_planes();
         let map = SoftMap::new(&planes, beta as f32).unwrap();
