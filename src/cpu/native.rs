@@ -26,6 +26,19 @@ pub(crate) trait Native: pulp::Simd {
     /// Lanes of `f32s`.
     const LANES: usize = core::mem::size_of::<Self::f32s>() / 4;
 
+    /// The first `x.len() ≤ LANES` lanes from `x`, the rest zero: pulp's partial load, one
+    /// masked load on `V4` and `V3` (pulp's jumps to an out-of-line stub per length there).
+    #[inline(always)]
+    fn load_tail(self, x: &[f32]) -> Self::f32s {
+        self.partial_load_f32s(x)
+    }
+
+    /// The first `out.len() ≤ LANES` lanes of `v` into `out` (the rest of `out` untouched).
+    #[inline(always)]
+    fn store_tail(self, out: &mut [f32], v: Self::f32s) {
+        self.partial_store_f32s(out, v)
+    }
+
     /// `out[r][q] = Σ lanes of acc[r][q]`.
     #[inline(always)]
     fn reduce_tile<const RT: usize, const QT: usize>(
@@ -52,6 +65,14 @@ pub(crate) trait Native: pulp::Simd {
 #[cfg(target_arch = "x86_64")]
 impl Native for pulp::x86::V4 {
     #[inline(always)]
+    fn load_tail(self, x: &[f32]) -> Self::f32s {
+        pulp::cast(crate::cpu::simd::avx512::load_part(self, x))
+    }
+    #[inline(always)]
+    fn store_tail(self, out: &mut [f32], v: Self::f32s) {
+        crate::cpu::simd::avx512::store_part(self, out, pulp::cast(v))
+    }
+    #[inline(always)]
     fn reduce_tile<const RT: usize, const QT: usize>(
         self,
         acc: &[[Self::f32s; QT]; RT],
@@ -75,6 +96,15 @@ impl Native for pulp::x86::V4 {
     }
 }
 
+/// The AVX mask of the first `min(n, 8)` lanes (all bits set in a lane that is on).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn first8(v3: pulp::x86::V3, n: usize) -> std::arch::x86_64::__m256i {
+    let iota: std::arch::x86_64::__m256i = pulp::cast([0i32, 1, 2, 3, 4, 5, 6, 7]);
+    let n: std::arch::x86_64::__m256i = pulp::cast([n.min(8) as i32; 8]);
+    v3.avx2._mm256_cmpgt_epi32(n, iota)
+}
+
 /// [`Native::reduce_tile`] by one lane sum per accumulator. (Plain loops: a closure passed
 /// to `std::array::from_fn` is compiled outside the SIMD frame, without its features.)
 #[inline(always)]
@@ -93,6 +123,23 @@ fn lane_sums<S: pulp::Simd, const RT: usize, const QT: usize>(
 
 #[cfg(target_arch = "x86_64")]
 impl Native for pulp::x86::V3 {
+    #[inline(always)]
+    fn load_tail(self, x: &[f32]) -> Self::f32s {
+        let mask = first8(self, x.len());
+        // SAFETY: the mask enables the first min(len, 8) lanes, all within `x`; AVX masked
+        // loads do not access (or fault on) the lanes the mask disables.
+        pulp::cast(unsafe { self.avx._mm256_maskload_ps(x.as_ptr(), mask) })
+    }
+    #[inline(always)]
+    fn store_tail(self, out: &mut [f32], v: Self::f32s) {
+        let mask = first8(self, out.len());
+        // SAFETY: the mask enables the first min(len, 8) lanes, all within `out`; the disabled
+        // lanes are not written.
+        unsafe {
+            self.avx
+                ._mm256_maskstore_ps(out.as_mut_ptr(), mask, pulp::cast(v))
+        }
+    }
     /// Rows interleaved in pairs (`unpack`), then in fours (`shuffle`), then 128-bit halves
     /// exchanged (`permute2f128`): 24 shuffles for 64 elements.
     #[inline(always)]
@@ -165,4 +212,52 @@ fn hsum16x(v4: pulp::x86::V4, v: &[std::arch::x86_64::__m512; 16]) -> std::arch:
         f._mm512_shuffle_ps::<0b01_00_01_00>(u0, u1),
         f._mm512_shuffle_ps::<0b11_10_11_10>(u0, u1),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Native;
+    use crate::cpu::simd::{dispatch, Isa, Kernel, Level, Token};
+
+    /// A tail of `len` lanes loaded from `x[at..]` and stored at `4` of a guarded buffer.
+    struct Tail(usize);
+    impl Kernel for Tail {
+        type Output = (usize, Vec<f32>, Vec<f32>);
+        #[inline(always)]
+        fn run<T: Token>(self, t: T) -> Self::Output {
+            fn go<S: Native>(s: S, len: usize) -> (usize, Vec<f32>, Vec<f32>) {
+                let n = len.min(S::LANES);
+                let x: Vec<f32> = (0..S::LANES).map(|i| i as f32).collect();
+                let v = s.load_tail(&x[..n]);
+                let mut lanes = vec![0.0f32; S::LANES];
+                S::as_mut_simd_f32s(&mut lanes).0[0] = v;
+                // The guard lanes around the stored tail keep −1.
+                let mut buf = vec![-1.0f32; S::LANES + 8];
+                s.store_tail(&mut buf[4..4 + n], v);
+                (S::LANES, lanes, buf)
+            }
+            go(t.native(), self.0)
+        }
+    }
+
+    #[test]
+    fn tails_load_and_store_only_their_lanes() {
+        for level in [Level::Scalar, Level::Avx2, Level::Avx512] {
+            for len in 0..=16 {
+                let (w, lanes, buf) = dispatch(Isa::at_most(level), Tail(len));
+                let n = len.min(w);
+                for (j, &x) in lanes.iter().enumerate() {
+                    assert_eq!(x, if j < n { j as f32 } else { 0.0 }, "{level:?} len={len}");
+                }
+                for (j, &x) in buf.iter().enumerate() {
+                    let want = if (4..4 + n).contains(&j) {
+                        (j - 4) as f32
+                    } else {
+                        -1.0
+                    };
+                    assert_eq!(x, want, "{level:?} len={len} store lane {j}");
+                }
+            }
+        }
+    }
 }

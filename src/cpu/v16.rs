@@ -23,12 +23,13 @@
 //! zero / untouched).
 
 pub(crate) use pulp::f32x16;
-use pulp::Simd as _;
 
 /// A SIMD token whose f32 vector holds 16 lanes: the kernels' row. Its partial loads and
 /// stores are its own: pulp 0.22's `V3_512b` masked accesses place the second half 16 lanes
 /// on instead of 8 (an out-of-bounds store for a short slice), so that token splits them into
-/// two 8-lane halves itself.
+/// two 8-lane halves itself, each one masked access of `V3` ([`Native::load_tail`]).
+///
+/// [`Native::load_tail`]: crate::cpu::native::Native::load_tail
 pub(crate) trait V16: pulp::Simd<f32s = f32x16> {
     /// The first `x.len() ≤ 16` lanes from `x`, the rest zero.
     fn load_part(self, x: &[f32]) -> f32x16;
@@ -63,18 +64,20 @@ impl V16 for pulp::x86::V4 {
 impl V16 for pulp::x86::V3_512b {
     #[inline(always)]
     fn load_part(self, x: &[f32]) -> f32x16 {
+        use crate::cpu::native::Native;
         let v3 = self.0;
         let (lo, hi) = x.split_at(x.len().min(8));
-        pulp::cast([v3.partial_load_f32s(lo), v3.partial_load_f32s(hi)])
+        pulp::cast([v3.load_tail(lo), v3.load_tail(hi)])
     }
     #[inline(always)]
     fn store_part(self, out: &mut [f32], v: f32x16) {
+        use crate::cpu::native::Native;
         let v3 = self.0;
         let [a, b]: [pulp::f32x8; 2] = pulp::cast(v);
         let n = out.len().min(8);
         let (lo, hi) = out.split_at_mut(n);
-        v3.partial_store_f32s(lo, a);
-        v3.partial_store_f32s(hi, b);
+        v3.store_tail(lo, a);
+        v3.store_tail(hi, b);
     }
 }
 
@@ -94,8 +97,7 @@ impl V16 for pulp::Scalar512b {
 }
 
 /// The first `len` lanes (≤ 16) of `x` from `at`, the rest zero: a whole row by one plain
-/// load (a partial access may be a call, as pulp's are on `V3`, around which a loop's
-/// accumulators are kept in memory).
+/// load, a short one by the token's masked load.
 #[inline(always)]
 pub(crate) fn load_n<S: V16>(simd: S, x: &[f32], at: usize, len: usize) -> f32x16 {
     if len == 16 {
@@ -143,13 +145,19 @@ pub(crate) fn keep_first<S: V16>(simd: S, v: f32x16, n: usize) -> f32x16 {
 /// of a known length, so that the only bounds checks left are on the row index.
 #[inline(always)]
 pub(crate) fn rows(x: &[f32], n: usize) -> &[[f32; 16]] {
-    x[..n * 16].as_chunks::<16>().0
+    x[..n.checked_mul(16).expect("v16::rows: row count overflows")]
+        .as_chunks::<16>()
+        .0
 }
 
 /// [`rows`], mutable.
 #[inline(always)]
 pub(crate) fn rows_mut(x: &mut [f32], n: usize) -> &mut [[f32; 16]] {
-    x[..n * 16].as_chunks_mut::<16>().0
+    x[..n
+        .checked_mul(16)
+        .expect("v16::rows_mut: row count overflows")]
+        .as_chunks_mut::<16>()
+        .0
 }
 
 /// One row of 16 lanes.
@@ -209,6 +217,7 @@ pub(crate) fn lanes(v: f32x16) -> [f32; 16] {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pulp::Simd as _;
     use crate::cpu::simd::{dispatch, Isa, Kernel, Level, Token};
 
     struct Dot<'a>(&'a [f32], &'a [f32]);

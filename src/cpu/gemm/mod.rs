@@ -313,7 +313,7 @@ pub(crate) fn load<S: Native>(s: S, x: &[f32], at: usize, len: usize) -> S::f32s
     } else if len == 0 {
         s.splat_f32s(0.0)
     } else {
-        s.partial_load_f32s(&x[at..at + len])
+        s.load_tail(&x[at..at + len])
     }
 }
 
@@ -323,7 +323,7 @@ pub(crate) fn store<S: Native>(s: S, out: &mut [f32], at: usize, len: usize, v: 
     if len == S::LANES {
         S::as_mut_simd_f32s(&mut out[at..at + len]).0[0] = v;
     } else if len > 0 {
-        s.partial_store_f32s(&mut out[at..at + len], v)
+        s.store_tail(&mut out[at..at + len], v)
     }
 }
 
@@ -688,12 +688,12 @@ impl Nt<'_> {
                 }
                 if !xv[0].1.is_empty() {
                     for (x, v) in xs.iter_mut().zip(&xv) {
-                        *x = s.partial_load_f32s(v.1);
+                        *x = s.load_tail(v.1);
                     }
                     for (q, wq) in w.iter_mut().enumerate() {
-                        *wq = s.partial_load_f32s(wv[q].1);
+                        *wq = s.load_tail(wv[q].1);
                         if TWO {
-                            *wq = s.add_f32s(*wq, s.partial_load_f32s(wv2[q].1));
+                            *wq = s.add_f32s(*wq, s.load_tail(wv2[q].1));
                         }
                     }
                     outer(s, &mut acc, xs, w);
