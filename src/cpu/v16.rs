@@ -217,8 +217,8 @@ pub(crate) fn lanes(v: f32x16) -> [f32; 16] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pulp::Simd as _;
     use crate::cpu::simd::{dispatch, Isa, Kernel, Level, Token};
+    use pulp::Simd as _;
 
     struct Dot<'a>(&'a [f32], &'a [f32]);
     impl Kernel for Dot<'_> {
