@@ -219,7 +219,7 @@ mod tests {
     use super::Native;
     use crate::cpu::simd::{dispatch, Isa, Kernel, Level, Token};
 
-    /// A tail of `len` lanes loaded from `x[at..]` and stored at `4` of a guarded buffer.
+    /// A tail of `len` lanes loaded from the start of `x` and stored at `4` of a guarded buffer.
     struct Tail(usize);
     impl Kernel for Tail {
         type Output = (usize, Vec<f32>, Vec<f32>);
