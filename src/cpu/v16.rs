@@ -134,13 +134,6 @@ pub(crate) fn store<S: V16>(simd: S, out: &mut [f32], at: usize, v: f32x16) {
     *row = pulp::cast(v);
 }
 
-/// `v` with the lanes from `n` on set to zero ([`V16::keep_first`]; `v` must be finite there,
-/// as feature products are).
-#[inline(always)]
-pub(crate) fn keep_first<S: V16>(simd: S, v: f32x16, n: usize) -> f32x16 {
-    simd.keep_first(v, n)
-}
-
 /// The first `n` rows of 16 floats of `x` (panics if `x` is shorter): a kernel indexes rows
 /// of a known length, so that the only bounds checks left are on the row index.
 #[inline(always)]
@@ -240,7 +233,7 @@ mod tests {
         #[inline(always)]
         fn run<T: Token>(self, t: T) -> [f32; 16] {
             let s = t.w16();
-            lanes(keep_first(s, s.splat_f32s(2.0), self.0))
+            lanes(s.keep_first(s.splat_f32s(2.0), self.0))
         }
     }
 

@@ -18,7 +18,7 @@ use crate::cpu::soft::causal::{
 use crate::cpu::soft::forward::{key_bank, normalise, DenRule};
 use crate::cpu::soft::probs::lanes16;
 use crate::cpu::state::{bank_width, plan_segments, split_out};
-use crate::cpu::v16;
+use crate::cpu::v16::{self, V16 as _};
 use pulp::Simd as _;
 use rayon::prelude::*;
 
@@ -106,7 +106,7 @@ impl Kernel for LowerGram16<'_> {
             *t = v16::load_n(simd, yt, f * ldt, rows);
         }
         for (i, (row, arow)) in x.iter().zip(att.iter_mut()).enumerate() {
-            let q = v16::keep_first(simd, v16::feature_row(simd, row, &kt, m), i + 1);
+            let q = simd.keep_first(v16::feature_row(simd, row, &kt, m), i + 1);
             v16::store_n(simd, arow, 0, rows, q);
             let phi = v16::row(simd, row);
             den[i * ldd] = simd.reduce_sum_f32s(simd.mul_add_e_f32s(phi, av, q));

@@ -15,7 +15,7 @@ use crate::cpu::simd::{dispatch, in_frame, Isa, Kernel, Simd, Token};
 use crate::cpu::soft::backward::GFactors;
 use crate::cpu::soft::banks::{inv_den, rows_of, saved_rows};
 use crate::cpu::soft::probs::lanes16;
-use crate::cpu::v16;
+use crate::cpu::v16::{self, V16 as _};
 use pulp::Simd as _;
 
 /// The inputs of the causal backward passes (`uq`, `uk`: the forward's saved `u`, or empty).
@@ -321,7 +321,7 @@ impl Kernel for QueryIntra16<'_> {
             pre = simd.add_f32s(pre, ki);
             t0 = simd.mul_add_e_f32s(simd.splat_f32s(arow[i]), ki, t0);
             // Row i keeps the keys j ≤ i.
-            let q = v16::keep_first(simd, v16::feature_row(simd, prow, &kt, m), i + 1);
+            let q = simd.keep_first(v16::feature_row(simd, prow, &kt, m), i + 1);
             let ph = v16::load_n(simd, prow, 0, m);
             let g = v16::load_n(simd, grow, 0, m);
             let at = v16::load_n(simd, arow, 0, i + 1);
@@ -330,7 +330,7 @@ impl Kernel for QueryIntra16<'_> {
             *si_out = si;
             let (cv, sv) = (simd.splat_f32s(ci), simd.splat_f32s(si));
             // Only the sub-block's columns (a row is `TC` floats), and only j ≤ i.
-            let scaled = v16::keep_first(simd, simd.mul_f32s(cv, simd.sub_f32s(at, sv)), i + 1);
+            let scaled = simd.keep_first(simd.mul_f32s(cv, simd.sub_f32s(at, sv)), i + 1);
             v16::store_n(simd, arow, 0, rows, scaled);
             v16::store_n(simd, qrow, 0, rows, simd.mul_f32s(q, cv));
             // c_i (g_i·S + Σ_j (g_i·v_j) φ(k_j) − s_i (A + Σ_{j≤i} φ(k_j))).
