@@ -3,8 +3,8 @@ Performer and linear attention in the same slots of a small two-layer model, at 
 recurrent state.
 
     pip install ./python            # racelab and racelab.torch
-    python experiments/mqar/mqar.py            # the default grid (about 50 minutes on 2 cores)
-    python experiments/mqar/mqar.py --quick    # a small grid (about 2 minutes)
+    python experiments/mqar/mqar.py            # the default grid (about an hour on 2 cores)
+    python experiments/mqar/mqar.py --quick    # a small grid (about a minute)
 
 Task. A sequence lists K key-value pairs ``k_1 v_1 ... k_K v_K`` (K distinct keys out of
 ``keys`` tokens, values out of ``values`` tokens), then the K keys again in a random order; at
@@ -29,15 +29,21 @@ the token and the one before it (a token shift: the key of the pair ``k_j v_j`` 
 - ``linear``: ``elu(x) + 1`` features, ``m = d_head``.
 
 Tuning, the same for every model (as Zoology does): on the first seed, each model trains at
-every learning rate of ``lrs`` and keeps the one with the best accuracy on a validation set
-(its own draw, disjoint from the test set); Performer then tries each other scale of
-``performer_scales`` at that learning rate and keeps the best. The other seeds train at the
-chosen setting. Every row of the results is then scored on the test set, never used to choose.
+every setting of its grid and keeps the one with the best accuracy on a validation set (its
+own draw, disjoint from the test set). The grid is a window on a ladder per tuned variable:
+the learning rate (``LR_LADDER``, starting from ``lrs``) for every model, and jointly with it
+Performer's feature scale (``SCALE_LADDER``, starting from ``performer_scales``). Where the
+chosen value of a variable is at its window's edge, the window grows by the next ladder rung
+on that side and the new settings train (every combination with the other variable's
+window), until every chosen value is interior or the ladder ends; a setting still on an edge
+is reported as such (``edge``). The other seeds train at the chosen setting. Every row of the
+results is then scored on the test set, never used to choose.
 
 Output: ``figures/mqar/mqar.csv`` (one row per model and seed at its chosen setting: the state,
-learning rate, Performer scale, validation and test accuracy, final loss, β start and end per
-layer with ``dlog2_beta = log2(β_end / β_start)``, seconds), ``mqar_sweep.csv`` (every
-tuning run on the first seed and its validation accuracy) and ``mqar.meta.json``
+learning rate, Performer scale, whether that setting sits on its grid's edge, validation and
+test accuracy, final loss, β start and end per layer with ``dlog2_beta = log2(β_end /
+β_start)``, seconds), ``mqar_sweep.csv`` (every tuning run on the first seed: its setting,
+the round that trained it, its validation accuracy, the final grid, and the choice) and ``mqar.meta.json``
 (parameters, the validated β, seeds, revision, machine, torch and racelab versions). ``racelab reproduce`` reads them into REPORT.md (claims ``mqar-*``) and
 draws ``figures/mqar/accuracy_vs_state.png``; it needs no torch.
 """
@@ -61,32 +67,41 @@ from torch import nn
 import racelab
 from racelab.torch import RaceAttention, causal_linear_attention
 
+# The ladders the tuning grids are windows on (half-decade steps of the learning rate, octaves
+# of Performer's feature scale).
+LR_LADDER = [3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1]
+SCALE_LADDER = [0.125, 0.25, 0.5, 1.0, 2.0, 4.0]
+
 GRIDS = {
-    # Each run trains `steps` steps of `batch` sequences; seeds repeat every model. The
-    # learning rates and Performer's scales are tuned on the first seed (see above). The
-    # full grid leaves out the 4-feature states (L·2^P = m = 4), where every bounded model
-    # sits near chance on 24 pairs, to keep the tuned retrain within about 50 minutes.
+    # Each run trains `steps` steps of `batch` sequences; seeds repeat every model. `lrs` and
+    # `performer_scales` are the starting windows of the tuning grids (contiguous rungs of the
+    # ladders above), grown while a chosen value sits on an edge (see above). The full grid
+    # leaves out the 4-feature states (L·2^P = m = 4), where every bounded model sits near
+    # chance on 24 pairs, and learns β only at (3,4) and (4,4), where accuracy is off the floor
+    # (docs/mqar.md), to keep the tuned retrain within about an hour.
     "full": dict(
         pairs=24, keys=64, values=64, d_model=64, steps=300, batch=64, eval_n=1024, val_n=512,
-        seeds=[0, 1, 2], lrs=[3e-3, 1e-2], beta_lr=5e-2, performer_scales=[1.0, 0.5, 2.0],
+        seeds=[0, 1, 2, 3, 4], lrs=[3e-3, 1e-2, 3e-2], beta_lr=5e-2,
+        performer_scales=[0.25, 0.5, 1.0],
         race=[(2, 2), (3, 1), (2, 4), (4, 1), (3, 4), (5, 1), (4, 4), (6, 1)],
-        learned=[(2, 2), (2, 4), (3, 4), (4, 4)],
+        learned=[(3, 4), (4, 4)],
         performer=[8, 16, 32, 64],
     ),
     "quick": dict(
-        pairs=6, keys=16, values=16, d_model=32, steps=100, batch=32, eval_n=256, val_n=128,
-        seeds=[0, 1, 2], lrs=[3e-3, 1e-2], beta_lr=5e-2, performer_scales=[1.0, 2.0],
+        pairs=4, keys=16, values=16, d_model=32, steps=60, batch=32, eval_n=256, val_n=128,
+        seeds=[0, 1, 2], lrs=[3e-3, 1e-2, 3e-2], beta_lr=5e-2, performer_scales=[0.5, 1.0, 2.0],
         race=[(2, 1), (3, 1)],
         learned=[(2, 1)],
-        performer=[4, 8],
+        performer=[4],
     ),
 }
 
 FIELDS = ["model", "p", "l", "m_features", "beta_mode", "state_floats", "seed", "lr",
-          "performer_scale", "val_accuracy", "accuracy", "final_loss", "beta_start", "beta_final",
-          "dlog2_beta", "seconds", "steps"]
-SWEEP_FIELDS = ["model", "p", "l", "m_features", "beta_mode", "seed", "lr", "performer_scale",
-                "val_accuracy", "val_loss", "chosen"]
+          "performer_scale", "edge", "val_accuracy", "accuracy", "final_loss", "beta_start", "beta_final",
+          "dlog2_beta", "seconds", "steps", "diverged"]
+SWEEP_FIELDS = ["model", "p", "l", "m_features", "beta_mode", "seed", "round", "lr",
+                "performer_scale", "val_accuracy", "val_loss", "diverged", "lr_grid", "scale_grid",
+                "chosen", "edge"]
 
 # The validated β per (P, L): the trade-off study's choice on fixed unit-norm inputs.
 TRADEOFF = Path(__file__).resolve().parents[2] / "figures" / "tradeoff.csv"
@@ -232,23 +247,116 @@ def specs(g, validated):
     return out
 
 
-def first_settings(spec, g):
-    """The first tuning stage: every learning rate (Performer at its first scale)."""
-    scale = g["performer_scales"][0] if spec["model"] == "performer" else ""
-    return [dict(lr=lr, performer_scale=scale) for lr in g["lrs"]]
+class Search:
+    """One model's tuning grid on the first seed: the product of a window on each tuned
+    variable's ladder (the learning rate; Performer's feature scale jointly with it).
 
+    ``pending()`` lists the grid's settings not yet trained; ``add`` records a result;
+    ``widen()`` grows a window by one rung on each side where the chosen value sits on that
+    edge and the ladder goes on (it says whether it grew); ``edge()`` names the chosen values
+    still on an edge (``""``: every one interior)."""
 
-def second_settings(spec, g, best):
-    """The second stage: Performer's other scales at the chosen learning rate."""
-    if spec["model"] != "performer":
-        return []
-    return [dict(lr=best["lr"], performer_scale=s) for s in g["performer_scales"][1:]]
+    def __init__(self, spec, g, ladders=None):
+        ladders = ladders or dict(lr=LR_LADDER, performer_scale=SCALE_LADDER)
+        start = dict(lr=g["lrs"])
+        if spec["model"] == "performer":
+            start["performer_scale"] = g["performer_scales"]
+        self.ladders, self.window = {}, {}
+        for name, values in start.items():
+            ladder = ladders[name]
+            idx = [ladder.index(v) for v in values]
+            if idx != list(range(idx[0], idx[0] + len(idx))):
+                raise SystemExit(f"{name} grid {values} is not a run of consecutive rungs of {ladder}")
+            self.ladders[name], self.window[name] = ladder, [idx[0], idx[-1]]
+        self.results, self.round = [], 0
+
+    def grid(self, name):
+        lo, hi = self.window[name]
+        return self.ladders[name][lo:hi + 1]
+
+    def settings(self):
+        scales = self.grid("performer_scale") if "performer_scale" in self.window else [""]
+        return [dict(lr=lr, performer_scale=s) for lr in self.grid("lr") for s in scales]
+
+    def pending(self):
+        done = [(r["lr"], r["performer_scale"]) for r in self.results]
+        return [st for st in self.settings() if (st["lr"], st["performer_scale"]) not in done]
+
+    def add(self, setting, result):
+        self.results.append(dict(result, **setting, round=self.round))
+
+    def chosen(self):
+        return choose(self.results)
+
+    def _position(self, name):
+        """The chosen value's rung, and its window's ends."""
+        rung = self.ladders[name].index(self.chosen()[name])
+        return rung, self.window[name]
+
+    def widen(self):
+        grew = False
+        for name in self.window:
+            rung, (lo, hi) = self._position(name)
+            if rung == lo and lo > 0:
+                self.window[name][0] -= 1
+                grew = True
+            if rung == hi and hi < len(self.ladders[name]) - 1:
+                self.window[name][1] += 1
+                grew = True
+        self.round += grew
+        return grew
+
+    def edge(self):
+        out = []
+        for name in self.window:
+            rung, (lo, hi) = self._position(name)
+            label = "lr" if name == "lr" else "scale"
+            if rung == lo:
+                out.append(f"{label} low")
+            if rung == hi:
+                out.append(f"{label} high")
+        return ";".join(out)
 
 
 def choose(results):
-    """The setting with the best validation accuracy (ties: the lower validation loss, then
-    the earlier setting)."""
-    return max(enumerate(results), key=lambda ir: (ir[1]["val_accuracy"], -ir[1]["val_loss"], -ir[0]))[1]
+    """The setting with the best validation accuracy (ties: the lower validation loss, a
+    non-finite one last, then the earlier setting)."""
+    def key(ir):
+        i, r = ir
+        loss = r["val_loss"] if math.isfinite(r["val_loss"]) else math.inf
+        return r["val_accuracy"], -loss, -i
+    return max(enumerate(results), key=key)[1]
+
+
+def tune(searches, train_batch, widen=True):
+    """Train every pending setting of every search (``train_batch`` takes ``(index, setting)``
+    pairs and returns their results in order), then widen the grids whose choice is on an
+    edge, round after round, until no grid grows."""
+    while True:
+        jobs = [(i, st) for i, s in enumerate(searches) for st in s.pending()]
+        if not jobs:
+            return
+        for (i, st), res in zip(jobs, train_batch(jobs)):
+            searches[i].add(st, res)
+        if not widen:
+            return
+        for s in searches:
+            s.widen()
+
+
+def sweep_rows(models, searches, seed):
+    """Every tuning run with its model, the final grid, and whether it was chosen (the chosen
+    row also says which of its values sit on an edge of that grid)."""
+    rows = []
+    for sp, s in zip(models, searches):
+        best = s.chosen()
+        grids = dict(lr_grid=";".join(f"{v:g}" for v in s.grid("lr")),
+                     scale_grid=";".join(f"{v:g}" for v in s.grid("performer_scale"))
+                     if "performer_scale" in s.window else "")
+        for r in s.results:
+            rows.append(dict(sp, seed=seed, **r, **grids, chosen=int(r is best),
+                             edge=s.edge() if r is best else ""))
+    return rows
 
 
 def accuracy_and_loss(model, gen, n, g):
@@ -282,15 +390,31 @@ def train(spec, setting, g, seed, threads):
     gen = torch.Generator().manual_seed(seed)
     t0 = time.perf_counter()
     loss = torch.tensor(float("nan"))
+    diverged = False
     for _ in range(steps):
         tokens, targets = batch_mqar(gen, g["batch"], g["pairs"], g["keys"], g["values"])
-        loss = F.cross_entropy(model(tokens).flatten(0, 1), targets.flatten(), ignore_index=-100)
+        try:
+            loss = F.cross_entropy(model(tokens).flatten(0, 1), targets.flatten(), ignore_index=-100)
+        except ValueError as e:
+            # Weights too large to stay finite inside the model: racelab refuses the queries.
+            if "non-finite" not in str(e):
+                raise
+            diverged = True
+            break
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
+        # A learning rate too high for the model: a non-finite loss or weight ends the run
+        # (as does a forward pass racelab refuses above); it is a result, not an error.
+        if not torch.isfinite(loss) or not all(torch.isfinite(p).all() for p in model.parameters()):
+            diverged = True
+            break
     seconds = time.perf_counter() - t0
+    if diverged:
+        return dict(setting, val_accuracy=0.0, val_loss=math.inf, accuracy=0.0, final_loss=math.nan,
+                    seconds=round(seconds, 2), diverged=1, beta_start="", beta_final="", dlog2_beta="")
     # Validation (to choose a setting) and test (to report) sequences come from seeds that no
     # training batch uses, and from each other.
     model.eval()
@@ -299,7 +423,7 @@ def train(spec, setting, g, seed, threads):
     betas = [float(b.mixer.attn.beta.detach()) for b in model.blocks if isinstance(b.mixer, Race)]
     start = spec["beta_start"]
     return dict(setting, val_accuracy=val_acc, val_loss=val_loss, accuracy=acc,
-                final_loss=float(loss.detach()), seconds=round(seconds, 2),
+                final_loss=float(loss.detach()), seconds=round(seconds, 2), diverged=0,
                 beta_start=f"{start:.6g}" if betas else "",
                 beta_final=";".join(f"{b:.4g}" for b in betas) if betas else "",
                 dlog2_beta=";".join(f"{math.log2(b / start):+.3f}" for b in betas) if betas else "")
@@ -364,7 +488,7 @@ def cpu_model():
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="the small grid (about 2 minutes)")
+    ap.add_argument("--quick", action="store_true", help="the small grid (about a minute)")
     ap.add_argument("--out", default="figures/mqar", help="output folder")
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="threads in all")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
@@ -382,7 +506,9 @@ def main(argv=None):
                 validated_beta={f"{p},{l}": b for (p, l), b in sorted(validated.items())
                                 if (p, l) in set(map(tuple, g["race"] + g["learned"]))},
                 validated_beta_source="figures/tradeoff.csv (beta_chosen)",
-                selection="lr (then Performer's scale) by validation accuracy on the first seed",
+                selection="lr (jointly with Performer's scale) by validation accuracy on the first seed; "
+                          "a grid whose choice is on an edge grows by a rung on that side and reruns",
+                lr_ladder=LR_LADDER, scale_ladder=SCALE_LADDER,
                 seeds=g["seeds"], revision=revision(), machine=cpu_model(), cores=os.cpu_count(),
                 threads=args.threads, jobs=args.jobs, torch=torch.__version__, racelab=racelab.__version__,
                 python=platform.python_version(),
@@ -393,28 +519,26 @@ def main(argv=None):
     first = g["seeds"][0]
 
     def train_all(pool, jobs):
-        """Train ``(spec, setting, seed)`` jobs on the pool, logging each as it ends."""
-        out = pool.imap(run_one, [(sp, st, g, seed, threads) for sp, st, seed in jobs])
-        results = []
-        for (sp, st, seed), res in zip(jobs, out):
-            results.append(res)
+        """Train ``(spec, setting, seed)`` jobs on the pool, logging each as it ends; the
+        costliest (soft RACE, larger states) start first, so that a round ends together."""
+        order = sorted(range(len(jobs)), key=lambda j: (jobs[j][0]["model"] == "race", jobs[j][0]["m_features"] or 0),
+                       reverse=True)
+        out = pool.imap(run_one, [(jobs[j][0], jobs[j][1], g, jobs[j][2], threads) for j in order])
+        results = [None] * len(jobs)
+        for j, res in zip(order, out):
+            sp, st, seed = jobs[j]
+            results[j] = res
             print(f"{tag(sp, st):44} seed {seed}: val {res['val_accuracy']:.3f}  test {res['accuracy']:.3f}  "
-                  f"{res['seconds']:.1f} s" + (f"  beta {res['beta_final']}" if res["beta_final"] else ""),
-                  flush=True)
+                  f"{res['seconds']:.1f} s" + (f"  beta {res['beta_final']}" if res["beta_final"] else "")
+                  + ("  diverged" if res["diverged"] else ""), flush=True)
         return results
 
     ctx = multiprocessing.get_context("spawn")
-    sweep = {i: [] for i in range(len(models))}
+    searches = [Search(sp, g) for sp in models]
     with ctx.Pool(args.jobs, initializer=worker_init, initargs=(threads,)) as pool:
-        # Stage 1: every learning rate on the first seed.
-        jobs = [(i, st) for i, sp in enumerate(models) for st in first_settings(sp, g)]
-        for (i, _), res in zip(jobs, train_all(pool, [(models[i], st, first) for i, st in jobs])):
-            sweep[i].append(res)
-        # Stage 2: Performer's other scales at its chosen learning rate.
-        jobs = [(i, st) for i, sp in enumerate(models) for st in second_settings(sp, g, choose(sweep[i]))]
-        for (i, _), res in zip(jobs, train_all(pool, [(models[i], st, first) for i, st in jobs])):
-            sweep[i].append(res)
-        chosen = {i: choose(sweep[i]) for i in sweep}
+        # The tuning grids on the first seed, grown round by round while a choice is on an edge.
+        tune(searches, lambda jobs: train_all(pool, [(models[i], st, first) for i, st in jobs]))
+        chosen = {i: s.chosen() for i, s in enumerate(searches)}
         # The other seeds at the chosen setting.
         jobs = [(i, seed) for i in range(len(models)) for seed in g["seeds"][1:]]
         setting = {i: dict(lr=chosen[i]["lr"], performer_scale=chosen[i]["performer_scale"]) for i in chosen}
@@ -424,12 +548,13 @@ def main(argv=None):
     rows = []
     for i, sp in enumerate(models):
         for seed in g["seeds"]:
-            r = dict(sp, seed=seed, steps=g["steps"], state_floats=state_floats(sp, g["d_model"]))
+            r = dict(sp, seed=seed, steps=g["steps"], state_floats=state_floats(sp, g["d_model"]),
+                     edge=searches[i].edge())
             r.update(by_seed[(i, seed)])
             rows.append(r)
     write_csv(out / "mqar.csv", FIELDS, rows)
-    write_csv(out / "mqar_sweep.csv", SWEEP_FIELDS,
-              [dict(models[i], seed=first, chosen=int(res is chosen[i]), **res) for i in sweep for res in sweep[i]])
+    write_csv(out / "mqar_sweep.csv", SWEEP_FIELDS, sweep_rows(models, searches, first))
+    meta["tuning"] = {tag(models[i], setting[i]): searches[i].edge() or "interior" for i in chosen}
     path = out / "mqar.csv"
     meta["seconds"] = round(time.perf_counter() - t0, 1)
     (out / "mqar.meta.json").write_text(json.dumps(meta, indent=2) + "\n")

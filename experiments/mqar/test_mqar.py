@@ -2,6 +2,7 @@
 
 import csv
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -70,6 +71,47 @@ def test_choose_takes_the_best_validation_accuracy_then_the_lower_loss():
     assert mqar.choose(rs[:2]) is rs[1]
 
 
+def fake_runs(accuracy):
+    """A ``train_batch`` whose validation accuracy is ``accuracy(lr, scale)``."""
+    def train_batch(jobs):
+        return [dict(st, val_accuracy=accuracy(st["lr"], st["performer_scale"]), val_loss=1.0) for _, st in jobs]
+    return train_batch
+
+
+def test_a_grid_whose_choice_is_on_an_edge_grows_until_it_is_interior():
+    g = mqar.GRIDS["full"]
+    spec = dict(model="performer", m_features=8)
+    # Best at lr = 1e-1 and scale 0.125: both above/below the starting windows.
+    peak = lambda lr, s: -abs(math.log10(lr) + 1) - abs(math.log2(s) + 3)
+    s = mqar.Search(spec, g)
+    mqar.tune([s], fake_runs(peak))
+    best = s.chosen()
+    assert (best["lr"], best["performer_scale"]) == (1e-1, 0.125)
+    assert s.grid("lr") == [3e-3, 1e-2, 3e-2, 1e-1, 3e-1]
+    # The scale ladder ends at 0.125: that choice stays on the edge and is reported.
+    assert s.grid("performer_scale")[0] == 0.125 and s.edge() == "scale low"
+    # Every setting of the final grid trained once.
+    assert sorted((r["lr"], r["performer_scale"]) for r in s.results) == sorted(
+        (st["lr"], st["performer_scale"]) for st in s.settings())
+    rows = mqar.sweep_rows([spec], [s], 0)
+    chosen = [r for r in rows if r["chosen"]]
+    assert len(chosen) == 1 and chosen[0]["edge"] == "scale low"
+    assert chosen[0]["lr_grid"] == "0.003;0.01;0.03;0.1;0.3"
+    assert max(r["round"] for r in rows) >= 2
+
+
+def test_an_interior_choice_does_not_grow_the_grid_and_is_not_an_edge():
+    g = mqar.GRIDS["full"]
+    s = mqar.Search(dict(model="race", m_features=8), g)
+    mqar.tune([s], fake_runs(lambda lr, _: -abs(math.log10(lr) + 2)))
+    assert s.grid("lr") == g["lrs"] and len(s.results) == 3
+    assert s.chosen()["lr"] == 1e-2 and s.edge() == ""
+    # Without widening, an edge choice is reported as one.
+    s = mqar.Search(dict(model="race", m_features=8), g)
+    mqar.tune([s], fake_runs(lambda lr, _: lr), widen=False)
+    assert s.chosen()["lr"] == 3e-2 and s.edge() == "lr high"
+
+
 def test_quick_grid_writes_rows_with_provenance(tmp_path):
     rows = mqar.main(["--quick", "--out", str(tmp_path)])
     g = mqar.GRIDS["quick"]
@@ -84,7 +126,25 @@ def test_quick_grid_writes_rows_with_provenance(tmp_path):
             assert all(float(b) > 0 for b in r["beta_final"].split(";"))
     with open(tmp_path / "mqar_sweep.csv") as f:
         sweep = list(csv.DictReader(f))
-    # One chosen setting per model, and the chosen row is the first seed's result.
+    # One chosen setting per model, and the chosen row is the first seed's result; every
+    # model tried at least three learning rates, Performer every scale with each.
     assert sum(int(r["chosen"]) for r in sweep) == len(mqar.specs(g, mqar.validated_betas()))
+    for r in sweep:
+        assert len(r["lr_grid"].split(";")) >= 3
+        if r["model"] == "performer":
+            assert len(r["scale_grid"].split(";")) >= 3
+    for r in read:
+        assert r["edge"] == [s["edge"] for s in sweep if int(s["chosen"]) and s["model"] == r["model"]
+                             and s["p"] == r["p"] and s["l"] == r["l"] and s["m_features"] == r["m_features"]
+                             and s["beta_mode"] == r["beta_mode"]][0]
     meta = json.loads((tmp_path / "mqar.meta.json").read_text())
     assert meta["grid"] == "quick" and meta["seeds"] == g["seeds"] and meta["revision"]
+
+
+def test_a_run_that_diverges_is_a_result_that_is_never_chosen():
+    g = dict(mqar.GRIDS["quick"], steps=5)
+    spec = [s for s in mqar.specs(g, mqar.validated_betas()) if s["beta_mode"] == "fixed"][0]
+    res = mqar.train(spec, dict(lr=1e6, performer_scale=""), g, 0, 1)
+    assert res["diverged"] == 1 and res["val_accuracy"] == 0.0 and res["val_loss"] == math.inf
+    ok = dict(val_accuracy=0.0, val_loss=3.0)
+    assert mqar.choose([res, ok]) is ok
