@@ -68,9 +68,10 @@ import racelab
 from racelab.torch import RaceAttention, causal_linear_attention
 
 # The ladders the tuning grids are windows on (half-decade steps of the learning rate, octaves
-# of Performer's feature scale).
+# of Performer's feature scale, down to 1/128: small scales keep the positive features
+# exp(wᵀx − |x|²/2) from being swamped by a few large ones).
 LR_LADDER = [3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1]
-SCALE_LADDER = [0.125, 0.25, 0.5, 1.0, 2.0, 4.0]
+SCALE_LADDER = [2.0 ** e for e in range(-7, 3)]
 
 GRIDS = {
     # Each run trains `steps` steps of `batch` sequences; seeds repeat every model. `lrs` and
@@ -81,7 +82,7 @@ GRIDS = {
     "full": dict(
         pairs=24, keys=64, values=64, d_model=64, steps=300, batch=64, eval_n=1024, val_n=512,
         seeds=[0, 1, 2, 3, 4], lrs=[3e-3, 1e-2, 3e-2], beta_lr=5e-2,
-        performer_scales=[0.25, 0.5, 1.0],
+        performer_scales=[0.0625, 0.125, 0.25],
         race=[(2, 2), (3, 1), (2, 4), (4, 1), (3, 4), (5, 1), (4, 4), (6, 1)],
         learned=[(2, 2), (2, 4), (3, 4), (4, 4)],
         performer=[8, 16, 32, 64],

@@ -81,15 +81,15 @@ def fake_runs(accuracy):
 def test_a_grid_whose_choice_is_on_an_edge_grows_until_it_is_interior():
     g = mqar.GRIDS["full"]
     spec = dict(model="performer", m_features=8)
-    # Best at lr = 1e-1 and scale 0.125: both above/below the starting windows.
-    peak = lambda lr, s: -abs(math.log10(lr) + 1) - abs(math.log2(s) + 3)
+    # Best at lr = 1e-1 and scale 1/128: above and below the starting windows.
+    peak = lambda lr, s: -abs(math.log10(lr) + 1) - abs(math.log2(s) + 7)
     s = mqar.Search(spec, g)
     mqar.tune([s], fake_runs(peak))
     best = s.chosen()
-    assert (best["lr"], best["performer_scale"]) == (1e-1, 0.125)
+    assert (best["lr"], best["performer_scale"]) == (1e-1, 2.0 ** -7)
     assert s.grid("lr") == [3e-3, 1e-2, 3e-2, 1e-1, 3e-1]
-    # The scale ladder ends at 0.125: that choice stays on the edge and is reported.
-    assert s.grid("performer_scale")[0] == 0.125 and s.edge() == "scale low"
+    # The scale ladder ends at 1/128: that choice stays on the edge and is reported.
+    assert s.grid("performer_scale")[0] == 2.0 ** -7 and s.edge() == "scale low"
     # Every setting of the final grid trained once.
     assert sorted((r["lr"], r["performer_scale"]) for r in s.results) == sorted(
         (st["lr"], st["performer_scale"]) for st in s.settings())
