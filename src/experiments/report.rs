@@ -210,7 +210,9 @@ pub fn scaling(ctx: &Ctx) -> Result<ExpResult> {
 fn verdict_cell(c: &Claim) -> String {
     let agree = seeds_agree(c);
     let mut tags = Vec::new();
-    if c.seed_invariant {
+    if let Some(p) = &c.provenance {
+        tags.push(format!("{} training seeds pooled", p.seeds.len()));
+    } else if c.seed_invariant {
         tags.push("1 input: the seeds do not change it".into());
     } else if c.seeds.len() > 1 && !matches!(c.verdict, Verdict::Unstable { .. }) {
         tags.push(format!("{agree}/{} seeds", c.seeds.len()));
@@ -257,15 +259,20 @@ fn claim_json(c: &Claim) -> serde_json::Value {
         "verdict": c.verdict.text(),
         "verdict_name": c.verdict,
         "seed_invariant": c.seed_invariant,
-        "seeds_total": c.seeds.len(),
-        "seeds_agree": seeds_agree(c),
+        // A claim read from committed training runs pools their seeds in one test: its seeds
+        // are the training seeds, and no per-seed verdict exists to agree.
+        "seeds_total": c.provenance.as_ref().map_or(c.seeds.len(), |p| p.seeds.len()),
+        "seeds_agree": if c.provenance.is_some() { serde_json::Value::Null } else { seeds_agree(c).into() },
+        "seeds_pooled": c.provenance.is_some(),
         "seeds": c.seeds,
+        "training_seeds": c.provenance.as_ref().map(|p| &p.seeds),
+        "revision": c.provenance.as_ref().map(|p| &p.revision),
         "value": c.value,
         "threshold": c.threshold_value,
         "se": c.se,
         "borderline": c.borderline,
         "correction": c.correction,
-        "provenance": c.provenance,
+        "provenance": c.provenance.as_ref().map(|p| &p.text),
     })
 }
 
@@ -354,8 +361,12 @@ Each finding is a claim of `experiments/claims.toml` in plain words, printed as 
         let strength = |c: &Claim| -> String {
             if c.kind == Kind::Computed {
                 "computed once to its tolerance".into()
-            } else if c.provenance.is_some() {
-                "read from committed training runs".into()
+            } else if let Some(p) = &c.provenance {
+                format!(
+                    "read from committed training runs: {} training seeds pooled in one test, revision {}",
+                    p.seeds.len(),
+                    p.revision.get(..12).unwrap_or(&p.revision)
+                )
             } else if c.seed_invariant {
                 "1 input: the master seeds do not change it".into()
             } else {
@@ -467,7 +478,7 @@ pub fn write_report(
     };
     let mut by_source: Vec<(String, Vec<String>)> = Vec::new();
     for c in &all {
-        if let Some(p) = &c.provenance {
+        if let Some(p) = c.provenance.as_ref().map(|p| &p.text) {
             match by_source.iter_mut().find(|(q, _)| q == p) {
                 Some((_, ids)) => ids.push(format!("`{}`", c.id)),
                 None => by_source.push((p.clone(), vec![format!("`{}`", c.id)])),

@@ -15,53 +15,24 @@
 //! β modes: `fixed` at the trade-off study's validated β for its (P, L), `learned` from that
 //! β, and `learned-authors` from the authors' `1/√d_head`.
 //!
-//! A difference counts only where a one-sided Student-t test with the seeds' degrees of
-//! freedom passes (`margin`; `margins` with Holm–Bonferroni over several): for a difference of
-//! means `se = sqrt(se_a² + se_b²)`, and for an average of `K` such differences
-//! `se = sqrt(Σ se²)/K`.
+//! The rows become one [`Summary`] per model (`summary.rs`: mean and standard error over the
+//! training seeds, β per layer, the tuning's edges); the claims' quantities are computed from
+//! the summaries (`measures.rs`).
 
-use super::{
-    col, col_s, f, fig, read_csv, verdict::Cmp, write_csv, Claim, Ctx, ExpResult, Measure,
-};
+mod measures;
+mod summary;
+
+pub use measures::*;
+pub use summary::*;
+
+use super::{col, f, fig, read_csv, verdict::Committed, write_csv, Claim, Ctx, ExpResult, Measure};
 use crate::error::{RaceError, Result};
 use crate::plot::{line_plot, LinePlot, Series};
-use crate::stats::mean_se;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// The folder of the MQAR outputs under the report's folder.
 pub const DIR: &str = "mqar";
-
-/// One trained model, summarised over its seeds.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Summary {
-    /// `softmax`, `linear`, `performer` or `race`.
-    pub model: String,
-    /// Soft RACE's P and L (0 for the others).
-    pub p: usize,
-    pub l: usize,
-    /// Features of the state: L·2^P, Performer's m, linear's d_head (0 for softmax).
-    pub m: usize,
-    /// `fixed`, `learned` or `learned-authors` (soft RACE), empty otherwise.
-    pub beta_mode: String,
-    /// The tuned setting the seeds trained at (`lr=…`, and Performer's `scale=…`), empty
-    /// when the CSV does not record it.
-    pub setting: String,
-    /// Recurrent state per layer in floats (0 for softmax: unbounded).
-    pub state: f64,
-    pub seeds: usize,
-    pub accuracy: f64,
-    pub se: f64,
-    /// The β the model ended with, mean over seeds and layers (NaN when not soft RACE).
-    pub beta_final: f64,
-    /// How far training moved β: the mean over seeds and layers of `log2(β_final/β_start)`
-    /// (NaN when not soft RACE or when the start is not recorded).
-    pub dlog2_beta: f64,
-}
-
-/// A learned β that moved less than this (in log2) was not learned in the training budget:
-/// its claims are not testable.
-pub const MIN_BETA_MOVE_LOG2: f64 = 0.25;
 
 /// Where the trained results are: the report folder's `mqar/mqar.csv`, else the tracked one in
 /// the source tree (copied next to the report with its metadata).
@@ -86,329 +57,6 @@ fn locate(ctx: &Ctx) -> Result<Option<PathBuf>> {
         }
     }
     Ok(Some(here))
-}
-
-/// Group the per-seed rows of `mqar.csv` into one [`Summary`] per model.
-pub fn summarise(header: &[String], rows: &[Vec<String>]) -> Vec<Summary> {
-    let (model, mode, beta) = (
-        col_s(header, rows, "model"),
-        col_s(header, rows, "beta_mode"),
-        col_s(header, rows, "beta_final"),
-    );
-    let start = if header.iter().any(|h| h == "beta_start") {
-        col(header, rows, "beta_start")
-    } else {
-        vec![f64::NAN; rows.len()]
-    };
-    let (p, l, m, state, acc) = (
-        col(header, rows, "p"),
-        col(header, rows, "l"),
-        col(header, rows, "m_features"),
-        col(header, rows, "state_floats"),
-        col(header, rows, "accuracy"),
-    );
-    let optional = |name: &str| {
-        if header.iter().any(|h| h == name) {
-            col_s(header, rows, name)
-        } else {
-            vec![String::new(); rows.len()]
-        }
-    };
-    let (lr, scale) = (optional("lr"), optional("performer_scale"));
-    let whole = |x: f64| if x.is_finite() { x as usize } else { 0 };
-    let mut groups: BTreeMap<(String, usize, usize, usize, String), Vec<usize>> = BTreeMap::new();
-    for i in 0..rows.len() {
-        let key = (
-            model[i].clone(),
-            whole(p[i]),
-            whole(l[i]),
-            whole(m[i]),
-            mode[i].clone(),
-        );
-        groups.entry(key).or_default().push(i);
-    }
-    groups
-        .into_iter()
-        .map(|((model, p, l, m, beta_mode), idx)| {
-            let accs: Vec<f64> = idx.iter().map(|&i| acc[i]).collect();
-            let (accuracy, se) = mean_se(&accs);
-            // A field that does not parse is NaN, never dropped: a NaN learned β reaches the
-            // verdict as a non-finite value.
-            let parse = |b: &str| b.parse::<f64>().unwrap_or(f64::NAN);
-            let betas: Vec<f64> = idx
-                .iter()
-                .flat_map(|&i| beta[i].split(';').filter(|b| !b.is_empty()).map(parse))
-                .collect();
-            let moves: Vec<f64> = idx
-                .iter()
-                .flat_map(|&i| {
-                    let s0 = start[i];
-                    beta[i]
-                        .split(';')
-                        .filter(|b| !b.is_empty())
-                        .map(move |b| (parse(b) / s0).log2())
-                })
-                .collect();
-            let i0 = idx[0];
-            let mut setting = Vec::new();
-            if !lr[i0].is_empty() {
-                setting.push(format!("lr={}", lr[i0]));
-            }
-            if !scale[i0].is_empty() {
-                setting.push(format!("scale={}", scale[i0]));
-            }
-            Summary {
-                model,
-                p,
-                l,
-                m,
-                beta_mode,
-                setting: setting.join(" "),
-                state: if state[idx[0]].is_finite() {
-                    state[idx[0]]
-                } else {
-                    0.0
-                },
-                seeds: idx.len(),
-                accuracy,
-                se,
-                beta_final: if betas.is_empty() {
-                    f64::NAN
-                } else {
-                    betas.iter().sum::<f64>() / betas.len() as f64
-                },
-                dlog2_beta: if moves.is_empty() {
-                    f64::NAN
-                } else {
-                    moves.iter().sum::<f64>() / moves.len() as f64
-                },
-            }
-        })
-        .collect()
-}
-
-/// The β mode learned from the authors' start `1/√d_head`.
-pub const AUTHORS: &str = "learned-authors";
-
-fn race<'a>(s: &'a [Summary], mode: &'a str) -> impl Iterator<Item = &'a Summary> + 'a {
-    s.iter()
-        .filter(move |x| x.model == "race" && x.beta_mode == mode)
-}
-
-/// Softmax's mean accuracy (the ceiling the comparison needs near 1).
-pub fn softmax_measure(s: &[Summary]) -> (Measure, String) {
-    match s.iter().find(|x| x.model == "softmax") {
-        Some(x) => (
-            Measure::value(x.accuracy),
-            format!(
-                "softmax accuracy {:.3} ± {:.3} over {} seeds",
-                x.accuracy, x.se, x.seeds
-            ),
-        ),
-        None => (
-            Measure::NotTestable("no softmax rows in mqar.csv".into()),
-            "no softmax rows".into(),
-        ),
-    }
-}
-
-/// Every drop in accuracy from P to a larger P' at the same L (fixed β), each with its
-/// standard error over seeds: the existential claim "some setting trains worse with more
-/// buckets" is tested over all these comparisons with Holm–Bonferroni.
-pub fn more_buckets_measure(s: &[Summary]) -> (Measure, String) {
-    let fixed: Vec<&Summary> = race(s, "fixed").collect();
-    let mut cmps = Vec::new();
-    let mut best: Option<(f64, &Summary, &Summary)> = None;
-    for a in &fixed {
-        for b in &fixed {
-            if a.l == b.l && b.p > a.p {
-                let (diff, se) = (a.accuracy - b.accuracy, a.se.hypot(b.se));
-                cmps.push(Cmp {
-                    label: format!("({},{}) → ({},{})", a.p, a.l, b.p, b.l),
-                    diff,
-                    se,
-                    df: a.seeds.min(b.seeds) as f64 - 1.0,
-                });
-                let z = diff / se;
-                if best.is_none_or(|(bz, _, _)| z.total_cmp(&bz).is_gt()) {
-                    best = Some((z, a, b));
-                }
-            }
-        }
-    }
-    match best {
-        Some((_, a, b)) => (
-            Measure::Margins(cmps.clone()),
-            format!(
-                "{} pairs; the largest drop over its se, ({},{}) → ({},{}): accuracy {:.3} → {:.3} ({})",
-                cmps.len(),
-                a.p,
-                a.l,
-                b.p,
-                b.l,
-                a.accuracy,
-                b.accuracy,
-                if a.accuracy > b.accuracy { format!("a drop of {:.3}", a.accuracy - b.accuracy) } else { format!("a gain of {:.3}: no pair drops", b.accuracy - a.accuracy) }
-            ),
-        ),
-        None => (
-            Measure::NotTestable("no two fixed-β (P, L) share an L".into()),
-            "no pair of P at one L".into(),
-        ),
-    }
-}
-
-/// The mean of `K` independent differences `(d, se)` and its standard error `sqrt(Σ se²)/K`,
-/// as a comparison with the seeds' degrees of freedom (`seeds − 1`, the fewest of any term),
-/// and its text: `{prefix}{parts}; mean difference … (se …)`.
-fn mean_difference(
-    terms: &[(f64, f64)],
-    seeds: usize,
-    prefix: &str,
-    parts: &[String],
-) -> (Measure, String) {
-    let k = terms.len() as f64;
-    let c = Cmp {
-        label: String::new(),
-        diff: terms.iter().map(|t| t.0).sum::<f64>() / k,
-        se: terms.iter().map(|t| t.1 * t.1).sum::<f64>().sqrt() / k,
-        df: seeds as f64 - 1.0,
-    };
-    let text = format!(
-        "{prefix}{}; mean difference {:+.3} (se {:.3})",
-        parts.join(", "),
-        c.diff,
-        c.se
-    );
-    (Measure::Margin(c), text)
-}
-
-/// Mean over matched feature counts m of (soft RACE's mean accuracy over its fixed-β (P, L)
-/// with L·2^P = m) − (Performer with m features).
-pub fn race_vs_performer_measure(s: &[Summary]) -> (Measure, String) {
-    let mut terms = Vec::new();
-    let mut parts = Vec::new();
-    let mut seeds = usize::MAX;
-    for perf in s.iter().filter(|x| x.model == "performer") {
-        let at: Vec<&Summary> = race(s, "fixed").filter(|x| x.m == perf.m).collect();
-        if at.is_empty() {
-            continue;
-        }
-        let k = at.len() as f64;
-        let r = at.iter().map(|x| x.accuracy).sum::<f64>() / k;
-        let r_se = at.iter().map(|x| x.se * x.se).sum::<f64>().sqrt() / k;
-        terms.push((r - perf.accuracy, r_se.hypot(perf.se)));
-        seeds = at
-            .iter()
-            .map(|x| x.seeds)
-            .chain([perf.seeds, seeds])
-            .min()
-            .unwrap_or(0);
-        parts.push(format!(
-            "m={}: RACE {:.3} vs Performer {:.3}",
-            perf.m, r, perf.accuracy
-        ));
-    }
-    if terms.is_empty() {
-        return (
-            Measure::NotTestable("no Performer width matches a soft-RACE L·2^P".into()),
-            "no matched state".into(),
-        );
-    }
-    mean_difference(&terms, seeds, "", &parts)
-}
-
-/// Why the rows learned in `mode` cannot test a claim about learning β: none of them moved β
-/// by [`MIN_BETA_MOVE_LOG2`] (or a move is not finite, which the verdict reports itself).
-fn beta_not_learned(s: &[Summary], mode: &str) -> Option<String> {
-    let moves: Vec<f64> = race(s, mode).map(|a| a.dlog2_beta).collect();
-    if moves.is_empty() || moves.iter().any(|m| !m.is_finite()) {
-        return None;
-    }
-    let most = moves
-        .iter()
-        .fold(0.0f64, |m, x| crate::stats::nan_max(m, x.abs()));
-    (most < MIN_BETA_MOVE_LOG2).then(|| {
-        format!(
-            "training moved log2 β by at most {most:.2} (< {MIN_BETA_MOVE_LOG2}) in every (P, L) learned as `{mode}`: β was not learned in this budget"
-        )
-    })
-}
-
-/// Mean over the (P, L) trained both ways from the same β (`learned` from the validated β,
-/// and `fixed` there), whose learned β moved by at least [`MIN_BETA_MOVE_LOG2`], of
-/// (learned-β accuracy − fixed-β accuracy).
-pub fn learned_vs_fixed_measure(s: &[Summary]) -> (Measure, String) {
-    let mut terms = Vec::new();
-    let mut parts = Vec::new();
-    let mut seeds = usize::MAX;
-    if let Some(why) = beta_not_learned(s, "learned") {
-        return (Measure::NotTestable(why.clone()), why);
-    }
-    for a in race(s, "learned")
-        .filter(|a| a.dlog2_beta.is_nan() || a.dlog2_beta.abs() >= MIN_BETA_MOVE_LOG2)
-    {
-        if let Some(b) = race(s, "fixed").find(|b| (b.p, b.l) == (a.p, a.l)) {
-            seeds = seeds.min(a.seeds).min(b.seeds);
-            terms.push((a.accuracy - b.accuracy, a.se.hypot(b.se)));
-            parts.push(format!(
-                "({},{}): {:.3} vs {:.3} (Δlog2 β {:+.2})",
-                a.p, a.l, a.accuracy, b.accuracy, a.dlog2_beta
-            ));
-        }
-    }
-    if terms.is_empty() {
-        return (
-            Measure::NotTestable("no (P, L) trained with both fixed and learned β".into()),
-            "no pair".into(),
-        );
-    }
-    mean_difference(&terms, seeds, "learned vs fixed ", &parts)
-}
-
-/// `log2(learned β / the β the fixed-input trade-off study validated)` per (P, L) learned
-/// from the authors' start `1/√d_head` (`learned-authors`, far from every validated β, so
-/// landing near it is something training did); `tradeoff` maps (P, L) to that β
-/// (`beta_chosen` of `tradeoff.csv`).
-pub fn learned_beta_measure(
-    s: &[Summary],
-    tradeoff: &BTreeMap<(usize, usize), f64>,
-) -> (Measure, String) {
-    let mut logs = Vec::new();
-    let mut parts = Vec::new();
-    let mut missing = Vec::new();
-    if let Some(why) = beta_not_learned(s, AUTHORS) {
-        return (Measure::NotTestable(why.clone()), why);
-    }
-    for a in race(s, AUTHORS)
-        .filter(|a| a.dlog2_beta.is_nan() || a.dlog2_beta.abs() >= MIN_BETA_MOVE_LOG2)
-    {
-        match tradeoff.get(&(a.p, a.l)) {
-            // A non-finite learned β is kept: the verdict says it is not finite.
-            Some(&t) => {
-                logs.push((a.beta_final / t).log2());
-                parts.push(format!(
-                    "({},{}): learned {:.3} (Δlog2 β {:+.2}) vs validated {}",
-                    a.p, a.l, a.beta_final, a.dlog2_beta, t
-                ));
-            }
-            None => missing.push(format!("({},{})", a.p, a.l)),
-        }
-    }
-    if logs.is_empty() {
-        return (
-            Measure::NotTestable(format!(
-                "the trade-off study has no validated β for the learned (P, L) {}",
-                missing.join(" ")
-            )),
-            "no validated β to compare".into(),
-        );
-    }
-    let mut text = parts.join(", ");
-    if !missing.is_empty() {
-        text += &format!("; not in the trade-off grid: {}", missing.join(" "));
-    }
-    (Measure::Values(logs), text)
 }
 
 /// `beta_chosen` per (P, L) from the trade-off study's CSV in the report folder (empty when
@@ -457,12 +105,15 @@ fn summary_csv(ctx: &Ctx, s: &[Summary], source: &Path) -> Result<String> {
                 x.m.to_string(),
                 x.beta_mode.clone(),
                 x.setting.clone(),
+                x.edge.clone(),
                 f(x.state),
                 x.seeds.to_string(),
                 f(x.accuracy),
                 f(x.se),
                 f(x.beta_final),
                 f(x.dlog2_beta),
+                join_f64(&x.beta_layers),
+                join_f64(&x.dlog2_layers),
             ]
         })
         .collect();
@@ -477,12 +128,15 @@ fn summary_csv(ctx: &Ctx, s: &[Summary], source: &Path) -> Result<String> {
             "m_features",
             "beta_mode",
             "setting",
+            "edge",
             "state_floats",
             "seeds",
             "accuracy",
             "se",
             "beta_final",
             "dlog2_beta",
+            "beta_layers",
+            "dlog2_layers",
         ],
         &rows,
         &serde_json::json!({"source": "mqar/mqar.csv", "trained": meta}),
@@ -537,6 +191,7 @@ fn figure(ctx: &Ctx) -> Result<Vec<String>> {
     }
     series.retain(|x| !x.points.is_empty());
     let stem = "mqar/accuracy_vs_state";
+    let mut stems = beta_figure(ctx, &s)?;
     line_plot(
         &fig(ctx, stem),
         &LinePlot {
@@ -548,51 +203,77 @@ fn figure(ctx: &Ctx) -> Result<Vec<String>> {
         },
         &series,
     )?;
+    stems.insert(0, stem.into());
+    Ok(stems)
+}
+
+/// The learned-β picture per layer: `log2(β_j / validated β)` against state for each layer j
+/// and each learned mode, with the claim's band ±2 dashed (none drawn when no learned row or
+/// no validated β is there).
+fn beta_figure(ctx: &Ctx, s: &[Summary]) -> Result<Vec<String>> {
+    let tradeoff = tradeoff_betas(ctx);
+    let mut series = Vec::new();
+    for (mode, from) in [(AUTHORS, "from 1/√d"), ("learned", "from validated")] {
+        let layers = race(s, mode)
+            .map(|x| x.beta_layers.len())
+            .max()
+            .unwrap_or(0);
+        for j in 0..layers {
+            let points: Vec<(f64, f64)> = race(s, mode)
+                .filter_map(|x| {
+                    let t = tradeoff.get(&(x.p, x.l))?;
+                    Some((x.state, (x.beta_layers.get(j)? / t).log2()))
+                })
+                .filter(|(st, y)| *st > 0.0 && y.is_finite())
+                .collect();
+            series.push(Series::new(format!("layer {j}, learned {from}"), points));
+        }
+    }
+    series.retain(|x| !x.points.is_empty());
+    let xs: Vec<f64> = series
+        .iter()
+        .flat_map(|x| x.points.iter().map(|p| p.0))
+        .collect();
+    if xs.is_empty() {
+        return Ok(vec![]);
+    }
+    let lo = xs.iter().cloned().fold(f64::INFINITY, f64::min);
+    let hi = xs.iter().cloned().fold(0.0, f64::max);
+    for y in [2.0, -2.0] {
+        series.push(Series::dashed(
+            format!("claim's band ({y:+})"),
+            vec![(lo, y), (hi, y)],
+        ));
+    }
+    let stem = "mqar/beta_per_layer";
+    line_plot(
+        &fig(ctx, stem),
+        &LinePlot {
+            title: "MQAR: learned β per layer against the validated β",
+            xlabel: "state per layer (floats)",
+            ylabel: "log2(learned β of the layer / validated β)",
+            logx: true,
+            logy: false,
+        },
+        &series,
+    )?;
     Ok(vec![stem.into()])
 }
 
-/// The summary CSV's rows as [`Summary`] (the figure reads them back).
-fn summarise_back(h: &[String], r: &[Vec<String>]) -> Vec<Summary> {
-    let (model, mode, setting) = (
-        col_s(h, r, "model"),
-        col_s(h, r, "beta_mode"),
-        col_s(h, r, "setting"),
-    );
-    let num = |n: &str| col(h, r, n);
-    let (p, l, m, st, seeds, acc, se, b) = (
-        num("p"),
-        num("l"),
-        num("m_features"),
-        num("state_floats"),
-        num("seeds"),
-        num("accuracy"),
-        num("se"),
-        num("beta_final"),
-    );
-    let dl = num("dlog2_beta");
-    (0..r.len())
-        .map(|i| Summary {
-            model: model[i].clone(),
-            p: p[i] as usize,
-            l: l[i] as usize,
-            m: m[i] as usize,
-            beta_mode: mode[i].clone(),
-            setting: setting[i].clone(),
-            state: st[i],
-            seeds: seeds[i] as usize,
-            accuracy: acc[i],
-            se: se[i],
-            beta_final: b[i],
-            dlog2_beta: dl[i],
-        })
-        .collect()
-}
-
 /// The claims, from the summary CSV (and the trade-off study's validated β).
-fn claims(ctx: &Ctx, provenance: &str) -> Result<(Vec<Claim>, serde_json::Value)> {
+fn claims(ctx: &Ctx, provenance: &Committed) -> Result<(Vec<Claim>, serde_json::Value)> {
     let (h, r) = read_csv(ctx, SUMMARY)?;
     let s = summarise_back(&h, &r);
-    let note = |extra: &str| format!("{provenance}{extra}");
+    let edges = tuning_edges(&s);
+    let tuning = if edges.is_empty() {
+        "; every model's chosen setting interior to its tuning grid".to_string()
+    } else {
+        format!(
+            "; tuned on an edge of its grid (the ladder ends there): {}",
+            edges.join(", ")
+        )
+    };
+    let note = |extra: &str| format!("{}{tuning}{extra}", provenance.text);
     let (m1, t1) = softmax_measure(&s);
     let (m2, t2) = more_buckets_measure(&s);
     let (m3, t3) = race_vs_performer_measure(&s);
@@ -611,13 +292,40 @@ fn claims(ctx: &Ctx, provenance: &str) -> Result<(Vec<Claim>, serde_json::Value)
         )?,
     ]
     .into_iter()
-    .map(|c| c.from_committed(provenance))
+    .map(|c| c.from_committed(provenance.clone()))
     .collect();
     let headline = serde_json::json!({
         "models": s.len(),
         "softmax": s.iter().find(|x| x.model == "softmax").map(|x| x.accuracy),
+        "tuned_on_an_edge": edges,
     });
     Ok((claims, headline))
+}
+
+/// The provenance of the trained rows: the training seeds they hold (the `seed` column), the
+/// revision and machine of the run (`mqar.meta.json`).
+fn committed(header: &[String], rows: &[Vec<String>], meta: &serde_json::Value) -> Committed {
+    let mut seeds: Vec<u64> = col(header, rows, "seed")
+        .into_iter()
+        .filter(|x| x.is_finite() && *x >= 0.0)
+        .map(|x| x as u64)
+        .collect();
+    seeds.sort_unstable();
+    seeds.dedup();
+    let revision = meta["revision"].as_str().unwrap_or("?").to_string();
+    Committed {
+        text: format!(
+            "trained by experiments/mqar/mqar.py ({} grid, seeds {}, revision {}, {}, torch {}; {} s)",
+            meta["grid"].as_str().unwrap_or("?"),
+            meta["seeds"],
+            revision,
+            meta["machine"].as_str().unwrap_or("?"),
+            meta["torch"].as_str().unwrap_or("?"),
+            meta["seconds"]
+        ),
+        seeds,
+        revision,
+    }
 }
 
 /// Not-testable claims when no trained results exist.
@@ -658,27 +366,10 @@ pub fn run(ctx: &Ctx) -> Result<ExpResult> {
         ));
     };
     let text = std::fs::read_to_string(&source).map_err(|e| RaceError::io(&source, e))?;
-    let mut lines = text.lines();
-    let header: Vec<String> = lines
-        .next()
-        .unwrap_or("")
-        .split(',')
-        .map(String::from)
-        .collect();
-    let rows: Vec<Vec<String>> = lines
-        .map(|l| l.split(',').map(String::from).collect())
-        .collect();
+    let (header, rows) = split_csv(&text);
     let s = summarise(&header, &rows);
     let meta = training_meta(&source)?;
-    let provenance = format!(
-        "trained by experiments/mqar/mqar.py ({} grid, seeds {}, revision {}, {}, torch {}; {} s)",
-        meta["grid"].as_str().unwrap_or("?"),
-        meta["seeds"],
-        meta["revision"].as_str().unwrap_or("?"),
-        meta["machine"].as_str().unwrap_or("?"),
-        meta["torch"].as_str().unwrap_or("?"),
-        meta["seconds"]
-    );
+    let provenance = committed(&header, &rows, &meta);
     let csv = vec![format!("{DIR}/mqar.csv"), summary_csv(ctx, &s, &source)?];
     let figures = figure(ctx)?;
     Ok(ExpResult::assemble(

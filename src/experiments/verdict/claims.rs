@@ -78,6 +78,19 @@ pub struct SeedVerdict {
     pub detail: String,
 }
 
+/// Where a claim's numbers come from when not from this run: a committed results file (the
+/// trained MQAR models). Its verdict pools the training seeds in one test.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Committed {
+    /// How the rows were made: the script, grid, seeds, revision, machine, time.
+    pub text: String,
+    /// The training seeds in the rows, which the verdict pools (degrees of freedom
+    /// `seeds − 1`).
+    pub seeds: Vec<u64>,
+    /// The revision the rows were made at (the training run's, not this report's).
+    pub revision: String,
+}
+
 /// One row of REPORT.md (and one object of `claims.json`).
 #[derive(Debug, Clone, Serialize)]
 pub struct Claim {
@@ -103,7 +116,7 @@ pub struct Claim {
     /// The seeds behind the verdict (one until [`replicate`] merges several).
     pub seeds: Vec<SeedVerdict>,
     /// Where the row's numbers come from when not from this run (a committed results file).
-    pub provenance: Option<String>,
+    pub provenance: Option<Committed>,
     /// Every master seed measured the same value: the seed does not change the quantity's
     /// inputs, so the replication is one input, not several ([`replicate`]).
     pub seed_invariant: bool,
@@ -143,8 +156,8 @@ impl Claim {
     }
 
     /// The same claim, marked as read from a committed results file rather than this run.
-    pub fn from_committed(mut self, provenance: impl Into<String>) -> Self {
-        self.provenance = Some(provenance.into());
+    pub fn from_committed(mut self, provenance: Committed) -> Self {
+        self.provenance = Some(provenance);
         self
     }
 
