@@ -3,8 +3,8 @@ Performer and linear attention in the same slots of a small two-layer model, at 
 recurrent state.
 
     pip install ./python            # racelab and racelab.torch
-    python experiments/mqar/mqar.py            # the default grid (about half an hour on 2 cores)
-    python experiments/mqar/mqar.py --quick    # a small grid (about a minute)
+    python experiments/mqar/mqar.py            # the default grid (about 45 minutes on 2 cores)
+    python experiments/mqar/mqar.py --quick    # a small grid (about 15 seconds)
 
 Task. A sequence lists K key-value pairs ``k_1 v_1 ... k_K v_K`` (K distinct keys out of
 ``keys`` tokens, values out of ``values`` tokens), then the K keys again in a random order; at
@@ -78,7 +78,7 @@ GRIDS = {
     # `performer_scales` are the starting windows of the tuning grids (contiguous rungs of the
     # ladders above), grown while a chosen value sits on an edge (see above). The full grid
     # leaves out the 4-feature states (L·2^P = m = 4), where every bounded model sits near
-    # chance on 24 pairs (docs/mqar.md), to keep the tuned retrain well within an hour.
+    # floor on 24 pairs (docs/mqar.md), to keep the tuned retrain well within an hour.
     "full": dict(
         pairs=24, keys=64, values=64, d_model=64, steps=300, batch=64, eval_n=1024, val_n=512,
         seeds=[0, 1, 2, 3, 4], lrs=[3e-3, 1e-2, 3e-2], beta_lr=5e-2,
@@ -488,7 +488,7 @@ def cpu_model():
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="the small grid (about a minute)")
+    ap.add_argument("--quick", action="store_true", help="the small grid (about 15 seconds)")
     ap.add_argument("--out", default="figures/mqar", help="output folder")
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="threads in all")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
