@@ -237,8 +237,11 @@ fn beta_figure(ctx: &Ctx, s: &[Summary]) -> Result<Vec<String>> {
     if xs.is_empty() {
         return Ok(vec![]);
     }
-    let lo = xs.iter().cloned().fold(f64::INFINITY, f64::min);
-    let hi = xs.iter().cloned().fold(0.0, f64::max);
+    let lo = xs
+        .iter()
+        .cloned()
+        .fold(f64::INFINITY, crate::stats::nan_min);
+    let hi = xs.iter().cloned().fold(0.0, crate::stats::nan_max);
     for y in [2.0, -2.0] {
         series.push(Series::dashed(
             format!("claim's band ({y:+})"),

@@ -50,7 +50,9 @@ impl Summary {
         if self.dlog2_layers.is_empty() || self.dlog2_layers.iter().any(|x| !x.is_finite()) {
             return f64::NAN;
         }
-        self.dlog2_layers.iter().fold(0.0, |m, x| m.max(x.abs()))
+        self.dlog2_layers
+            .iter()
+            .fold(0.0, |m, x| crate::stats::nan_max(m, x.abs()))
     }
 }
 
