@@ -335,18 +335,24 @@ pub fn write_csv(
 pub fn read_csv(ctx: &Ctx, name: &str) -> Result<(Vec<String>, Vec<Vec<String>>)> {
     let p = ctx.out.join(format!("{name}.csv"));
     let text = std::fs::read_to_string(&p).map_err(|e| RaceError::io(&p, e))?;
+    let (header, mut rows) = split_csv(&text);
+    inject_nan(name, &header, &mut rows);
+    Ok((header, rows))
+}
+
+/// A CSV without quoting (as [`write_csv`] and `mqar.py` write it): its header and rows.
+pub fn split_csv(text: &str) -> (Vec<String>, Vec<Vec<String>>) {
     let mut lines = text.lines();
-    let header: Vec<String> = lines
+    let header = lines
         .next()
         .unwrap_or("")
         .split(',')
         .map(String::from)
         .collect();
-    let mut rows: Vec<Vec<String>> = lines
+    let rows = lines
         .map(|l| l.split(',').map(String::from).collect())
         .collect();
-    inject_nan(name, &header, &mut rows);
-    Ok((header, rows))
+    (header, rows)
 }
 
 /// The test hook `RACELAB_TEST_NAN=STEM:COLUMN[,STEM:COLUMN…]`: every value of the named

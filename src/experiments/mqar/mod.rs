@@ -25,7 +25,9 @@ mod summary;
 pub use measures::*;
 pub use summary::*;
 
-use super::{col, f, fig, read_csv, verdict::Committed, write_csv, Claim, Ctx, ExpResult, Measure};
+use super::{
+    col, f, fig, read_csv, split_csv, verdict::Committed, write_csv, Claim, Ctx, ExpResult, Measure,
+};
 use crate::error::{RaceError, Result};
 use crate::plot::{line_plot, LinePlot, Series};
 use std::collections::BTreeMap;

@@ -246,18 +246,3 @@ pub(super) fn summarise_back(h: &[String], r: &[Vec<String>]) -> Vec<Summary> {
         })
         .collect()
 }
-
-/// A CSV without quoting (as `mqar.py` writes it): its header and rows.
-pub(super) fn split_csv(text: &str) -> (Vec<String>, Vec<Vec<String>>) {
-    let mut lines = text.lines();
-    let header = lines
-        .next()
-        .unwrap_or("")
-        .split(',')
-        .map(String::from)
-        .collect();
-    let rows = lines
-        .map(|l| l.split(',').map(String::from).collect())
-        .collect();
-    (header, rows)
-}
