@@ -7,7 +7,7 @@
 use racelab::backend::{BackwardInputs, ForwardInputs, GradsMut, Heads, PlanesF32, Problem, Saved};
 use racelab::cpu::{detected_isa, token, CpuRace, SoftMap};
 use racelab::hashing::Planes;
-use racelab::{RaceParams, SoftRace};
+use racelab::{Backend, RaceParams};
 use std::time::Instant;
 
 fn h(x: &[f32], hd: usize, n: usize, d: usize) -> Heads<'_> {

@@ -69,7 +69,7 @@ pub struct AttendResult<T = f64> {
 }
 
 /// The backend for `device` (for CUDA, after checking that a device is there).
-pub fn for_device(device: Device) -> Result<Box<dyn crate::backend::SoftRace>> {
+pub fn for_device(device: Device) -> Result<Box<dyn crate::backend::Backend>> {
     Ok(match device {
         Device::Reference => Box::new(crate::reference::ReferenceRace),
         Device::Cpu => Box::new(crate::cpu::CpuRace::detected()),

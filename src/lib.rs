@@ -14,6 +14,23 @@
 //! - `Ô_i = Σ_l φ_l(q_i)ᵀ B_l / Σ_l φ_l(q_i)ᵀ A_l` with bucket masses `A_l` and value sums
 //!   `B_l` ([`reference::race`]).
 //!
+//! ## Use
+//!
+//! Each method is an operator object ([`op`]): built by a validating constructor, run on
+//! ndarray views of any rank 2 to 4, f32 or f64, the output in the inputs' rank and type.
+//!
+//! ```
+//! use ndarray::Array4;
+//! use racelab::op::{Beta, Bits, Causal, Seed, SoftRace, Tables};
+//! # fn main() -> racelab::Result<()> {
+//! let q = Array4::<f32>::from_shape_fn((1, 2, 32, 16), |(_, h, i, j)| ((h + i * j) as f32).sin());
+//! let op = SoftRace::new(Bits(2), Tables(8), Beta(10.0), Seed(0), 16)?;
+//! let o = op.forward(q.view(), q.view(), q.view(), Causal::Yes)?;
+//! let exact = racelab::softmax(q.view(), q.view(), q.view(), Causal::Yes)?;
+//! assert_eq!(o.shape(), exact.shape());
+//! # Ok(()) }
+//! ```
+//!
 //! ## Layout
 //!
 //! The rooms from the base up; each names only rooms below it (`tests/module_graph.rs` keeps
@@ -25,8 +42,9 @@
 //!   (estimates and refusals before allocating), [`method`] (each operator with its own
 //!   options), [`validate`] (the one validation every entry point makes), [`io`] (`.npy`),
 //!   [`plot`], [`analysis`] (error metrics, rank);
-//! - the contract: [`backend`] (the [`SoftRace`] trait, its input, output and gradient types,
+//! - the contract: [`backend`] (the [`Backend`] trait, its input, output and gradient types,
 //!   the checks every backend makes);
+//! - the operators a user holds: [`op`] (one object per method on ndarray views, on a device);
 //! - the backends: [`reference`](mod@reference) (f64, literal, obviously correct: the oracle), [`cpu`] (the
 //!   production f32 kernels), [`cuda`] (the CUDA kernels);
 //! - above them: [`attend`] (one operator on user inputs, and the backend for a device),
@@ -53,6 +71,7 @@ pub mod hashing;
 pub mod io;
 pub mod memory;
 pub mod method;
+pub mod op;
 pub mod params;
 pub mod plot;
 pub mod provenance;
@@ -63,9 +82,10 @@ pub mod tensor;
 pub mod validate;
 
 pub use attend::{attend, AttendOptions, AttendResult};
-pub use backend::{Device, SoftRace};
+pub use backend::{Backend, Device};
 pub use error::{RaceError, Result};
 pub use hashing::Planes;
 pub use method::{FeatureSpec, Method, MethodKind, PlaneSpec};
+pub use op::{softmax, Causal};
 pub use params::{Combine, RaceParams};
 pub use tensor::{Mat, MatRef, Tensor};

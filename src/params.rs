@@ -40,7 +40,7 @@ impl std::str::FromStr for Combine {
 pub const DEFAULT_BETA: f64 = 10.0;
 
 /// RACE hyper-parameters, carried as one value from the command line to every backend
-/// ([`crate::backend::SoftRace`]). The planes travel beside them (given, or drawn from a seed
+/// ([`crate::backend::Backend`]). The planes travel beside them (given, or drawn from a seed
 /// by the caller: [`crate::method::PlaneSpec`]), so there is no seed here.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct RaceParams {

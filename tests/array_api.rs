@@ -138,11 +138,11 @@ fn the_command_line_keeps_f32_files_f32() {
 }
 
 /// The backend contract on views: a permuted `ArrayView4` through the CPU kernels and the
-/// reference (`SoftRaceArrays`), forward and backward, equal to the same call on the
+/// reference (`BackendArrays`), forward and backward, equal to the same call on the
 /// standard-layout copy, and the two backends within f32 tolerance of each other.
 #[test]
 fn the_backend_contract_takes_strided_views_forward_and_backward() {
-    use racelab::backend::{PlanesF32, RaceParams, SoftRaceArrays};
+    use racelab::backend::{BackendArrays, PlanesF32, RaceParams};
     use racelab::cpu::CpuRace;
     use racelab::reference::ReferenceRace;
     let (n, h, d) = (33, 2, 8);

@@ -1,4 +1,4 @@
-//! The backend contract (`racelab::backend::SoftRace`): every backend on the same inputs,
+//! The backend contract (`racelab::backend::Backend`): every backend on the same inputs,
 //! planes and parameters. The CPU kernels and the f64 reference must agree (forward ≤ 1e-5,
 //! gradients ≤ 1e-4 of each tensor's largest entry; dβ ≤ 1e-4 relative), their decoders must
 //! reproduce the causal forward row by row, and the CUDA backend must either agree or refuse
@@ -13,7 +13,7 @@ mod common;
 use common::rel;
 
 use racelab::attend::for_device;
-use racelab::backend::{Device, Heads, PlanesF32, RaceParams, SoftRace};
+use racelab::backend::{Backend, Device, Heads, PlanesF32, RaceParams};
 use racelab::hashing::Planes;
 use racelab::params::Combine;
 use racelab::rng::SeededRng;
@@ -66,7 +66,7 @@ fn heads<'a>(c: &Case, x: &'a Inputs) -> [Heads<'a>; 4] {
 }
 
 /// `backend` against the reference: forward, gradients and (causal) the decoder.
-fn agree(backend: &dyn SoftRace, c: &Case) {
+fn agree(backend: &dyn Backend, c: &Case) {
     let x = c.inputs(1.0);
     let [q, k, v, g] = heads(c, &x);
     let reference = for_device(Device::Reference).unwrap();

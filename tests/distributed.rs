@@ -13,7 +13,7 @@
 mod common;
 
 use common::rel;
-use racelab::backend::{Heads, PlanesF32, RaceParams, SoftGrads, SoftRace};
+use racelab::backend::{Backend, Heads, PlanesF32, RaceParams, SoftGrads};
 use racelab::cpu::CpuRace;
 use racelab::distributed::job::assemble;
 use racelab::distributed::{slice_of, thread_group, Distributed};

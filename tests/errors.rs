@@ -1,18 +1,10 @@
 //! Every bad input gets a clear error naming the argument: from the library (no panic) and
 //! from the CLI (non-zero exit, the message on stderr).
 mod common;
-use common::randn_t;
+use common::{qkv, randn_t, tmpdir};
 use racelab::io::{npy_bytes, parse_npy, write_npy, Dtype};
 use racelab::{attend, AttendOptions, Method, PlaneSpec, RaceError, Tensor};
 use std::path::PathBuf;
-
-fn qkv(n: usize, d: usize) -> (Tensor<f64>, Tensor<f64>, Tensor<f64>) {
-    (
-        randn_t(&[n, d], 1),
-        randn_t(&[n, d], 2),
-        randn_t(&[n, 3], 3),
-    )
-}
 
 fn err(q: &Tensor<f64>, k: &Tensor<f64>, v: &Tensor<f64>, opts: AttendOptions) -> String {
     match attend(q, k, v, &opts) {
@@ -111,12 +103,6 @@ fn replace_bytes(b: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
     let mut out = b.to_vec();
     out[pos..pos + to.len()].copy_from_slice(to);
     out
-}
-
-fn tmpdir(tag: &str) -> PathBuf {
-    let p = std::env::temp_dir().join(format!("racelab-err-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&p).unwrap();
-    p
 }
 
 /// Run `racelab attend` with files (name, shape, data) and extra args; return stderr.
@@ -399,168 +385,6 @@ fn every_library_entry_refuses_the_performer_and_scale_rows() {
 
 /// `racelab attend` with `args` in `dir` (q, k, v there); exit code and stderr.
 /// `racelab attend --q q.npy --k k.npy --v v.npy` run in `dir`.
-fn attend_cmd(dir: &std::path::Path) -> std::process::Command {
-    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_racelab"));
-    c.arg("attend").current_dir(dir);
-    for name in ["q", "k", "v"] {
-        c.arg(format!("--{name}")).arg(format!("{name}.npy"));
-    }
-    c
-}
-
-/// A new folder `name` holding `q.npy`, `k.npy`, `v.npy` ([2, 16, 4] of seed 4, f64).
-fn qkv_dir(name: &str) -> std::path::PathBuf {
-    let dir = tmpdir(name);
-    let (q, k, v) = qkv(16, 4);
-    for (n, t) in [("q", &q), ("k", &k), ("v", &v)] {
-        write_npy(&dir.join(format!("{n}.npy")), &t.shape, &t.data, Dtype::F64).unwrap();
-    }
-    dir
-}
-
-fn attend_in(dir: &std::path::Path, args: &[&str]) -> (Option<i32>, String) {
-    let o = attend_cmd(dir).args(args).output().unwrap();
-    (
-        o.status.code(),
-        String::from_utf8_lossy(&o.stderr).to_string(),
-    )
-}
-
-/// A disk that takes no more (the file-size limit `RLIMIT_FSIZE` of the child, so a write past
-/// 1 MiB fails with `EFBIG` as a full disk fails with `ENOSPC`, with no device or mount): the
-/// 5 MB planes of `--save-planes` at L = 20,000 fail at once as an I/O error naming the file,
-/// before the work, so the earlier `--out` (small enough to be written) keeps its contents and
-/// no temporary is left beside either.
-#[test]
-fn a_full_disk_fails_before_the_work_and_keeps_the_old_output() {
-    use std::os::unix::process::CommandExt;
-    let dir = qkv_dir("full-disk");
-    std::fs::write(dir.join("o.npy"), b"the earlier output").unwrap();
-    let mut c = attend_cmd(&dir);
-    c.args([
-        "--method", "soft", "--p", "2", "--l", "20000", "--out", "o.npy",
-    ])
-    .args(["--save-planes", "w.npy"]);
-    // SAFETY: between fork and exec the closure calls only `setrlimit` and `signal`, which are
-    // async-signal-safe, and touches no memory of the parent's.
-    unsafe {
-        c.pre_exec(|| {
-            let lim = libc::rlimit {
-                rlim_cur: 1 << 20,
-                rlim_max: 1 << 20,
-            };
-            if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // A write past the limit then fails with EFBIG instead of killing the process.
-            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
-            Ok(())
-        });
-    }
-    let o = c.output().unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(2), "{err}");
-    assert!(err.contains("I/O error") && err.contains("w.npy"), "{err}");
-    assert_eq!(
-        std::fs::read(dir.join("o.npy")).unwrap(),
-        b"the earlier output"
-    );
-    assert!(!dir.join("w.npy").exists());
-    let left: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
-        .filter(|n| n.contains(".tmp-"))
-        .collect();
-    assert!(left.is_empty(), "temporaries left: {left:?}");
-    std::fs::remove_dir_all(&dir).ok();
-}
-
-/// An output never replaces what racelab did not write: a device, an input (by name, by
-/// another spelling, by a hard link), the other output, a folder, a FIFO, a symbolic link; a
-/// folder that does not take a new file is refused before the work; the planes are written
-/// before it.
-#[test]
-fn outputs_never_replace_what_racelab_did_not_write() {
-    let dir = qkv_dir("outputs");
-    let q_bytes = std::fs::read(dir.join("q.npy")).unwrap();
-    std::fs::hard_link(dir.join("q.npy"), dir.join("q-link.npy")).unwrap();
-    std::fs::create_dir_all(dir.join("adir")).unwrap();
-    std::fs::write(dir.join("target.npy"), b"kept").unwrap();
-    std::os::unix::fs::symlink(dir.join("target.npy"), dir.join("sym.npy")).unwrap();
-    assert!(std::process::Command::new("mkfifo")
-        .arg(dir.join("fifo"))
-        .status()
-        .unwrap()
-        .success());
-    let soft = ["--method", "soft"];
-    for (args, flag, words) in [
-        (&["--out", "/dev/null"][..], "`out`", "not a regular file"),
-        (&["--out", "q.npy"], "`out`", "same file as the input --q"),
-        (&["--out", "./q.npy"], "`out`", "same file as the input --q"),
-        (
-            &["--out", "q-link.npy"],
-            "`out`",
-            "same file as the input --q",
-        ),
-        (&["--out", "adir"], "`out`", "is a folder"),
-        (&["--out", "fifo"], "`out`", "not a regular file"),
-        (&["--out", "sym.npy"], "`out`", "symbolic link"),
-        (&["--out", "nowhere/o.npy"], "`out`", "does not exist"),
-        (
-            &["--out", "o.npy", "--save-planes", "o.npy"],
-            "`out`",
-            "--save-planes",
-        ),
-        (
-            &["--out", "o.npy", "--save-planes", "k.npy"],
-            "`save-planes`",
-            "the input --k",
-        ),
-    ] {
-        let (code, err) = attend_in(&dir, &[&soft[..], args].concat());
-        assert_eq!(code, Some(2), "{args:?}: {err}");
-        assert!(err.contains(flag) && err.contains(words), "{args:?}: {err}");
-    }
-    assert!(!dir.join("o.npy").exists());
-    // Nothing was replaced.
-    assert_eq!(std::fs::read(dir.join("q.npy")).unwrap(), q_bytes);
-    assert_eq!(std::fs::read(dir.join("target.npy")).unwrap(), b"kept");
-    assert!(std::fs::symlink_metadata(dir.join("sym.npy"))
-        .unwrap()
-        .file_type()
-        .is_symlink());
-    assert!(!std::fs::metadata("/dev/null").unwrap().is_file());
-    // The planes are written before the work, and they are the ones used.
-    let (code, err) = attend_in(
-        &dir,
-        &[&soft[..], &["--out", "o1.npy", "--save-planes", "w.npy"]].concat(),
-    );
-    assert_eq!(code, Some(0), "{err}");
-    let (code, err) = attend_in(
-        &dir,
-        &[&soft[..], &["--out", "o2.npy", "--planes", "w.npy"]].concat(),
-    );
-    assert_eq!(code, Some(0), "{err}");
-    let (a, b) = (
-        parse_npy(&std::fs::read(dir.join("o1.npy")).unwrap(), "o1").unwrap(),
-        parse_npy(&std::fs::read(dir.join("o2.npy")).unwrap(), "o2").unwrap(),
-    );
-    assert_eq!(a.tensor.data, b.tensor.data);
-    // An experiment's --out folder: an existing file there is refused before any work.
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_racelab"))
-        .args(["bias", "--quick", "--out"])
-        .arg(dir.join("q.npy"))
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(2), "{err}");
-    assert!(
-        err.contains("`out`") && err.contains("not a folder"),
-        "{err}"
-    );
-    std::fs::remove_dir_all(&dir).ok();
-}
-
 /// The reference computes in f64 whatever the files hold: f32 inputs with `--dtype f64` give
 /// the f64 answer of the same (f32-valued) inputs, not that answer rounded to f32; NaN or
 /// infinite Performer features are refused like NaN planes.
@@ -573,7 +397,7 @@ fn the_reference_stays_f64_on_f32_files_and_omega_must_be_finite() {
     for (n, t) in [("q", &q32), ("k", &k32), ("v", &v32)] {
         write_npy(&dir.join(format!("{n}.npy")), &t.shape, &t.data, Dtype::F32).unwrap();
     }
-    let (code, err) = attend_in(
+    let (code, err) = common::attend_here(
         &dir,
         &[
             "--method",
@@ -613,7 +437,7 @@ fn the_reference_stays_f64_on_f32_files_and_omega_must_be_finite() {
         "rounded to f32"
     );
     // beta past where 2·beta overflows f64 is refused; at 1e307 no row is zero.
-    let (code, err) = attend_in(
+    let (code, err) = common::attend_here(
         &dir,
         &[
             "--method",
@@ -637,7 +461,7 @@ fn the_reference_stays_f64_on_f32_files_and_omega_must_be_finite() {
     w.data[3] = f64::NAN;
     write_npy(&dir.join("w.npy"), &w.shape, &w.data, Dtype::F64).unwrap();
     for device in ["reference", "cpu"] {
-        let (code, err) = attend_in(
+        let (code, err) = common::attend_here(
             &dir,
             &[
                 "--method",

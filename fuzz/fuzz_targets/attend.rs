@@ -1,4 +1,4 @@
-//! racelab's public entry points (`attend_array`, the `SoftRace` contract on `CpuRace`,
+//! racelab's public entry points (`attend_array`, the `Backend` contract on `CpuRace`,
 //! `Planes`) on arbitrary shapes, layouts, P, L, β, planes and values: an error or a finite
 //! result, never a crash (`fuzz/harness/attend.rs` decodes an input; the sizes are capped
 //! there). `cargo +nightly fuzz run attend` (under AddressSanitizer, cargo-fuzz's default).

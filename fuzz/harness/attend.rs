@@ -1,5 +1,5 @@
 //! One fuzz input as calls of racelab's public entry points: `attend_array` on ndarray views of
-//! any layout, the `SoftRace` contract (`CpuRace` at every instruction-set level, with
+//! any layout, the `Backend` contract (`CpuRace` at every instruction-set level, with
 //! `Heads` and `PlanesF32` values a caller may build by hand) and `Planes`. Shared by
 //! `fuzz/fuzz_targets/attend.rs` (the fuzzer) and `tests/fuzz_corpus.rs` (the corpus replayed
 //! by `cargo test`). Every call must return an error or a result whose numbers are finite:
@@ -7,7 +7,7 @@
 //! one input runs in well under a millisecond to a few; past a cap the input is skipped.
 
 use ndarray::{ArrayView, ShapeBuilder};
-use racelab::backend::{Heads, PlanesF32, SoftRace};
+use racelab::backend::{Backend, Heads, PlanesF32};
 use racelab::cpu::{CpuRace, Isa, Level};
 use racelab::{AttendOptions, Combine, Device, FeatureSpec, Method, PlaneSpec, Planes, RaceParams};
 
@@ -210,7 +210,7 @@ fn arrays(b: &mut Bytes) -> Outcome {
     }
 }
 
-/// The `SoftRace` contract on `CpuRace` at a fuzzed level, with `Heads` and `PlanesF32`
+/// The `Backend` contract on `CpuRace` at a fuzzed level, with `Heads` and `PlanesF32`
 /// built as a caller may build them: through `Heads::new` or as struct literals whose fields
 /// disagree with their data.
 fn contract(b: &mut Bytes) -> Outcome {
@@ -279,9 +279,9 @@ fn contract(b: &mut Bytes) -> Outcome {
     match out {
         None => Outcome::Refused,
         Some(Ok((o, grads, dbeta))) => {
-            finite("SoftRace o", o.iter().map(|&x| x as f64));
-            finite("SoftRace gradients", grads.iter().map(|&x| x as f64));
-            finite("SoftRace dbeta", [dbeta]);
+            finite("Backend o", o.iter().map(|&x| x as f64));
+            finite("Backend gradients", grads.iter().map(|&x| x as f64));
+            finite("Backend dbeta", [dbeta]);
             Outcome::Ran
         }
         Some(Err(_)) => Outcome::Refused,

@@ -18,7 +18,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use racelab::attend::{attend_with, AttendOptions};
 use racelab::backend::{
-    Device, GradsMut, Heads, PlanesF32, Problem, RaceParams, Saved as Kept, SoftRace,
+    Backend, Device, GradsMut, Heads, PlanesF32, Problem, RaceParams, Saved as Kept,
 };
 use racelab::cpu::ABuf;
 use racelab::cpu::CpuRace;
@@ -277,7 +277,7 @@ fn params(planes: &PlanesF32, beta: f64, causal: bool) -> RaceParams {
 }
 
 /// Production f32 soft-RACE forward on `[heads, n, ·]` arrays and `[L, P, d]` planes (rounded
-/// to f32), through the backend contract ([`SoftRace::forward_into`] of [`CpuRace`]). Returns
+/// to f32), through the backend contract ([`Backend::forward_into`] of [`CpuRace`]). Returns
 /// `(o [heads, n, dv], saved)`.
 #[pyfunction]
 fn soft_forward<'py>(
@@ -316,7 +316,7 @@ fn soft_forward<'py>(
 }
 
 /// Production f32 soft-RACE backward: `(dq, dk, dv, dbeta)` for the forward that returned
-/// `saved` and `o`, with `g = ∂ℓ/∂Ô` ([`SoftRace::backward_into`] of [`CpuRace`]).
+/// `saved` and `o`, with `g = ∂ℓ/∂Ô` ([`Backend::backward_into`] of [`CpuRace`]).
 #[pyfunction]
 #[allow(clippy::type_complexity)]
 fn soft_backward<'py>(

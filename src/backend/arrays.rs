@@ -1,14 +1,14 @@
-//! The backend contract on ndarray views: [`SoftRaceArrays`], implemented for every
-//! [`SoftRace`] (the reference, the CPU and CUDA kernels, `Distributed`).
+//! The backend contract on ndarray views: [`BackendArrays`], implemented for every
+//! [`Backend`] (the reference, the CPU and CUDA kernels, `Distributed`).
 //!
-//! `q`, `k`, `v` (and `g`) are `ArrayView3` `[heads, n, cols]` or `ArrayView4`
-//! `[batch, heads, n, cols]`, f32 or f64, in any layout. A view in standard (row-major,
+//! `q`, `k`, `v` (and `g`) are `ArrayView2` `[n, cols]`, `ArrayView3` `[heads, n, cols]` or
+//! `ArrayView4` `[batch, heads, n, cols]`, f32 or f64, in any layout. A view in standard (row-major,
 //! contiguous) layout is read where it lies; any other layout (permuted axes, steps) is copied
 //! once into row-major order, and [`ArrayForward::copied`] says which were. f32 views reach the
 //! f32 kernels with no copy; f64 views are rounded to f32 for them (the reference widens f32
 //! back exactly). Outputs come back as arrays of the inputs' rank and element type.
 
-use super::{Heads, PlanesF32, RaceParams, Recomputed, SoftRace};
+use super::{Backend, Heads, PlanesF32, RaceParams, Recomputed};
 use crate::error::{RaceError, Result};
 use crate::tensor::{standard_rows, Element};
 use ndarray::{Array, ArrayView, Dimension, IxDyn};
@@ -37,25 +37,30 @@ pub struct ArrayGrads<T, D: Dimension> {
 
 /// One input as f32 rows `[heads, n, cols]` (heads: the product of the leading axes), and
 /// whether its layout made a copy.
-struct Rows<'a> {
-    data: Cow<'a, [f32]>,
-    dims: [usize; 3],
-    copied: bool,
+pub(crate) struct Rows<'a> {
+    pub(crate) data: Cow<'a, [f32]>,
+    pub(crate) dims: [usize; 3],
+    pub(crate) copied: bool,
 }
 
 impl Rows<'_> {
-    fn heads(&self) -> Heads<'_> {
+    pub(crate) fn heads(&self) -> Heads<'_> {
         let [h, n, c] = self.dims;
         Heads::of(h, n, c, &self.data)
     }
 }
 
-fn rows<'a, T: Element, D: Dimension>(name: &str, a: &ArrayView<'a, T, D>) -> Result<Rows<'a>> {
+pub(crate) fn rows<'a, T: Element, D: Dimension>(
+    name: &str,
+    a: &ArrayView<'a, T, D>,
+) -> Result<Rows<'a>> {
     let shape = a.shape();
-    if !(3..=4).contains(&shape.len()) {
+    if !(2..=4).contains(&shape.len()) {
         return Err(RaceError::shape(
             name,
-            format!("{name} has shape {shape:?}; give [heads, n, cols] or [batch, heads, n, cols]"),
+            format!(
+                "{name} has shape {shape:?}; give [n, cols], [heads, n, cols] or [batch, heads, n, cols]"
+            ),
         ));
     }
     let r = shape.len();
@@ -70,21 +75,21 @@ fn rows<'a, T: Element, D: Dimension>(name: &str, a: &ArrayView<'a, T, D>) -> Re
 }
 
 /// `data` as an array of `like`'s leading axes and `cols` columns.
-fn shaped<T: Element, D: Dimension>(
+pub(crate) fn shaped<T: Element, D: Dimension>(
     like: &[usize],
     cols: usize,
     data: Vec<f32>,
 ) -> Result<Array<T, D>> {
     let mut shape = like.to_vec();
-    *shape.last_mut().expect("rank 3 or 4") = cols;
+    *shape.last_mut().expect("rank 2 to 4") = cols;
     Array::from_shape_vec(IxDyn(&shape), T::from_f32(data))
         .and_then(|a| a.into_dimensionality::<D>())
         .map_err(|e| RaceError::shape("o", e.to_string()))
 }
 
 /// The soft-RACE contract on ndarray views (module docs), for every backend.
-pub trait SoftRaceArrays: SoftRace {
-    /// [`SoftRace::forward`] on views `[.., n, d]`, `[.., n, d]`, `[.., n, dv]`.
+pub trait BackendArrays: Backend {
+    /// [`Backend::forward`] on views `[.., n, d]`, `[.., n, d]`, `[.., n, dv]`.
     fn forward_array<T: Element, D: Dimension>(
         &self,
         params: &RaceParams,
@@ -103,7 +108,7 @@ pub trait SoftRaceArrays: SoftRace {
         })
     }
 
-    /// [`SoftRace::forward_backward`] on views, with the upstream gradient `g` shaped like
+    /// [`Backend::forward_backward`] on views, with the upstream gradient `g` shaped like
     /// the output.
     fn forward_backward_array<T: Element, D: Dimension>(
         &self,
@@ -142,4 +147,4 @@ pub trait SoftRaceArrays: SoftRace {
     }
 }
 
-impl<B: SoftRace + ?Sized> SoftRaceArrays for B {}
+impl<B: Backend + ?Sized> BackendArrays for B {}

@@ -1,10 +1,10 @@
 //! The backend contract: one trait for the soft-RACE operator, implemented by every backend
 //! on the same inputs, planes and parameters.
 //!
-//! - [`SoftRace`]: forward (`Ô`, Algorithm 1 or causal Algorithm 2), forward+backward (`Ô`
+//! - [`Backend`]: forward (`Ô`, Algorithm 1 or causal Algorithm 2), forward+backward (`Ô`
 //!   and `∂ℓ/∂q, ∂ℓ/∂k, ∂ℓ/∂v, ∂ℓ/∂β` for an upstream `G = ∂ℓ/∂Ô`), the same into the
-//!   caller's buffers on a validated [`Problem`] ([`SoftRace::forward_into`] returns what the
-//!   backward needs, [`Saved`]; [`SoftRace::backward_into`]), and a recurrent decoder
+//!   caller's buffers on a validated [`Problem`] ([`Backend::forward_into`] returns what the
+//!   backward needs, [`Saved`]; [`Backend::backward_into`]), and a recurrent decoder
 //!   ([`Decode::step`]: add `φ(k_t)[v_t, 1]` to the state, read it with `φ(q_t)`);
 //! - its implementations: [`reference::ReferenceRace`](crate::reference::ReferenceRace) (f64,
 //!   log domain, exact at any β), [`cpu::CpuRace`](crate::cpu::CpuRace) (the production f32
@@ -12,7 +12,7 @@
 //!   `cuda` feature, its stub returns the no-device error);
 //! - [`Device`]: which one, as the command line names it ([`crate::attend::for_device`], above
 //!   the backends, returns it);
-//! - the same contract on ndarray views ([`SoftRaceArrays`], every backend: `ArrayView3` /
+//! - the same contract on ndarray views ([`BackendArrays`], every backend: `ArrayView3` /
 //!   `ArrayView4`, f32 or f64, any layout);
 //! - the shared types ([`types`]): `[heads, n, cols]` f32 rows ([`Heads`]), planes rounded to
 //!   f32 ([`PlanesF32`]), gradients ([`SoftGrads`]);
@@ -28,7 +28,7 @@
 pub mod arrays;
 pub mod types;
 
-pub use arrays::{ArrayForward, ArrayGrads, SoftRaceArrays};
+pub use arrays::{ArrayForward, ArrayGrads, BackendArrays};
 
 pub use crate::params::RaceParams;
 pub use types::{
@@ -108,7 +108,7 @@ pub trait Decode: Send {
 
 /// The soft-RACE operator on one backend. `q`, `k` are `[heads, n, d]`, `v` and `g`
 /// `[heads, n, dv]`; `planes` are `[L, P, d]` and must match `params.p`, `params.l`.
-pub trait SoftRace: Send + Sync {
+pub trait Backend: Send + Sync {
     fn device(&self) -> Device;
     /// `Ô` for `params` (`params.causal`: Algorithm 2).
     fn forward(
@@ -132,7 +132,7 @@ pub trait SoftRace: Send + Sync {
     /// `Ô` written into `o` (`[heads, n, dv]`, overwritten) for a validated problem, and what
     /// the backward needs. `reuse` is an earlier forward's [`Saved`] whose buffers a backend
     /// may recycle (`Saved::default()` for none): a training loop or a benchmark then does
-    /// not pay fresh pages every step. The default runs [`SoftRace::forward`] and copies.
+    /// not pay fresh pages every step. The default runs [`Backend::forward`] and copies.
     fn forward_into(&self, pb: &Problem, o: &mut [f32], reuse: Saved) -> Result<Saved> {
         drop(reuse);
         pb.check_output("o", o)?;
@@ -143,7 +143,7 @@ pub trait SoftRace: Send + Sync {
     }
     /// The gradients of `ℓ` with `∂ℓ/∂Ô = pb.grad()` written into `grads` (overwritten), for
     /// the forward that returned `saved` and `o`; returns `∂ℓ/∂β`. The default runs
-    /// [`SoftRace::forward_backward`] (recomputing the forward) and copies.
+    /// [`Backend::forward_backward`] (recomputing the forward) and copies.
     fn backward_into(
         &self,
         pb: &Problem,

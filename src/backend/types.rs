@@ -190,7 +190,7 @@ impl SoftGrads {
 /// A soft-RACE problem that passed the one validation ([`crate::backend::check`]): the
 /// parameters, the planes, `q`, `k`, `v` and, for a backward, the upstream gradient `g`.
 /// Only [`Problem::new`] and [`Problem::with_grad`] make one, so the into-buffer forms of the
-/// contract ([`crate::backend::SoftRace::forward_into`], `backward_into`) never see unchecked
+/// contract ([`crate::backend::Backend::forward_into`], `backward_into`) never see unchecked
 /// input, and a caller that runs the same problem many times (a benchmark, a training step's
 /// forward and backward) validates it once.
 #[derive(Debug, Clone, Copy)]
@@ -338,7 +338,7 @@ impl<'a> Problem<'a> {
     }
 }
 
-/// What a forward keeps for its backward ([`crate::backend::SoftRace::forward_into`]): the rows
+/// What a forward keeps for its backward ([`crate::backend::Backend::forward_into`]): the rows
 /// with no key, the rows recomputed exactly, and the backend's own state, opaque to everyone
 /// else (each backend reads only its own; `Saved::default()` holds none).
 #[derive(Default)]

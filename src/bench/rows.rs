@@ -7,7 +7,7 @@ use super::timing::{time_alternated, time_runs, time_runs_warm, Timed};
 use super::{
     bytes_per_token, machine, race_flops_per_token, BenchConfig, BenchRow, CausalRatio, Device,
 };
-use crate::backend::{GradsMut, Heads, PlanesF32, Problem, RaceParams, Saved, SoftRace};
+use crate::backend::{Backend, GradsMut, Heads, PlanesF32, Problem, RaceParams, Saved};
 use crate::cpu::exact::{exact_attention, Exact};
 use crate::cpu::mem::ABuf;
 use crate::cpu::{self, Isa};

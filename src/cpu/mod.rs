@@ -109,8 +109,8 @@ pub(crate) use saved::{Ctx, ForwardOut};
 pub use simd::{detected_isa, Isa, Level};
 
 use crate::backend::{
-    BackwardInputs, Decode, Device, Forward, ForwardInputs, GradsMut, Heads, PlanesF32, Problem,
-    RaceParams, Saved, SoftGrads, SoftRace,
+    Backend, BackwardInputs, Decode, Device, Forward, ForwardInputs, GradsMut, Heads, PlanesF32,
+    Problem, RaceParams, Saved, SoftGrads,
 };
 use crate::error::{RaceError, Result};
 
@@ -179,7 +179,7 @@ pub(crate) fn soft_backward(map: &SoftMap, ctx: &Ctx, x: BackwardInputs, isa: Is
     gr
 }
 
-/// The production CPU kernels behind the backend contract ([`crate::backend::SoftRace`]),
+/// The production CPU kernels behind the backend contract ([`crate::backend::Backend`]),
 /// at one ISA (detected at run time).
 #[derive(Debug, Clone, Copy)]
 pub struct CpuRace {
@@ -200,7 +200,7 @@ impl CpuRace {
     }
 }
 
-impl SoftRace for CpuRace {
+impl Backend for CpuRace {
     fn device(&self) -> Device {
         Device::Cpu
     }

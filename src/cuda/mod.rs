@@ -33,7 +33,7 @@
 
 use crate::backend::Recomputed;
 use crate::backend::{
-    Decode, Device, Forward, ForwardInputs, Heads, PlanesF32, RaceParams, SoftGrads, SoftRace,
+    Backend, Decode, Device, Forward, ForwardInputs, Heads, PlanesF32, RaceParams, SoftGrads,
 };
 use crate::cpu::recompute;
 use crate::cpu::SoftMap;
@@ -510,10 +510,10 @@ pub use stub::{
     copy_seconds, device_name, ensure_device, fma_seconds, soft_backward, soft_forward, Resident,
 };
 
-/// The CUDA kernels behind the backend contract ([`crate::backend::SoftRace`]): f32 inputs
+/// The CUDA kernels behind the backend contract ([`crate::backend::Backend`]): f32 inputs
 /// copied to the device, the rows the kernels flag recomputed exactly on the host. Built
 /// without the `cuda` feature every call returns the no-device error. The kernels have no
-/// recurrent decoder (one token per launch would leave the card idle): [`SoftRace::decoder`]
+/// recurrent decoder (one token per launch would leave the card idle): [`Backend::decoder`]
 /// says so and names the backends that have one.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CudaRace;
@@ -545,7 +545,7 @@ impl CudaRace {
     }
 }
 
-impl SoftRace for CudaRace {
+impl Backend for CudaRace {
     fn device(&self) -> Device {
         Device::Cuda
     }

@@ -6,7 +6,7 @@
 
 use super::stream::gen_chunk;
 use super::{slice_of, Comm, Distributed, Traffic};
-use crate::backend::{GradsMut, Heads, PlanesF32, RaceParams, SoftRace};
+use crate::backend::{Backend, GradsMut, Heads, PlanesF32, RaceParams};
 use crate::error::{RaceError, Result};
 use crate::hashing::Planes;
 use crate::params::Combine;

@@ -3,7 +3,7 @@
 //! distributed forward runs, and rank 0 writes the output (or each rank its shard).
 
 use super::{slice_of, Comm, Distributed, Layout, Traffic};
-use crate::backend::{Heads, PlanesF32, RaceParams, SoftRace};
+use crate::backend::{Backend, Heads, PlanesF32, RaceParams};
 use crate::error::{RaceError, Result};
 use crate::io::{read_npy_header, read_npy_rows, write_npy, Dtype, NpyHeader};
 use serde::Serialize;

@@ -56,8 +56,8 @@ pub mod stream;
 pub use comm::{thread_group, Comm, Solo, ThreadComm};
 
 use crate::backend::{
-    BackwardInputs, Decode, Device, Forward, GradsMut, Heads, PlanesF32, RaceParams, SoftGrads,
-    SoftRace,
+    Backend, BackwardInputs, Decode, Device, Forward, GradsMut, Heads, PlanesF32, RaceParams,
+    SoftGrads,
 };
 use crate::cpu::recompute::den_floor;
 use crate::cpu::soft::{self, Boundary};
@@ -113,7 +113,7 @@ impl Layout {
 }
 
 /// The soft-RACE operator over a group of ranks ([`Comm`]), each holding its slice of the
-/// token axis, computed with the production CPU kernels. Implements [`SoftRace`] with
+/// token axis, computed with the production CPU kernels. Implements [`Backend`] with
 /// `q`, `k`, `v`, `g` the rank's slices (`[heads, n_r, ·]`) and results for its slice.
 pub struct Distributed<C: Comm> {
     pub comm: C,
@@ -358,7 +358,7 @@ impl<C: Comm> Distributed<C> {
     /// Forward+backward of this rank's slice into caller buffers: `o` (`[heads, n_r, dv]`),
     /// the gradients (overwritten); `reuse` is the context of a previous call (or
     /// `Ctx::default()`), whose buffers are recycled, and the new one is returned with
-    /// `∂ℓ/∂β` (summed over ranks). What [`SoftRace::forward_backward`] does without
+    /// `∂ℓ/∂β` (summed over ranks). What [`Backend::forward_backward`] does without
     /// allocating: a training loop or a benchmark keeps its pages.
     #[allow(clippy::too_many_arguments)]
     pub fn forward_backward_into(
@@ -471,7 +471,7 @@ pub fn planes_digest(planes: &PlanesF32) -> u64 {
     h
 }
 
-impl<C: Comm + Send + Sync> SoftRace for Distributed<C> {
+impl<C: Comm + Send + Sync> Backend for Distributed<C> {
     /// The kernels each rank runs.
     fn device(&self) -> Device {
         Device::Cpu

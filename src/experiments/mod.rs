@@ -72,7 +72,7 @@ pub fn soft_out_f32(
     planes: &crate::hashing::Planes,
     beta: f64,
 ) -> Result<crate::tensor::Mat<f64>> {
-    use crate::backend::{Heads, PlanesF32, RaceParams, SoftRace};
+    use crate::backend::{Backend, Heads, PlanesF32, RaceParams};
     let to32 = |m: &crate::tensor::Mat<f64>| m.data.iter().map(|&x| x as f32).collect::<Vec<f32>>();
     let (q32, k32, v32) = (to32(q), to32(k), to32(v));
     let params = RaceParams {

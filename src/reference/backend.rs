@@ -1,10 +1,10 @@
-//! The f64 reference behind the backend contract ([`crate::backend::SoftRace`]): soft RACE in
+//! The f64 reference behind the backend contract ([`crate::backend::Backend`]): soft RACE in
 //! the log domain ([`super::logdomain`]), exact at any β, on the f32 inputs and planes widened
 //! exactly to f64; heads in parallel. Its decoder keeps the state `[B_l | A_l]` in f64 and
 //! reads it with the f64 features ([`crate::hashing::soft_features`]).
 
 use super::logdomain::{soft_race_backward_log, soft_race_log};
-use crate::backend::{Decode, Device, Forward, Heads, PlanesF32, RaceParams, SoftGrads, SoftRace};
+use crate::backend::{Backend, Decode, Device, Forward, Heads, PlanesF32, RaceParams, SoftGrads};
 use crate::error::{RaceError, Result};
 use crate::hashing::Planes;
 use crate::params::Combine;
@@ -31,7 +31,7 @@ fn f32s(m: &Mat<f64>) -> Vec<f32> {
     m.data.iter().map(|&x| x as f32).collect()
 }
 
-impl SoftRace for ReferenceRace {
+impl Backend for ReferenceRace {
     fn device(&self) -> Device {
         Device::Reference
     }

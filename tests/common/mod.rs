@@ -12,6 +12,22 @@ pub fn randn(rows: usize, cols: usize, seed: u64) -> Mat<f64> {
     Mat::from_vec(rows, cols, rng.normals(rows * cols))
 }
 
+/// Seeded `q`, `k` `[n, d]` and `v` `[n, 3]` (seeds 1, 2, 3).
+pub fn qkv(n: usize, d: usize) -> (Tensor<f64>, Tensor<f64>, Tensor<f64>) {
+    (
+        randn_t(&[n, d], 1),
+        randn_t(&[n, d], 2),
+        randn_t(&[n, 3], 3),
+    )
+}
+
+/// A new scratch folder `racelab-test-{tag}-{pid}` under the system's temporary folder.
+pub fn tmpdir(tag: &str) -> std::path::PathBuf {
+    let p = std::env::temp_dir().join(format!("racelab-test-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&p).unwrap();
+    p
+}
+
 pub fn randn_t(shape: &[usize], seed: u64) -> Tensor<f64> {
     let n = shape.iter().product();
     let mut rng = SeededRng::new(seed, 98);
@@ -75,6 +91,25 @@ pub fn attend_command(dir: &Path, extra: &[&str]) -> Command {
     }
     c.arg("--out").arg(dir.join("o.npy")).args(extra);
     c
+}
+
+/// `racelab attend` run in `dir` on `q.npy`, `k.npy`, `v.npy` there (relative paths).
+pub fn attend_relative(dir: &std::path::Path) -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_racelab"));
+    c.arg("attend").current_dir(dir);
+    for name in ["q", "k", "v"] {
+        c.arg(format!("--{name}")).arg(format!("{name}.npy"));
+    }
+    c
+}
+
+/// [`attend_relative`] with `args`: the exit code and stderr.
+pub fn attend_here(dir: &std::path::Path, args: &[&str]) -> (Option<i32>, String) {
+    let o = attend_relative(dir).args(args).output().unwrap();
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stderr).to_string(),
+    )
 }
 
 /// A proptest configuration with `cases` cases drawn from a fixed seed, so that a run (CI's

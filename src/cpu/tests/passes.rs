@@ -282,7 +282,7 @@ fn causal_subnormal_denominators_give_finite_outputs() {
 /// with more it left the last keys' `dk`, `dv` unwritten.)
 #[test]
 fn keys_and_queries_of_different_counts_match_the_reference() {
-    use crate::backend::{RaceParams, SoftRace};
+    use crate::backend::{Backend, RaceParams};
     let (heads, d, dv) = (2, 8, 5);
     let planes = PlanesF32::from_planes(&Planes::gaussian(2, 3, d, 9).unwrap());
     let params = RaceParams::new(3, 2, 4.0).unwrap();
