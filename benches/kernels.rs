@@ -5,6 +5,7 @@ use racelab::backend::{BackwardInputs, Heads, PlanesF32};
 use racelab::bench::machine::fill;
 use racelab::cpu::exact::{exact_attention, Exact};
 use racelab::cpu::{detected_isa, token, Isa, SoftMap};
+use racelab::params::{Bits, Seed, Tables};
 use racelab::Planes;
 
 fn inputs(heads: usize, n: usize, d: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
@@ -26,7 +27,8 @@ fn bench_soft(c: &mut Criterion) {
     for &n in &[4096usize, 16384] {
         let (q, k, v, g) = inputs(heads, n, d);
         for &(p, l) in &[(2usize, 2usize), (4, 4)] {
-            let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, 0).unwrap());
+            let planes =
+                PlanesF32::from_planes(&Planes::gaussian(Bits(p), Tables(l), d, Seed(0)).unwrap());
             let map = SoftMap::new(&planes, 8.0).unwrap();
             let (qh, kh, vh) = (
                 Heads::new(heads, n, d, &q).unwrap(),

@@ -7,6 +7,7 @@
 use racelab::backend::{BackwardInputs, ForwardInputs, GradsMut, Heads, PlanesF32, Problem, Saved};
 use racelab::cpu::{detected_isa, token, CpuRace, SoftMap};
 use racelab::hashing::Planes;
+use racelab::params::{Beta, Bits, Seed, Tables};
 use racelab::{Backend, RaceParams};
 use std::time::Instant;
 
@@ -45,7 +46,8 @@ fn main() {
         if only("PL").is_some_and(|x| x != p) {
             continue;
         }
-        let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, 0).unwrap());
+        let planes =
+            PlanesF32::from_planes(&Planes::gaussian(Bits(p), Tables(l), d, Seed(0)).unwrap());
         let map = SoftMap::new(&planes, 8.0).unwrap();
         for causal in [false, true] {
             if only("CAUSAL").is_some_and(|x| (x == 1) != causal) {
@@ -84,8 +86,9 @@ fn main() {
                 }
             } else {
                 // The production paths through the backend contract, validated once.
-                let mut params = RaceParams::new(p, l, 8.0).unwrap();
-                params.causal = causal;
+                let params = RaceParams::new(Bits(p), Tables(l), Beta(8.0))
+                    .unwrap()
+                    .with_causal(causal);
                 let x = x();
                 let pb =
                     Problem::with_grad(&params, &planes, x.q, x.k, x.v, h(&g, hd, n, d)).unwrap();

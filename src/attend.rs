@@ -1,11 +1,14 @@
 //! One entry point for every operator on `[B, H, N, d]` inputs: validate, lift each
 //! per-head reference estimator over batch × heads, and count empty rows.
 
+#![deny(missing_docs)]
+
 use crate::backend::{Device, Heads, PlanesF32};
 use crate::error::{RaceError, Result};
 use crate::hashing::Planes;
 pub use crate::method::{FeatureSpec, Method, MethodKind, PlaneSpec};
 use crate::params::Combine;
+use crate::params::{Beta, Bits, Seed, Tables};
 use crate::reference::{self, HeadOutput};
 use crate::tensor::{standard_rows, AttnShape, Element, Mat, Tensor, TensorRef};
 use ndarray::{ArrayD, ArrayView, Dimension, IxDyn};
@@ -16,6 +19,7 @@ use std::borrow::Cow;
 /// memory budget.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AttendOptions {
+    /// The operator, with its own options.
     pub method: Method,
     /// Each query sees the keys at or before it (Algorithm 2 for soft RACE).
     pub causal: bool,
@@ -49,7 +53,12 @@ impl AttendOptions {
 impl Default for AttendOptions {
     /// Soft RACE at P = 2, L = 2, the default β, planes drawn from seed 0.
     fn default() -> Self {
-        AttendOptions::new(Method::soft(2, 2, crate::params::DEFAULT_BETA, 0))
+        AttendOptions::new(Method::soft(
+            Bits(2),
+            Tables(2),
+            Beta(crate::params::DEFAULT_BETA),
+            Seed(0),
+        ))
     }
 }
 
@@ -57,14 +66,17 @@ impl Default for AttendOptions {
 /// count, and planes used.
 #[derive(Debug, Clone)]
 pub struct AttendResult<T = f64> {
+    /// `O`, with `q`'s leading axes and `v`'s last.
     pub o: Tensor<T>,
+    /// The validated shapes.
     pub shape: AttnShape,
     /// Rows left 0: hard LSH's queries that collide with no key; for the other kernels, rows
     /// they flagged and could not recompute (see `recomputed`).
     pub empty_rows: usize,
+    /// The planes a hashing method used (drawn or given).
     pub planes: Option<Planes>,
     /// Soft RACE on the CPU and CUDA kernels: the rows whose denominator f32 cannot hold,
-    /// flagged by the kernel and recomputed exactly ([`crate::cpu::recompute`]).
+    /// flagged by the kernel and recomputed exactly (`crate::cpu::recompute`).
     pub recomputed: crate::backend::Recomputed,
 }
 
@@ -385,11 +397,13 @@ fn finish_flagged<T: Element>(
 /// call did besides.
 #[derive(Debug, Clone)]
 pub struct ArrayOutput<T> {
+    /// `O`, with `q`'s leading axes and `v`'s last.
     pub o: ArrayD<T>,
     /// See [`AttendResult::empty_rows`].
     pub empty_rows: usize,
     /// See [`AttendResult::recomputed`].
     pub recomputed: crate::backend::Recomputed,
+    /// The planes a hashing method used (drawn or given).
     pub planes: Option<Planes>,
     /// Which of `q`, `k`, `v` were copied: a view in standard (row-major, contiguous) layout
     /// is read where it lies; any other layout (transposed, sliced with steps, permuted axes)

@@ -8,6 +8,8 @@
 //! Python's `max_memory=` and `device="reference"`, the library's `` `max_memory` `` and
 //! `device = reference`. No message is rewritten after it is made.
 
+#![deny(missing_docs)]
+
 use std::sync::atomic::{AtomicU8, Ordering};
 use thiserror::Error;
 
@@ -82,32 +84,70 @@ pub type Result<T, E = RaceError> = std::result::Result<T, E>;
 pub enum RaceError {
     /// Shapes that do not fit together (Q vs K vs V, planes vs d, …).
     #[error("shape error in `{arg}`: {msg}")]
-    Shape { arg: String, msg: String },
+    Shape {
+        /// The argument at fault (its library name).
+        arg: String,
+        /// What is wrong, and the fix.
+        msg: String,
+    },
     /// A NaN or ±Inf in an input.
     #[error("`{arg}` contains a non-finite value ({value}) at flat index {index}; clean the input (no NaN or Inf) and retry")]
     NonFinite {
+        /// The argument at fault.
         arg: String,
+        /// The flat (row-major) index of the first bad value.
         index: usize,
+        /// That value (NaN or ±Inf).
         value: f64,
     },
     /// A zero vector where an angle is needed.
     #[error("`{arg}` row {row} is the zero vector, which has no angle; angular/RACE methods need non-zero query and key rows (drop or perturb that row)")]
-    ZeroVector { arg: String, row: usize },
+    ZeroVector {
+        /// The argument at fault.
+        arg: String,
+        /// The zero row's index.
+        row: usize,
+    },
     /// A hyper-parameter out of its valid range.
     #[error("invalid parameter `{arg}`: {msg}")]
-    Param { arg: String, msg: String },
+    Param {
+        /// The parameter at fault.
+        arg: String,
+        /// Its valid range, and the fix.
+        msg: String,
+    },
     /// An empty input (N = 0, d = 0).
     #[error("`{arg}` is empty: {msg}")]
-    Empty { arg: String, msg: String },
+    Empty {
+        /// The empty argument.
+        arg: String,
+        /// Which extent is 0.
+        msg: String,
+    },
     /// A malformed, truncated or unsupported `.npy` file.
     #[error("bad .npy file `{path}`: {msg}")]
-    Npy { path: String, msg: String },
+    Npy {
+        /// The file.
+        path: String,
+        /// What is wrong with it.
+        msg: String,
+    },
     /// A malformed experiment config.
     #[error("bad config `{path}`: {msg}")]
-    Config { path: String, msg: String },
+    Config {
+        /// The config file.
+        path: String,
+        /// The key at fault and what it must be.
+        msg: String,
+    },
     /// Operating-system I/O failure.
     #[error("I/O error on `{path}`: {msg}")]
-    Io { path: String, msg: String },
+    Io {
+        /// The file or folder.
+        path: String,
+        /// The operating system's message.
+        msg: String,
+    },
     /// The CUDA backend was asked for but cannot run.
     #[error("no CUDA device: {0}")]
     NoCuda(String),
@@ -124,7 +164,9 @@ pub enum RaceError {
     /// (an I/O error stays an I/O error) with the step named.
     #[error("in {step}: {source}")]
     In {
+        /// The step (an experiment's name).
         step: String,
+        /// The step's own error.
         #[source]
         source: Box<RaceError>,
     },
@@ -144,24 +186,28 @@ impl RaceError {
         }
     }
 
+    /// [`RaceError::Param`] naming `arg`.
     pub fn param(arg: &str, msg: impl Into<String>) -> Self {
         RaceError::Param {
             arg: arg.into(),
             msg: msg.into(),
         }
     }
+    /// [`RaceError::Shape`] naming `arg`.
     pub fn shape(arg: &str, msg: impl Into<String>) -> Self {
         RaceError::Shape {
             arg: arg.into(),
             msg: msg.into(),
         }
     }
+    /// [`RaceError::Empty`] naming `arg`.
     pub fn empty(arg: &str, msg: impl Into<String>) -> Self {
         RaceError::Empty {
             arg: arg.into(),
             msg: msg.into(),
         }
     }
+    /// [`RaceError::Io`] on `path`.
     pub fn io(path: &std::path::Path, e: impl std::fmt::Display) -> Self {
         RaceError::Io {
             path: path.display().to_string(),

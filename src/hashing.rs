@@ -16,22 +16,50 @@
 //!
 //! Hard codes: `h(x)` = bucket of `sign(W x)` with `sign(0) = +1`.
 
+#![deny(missing_docs)]
+
 use crate::error::{RaceError, Result};
 use crate::params::validate_pl;
+use crate::params::{Bits, Seed, Tables};
 use crate::rng::{stream, SeededRng};
+
+/// The read-only accessors of a set of planes with values of type `$t`: `L`, `P`, `d` and the
+/// values `[L, P, d]` (the fields are the crate's, set only by validating constructors).
+macro_rules! plane_shape {
+    ($t:ty) => {
+        /// `L`, the tables.
+        pub fn l(&self) -> usize {
+            self.l
+        }
+        /// `P`, the planes (bits) per table.
+        pub fn p(&self) -> usize {
+            self.p
+        }
+        /// `d`, the inputs' dimension.
+        pub fn d(&self) -> usize {
+            self.d
+        }
+        /// The `L·P·d` values, `[L, P, d]` row-major.
+        pub fn w(&self) -> &[$t] {
+            &self.w
+        }
+    };
+}
+pub(crate) use plane_shape;
 
 /// `L` tables of `P` hyperplanes in `R^d`, `[L, P, d]` row-major.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Planes {
-    pub l: usize,
-    pub p: usize,
-    pub d: usize,
-    pub w: Vec<f64>,
+    pub(crate) l: usize,
+    pub(crate) p: usize,
+    pub(crate) d: usize,
+    pub(crate) w: Vec<f64>,
 }
 
 impl Planes {
-    /// Gaussian planes from the seeded, version-stable generator (stream `PLANES`).
-    pub fn gaussian(l: usize, p: usize, d: usize, seed: u64) -> Result<Self> {
+    /// `[L, P, d]` Gaussian planes from the seeded, version-stable generator (stream `PLANES`).
+    pub fn gaussian(bits: Bits, tables: Tables, d: usize, seed: Seed) -> Result<Self> {
+        let (p, l, seed) = (bits.0, tables.0, seed.0);
         validate_pl(p, l)?;
         if d == 0 {
             return Err(RaceError::empty("d", "planes need d ≥ 1"));
@@ -51,13 +79,15 @@ impl Planes {
         })
     }
 
-    /// Planes from raw `[L, P, d]` data (e.g. an imported `.npy`), validated.
-    pub fn from_data(l: usize, p: usize, d: usize, w: Vec<f64>) -> Result<Self> {
+    /// Planes from raw `[L, P, d]` data (e.g. an imported `.npy`), validated: `L·P·d` finite
+    /// values.
+    pub fn from_data(bits: Bits, tables: Tables, d: usize, w: Vec<f64>) -> Result<Self> {
+        let (p, l) = (bits.0, tables.0);
         validate_pl(p, l)?;
         if d == 0 {
             return Err(RaceError::empty("planes", "planes have d = 0"));
         }
-        if w.len() != l * p * d {
+        if l.checked_mul(p).and_then(|x| x.checked_mul(d)) != Some(w.len()) {
             return Err(RaceError::shape(
                 "planes",
                 format!("{} values for shape [{l}, {p}, {d}]", w.len()),
@@ -66,6 +96,8 @@ impl Planes {
         crate::tensor::check_finite("planes", &w)?;
         Ok(Planes { l, p, d, w })
     }
+
+    plane_shape!(f64);
 
     /// Number of buckets per table.
     pub fn r(&self) -> usize {
@@ -77,8 +109,9 @@ impl Planes {
         &self.w[l * self.p * self.d..(l + 1) * self.p * self.d]
     }
 
-    /// Check that these planes hold `L·P·d` finite values (the fields are public: a value
-    /// built by hand may not) and fit inputs of dimension `d` and the requested (P, L).
+    /// Check that these planes hold `L·P·d` finite values (as every constructor makes them;
+    /// checked again because the crate's own code can set the fields) and fit inputs of
+    /// dimension `d` and the requested (P, L).
     pub fn check(&self, d: usize, p: usize, l: usize) -> Result<()> {
         let want = self
             .l
@@ -130,6 +163,7 @@ impl Planes {
     }
 }
 
+/// `aᵀb` (the shorter length).
 #[inline]
 pub fn dot(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
@@ -252,11 +286,12 @@ pub fn hard_code_bank(planes: &Planes, x: &[f64], n: usize) -> Vec<usize> {
 mod tests {
     use super::*;
 
-    /// Planes built by hand (public fields) whose data is not `L·P·d` long are refused by the
-    /// check every entry point makes, naming the planes; the same planes made properly pass.
+    /// Planes whose data is not `L·P·d` long (only the crate can set the fields) are refused by
+    /// the check every entry point makes, naming the planes; the same planes made properly
+    /// pass, and `from_data` refuses such data, its shape's product wrapping included.
     #[test]
     fn planes_whose_data_is_not_their_shape_are_refused() {
-        let good = Planes::gaussian(3, 2, 4, 1).unwrap();
+        let good = Planes::gaussian(Bits(2), Tables(3), 4, Seed(1)).unwrap();
         assert!(good.check(4, 2, 3).is_ok());
         for len in [0, 23, 25] {
             let mut bad = good.clone();
@@ -273,5 +308,7 @@ mod tests {
             w: vec![],
         };
         assert!(wrap.check(1, 4, 1 << 62).is_err());
+        assert!(Planes::from_data(Bits(4), Tables(1 << 62), 1, vec![]).is_err());
+        assert!(Planes::from_data(Bits(2), Tables(3), 4, vec![0.5; 23]).is_err());
     }
 }

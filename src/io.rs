@@ -5,7 +5,10 @@
 //! order, version 1.0. Anything else (other dtypes, truncated data, a broken header) is a
 //! [`RaceError::Npy`] naming the file and what is wrong.
 
+#![deny(missing_docs)]
+
 use crate::error::{RaceError, Result};
+use crate::params::{Bits, Tables};
 use crate::tensor::Tensor;
 use std::path::Path;
 
@@ -14,14 +17,18 @@ const MAGIC: &[u8] = b"\x93NUMPY";
 /// Element type of an array on disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Dtype {
+    /// `<f4` / `>f4`.
     F32,
+    /// `<f8` / `>f8`.
     F64,
 }
 
 /// An array read from `.npy`, converted to f64, with its on-disk dtype.
 #[derive(Debug, Clone)]
 pub struct NpyArray {
+    /// The values, widened to f64 (exactly).
     pub tensor: Tensor<f64>,
+    /// The element type on disk.
     pub dtype: Dtype,
 }
 
@@ -35,17 +42,21 @@ fn bad(path: &str, msg: impl Into<String>) -> RaceError {
 /// An array read from `.npy` in its on-disk element type (no conversion).
 #[derive(Debug, Clone)]
 pub enum NpyData {
+    /// An f32 array.
     F32(Tensor<f32>),
+    /// An f64 array.
     F64(Tensor<f64>),
 }
 
 impl NpyData {
+    /// The element type.
     pub fn dtype(&self) -> Dtype {
         match self {
             NpyData::F32(_) => Dtype::F32,
             NpyData::F64(_) => Dtype::F64,
         }
     }
+    /// The shape.
     pub fn shape(&self) -> &[usize] {
         match self {
             NpyData::F32(t) => &t.shape,
@@ -100,9 +111,13 @@ pub fn read_npy(path: &Path) -> Result<NpyArray> {
 /// data starts.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NpyHeader {
+    /// The element type on disk.
     pub dtype: Dtype,
+    /// Big-endian values (`>`).
     pub big_endian: bool,
+    /// Column-major (`fortran_order: True`).
     pub fortran: bool,
+    /// The shape.
     pub shape: Vec<usize>,
     /// Byte offset of the data.
     pub offset: usize,
@@ -482,7 +497,7 @@ fn remove_stale_temporaries(path: &Path, stem: &str) {
 pub fn read_planes(path: &Path) -> Result<crate::hashing::Planes> {
     let arr = read_npy(path)?;
     match arr.tensor.shape.as_slice() {
-        [l, p, d] => crate::hashing::Planes::from_data(*l, *p, *d, arr.tensor.data),
+        [l, p, d] => crate::hashing::Planes::from_data(Bits(*p), Tables(*l), *d, arr.tensor.data),
         s => Err(bad(
             &path.display().to_string(),
             format!("planes must have shape [L, P, d], got {s:?}"),

@@ -47,10 +47,10 @@
 //! - the operators a user holds: [`op`] (one object per method on ndarray views, on a device);
 //! - the backends: [`reference`](mod@reference) (f64, literal, obviously correct: the oracle), [`cpu`] (the
 //!   production f32 kernels), [`cuda`] (the CUDA kernels);
-//! - above them: [`attend`] (one operator on user inputs, and the backend for a device),
+//! - above them: [`mod@attend`] (one operator on user inputs, and the backend for a device),
 //!   [`bound`] (the soft-hash bias at L = ∞ bounded with no fitted constant: the per-pair bound
 //!   proved for every beta, its certificate's replay, the row-wise output bound on any Q/K/V),
-//!   [`distributed`] (sequence parallelism over ranks, the streaming scale mode), [`bench`]
+//!   [`distributed`] (sequence parallelism over ranks, the streaming scale mode), [`mod@bench`]
 //!   (timings against the machine's floors), [`experiments`] (every claim: compute → CSV →
 //!   figure → verdict, and `reproduce`);
 //! - the command line: `src/bin/racelab/` (`args.rs`, one file per command).
@@ -81,7 +81,7 @@ pub mod stats;
 pub mod tensor;
 pub mod validate;
 
-pub use attend::{attend, AttendOptions, AttendResult};
+pub use attend::{AttendOptions, AttendResult};
 pub use backend::{Backend, Device};
 pub use error::{RaceError, Result};
 pub use hashing::Planes;

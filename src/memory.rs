@@ -16,6 +16,8 @@
 //! and compared with the memory the machine has available (`MemAvailable`) or a given
 //! `--max-memory`. A refusal names P, L, N, the bytes needed and the fix.
 
+#![deny(missing_docs)]
+
 use crate::error::{RaceError, Result};
 
 /// Which kernels run the work: their buffers differ.
@@ -66,15 +68,21 @@ pub fn saved_floats_per_token(l: usize, p: usize, dv: usize, causal: bool) -> f6
 pub struct Work {
     /// Operator name for the message (`soft`, `hard`, …).
     pub method: &'static str,
+    /// Which kernels compute (their buffers are what is counted).
     pub kernels: Kernels,
-    /// Features per token and table `2^P` (1 for methods without tables) and tables `L`.
+    /// Features per token and table, `2^P` (1 for methods without tables).
     pub p: usize,
+    /// `L`, tables (1 for methods without tables).
     pub l: usize,
-    /// Heads (batch × heads), queries, keys, key dimension, value dimension.
+    /// Heads (batch × heads).
     pub heads: usize,
+    /// `N`, queries per head.
     pub n: usize,
+    /// `M`, keys per head.
     pub m: usize,
+    /// `d`, the query and key width.
     pub d: usize,
+    /// `dv`, the value width.
     pub dv: usize,
     /// Features per token of a non-hashing feature map (linear: d, Performer: its count).
     pub map_features: usize,
@@ -82,6 +90,7 @@ pub struct Work {
     pub quadratic: bool,
     /// Whether the backward runs too.
     pub backward: bool,
+    /// Causal masking (prefix sums kept per block).
     pub causal: bool,
 }
 

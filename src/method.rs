@@ -11,9 +11,12 @@
 //! [`MethodKind`] names a method without its options (the command line's `--method`, the
 //! records' `method` field).
 
+#![deny(missing_docs)]
+
 use crate::error::{RaceError, Result};
 use crate::hashing::Planes;
 use crate::params::{validate_beta, validate_gamma, validate_pl, Combine, RaceParams};
+use crate::params::{Beta, Bits, Seed, Tables};
 use crate::rng::{stream, SeededRng};
 use crate::tensor::Mat;
 use serde::Serialize;
@@ -37,6 +40,7 @@ pub enum MethodKind {
 }
 
 impl MethodKind {
+    /// Every method, in the order the records list them.
     pub const ALL: [MethodKind; 6] = [
         MethodKind::Softmax,
         MethodKind::Angular,
@@ -46,6 +50,7 @@ impl MethodKind {
         MethodKind::Performer,
     ];
 
+    /// The lowercase name (`--method`, the records).
     pub fn name(&self) -> &'static str {
         match self {
             MethodKind::Softmax => "softmax",
@@ -72,12 +77,19 @@ impl MethodKind {
 /// which [`MethodKind::with`] maps onto one typed [`Method`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct Flags {
+    /// `--p`: bits per table.
     pub p: usize,
+    /// `--l`: tables.
     pub l: usize,
+    /// `--beta`: the soft-hash inverse temperature.
     pub beta: f64,
+    /// `--combine`: how soft RACE combines its tables.
     pub combine: Combine,
+    /// `--gamma`: the angular power.
     pub gamma: f64,
+    /// `--scale`: the logit scale (softmax, Performer; `None`: `1/√d`).
     pub scale: Option<f64>,
+    /// `--features`: Performer's `m`.
     pub features: usize,
     /// Planes to use instead of drawing them from `seed`.
     pub planes: Option<Planes>,
@@ -138,7 +150,16 @@ impl std::str::FromStr for MethodKind {
 /// the inputs), or given, and then their own `L`, `P`, `d` hold and there is no seed.
 #[derive(Debug, Clone, PartialEq)]
 pub enum PlaneSpec {
-    Draw { p: usize, l: usize, seed: u64 },
+    /// `[L, P, d]` i.i.d. N(0, 1) drawn from `seed` (stream `PLANES`).
+    Draw {
+        /// Bits per table.
+        p: usize,
+        /// Tables.
+        l: usize,
+        /// The draw's seed.
+        seed: u64,
+    },
+    /// Given planes (their own `L`, `P`, `d`).
     Given(Planes),
 }
 
@@ -165,7 +186,9 @@ impl PlaneSpec {
     pub fn resolve(&self, d: usize) -> Result<Planes> {
         self.check(Some(d))?;
         match self {
-            PlaneSpec::Draw { p, l, seed } => Planes::gaussian(*l, *p, d, *seed),
+            PlaneSpec::Draw { p, l, seed } => {
+                Planes::gaussian(Bits(*p), Tables(*l), d, Seed(*seed))
+            }
             PlaneSpec::Given(w) => Ok(w.clone()),
         }
     }
@@ -174,7 +197,14 @@ impl PlaneSpec {
 /// Where the Performer's random features `ω` (`m × d`) come from.
 #[derive(Debug, Clone, PartialEq)]
 pub enum FeatureSpec {
-    Draw { m: usize, seed: u64 },
+    /// `m × d` i.i.d. N(0, 1) drawn from `seed` (stream `PERFORMER`).
+    Draw {
+        /// The feature count.
+        m: usize,
+        /// The draw's seed.
+        seed: u64,
+    },
+    /// Given features `ω` (`m × d`).
     Given(Mat<f64>),
 }
 
@@ -236,36 +266,55 @@ pub fn performer_omega(m: usize, d: usize, seed: u64) -> Mat<f64> {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Method {
     /// Exact softmax; `scale` multiplies the logits (`None`: `1/√d`).
-    Softmax { scale: Option<f64> },
+    Softmax {
+        /// Multiplies the logits (`None`: `1/√d`).
+        scale: Option<f64>,
+    },
     /// Exact angular attention with weights `(1 − θ/π)^γ`.
-    Angular { gamma: f64 },
+    Angular {
+        /// The power `γ`.
+        gamma: f64,
+    },
     /// Hard LSH on `planes`.
-    Hard { planes: PlaneSpec },
+    Hard {
+        /// The planes.
+        planes: PlaneSpec,
+    },
     /// Soft RACE on `planes` at inverse temperature `beta`, tables combined by `combine`.
     Soft {
+        /// The planes.
         planes: PlaneSpec,
+        /// The inverse temperature `β`.
         beta: f64,
+        /// How the tables are combined.
         combine: Combine,
     },
     /// Linear attention.
     Linear,
     /// Performer with `features`; `scale` multiplies the logits (`None`: `1/√d`).
     Performer {
+        /// The random features `ω`.
         features: FeatureSpec,
+        /// Multiplies the logits (`None`: `1/√d`).
         scale: Option<f64>,
     },
 }
 
 impl Method {
     /// Soft RACE at `(P, L, β)` on planes drawn from `seed`, the paper's combine rule.
-    pub fn soft(p: usize, l: usize, beta: f64, seed: u64) -> Self {
+    pub fn soft(bits: Bits, tables: Tables, beta: Beta, seed: Seed) -> Self {
         Method::Soft {
-            planes: PlaneSpec::Draw { p, l, seed },
-            beta,
+            planes: PlaneSpec::Draw {
+                p: bits.0,
+                l: tables.0,
+                seed: seed.0,
+            },
+            beta: beta.0,
             combine: Combine::Paper,
         }
     }
 
+    /// The method without its options.
     pub fn kind(&self) -> MethodKind {
         match self {
             Method::Softmax { .. } => MethodKind::Softmax,
@@ -277,6 +326,7 @@ impl Method {
         }
     }
 
+    /// The lowercase name (`--method`, the records).
     pub fn name(&self) -> &'static str {
         self.kind().name()
     }
@@ -358,9 +408,12 @@ mod tests {
         let bad = [
             (Method::Softmax { scale: Some(-1.0) }, "scale"),
             (Method::Angular { gamma: 0.0 }, "gamma"),
-            (Method::soft(0, 2, 1.0, 0), "p"),
-            (Method::soft(2, 0, 1.0, 0), "l"),
-            (Method::soft(2, 2, f64::NAN, 0), "beta"),
+            (Method::soft(Bits(0), Tables(2), Beta(1.0), Seed(0)), "p"),
+            (Method::soft(Bits(2), Tables(0), Beta(1.0), Seed(0)), "l"),
+            (
+                Method::soft(Bits(2), Tables(2), Beta(f64::NAN), Seed(0)),
+                "beta",
+            ),
             (
                 Method::Performer {
                     features: FeatureSpec::Draw { m: 0, seed: 0 },
@@ -380,13 +433,15 @@ mod tests {
             let e = m.check(None).unwrap_err().to_string();
             assert!(e.contains(arg), "{m:?}: {e}");
         }
-        assert!(Method::soft(2, 2, 1.0, 0).check(Some(8)).is_ok());
+        assert!(Method::soft(Bits(2), Tables(2), Beta(1.0), Seed(0))
+            .check(Some(8))
+            .is_ok());
         assert!(Method::Linear.check(None).is_ok());
     }
 
     #[test]
     fn given_planes_carry_no_seed_and_must_match_d() {
-        let w = Planes::gaussian(3, 2, 4, 9).unwrap();
+        let w = Planes::gaussian(Bits(2), Tables(3), 4, Seed(9)).unwrap();
         let m = Method::Hard {
             planes: PlaneSpec::Given(w.clone()),
         };

@@ -1,10 +1,42 @@
 //! Hyper-parameters of the RACE estimators, validated in one place.
 //!
 //! `P ≥ 1` bits per table (`R = 2^P` buckets, `P ≤ 20` so the bucket bank fits), `L ≥ 1`
-//! tables, `beta > 0` finite.
+//! tables, `beta > 0` finite. The counts and values of every operator's options are newtypes
+//! ([`Bits`], [`Tables`], [`Beta`], [`Seed`], …), so that a swapped P and L does not compile.
+
+#![deny(missing_docs)]
 
 use crate::error::{RaceError, Result};
 use serde::{Deserialize, Serialize};
+
+/// Bits per table, `P` (`R = 2^P` buckets): `1 ≤ P ≤ 20`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bits(pub usize);
+
+/// Tables, `L ≥ 1`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tables(pub usize);
+
+/// Soft-hash inverse temperature `β`: finite, `0 < β ≤ 1e307`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Beta(pub f64);
+
+/// The seed of a random draw (hash planes, Performer features): the same seed draws the same
+/// values on every machine and version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seed(pub u64);
+
+/// A logit scale `s` (softmax, Performer): finite and > 0.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Scale(pub f64);
+
+/// The angular power `γ` (weights `(1 − θ/π)^γ`): finite and > 0.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Gamma(pub f64);
+
+/// Performer's random feature count `m ≥ 1`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Features(pub usize);
 
 /// Largest P accepted: 2^20 buckets per table already means megabytes of state per table.
 pub const MAX_P: usize = 20;
@@ -35,25 +67,25 @@ impl std::str::FromStr for Combine {
 }
 
 /// The soft-hash inverse temperature β used wherever none is given (`attend`, `bench`, the
-/// kernel timings of `tradeoff`). Below [`crate::cpu::features::PROJ_F64_BETA`] the kernels'
+/// kernel timings of `tradeoff`). Below `crate::cpu::features::PROJ_F64_BETA` the kernels'
 /// cost does not depend on β.
 pub const DEFAULT_BETA: f64 = 10.0;
 
 /// RACE hyper-parameters, carried as one value from the command line to every backend
 /// ([`crate::backend::Backend`]). The planes travel beside them (given, or drawn from a seed
 /// by the caller: [`crate::method::PlaneSpec`]), so there is no seed here.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct RaceParams {
     /// Bits per table (`R = 2^P` buckets).
-    pub p: usize,
+    pub(crate) p: usize,
     /// Tables.
-    pub l: usize,
+    pub(crate) l: usize,
     /// Soft-hash inverse temperature.
-    pub beta: f64,
+    pub(crate) beta: f64,
     /// How the tables are combined.
-    pub combine: Combine,
+    pub(crate) combine: Combine,
     /// Algorithm 2 (each query sees the keys at or before it) instead of Algorithm 1.
-    pub causal: bool,
+    pub(crate) causal: bool,
 }
 
 impl Default for RaceParams {
@@ -70,7 +102,8 @@ impl Default for RaceParams {
 
 impl RaceParams {
     /// Validated parameters (Algorithm 1, the paper's combine rule).
-    pub fn new(p: usize, l: usize, beta: f64) -> Result<Self> {
+    pub fn new(bits: Bits, tables: Tables, beta: Beta) -> Result<Self> {
+        let (p, l, beta) = (bits.0, tables.0, beta.0);
         let s = RaceParams {
             p,
             l,
@@ -80,10 +113,39 @@ impl RaceParams {
         s.validate()?;
         Ok(s)
     }
+    /// The same parameters, causal (Algorithm 2) or not (Algorithm 1).
+    pub fn with_causal(self, causal: bool) -> Self {
+        RaceParams { causal, ..self }
+    }
+    /// The same parameters with tables combined by `combine`.
+    pub fn with_combine(self, combine: Combine) -> Self {
+        RaceParams { combine, ..self }
+    }
+    /// `P`, bits per table.
+    pub fn p(&self) -> usize {
+        self.p
+    }
+    /// `L`, tables.
+    pub fn l(&self) -> usize {
+        self.l
+    }
+    /// `β`, the soft-hash inverse temperature.
+    pub fn beta(&self) -> f64 {
+        self.beta
+    }
+    /// How the tables are combined.
+    pub fn combine(&self) -> Combine {
+        self.combine
+    }
+    /// Algorithm 2 (causal) or Algorithm 1.
+    pub fn causal(&self) -> bool {
+        self.causal
+    }
     /// `R = 2^P`.
     pub fn r(&self) -> usize {
         1 << self.p
     }
+    /// `Ok` when P, L and β are in range (see [`validate_pl`], [`validate_beta`]).
     pub fn validate(&self) -> Result<()> {
         validate_pl(self.p, self.l)?;
         validate_beta(self.beta)

@@ -1,18 +1,29 @@
 //! What every output records beside its numbers: git revision, machine, time, ISA, threads.
 
+#![deny(missing_docs)]
+
 use serde::Serialize;
 
 /// Provenance of one run.
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Provenance {
+    /// The commit the code was built from (`unknown` outside a git checkout).
     pub git_revision: String,
+    /// Whether the tree had uncommitted changes (outputs excluded).
     pub git_dirty: bool,
+    /// The CPU model.
     pub cpu: String,
+    /// Logical cores.
     pub cores: usize,
+    /// Worker threads used (rayon).
     pub threads: usize,
+    /// Physical memory, GiB.
     pub memory_gib: f64,
+    /// The SIMD level the kernels dispatched to.
     pub isa: String,
+    /// When the run started, seconds since 1970.
     pub unix_time: u64,
+    /// The crate version.
     pub racelab_version: String,
 }
 

@@ -4,6 +4,8 @@
 //! normal variates from our own Box–Muller transform on its `u64` output, so the numbers do
 //! not change when `rand_distr` changes its sampling algorithms. Never `thread_rng`/`StdRng`.
 
+#![deny(missing_docs)]
+
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -58,9 +60,13 @@ impl SeededRng {
 
 /// Stream ids, so that one user seed drives independent draws.
 pub mod stream {
+    /// Hash planes.
     pub const PLANES: u64 = 1;
+    /// Synthetic Q, K, V.
     pub const INPUTS: u64 = 2;
+    /// Performer's random features `ω`.
     pub const PERFORMER: u64 = 3;
+    /// An experiment's own draws.
     pub const EXPERIMENT: u64 = 4;
 }
 

@@ -1,6 +1,8 @@
 //! The statistics every experiment and benchmark shares: quantiles, medians, means with
 //! their standard errors, and log–log slopes.
 
+#![deny(missing_docs)]
+
 /// Quantile `q ∈ [0, 1]` of unsorted data, by linear interpolation between order
 /// statistics (`t = q·(n−1)`). NaN for empty data or when any value is not finite: a
 /// non-finite value is propagated, never dropped, so it reaches the verdict.

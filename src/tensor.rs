@@ -3,6 +3,8 @@
 //! Batch and heads are independent problems, so every estimator is written for one head
 //! (`MatRef`, an `N × d` row-major view) and lifted to `[B, H, N, d]` by [`Tensor::heads`].
 
+#![deny(missing_docs)]
+
 use crate::error::{RaceError, Result};
 use std::borrow::Cow;
 
@@ -54,7 +56,9 @@ impl Element for f64 {
 /// standard-layout ndarray view's).
 #[derive(Debug, Clone)]
 pub struct TensorRef<'a, T> {
+    /// The extents, outermost first.
     pub shape: Vec<usize>,
+    /// The elements, row-major.
     pub data: &'a [T],
 }
 
@@ -104,23 +108,31 @@ impl<'a, T: Copy> TensorRef<'a, T> {
 /// An owned row-major tensor.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tensor<T> {
+    /// The extents, outermost first.
     pub shape: Vec<usize>,
+    /// The elements, row-major.
     pub data: Vec<T>,
 }
 
 /// A borrowed `rows × cols` row-major matrix.
 #[derive(Debug, Clone, Copy)]
 pub struct MatRef<'a, T> {
+    /// Rows.
     pub rows: usize,
+    /// Columns (the row length).
     pub cols: usize,
+    /// The elements, row-major.
     pub data: &'a [T],
 }
 
 /// An owned `rows × cols` row-major matrix.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Mat<T> {
+    /// Rows.
     pub rows: usize,
+    /// Columns (the row length).
     pub cols: usize,
+    /// The elements, row-major.
     pub data: Vec<T>,
 }
 
@@ -145,6 +157,7 @@ impl<'a, T> MatRef<'a, T> {
         debug_assert_eq!(rows * cols, data.len(), "MatRef: rows*cols != len");
         MatRef { rows, cols, data }
     }
+    /// Row `i` (`cols` elements).
     #[inline]
     pub fn row(&self, i: usize) -> &'a [T] {
         &self.data[i * self.cols..(i + 1) * self.cols]
@@ -152,6 +165,7 @@ impl<'a, T> MatRef<'a, T> {
 }
 
 impl<T: Copy + Default> Mat<T> {
+    /// A `rows × cols` matrix of zeros.
     pub fn zeros(rows: usize, cols: usize) -> Self {
         Mat {
             rows,
@@ -159,10 +173,12 @@ impl<T: Copy + Default> Mat<T> {
             data: vec![T::default(); rows * cols],
         }
     }
+    /// `data` (row-major, `rows · cols` long) as a matrix.
     pub fn from_vec(rows: usize, cols: usize, data: Vec<T>) -> Self {
         assert_eq!(rows * cols, data.len(), "Mat: rows*cols != len");
         Mat { rows, cols, data }
     }
+    /// A borrowed view.
     pub fn view(&self) -> MatRef<'_, T> {
         MatRef {
             rows: self.rows,
@@ -170,14 +186,17 @@ impl<T: Copy + Default> Mat<T> {
             data: &self.data,
         }
     }
+    /// Row `i`.
     #[inline]
     pub fn row(&self, i: usize) -> &[T] {
         &self.data[i * self.cols..(i + 1) * self.cols]
     }
+    /// Row `i`, writable.
     #[inline]
     pub fn row_mut(&mut self, i: usize) -> &mut [T] {
         &mut self.data[i * self.cols..(i + 1) * self.cols]
     }
+    /// Entry `(i, j)`.
     #[inline]
     pub fn at(&self, i: usize, j: usize) -> T {
         self.data[i * self.cols + j]
@@ -185,6 +204,7 @@ impl<T: Copy + Default> Mat<T> {
 }
 
 impl<T: Copy> Tensor<T> {
+    /// `data` as `shape`, refused when the lengths disagree.
     pub fn new(shape: Vec<usize>, data: Vec<T>) -> Result<Self> {
         let n = shape.iter().try_fold(1usize, |a, &x| a.checked_mul(x));
         if n != Some(data.len()) {
@@ -217,6 +237,7 @@ impl<T: Copy> Tensor<T> {
         self.view().heads(arg)
     }
 
+    /// Each element through `f`, the shape kept.
     pub fn map<U: Copy>(&self, f: impl Fn(T) -> U) -> Tensor<U> {
         Tensor {
             shape: self.shape.clone(),
@@ -321,11 +342,17 @@ pub fn check_nonzero_rows<T: Copy + Into<f64>>(arg: &str, m: MatRef<'_, T>) -> R
 /// Validated shapes of one attention problem: Q `[.., N, d]`, K `[.., M, d]`, V `[.., M, dv]`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AttnShape {
+    /// `B`, the batch.
     pub batch: usize,
+    /// `H`, heads per batch entry.
     pub heads: usize,
+    /// `N`, queries per head.
     pub n: usize,
+    /// `M`, keys (and values) per head.
     pub m: usize,
+    /// `d`, the query and key width.
     pub d: usize,
+    /// `dv`, the value width.
     pub dv: usize,
 }
 

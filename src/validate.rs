@@ -28,6 +28,8 @@
 //!    machine has available, less what the caller already holds in the kernels' type
 //!    ([`Held`]).
 
+#![deny(missing_docs)]
+
 use crate::error::{RaceError, Result};
 use crate::memory::{Kernels, Work};
 use crate::method::{FeatureSpec, Method, MethodKind, PlaneSpec};
@@ -51,6 +53,7 @@ pub enum Held {
 pub struct Budget {
     /// Bytes (`None`: what the machine has available).
     pub max_memory: Option<u64>,
+    /// What the caller already holds (not counted again).
     pub held: Held,
 }
 
@@ -74,21 +77,30 @@ impl Budget {
 /// One call, as the validation sees it.
 #[derive(Debug, Clone, Copy)]
 pub struct Call<'c, 'a, T> {
+    /// The operator and its options.
     pub method: &'c Method,
+    /// Causal masking (soft RACE: Algorithm 2).
     pub causal: bool,
+    /// Queries `[.., N, d]`.
     pub q: &'c TensorRef<'a, T>,
+    /// Keys `[.., M, d]`.
     pub k: &'c TensorRef<'a, T>,
+    /// Values `[.., M, dv]`.
     pub v: &'c TensorRef<'a, T>,
     /// The upstream gradient `∂ℓ/∂Ô` of a backward, shaped like the output.
     pub g: Option<&'c TensorRef<'a, T>>,
+    /// Which kernels compute (their buffers are what is counted).
     pub kernels: Kernels,
+    /// The memory the call may use.
     pub budget: Budget,
 }
 
 /// A call that passed [`check`]: its shapes and its memory estimate.
 #[derive(Debug, Clone, Copy)]
 pub struct Checked {
+    /// The validated shapes.
     pub shape: AttnShape,
+    /// What the call will allocate.
     pub work: Work,
     /// The largest magnitude in `v` (from the finiteness scan).
     pub vmax: f64,
@@ -345,6 +357,7 @@ fn check_logit_range<T: Copy + Into<f64> + Sync>(c: &Call<'_, '_, T>, d: usize) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::params::{Beta, Bits, Seed, Tables};
 
     fn call<'c, 'a>(
         method: &'c Method,
@@ -368,7 +381,7 @@ mod tests {
         let ones = vec![1.0f64; 4 * 8];
         let t = |n: usize, d: usize| TensorRef::new("x", vec![n, d], &ones[..n * d]).unwrap();
         let good = [t(4, 8), t(4, 8), t(4, 8)];
-        let soft = Method::soft(2, 2, 1.0, 0);
+        let soft = Method::soft(Bits(2), Tables(2), Beta(1.0), Seed(0));
         assert!(call(&soft, &good, Budget::default()).is_ok());
         let perf0 = Method::Performer {
             features: FeatureSpec::Draw { m: 0, seed: 0 },

@@ -4,6 +4,7 @@ use common::randn_t;
 use ndarray::{Array4, ArrayView4, Axis};
 use racelab::attend::{attend_array, attend_in, attend_with};
 use racelab::io::{read_npy_native, write_npy, Dtype, NpyData};
+use racelab::params::{Beta, Bits, Seed, Tables};
 use racelab::tensor::{Element, TensorRef};
 use racelab::{AttendOptions, Device, Method, Tensor};
 use std::borrow::Cow;
@@ -16,7 +17,7 @@ fn bnhd(n: usize, h: usize, d: usize, seed: u64) -> Array4<f32> {
 }
 
 fn soft(causal: bool) -> AttendOptions {
-    AttendOptions::new(Method::soft(2, 3, 6.0, 0)).causal(causal)
+    AttendOptions::new(Method::soft(Bits(2), Tables(3), Beta(6.0), Seed(0))).causal(causal)
 }
 
 #[test]
@@ -162,11 +163,11 @@ fn the_backend_contract_takes_strided_views_forward_and_backward() {
     fn heads(a: &Array4<f32>) -> ArrayView4<'_, f32> {
         a.view().permuted_axes([0, 2, 1, 3])
     }
-    let planes = PlanesF32::from_planes(&racelab::Planes::gaussian(3, 2, d, 5).unwrap());
-    let params = RaceParams {
-        causal: true,
-        ..RaceParams::new(2, 3, 6.0).unwrap()
-    };
+    let planes =
+        PlanesF32::from_planes(&racelab::Planes::gaussian(Bits(2), Tables(3), d, Seed(5)).unwrap());
+    let params = RaceParams::new(Bits(2), Tables(3), Beta(6.0))
+        .unwrap()
+        .with_causal(true);
     let cpu = CpuRace::detected();
     let qkv = [heads(&q), heads(&k), heads(&v)];
     let (f, gr) = cpu
@@ -191,10 +192,18 @@ fn the_backend_contract_takes_strided_views_forward_and_backward() {
             .map(|(a, b)| (a - b).abs())
             .fold(0.0f32, f32::max);
     assert!(err < 1e-4, "CPU vs reference on views: {err}");
-    // Rank 2 is refused, naming the argument.
-    let flat = ndarray::Array2::<f32>::zeros((n, d));
-    let e = cpu
+    // Rank 2 is one head: the rank-3 answer with that axis dropped.
+    let flat = ndarray::Array2::from_shape_fn((n, d), |(i, j)| ((i * 7 + j * 3) as f32).sin());
+    let two = cpu
         .forward_array(&params, &planes, flat.view(), flat.view(), flat.view())
+        .unwrap();
+    let one = flat.view().insert_axis(Axis(0));
+    let three = cpu.forward_array(&params, &planes, one, one, one).unwrap();
+    assert_eq!(two.o.view().insert_axis(Axis(0)), three.o);
+    // Rank 5 is refused, naming the argument.
+    let deep = ndarray::Array5::<f32>::zeros((1, 1, 1, n, d));
+    let e = cpu
+        .forward_array(&params, &planes, deep.view(), deep.view(), deep.view())
         .unwrap_err()
         .to_string();
     assert!(e.contains("`q`") && e.contains("[heads, n, cols]"), "{e}");

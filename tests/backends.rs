@@ -11,6 +11,7 @@
 mod common;
 
 use common::rel;
+use racelab::params::{Beta, Bits, Seed, Tables};
 
 use racelab::attend::for_device;
 use racelab::backend::{Backend, Device, Heads, PlanesF32, RaceParams};
@@ -44,7 +45,13 @@ struct Inputs {
 
 impl Case {
     fn inputs(&self, scale: f64) -> Inputs {
-        let planes = Planes::gaussian(self.params.l, self.params.p, self.d, 11).unwrap();
+        let planes = Planes::gaussian(
+            Bits(self.params.p()),
+            Tables(self.params.l()),
+            self.d,
+            Seed(11),
+        )
+        .unwrap();
         let (h, n, d, dv) = (self.heads, self.n, self.d, self.dv);
         Inputs {
             planes: PlanesF32::from_planes(&planes),
@@ -73,9 +80,9 @@ fn agree(backend: &dyn Backend, c: &Case) {
     let tag = format!(
         "{:?} P={} L={} causal={}",
         backend.device(),
-        c.params.p,
-        c.params.l,
-        c.params.causal
+        c.params.p(),
+        c.params.l(),
+        c.params.causal()
     );
     let want = reference.forward(&c.params, &x.planes, q, k, v).unwrap();
     let got = backend.forward(&c.params, &x.planes, q, k, v).unwrap();
@@ -101,7 +108,7 @@ fn agree(backend: &dyn Backend, c: &Case) {
     }
     let eb = (gg.dbeta - wg.dbeta).abs() / wg.dbeta.abs().max(1e-12);
     assert!(eb <= 1e-4, "{tag}: dbeta {} vs {}", gg.dbeta, wg.dbeta);
-    if c.params.causal {
+    if c.params.causal() {
         // The decoder, token by token, is the causal forward's rows (head 0).
         let mut dec = backend.decoder(&c.params, &x.planes, c.dv).unwrap();
         for t in 0..c.n {
@@ -125,13 +132,9 @@ fn cases() -> Vec<Case> {
                 n: 37,
                 d: 8,
                 dv: 5,
-                params: RaceParams {
-                    p,
-                    l,
-                    beta: 3.0,
-                    causal,
-                    ..Default::default()
-                },
+                params: RaceParams::new(Bits(p), Tables(l), Beta(3.0))
+                    .unwrap()
+                    .with_causal(causal),
             });
         }
     }
@@ -146,7 +149,7 @@ fn cpu_backend_agrees_with_the_reference_backend() {
     }
     // The reference's own decoder reproduces its causal forward.
     let reference = for_device(Device::Reference).unwrap();
-    for c in cases().into_iter().filter(|c| c.params.causal) {
+    for c in cases().into_iter().filter(|c| c.params.causal()) {
         agree(reference.as_ref(), &c);
     }
 }
@@ -181,20 +184,18 @@ fn every_backend_refuses_mismatched_arguments_by_name() {
     let [q, k, v, g] = heads(c, &x);
     for device in [Device::Reference, Device::Cpu] {
         let b = for_device(device).unwrap();
-        let wrong_p = RaceParams { p: 3, ..c.params };
+        let wrong_p = RaceParams::new(Bits(3), Tables(c.params.l()), Beta(c.params.beta()))
+            .unwrap()
+            .with_causal(c.params.causal());
         let e = b.forward(&wrong_p, &x.planes, q, k, v).unwrap_err();
         assert!(e.to_string().contains("planes"), "{device:?}: {e}");
-        let bad_beta = RaceParams {
-            beta: -1.0,
-            ..c.params
-        };
-        let e = b.forward(&bad_beta, &x.planes, q, k, v).unwrap_err();
+        let e = RaceParams::new(Bits(2), Tables(2), Beta(-1.0)).unwrap_err();
         assert!(e.to_string().contains("beta"), "{device:?}: {e}");
         let short_g = Heads::new(
             c.heads,
             c.n,
             c.dv - 1,
-            &g.data[..c.heads * c.n * (c.dv - 1)],
+            &g.data()[..c.heads * c.n * (c.dv - 1)],
         )
         .unwrap();
         let e = b
@@ -208,10 +209,7 @@ fn every_backend_refuses_mismatched_arguments_by_name() {
         assert!(e.to_string().contains("`k`"), "{device:?}: {e}");
     }
     // The authors' combine rule: forward in the reference, refused by the kernels' backend.
-    let authors = RaceParams {
-        combine: Combine::Authors,
-        ..c.params
-    };
+    let authors = c.params.with_combine(Combine::Authors);
     assert!(for_device(Device::Reference)
         .unwrap()
         .forward(&authors, &x.planes, q, k, v)
@@ -240,13 +238,9 @@ fn magnitude_sweep_kernels_match_the_reference_or_refuse_clearly() {
                 n: 24,
                 d: 8,
                 dv: 4,
-                params: RaceParams {
-                    p: 2,
-                    l: 3,
-                    beta: 4.0,
-                    causal,
-                    ..Default::default()
-                },
+                params: RaceParams::new(Bits(2), Tables(3), Beta(4.0))
+                    .unwrap()
+                    .with_causal(causal),
             };
             let x = c.inputs(scale);
             let [q, k, v, g] = heads(&c, &x);
@@ -276,7 +270,7 @@ fn magnitude_sweep_kernels_match_the_reference_or_refuse_clearly() {
             // over the larger of the gradient's own largest entry and its natural scale
             // `β·max|G|·max|V|·max|W|` (the size of each `∂ℓ/∂φ_r` through the planes).
             let amax = |x: &[f32]| x.iter().fold(0.0f64, |m, &y| m.max(y.abs() as f64));
-            let natural = c.params.beta * amax(&x.g) * amax(&x.v) * amax(&x.planes.w);
+            let natural = c.params.beta() * amax(&x.g) * amax(&x.v) * amax(x.planes.w());
             for (name, a, b, floor) in [
                 ("dq", &gg.dq, &wg.dq, natural),
                 ("dk", &gg.dk, &wg.dk, natural),
@@ -305,12 +299,10 @@ fn magnitude_sweep_kernels_match_the_reference_or_refuse_clearly() {
 /// about a TiB, a decoder with dv = 1000 keeps 840 GB of state.
 #[test]
 fn every_backend_refuses_work_that_cannot_fit() {
-    let params = RaceParams {
-        p: 20,
-        l: 100,
-        ..Default::default()
-    };
-    let planes = PlanesF32::from_planes(&Planes::gaussian(100, 20, 8, 1).unwrap());
+    let params =
+        RaceParams::new(Bits(20), Tables(100), Beta(racelab::params::DEFAULT_BETA)).unwrap();
+    let planes =
+        PlanesF32::from_planes(&Planes::gaussian(Bits(20), Tables(100), 8, Seed(1)).unwrap());
     let (q, v) = (data(3 * 8, 1, 1.0), data(3 * 4, 2, 1.0));
     let (qh, vh) = (
         Heads::new(1, 3, 8, &q).unwrap(),
@@ -334,48 +326,43 @@ fn every_backend_refuses_work_that_cannot_fit() {
     }
 }
 
-/// Planes and rows a caller builds by hand (the fields of `PlanesF32` and `Heads` are public)
-/// that disagree with their data are refused by every backend's validation, naming what is
-/// wrong, before a kernel runs (the CPU kernels once reached a guard's panic on short planes).
+/// Planes and rows are made only by validating constructors (their fields are private): short
+/// or non-finite plane data and rows whose dimensions disagree with their data (or wrap) are
+/// refused where they are made, naming what is wrong; planes that do not fit the inputs' `d`
+/// or the parameters' P and L are refused by every backend's validation before a kernel runs.
 #[test]
-fn hand_built_planes_and_rows_that_disagree_with_their_data_are_refused() {
+fn planes_and_rows_that_disagree_with_their_data_are_refused() {
     let (heads, n, d) = (1usize, 8usize, 4usize);
-    let params = RaceParams::new(2, 3, 4.0).unwrap();
-    let good = PlanesF32::from_planes(&Planes::gaussian(3, 2, d, 1).unwrap());
+    let params = RaceParams::new(Bits(2), Tables(3), Beta(4.0)).unwrap();
+    let good = Planes::gaussian(Bits(2), Tables(3), d, Seed(1)).unwrap();
+    let w = good.w().to_vec();
+    let e = Planes::from_data(Bits(2), Tables(3), d, w[..w.len() - 1].to_vec()).unwrap_err();
+    assert_eq!(e.arg(), Some("planes"), "{e}");
+    for bad in [f64::NAN, f64::INFINITY] {
+        let mut nan = w.clone();
+        nan[1] = bad;
+        let e = Planes::from_data(Bits(2), Tables(3), d, nan).unwrap_err();
+        assert_eq!(e.arg(), Some("planes"), "{bad}: {e}");
+    }
     let x = data(heads * n * d, 2, 1.0);
+    assert!(Heads::new(heads, n + 1, d, &x).is_err());
+    assert!(Heads::new(2, usize::MAX / 2 + 1, d, &x).is_err());
     let h = Heads::new(heads, n, d, &x).unwrap();
+    let good = PlanesF32::from_planes(&good);
+    let wide = PlanesF32::from_planes(
+        &Planes::from_data(Bits(2), Tables(3), d + 1, vec![0.5; 3 * 2 * (d + 1)]).unwrap(),
+    );
+    let other = PlanesF32::from_planes(&Planes::gaussian(Bits(3), Tables(3), d, Seed(1)).unwrap());
     for device in [Device::Cpu, Device::Reference] {
         let backend = for_device(device).unwrap();
         assert!(backend.forward(&params, &good, h, h, h).is_ok());
-        let mut short = good.clone();
-        short.w.pop();
-        let e = backend.forward(&params, &short, h, h, h).unwrap_err();
-        assert_eq!(e.arg(), Some("planes"), "{device:?}: {e}");
-        for bad in [f32::NAN, f32::INFINITY] {
-            // Non-finite planes built by hand (`Planes::from_data` refuses them).
-            let mut nan = good.clone();
-            nan.w[1] = bad;
-            let e = backend.forward(&params, &nan, h, h, h).unwrap_err();
-            assert_eq!(e.arg(), Some("planes"), "{device:?} {bad}: {e}");
-            let g = Heads::new(heads, n, d, &x).unwrap();
+        for (what, planes) in [("wide", &wide), ("P = 3", &other)] {
+            let e = backend.forward(&params, planes, h, h, h).unwrap_err();
+            assert_eq!(e.arg(), Some("planes"), "{device:?} {what}: {e}");
             let e = backend
-                .forward_backward(&params, &nan, h, h, h, g)
+                .forward_backward(&params, planes, h, h, h, h)
                 .unwrap_err();
-            assert_eq!(e.arg(), Some("planes"), "{device:?} {bad}: {e}");
+            assert_eq!(e.arg(), Some("planes"), "{device:?} {what}: {e}");
         }
-        let wide = PlanesF32 {
-            d: d + 1,
-            ..good.clone()
-        };
-        let e = backend.forward(&params, &wide, h, h, h).unwrap_err();
-        assert_eq!(e.arg(), Some("planes"), "{device:?}: {e}");
-        let lying = Heads { n: n + 1, ..h };
-        assert!(backend.forward(&params, &good, lying, h, h).is_err());
-        let wrapping = Heads {
-            heads: 2,
-            n: usize::MAX / 2 + 1,
-            ..h
-        };
-        assert!(backend.forward(&params, &good, wrapping, h, h).is_err());
     }
 }

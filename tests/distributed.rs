@@ -19,6 +19,7 @@ use racelab::distributed::job::assemble;
 use racelab::distributed::{slice_of, thread_group, Distributed};
 use racelab::hashing::Planes;
 use racelab::params::Combine;
+use racelab::params::{Beta, Bits, Seed, Tables};
 use racelab::rng::SeededRng;
 use racelab::{RaceError, Result};
 
@@ -46,19 +47,16 @@ struct Case {
 
 fn case(p: usize, l: usize, causal: bool, n: usize, beta: f64) -> Case {
     let (heads, d, dv) = (2, 16, 8);
-    let planes = Planes::gaussian(l, p, d, 11).unwrap();
+    let planes = Planes::gaussian(Bits(p), Tables(l), d, Seed(11)).unwrap();
     Case {
         heads,
         n,
         d,
         dv,
-        params: RaceParams {
-            p,
-            l,
-            beta,
-            combine: Combine::Paper,
-            causal,
-        },
+        params: RaceParams::new(Bits(p), Tables(l), Beta(beta))
+            .unwrap()
+            .with_combine(Combine::Paper)
+            .with_causal(causal),
         planes: PlanesF32::from_planes(&planes),
         q: data(heads * n * d, 1),
         k: data(heads * n * d, 2),
@@ -284,7 +282,9 @@ fn ranks_that_disagree_all_get_an_error_naming_the_argument() {
     let lens = [100, 100, 100];
     let outs = run_ranks(&c, &lens, |r, p, _| {
         if r == 1 {
-            p.beta = 2.0
+            *p = RaceParams::new(Bits(p.p()), Tables(p.l()), Beta(2.0))
+                .unwrap()
+                .with_causal(p.causal())
         }
     });
     for o in &outs {
@@ -296,7 +296,9 @@ fn ranks_that_disagree_all_get_an_error_naming_the_argument() {
     }
     let outs = run_ranks(&c, &lens, |r, p, _| {
         if r == 2 {
-            p.l = 3
+            *p = RaceParams::new(Bits(p.p()), Tables(3), Beta(p.beta()))
+                .unwrap()
+                .with_causal(p.causal())
         }
     });
     // Rank 2's planes no longer match its L: its own check refuses, the others name it.
@@ -314,7 +316,7 @@ fn ranks_that_disagree_all_get_an_error_naming_the_argument() {
     }
     let outs = run_ranks(&c, &lens, |r, p, _| {
         if r == 0 {
-            p.causal = false
+            *p = p.with_causal(false)
         }
     });
     assert!(outs

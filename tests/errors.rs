@@ -2,8 +2,10 @@
 //! from the CLI (non-zero exit, the message on stderr).
 mod common;
 use common::{qkv, randn_t, tmpdir};
+use racelab::attend::attend;
 use racelab::io::{npy_bytes, parse_npy, write_npy, Dtype};
-use racelab::{attend, AttendOptions, Method, PlaneSpec, RaceError, Tensor};
+use racelab::params::{Beta, Bits, Seed, Tables};
+use racelab::{AttendOptions, Method, PlaneSpec, RaceError, Tensor};
 use std::path::PathBuf;
 
 fn err(q: &Tensor<f64>, k: &Tensor<f64>, v: &Tensor<f64>, opts: AttendOptions) -> String {
@@ -17,7 +19,9 @@ fn err(q: &Tensor<f64>, k: &Tensor<f64>, v: &Tensor<f64>, opts: AttendOptions) -
 fn library_errors_name_the_argument() {
     let (q, k, v) = qkv(6, 4);
     let soft = AttendOptions::default();
-    let soft_at = |p: usize, l: usize, beta: f64| AttendOptions::new(Method::soft(p, l, beta, 0));
+    let soft_at = |p: usize, l: usize, beta: f64| {
+        AttendOptions::new(Method::soft(Bits(p), Tables(l), Beta(beta), Seed(0)))
+    };
     // Shape mismatches.
     let (k5, _, _) = qkv(6, 5);
     assert!(err(&q, &k5, &v, soft.clone()).contains("`k`"));
@@ -300,7 +304,11 @@ fn cli_checks_before_reading_and_refuses_conflicts() {
     // --planes with a --p or --l that disagrees names both.
     let dir = tmpdir("planes");
     let planes = dir.join("w.npy");
-    racelab::io::write_planes(&planes, &racelab::Planes::gaussian(2, 2, 4, 1).unwrap()).unwrap();
+    racelab::io::write_planes(
+        &planes,
+        &racelab::Planes::gaussian(Bits(2), Tables(2), 4, Seed(1)).unwrap(),
+    )
+    .unwrap();
     let w = planes.to_str().unwrap();
     for flag in ["--p", "--l"] {
         let e = cli_fail(
@@ -419,7 +427,7 @@ fn the_reference_stays_f64_on_f32_files_and_omega_must_be_finite() {
             &q32,
             &k32,
             &v32,
-            &AttendOptions::new(Method::soft(2, 2, beta, 0)),
+            &AttendOptions::new(Method::soft(Bits(2), Tables(2), Beta(beta), Seed(0))),
         )
         .unwrap()
     };

@@ -3,8 +3,9 @@
 //! the library and through `racelab attend` on the saved planes.
 mod common;
 use common::assert_close;
+use racelab::attend::attend;
 use racelab::io::{read_npy, read_planes};
-use racelab::{attend, AttendOptions, Combine, FeatureSpec, Mat, Method, PlaneSpec, Planes};
+use racelab::{AttendOptions, Combine, FeatureSpec, Mat, Method, PlaneSpec, Planes};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

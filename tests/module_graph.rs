@@ -551,6 +551,7 @@ const ABOVE_KERNELS: &[&str] = &[
     "bench",
     "distributed",
     "attend",
+    "op",
     "plot",
     "io",
 ];

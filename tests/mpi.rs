@@ -12,6 +12,7 @@
 //! a missing `mpirun` fails them with what to install.
 
 use racelab::io::{read_npy, write_npy, Dtype};
+use racelab::params::{Beta, Bits, Seed, Tables};
 use racelab::rng::SeededRng;
 use racelab::{AttendOptions, Device, Method};
 use std::path::{Path, PathBuf};
@@ -121,7 +122,12 @@ fn attend_distributed_reproduces_one_process() {
     let f = inputs(&d, 1001);
     let [q, k, v] = f.clone().map(|p| read_npy(&p).unwrap().tensor);
     for causal in [false, true] {
-        let soft = Method::soft(3, 2, racelab::params::DEFAULT_BETA, 0);
+        let soft = Method::soft(
+            Bits(3),
+            Tables(2),
+            Beta(racelab::params::DEFAULT_BETA),
+            Seed(0),
+        );
         let opts = AttendOptions::new(soft).causal(causal);
         let want = racelab::attend::attend_with(&q, &k, &v, &opts, Device::Cpu)
             .unwrap()

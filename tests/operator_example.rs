@@ -6,6 +6,7 @@ mod example;
 
 use ndarray::Array4;
 use racelab::backend::{Backend, Heads, PlanesF32};
+use racelab::params::{Beta, Bits, Tables};
 use racelab::reference::ReferenceRace;
 use racelab::{AttendOptions, Method, RaceParams, Tensor};
 
@@ -32,8 +33,9 @@ fn the_operator_example_matches_the_reference() {
     // The reference backend, given the operator's planes (f64 values holding its f32 ones).
     let planes = PlanesF32::from_planes(out.op.planes());
     for (i, causal) in [false, true].into_iter().enumerate() {
-        let mut params = RaceParams::new(2, 8, 10.0).unwrap();
-        params.causal = causal;
+        let params = RaceParams::new(Bits(2), Tables(8), Beta(10.0))
+            .unwrap()
+            .with_causal(causal);
         let (f, g) = ReferenceRace
             .forward_backward(
                 &params,
@@ -69,7 +71,7 @@ fn the_operator_example_matches_the_reference() {
         Tensor::new(a.shape().to_vec(), a.iter().map(|&x| x as f64).collect()).unwrap()
     };
     let opts = AttendOptions::new(Method::Softmax { scale: None }).causal(true);
-    let want = racelab::attend(&t(&q), &t(&k), &t(&v), &opts).unwrap();
+    let want = racelab::attend::attend(&t(&q), &t(&k), &t(&v), &opts).unwrap();
     let want: Vec<f32> = want.o.data.iter().map(|&x| x as f32).collect();
     let e = rel_err(out.exact.as_slice().unwrap(), &want);
     assert!(e < 1e-5, "softmax {e:e}");

@@ -3,10 +3,12 @@ mod common;
 use common::{assert_close, randn};
 use proptest::prelude::*;
 use racelab::analysis::rank::{numerical_rank, sharp_rank_bound};
+use racelab::attend::attend;
 use racelab::hashing::{hard_code, soft_features, soft_features_direct, Planes};
 use racelab::method::Flags;
+use racelab::params::{Bits, Seed, Tables};
 use racelab::reference::kernels::{hard_matrix, soft_matrix};
-use racelab::{attend, AttendOptions, Combine, Mat, MethodKind, Tensor};
+use racelab::{AttendOptions, Combine, Mat, MethodKind, Tensor};
 
 /// The methods whose output is a convex combination of value rows: all of them.
 const CONVEX: [MethodKind; 6] = MethodKind::ALL;
@@ -136,7 +138,7 @@ proptest! {
     #[test]
     fn factorised_features_equal_direct_softmax(d in 1usize..8, p in 1usize..7, seed in any::<u64>(), lb in -6.0f64..6.0) {
         let beta = 10f64.powf(lb);
-        let planes = Planes::gaussian(1, p, d, seed).unwrap();
+        let planes = Planes::gaussian(Bits(p), Tables(1), d, Seed(seed)).unwrap();
         let x = randn(1, d, seed ^ 5);
         let r = 1 << p;
         let (mut f, mut g) = (vec![0.0; r], vec![0.0; r]);
@@ -164,7 +166,7 @@ impl RowSlice for Tensor<f64> {
 
 #[test]
 fn features_are_finite_from_beta_1e_minus6_to_1e6() {
-    let planes = Planes::gaussian(3, 6, 16, 7).unwrap();
+    let planes = Planes::gaussian(Bits(6), Tables(3), 16, Seed(7)).unwrap();
     let x = randn(1, 16, 8);
     let huge = Mat::from_vec(1, 16, x.data.iter().map(|t| t * 1e150).collect());
     for e in -6..=6 {
@@ -183,7 +185,7 @@ fn features_are_finite_from_beta_1e_minus6_to_1e6() {
 
 #[test]
 fn soft_features_tend_to_hard_buckets() {
-    let planes = Planes::gaussian(4, 4, 8, 11).unwrap();
+    let planes = Planes::gaussian(Bits(4), Tables(4), 8, Seed(11)).unwrap();
     let x = randn(1, 8, 12);
     let mut prev = f64::INFINITY;
     for beta in [1.0, 10.0, 100.0, 1e3, 1e4, 1e5] {
@@ -218,7 +220,7 @@ fn hard_collision_frequency_matches_kappa_pow_p() {
     let d = 6;
     for (p, seed, theta) in [(1usize, 21u64, 1.0f64), (2, 22, 0.7), (3, 23, 0.5)] {
         let l = 20_000;
-        let planes = Planes::gaussian(l, p, d, seed).unwrap();
+        let planes = Planes::gaussian(Bits(p), Tables(l), d, Seed(seed)).unwrap();
         // q = e_0, k at angle theta from it in the (e_0, e_1) plane, rotated by a random map.
         let rot = randn(d, d, seed + 100);
         let apply = |x: &[f64]| -> Vec<f64> {
@@ -262,7 +264,7 @@ fn rank_meets_the_sharp_bound() {
     let q = randn(n, d, 31);
     let k = randn(n, d, 32);
     for (p, l) in [(1, 1), (2, 2), (3, 3), (2, 4), (1, 5)] {
-        let planes = Planes::gaussian(l, p, d, 33 + p as u64).unwrap();
+        let planes = Planes::gaussian(Bits(p), Tables(l), d, Seed(33 + p as u64)).unwrap();
         let bound = sharp_rank_bound(p, l);
         let soft = numerical_rank(&soft_matrix(q.view(), k.view(), &planes, 2.0));
         assert_eq!(
@@ -305,7 +307,7 @@ proptest! {
         use racelab::reference::logdomain::{soft_race_log, soft_race_pairs_log};
         let beta = 10f64.powf(lb);
         let (q, k, v) = (randn(n, d, seed), randn(n, d, seed ^ 1), randn(n, dv, seed ^ 2));
-        let planes = Planes::gaussian(l, p, d, seed).unwrap();
+        let planes = Planes::gaussian(Bits(p), Tables(l), d, Seed(seed)).unwrap();
         let a = soft_race_log(q.view(), k.view(), v.view(), &planes, beta, causal, Combine::Paper);
         let b = soft_race_pairs_log(q.view(), k.view(), v.view(), &planes, beta, causal);
         prop_assert_eq!(a.empty_rows, 0);

@@ -7,6 +7,7 @@ mod common;
 
 use common::randn_t;
 use racelab::attend::attend_with;
+use racelab::params::{Beta, Bits, Seed, Tables};
 use racelab::{AttendOptions, Device, FeatureSpec, Method, RaceError, Tensor};
 
 fn methods() -> Vec<Method> {
@@ -20,7 +21,7 @@ fn methods() -> Vec<Method> {
                 seed: 0,
             },
         },
-        Method::soft(2, 2, 4.0, 0),
+        Method::soft(Bits(2), Tables(2), Beta(4.0), Seed(0)),
         Method::Linear,
         Method::Performer {
             features: FeatureSpec::Draw { m: 32, seed: 0 },

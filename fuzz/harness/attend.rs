@@ -9,6 +9,7 @@
 use ndarray::{ArrayView, ShapeBuilder};
 use racelab::backend::{Backend, Heads, PlanesF32};
 use racelab::cpu::{CpuRace, Isa, Level};
+use racelab::params::{Beta, Bits, Seed, Tables};
 use racelab::{AttendOptions, Combine, Device, FeatureSpec, Method, PlaneSpec, Planes, RaceParams};
 
 /// Tokens per head (queries and keys).
@@ -97,9 +98,9 @@ pub fn run(data: &[u8]) -> Outcome {
 }
 
 /// The method a selector byte names, with fuzzed parameters.
-fn method(b: &mut Bytes, p: usize, l: usize) -> Method {
+fn method(b: &mut Bytes, p: usize, l: usize) -> Option<Method> {
     let seed = b.u8() as u64;
-    match b.u8() % 8 {
+    Some(match b.u8() % 8 {
         0 => Method::Softmax {
             scale: (b.one_in(2)).then(|| b.param()),
         },
@@ -124,9 +125,9 @@ fn method(b: &mut Bytes, p: usize, l: usize) -> Method {
                 Combine::Paper
             },
         },
-        6 => Method::soft(p, l, b.param(), seed),
+        6 => Method::soft(Bits(p), Tables(l), Beta(b.param()), Seed(seed)),
         _ => {
-            // Planes a caller built by hand: the fields are public, the data may be short.
+            // Planes from a caller's data, which may be short or not finite (refused there).
             let d = b.upto(MAX_D);
             let len = if b.one_in(4) { b.upto(64) } else { l * p * d };
             let w = (0..len)
@@ -135,13 +136,14 @@ fn method(b: &mut Bytes, p: usize, l: usize) -> Method {
                     b.value(raw) as f64
                 })
                 .collect();
-            Method::Soft {
-                planes: PlaneSpec::Given(Planes { l, p, d, w }),
+            let planes = Planes::from_data(Bits(p), Tables(l), d, w).ok()?;
+            return Some(Method::Soft {
+                planes: PlaneSpec::Given(planes),
                 beta: b.param(),
                 combine: Combine::Paper,
-            }
+            });
         }
-    }
+    })
 }
 
 /// `attend_array` on `[heads, n, d]` views: row-major, with the last two axes swapped, or
@@ -152,7 +154,9 @@ fn arrays(b: &mut Bytes) -> Outcome {
     if l.saturating_mul(1usize.checked_shl(p as u32).unwrap_or(usize::MAX)) > MAX_FEATURES {
         return Outcome::Skipped;
     }
-    let m = method(b, p, l);
+    let Some(m) = method(b, p, l) else {
+        return Outcome::Refused;
+    };
     let causal = b.u8() % 2 == 1;
     let device = if b.one_in(4) {
         Device::Reference
@@ -211,8 +215,8 @@ fn arrays(b: &mut Bytes) -> Outcome {
 }
 
 /// The `Backend` contract on `CpuRace` at a fuzzed level, with `Heads` and `PlanesF32`
-/// built as a caller may build them: through `Heads::new` or as struct literals whose fields
-/// disagree with their data.
+/// built as a caller can build them (`Heads::new`, `Planes::from_data`), with shapes that may
+/// disagree with each other or with their data.
 fn contract(b: &mut Bytes) -> Outcome {
     let level = [Level::Scalar, Level::Avx2, Level::Avx512][b.upto(2)];
     let race = CpuRace {
@@ -238,24 +242,21 @@ fn contract(b: &mut Bytes) -> Outcome {
     } else {
         pl * pp * pd
     };
-    let planes = PlanesF32 {
-        l: pl,
-        p: pp,
-        d: pd,
-        w: b.values(wlen, raw),
-    };
-    let mut params = match RaceParams::new(p, l, b.param()) {
-        Ok(x) => x,
+    // Planes whose shape may disagree with the parameters' or the inputs' (the planes'
+    // own length is checked where they are made).
+    let w = b.values(wlen, raw).into_iter().map(f64::from).collect();
+    let planes = match Planes::from_data(Bits(pp), Tables(pl), pd, w) {
+        Ok(x) => PlanesF32::from_planes(&x),
         Err(_) => return Outcome::Refused,
     };
-    params.causal = b.u8() % 2 == 1;
-    match b.u8() % 16 {
-        0 => params.combine = Combine::Authors,
-        // The fields are public: values `RaceParams::new` would refuse.
-        1 => params.beta = b.param(),
-        2 => params.p = b.upto(70),
-        _ => {}
-    }
+    let params = match RaceParams::new(Bits(p), Tables(l), Beta(b.param())) {
+        Ok(x) => x.with_causal(b.u8() % 2 == 1),
+        Err(_) => return Outcome::Refused,
+    };
+    let params = match b.u8() % 16 {
+        0 => params.with_combine(Combine::Authors),
+        _ => params,
+    };
     let lying = b.one_in(6);
     let (q, k, v, g) = (
         b.values(heads * n * d, raw),
@@ -288,8 +289,8 @@ fn contract(b: &mut Bytes) -> Outcome {
     }
 }
 
-/// `[h, rows, cols]` over `x`: through `Heads::new`, or (`lying`) as a struct literal whose
-/// dimensions may not be its data's (the fields are public).
+/// `[h, rows, cols]` over `x` through `Heads::new`, or (`lying`) with dimensions that may not
+/// be its data's (refused there).
 fn heads_of<'x>(
     b: &mut Bytes,
     lying: bool,
@@ -299,12 +300,8 @@ fn heads_of<'x>(
     x: &'x [f32],
 ) -> Option<Heads<'x>> {
     if lying {
-        Some(Heads {
-            heads: h + b.upto(1),
-            n: rows.wrapping_add(b.u8() as usize % 2 * (usize::MAX / 2)),
-            cols,
-            data: x,
-        })
+        let n = rows.wrapping_add(b.u8() as usize % 2 * (usize::MAX / 2));
+        Heads::new(h + b.upto(1), n, cols, x).ok()
     } else {
         Heads::new(h, rows, cols, x).ok()
     }
@@ -318,11 +315,11 @@ fn planes(b: &mut Bytes) -> Outcome {
         0 => {
             // Past the caps only the refusal is asked for: a drawn size is checked first.
             if l.saturating_mul(p).saturating_mul(d) > 1 << 16 {
-                let huge = Planes::gaussian(l << 40, p, d, seed);
+                let huge = Planes::gaussian(Bits(p), Tables(l << 40), d, Seed(seed));
                 assert!(huge.is_err(), "planes of 2^40 tables were drawn");
                 return Outcome::Refused;
             }
-            Planes::gaussian(l, p, d, seed)
+            Planes::gaussian(Bits(p), Tables(l), d, Seed(seed))
         }
         _ => {
             let len = if b.one_in(4) {
@@ -336,7 +333,7 @@ fn planes(b: &mut Bytes) -> Outcome {
                     b.value(raw) as f64
                 })
                 .collect();
-            Planes::from_data(l, p, d, w)
+            Planes::from_data(Bits(p), Tables(l), d, w)
         }
     };
     let Ok(planes) = drawn else {
@@ -344,7 +341,7 @@ fn planes(b: &mut Bytes) -> Outcome {
     };
     let f = PlanesF32::from_planes(&planes);
     let back = f.to_planes();
-    assert_eq!((back.l, back.p, back.d), (l, p, d));
+    assert_eq!((back.l(), back.p(), back.d()), (l, p, d));
     let _ = planes.check(d, p, l);
     let _ = planes.check(d + 1, p, l);
     Outcome::Ran

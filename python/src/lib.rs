@@ -1,10 +1,10 @@
 //! `racelab._racelab`: the Python bindings over racelab's library.
 //!
-//! - [`planes`]: the hash planes the command line draws (`[L, P, d]`, f64);
-//! - [`attend`]: any operator on any device, as `racelab attend` runs it (f64 in, f64 out);
-//! - [`soft_forward`] / [`soft_backward`]: the production f32 CPU kernels, the forward keeping
-//!   its saved values ([`Saved`]) for the backward, as a `torch.autograd.Function` needs them;
-//! - [`soft_forward_f64`] / [`soft_backward_f64`]: the f64 log-domain reference (exact at any
+//! - `planes`: the hash planes the command line draws (`[L, P, d]`, f64);
+//! - `attend`: any operator on any device, as `racelab attend` runs it (f64 in, f64 out);
+//! - `soft_forward` / `soft_backward`: the production f32 CPU kernels, the forward keeping
+//!   its saved values (`Saved`) for the backward, as a `torch.autograd.Function` needs them;
+//! - `soft_forward_f64` / `soft_backward_f64`: the f64 log-domain reference (exact at any
 //!   β), for float64 tensors and `gradcheck`.
 //!
 //! Every function validates through the library (the command line's checks and messages), and
@@ -26,6 +26,7 @@ use racelab::error::Spelling;
 use racelab::hashing::Planes;
 use racelab::method::{Flags, MethodKind};
 use racelab::params::Combine;
+use racelab::params::{Beta, Bits, Seed, Tables};
 use racelab::reference::logdomain::{soft_race_backward_log, soft_race_log};
 use racelab::tensor::{check_qkv, Mat, MatRef, Tensor};
 use racelab::validate::{Budget, Held};
@@ -161,7 +162,7 @@ fn tensor(name: &str, a: &PyReadonlyArrayDyn<'_, f64>) -> PyResult<Tensor<f64>> 
 /// Planes from a `[L, P, d]` f64 array, checked.
 fn planes_of(w: &PyReadonlyArray3<'_, f64>) -> PyResult<Planes> {
     let (data, [l, p, d]) = slice3("planes", w)?;
-    Planes::from_data(l, p, d, data.to_vec()).map_err(py_err)
+    Planes::from_data(Bits(p), Tables(l), d, data.to_vec()).map_err(py_err)
 }
 
 /// The planes `racelab` draws for `(L, P, d, seed)`: `[L, P, d]` standard normal, f64.
@@ -174,15 +175,16 @@ fn planes<'py>(
     seed: u64,
 ) -> PyResult<Bound<'py, PyAny>> {
     racelab::params::validate_pl(p, l).map_err(py_err)?;
-    let w = Planes::gaussian(l, p, d, seed).map_err(py_err)?;
-    array(py, w.w, &[l, p, d])
+    let w = Planes::gaussian(Bits(p), Tables(l), d, Seed(seed)).map_err(py_err)?;
+    array(py, w.w().to_vec(), &[l, p, d])
 }
 
 /// One operator on `[N,d]`, `[H,N,d]` or `[B,H,N,d]` inputs (f64; the Python layer converts),
 /// as `racelab attend` runs it. Returns `(o, shape of o, empty rows, recomputed rows)`.
+// One argument per keyword of the Python call (`racelab.attend(q, k, v, method=…, …)`).
+#[allow(clippy::too_many_arguments)]
 #[pyfunction]
 #[pyo3(signature = (q, k, v, method, p, l, beta, causal, planes, combine, device, seed, gamma, scale, features, max_memory))]
-#[allow(clippy::too_many_arguments)]
 fn attend<'py>(
     py: Python<'py>,
     q: PyReadonlyArrayDyn<'py, f64>,
@@ -266,14 +268,12 @@ fn pooled() -> Kept {
         .unwrap_or_default()
 }
 
-fn params(planes: &PlanesF32, beta: f64, causal: bool) -> RaceParams {
-    RaceParams {
-        p: planes.p,
-        l: planes.l,
-        beta,
-        causal,
-        ..Default::default()
-    }
+fn params(planes: &PlanesF32, beta: f64, causal: bool) -> PyResult<RaceParams> {
+    Ok(
+        RaceParams::new(Bits(planes.p()), Tables(planes.l()), Beta(beta))
+            .map_err(py_err)?
+            .with_causal(causal),
+    )
 }
 
 /// Production f32 soft-RACE forward on `[heads, n, ·]` arrays and `[L, P, d]` planes (rounded
@@ -290,7 +290,7 @@ fn soft_forward<'py>(
     causal: bool,
 ) -> PyResult<(Bound<'py, PyAny>, Saved)> {
     let planes = PlanesF32::from_planes(&planes_of(&planes)?);
-    let params = params(&planes, beta, causal);
+    let params = params(&planes, beta, causal)?;
     let qkv = [
         heads(slice3("q", &q)?)?,
         heads(slice3("k", &k)?)?,
@@ -304,7 +304,7 @@ fn soft_forward<'py>(
             kept.map(|k| (o, k))
         })
         .map_err(py_err)?;
-    let o = aligned(py, o, &[qkv[0].heads, qkv[0].n, qkv[2].cols])?;
+    let o = aligned(py, o, &[qkv[0].heads(), qkv[0].n(), qkv[2].cols()])?;
     Ok((
         o,
         Saved {
@@ -334,7 +334,7 @@ fn soft_backward<'py>(
         heads(slice3("v", &v)?)?,
     ];
     let (oh, gh) = (heads(slice3("o", &o)?)?, heads(slice3("g", &g)?)?);
-    if (oh.heads, oh.n, oh.cols) != (gh.heads, gh.n, gh.cols) {
+    if (oh.heads(), oh.n(), oh.cols()) != (gh.heads(), gh.n(), gh.cols()) {
         return Err(py_err(RaceError::shape(
             "o",
             "o and g must have the forward's output shape",
@@ -345,23 +345,23 @@ fn soft_backward<'py>(
     let (dq, dk, dv, dbeta) = py
         .detach(|| {
             let (mut dq, mut dk, mut dv) = (
-                output(qh.data.len()),
-                output(kh.data.len()),
-                output(vh.data.len()),
+                output(qh.data().len()),
+                output(kh.data().len()),
+                output(vh.data().len()),
             );
             let grads = GradsMut {
                 dq: &mut dq,
                 dk: &mut dk,
                 dv: &mut dv,
             };
-            let dbeta = CpuRace::detected().backward_into(&pb, &saved.kept, oh.data, grads);
+            let dbeta = CpuRace::detected().backward_into(&pb, &saved.kept, oh.data(), grads);
             dbeta.map(|db| (dq, dk, dv, db))
         })
         .map_err(py_err)?;
     Ok((
-        aligned(py, dq, &[qh.heads, qh.n, qh.cols])?,
-        aligned(py, dk, &[kh.heads, kh.n, kh.cols])?,
-        aligned(py, dv, &[vh.heads, vh.n, vh.cols])?,
+        aligned(py, dq, &[qh.heads(), qh.n(), qh.cols()])?,
+        aligned(py, dk, &[kh.heads(), kh.n(), kh.cols()])?,
+        aligned(py, dv, &[vh.heads(), vh.n(), vh.cols()])?,
         dbeta,
     ))
 }
@@ -382,10 +382,14 @@ fn tensors64(
     }
     let shape =
         check_qkv(&out[0].view(), &out[1].view(), &out[2].view(), causal).map_err(py_err)?;
-    if shape.d != planes.d {
+    if shape.d != planes.d() {
         return Err(py_err(RaceError::shape(
             "planes",
-            format!("planes have d = {} but q/k have d = {}", planes.d, shape.d),
+            format!(
+                "planes have d = {} but q/k have d = {}",
+                planes.d(),
+                shape.d
+            ),
         )));
     }
     let [q, k, v]: [Tensor<f64>; 3] = out.try_into().expect("three tensors");
@@ -408,9 +412,7 @@ fn per_head<T: Send>(heads: usize, f: impl Fn(usize) -> T + Sync + Send) -> Vec<
 
 /// The f64 log-domain reference forward (exact at any β; `combine` "paper" or "authors").
 #[pyfunction]
-#[allow(clippy::too_many_arguments)]
 fn soft_forward_f64<'py>(
-    py: Python<'py>,
     q: PyReadonlyArray3<'py, f64>,
     k: PyReadonlyArray3<'py, f64>,
     v: PyReadonlyArray3<'py, f64>,
@@ -419,6 +421,7 @@ fn soft_forward_f64<'py>(
     causal: bool,
     combine: &str,
 ) -> PyResult<Bound<'py, PyAny>> {
+    let py = q.py();
     let combine: Combine = combine.parse().map_err(py_err)?;
     let planes = planes_of(&planes)?;
     racelab::params::validate_beta(beta).map_err(py_err)?;
@@ -437,9 +440,8 @@ fn soft_forward_f64<'py>(
 
 /// The f64 log-domain reference backward (paper combine rule): `(dq, dk, dv, dbeta)`.
 #[pyfunction]
-#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+#[allow(clippy::type_complexity)]
 fn soft_backward_f64<'py>(
-    py: Python<'py>,
     q: PyReadonlyArray3<'py, f64>,
     k: PyReadonlyArray3<'py, f64>,
     v: PyReadonlyArray3<'py, f64>,
@@ -448,6 +450,7 @@ fn soft_backward_f64<'py>(
     beta: f64,
     causal: bool,
 ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, f64)> {
+    let py = q.py();
     let planes = planes_of(&planes)?;
     racelab::params::validate_beta(beta).map_err(py_err)?;
     let t = tensors64(&q, &k, &v, &planes, causal)?;

@@ -17,6 +17,7 @@ use std::borrow::Cow;
 /// A forward on arrays: `Ô` (`[.., n, dv]`, the inputs' rank and type) and what the call did.
 #[derive(Debug, Clone)]
 pub struct ArrayForward<T, D: Dimension> {
+    /// `Ô`, `[.., n, dv]`.
     pub o: Array<T, D>,
     /// Rows with no key (0 in `o`).
     pub empty_rows: usize,
@@ -29,9 +30,13 @@ pub struct ArrayForward<T, D: Dimension> {
 /// The gradients of a forward+backward on arrays, shaped like `q`, `k`, `v`.
 #[derive(Debug, Clone)]
 pub struct ArrayGrads<T, D: Dimension> {
+    /// `∂ℓ/∂q`, shaped like `q`.
     pub dq: Array<T, D>,
+    /// `∂ℓ/∂k`, shaped like `k`.
     pub dk: Array<T, D>,
+    /// `∂ℓ/∂v`, shaped like `v`.
     pub dv: Array<T, D>,
+    /// `∂ℓ/∂β`.
     pub dbeta: f64,
 }
 

@@ -25,6 +25,8 @@
 //! it is given; the f32 backends agree with the reference within the tolerances of
 //! `tests/backends.rs`.
 
+#![deny(missing_docs)]
+
 pub mod arrays;
 pub mod types;
 
@@ -54,6 +56,7 @@ pub enum Device {
 }
 
 impl Device {
+    /// The lowercase name (`--device`).
     pub fn name(&self) -> &'static str {
         match self {
             Device::Reference => "reference",
@@ -90,8 +93,11 @@ impl std::str::FromStr for Device {
 /// backend flagged and recomputed exactly.
 #[derive(Debug, Clone, Default)]
 pub struct Forward {
+    /// `Ô`, `[heads, n, dv]` row-major.
     pub o: Vec<f32>,
+    /// Rows with no key (left 0).
     pub empty_rows: usize,
+    /// Rows recomputed exactly, and the seconds it took.
     pub recomputed: Recomputed,
 }
 
@@ -101,6 +107,7 @@ pub trait Decode: Send {
     fn step(&mut self, q: &[f32], k: &[f32], v: &[f32]) -> Result<Vec<f32>>;
     /// Tokens consumed so far.
     fn len(&self) -> usize;
+    /// No token consumed yet.
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -109,6 +116,7 @@ pub trait Decode: Send {
 /// The soft-RACE operator on one backend. `q`, `k` are `[heads, n, d]`, `v` and `g`
 /// `[heads, n, dv]`; `planes` are `[L, P, d]` and must match `params.p`, `params.l`.
 pub trait Backend: Send + Sync {
+    /// The device this backend runs on.
     fn device(&self) -> Device;
     /// `Ô` for `params` (`params.causal`: Algorithm 2).
     fn forward(

@@ -9,20 +9,22 @@ use crate::params::RaceParams;
 use crate::validate::{Budget, Held};
 
 /// Rows an f32 backend flagged (denominator below its floor) and recomputed exactly after a
-/// forward (flat indices `head·n + i`; see [`crate::cpu::recompute`]), and the seconds it took.
+/// forward (flat indices `head·n + i`; see `crate::cpu::recompute`), and the seconds it took.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Recomputed {
+    /// The recomputed rows (flat indices `head·n + i`).
     pub rows: Vec<usize>,
+    /// Seconds the recompute took.
     pub seconds: f64,
 }
 
 /// `[heads, n, cols]` row-major f32 input.
 #[derive(Debug, Clone, Copy)]
 pub struct Heads<'a> {
-    pub heads: usize,
-    pub n: usize,
-    pub cols: usize,
-    pub data: &'a [f32],
+    pub(crate) heads: usize,
+    pub(crate) n: usize,
+    pub(crate) cols: usize,
+    pub(crate) data: &'a [f32],
 }
 
 impl<'a> Heads<'a> {
@@ -47,6 +49,23 @@ impl<'a> Heads<'a> {
         })
     }
 
+    /// The heads (the product of the leading axes).
+    pub fn heads(&self) -> usize {
+        self.heads
+    }
+    /// Rows per head.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+    /// Columns per row.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+    /// The `heads · n · cols` values, row-major.
+    pub fn data(&self) -> &'a [f32] {
+        self.data
+    }
+
     /// [`Heads::new`] for the crate's own buffers, whose lengths it made.
     pub(crate) fn of(heads: usize, n: usize, cols: usize, data: &'a [f32]) -> Self {
         debug_assert_eq!(data.len(), heads * n * cols, "Heads: len != heads*n*cols");
@@ -57,6 +76,7 @@ impl<'a> Heads<'a> {
             data,
         }
     }
+    /// Row `i` of head `h` (`cols` values).
     #[inline(always)]
     pub fn row(&self, h: usize, i: usize) -> &'a [f32] {
         let o = (h * self.n + i) * self.cols;
@@ -67,13 +87,14 @@ impl<'a> Heads<'a> {
 /// Planes rounded to f32, `[L, P, d]`.
 #[derive(Debug, Clone)]
 pub struct PlanesF32 {
-    pub l: usize,
-    pub p: usize,
-    pub d: usize,
-    pub w: Vec<f32>,
+    pub(crate) l: usize,
+    pub(crate) p: usize,
+    pub(crate) d: usize,
+    pub(crate) w: Vec<f32>,
 }
 
 impl PlanesF32 {
+    /// The planes rounded to f32 (to nearest).
     pub fn from_planes(p: &Planes) -> Self {
         PlanesF32 {
             l: p.l,
@@ -82,6 +103,7 @@ impl PlanesF32 {
             w: p.w.iter().map(|&x| x as f32).collect(),
         }
     }
+    crate::hashing::plane_shape!(f32);
     /// The f64 planes holding exactly these f32 values (for references on the same planes).
     pub fn to_planes(&self) -> Planes {
         Planes {
@@ -91,11 +113,13 @@ impl PlanesF32 {
             w: self.w.iter().map(|&x| x as f64).collect(),
         }
     }
+    /// Plane `p` of table `l` (`d` values).
     #[inline(always)]
     pub fn row(&self, l: usize, p: usize) -> &[f32] {
         let o = (l * self.p + p) * self.d;
         &self.w[o..o + self.d]
     }
+    /// `R = 2^P` buckets per table.
     pub fn r(&self) -> usize {
         1 << self.p
     }
@@ -104,9 +128,13 @@ impl PlanesF32 {
 /// Gradients of a scalar loss with respect to the soft-RACE inputs.
 #[derive(Debug, Clone)]
 pub struct SoftGrads {
+    /// `∂ℓ/∂q`, shaped like `q`.
     pub dq: Vec<f32>,
+    /// `∂ℓ/∂k`, shaped like `k`.
     pub dk: Vec<f32>,
+    /// `∂ℓ/∂v`, shaped like `v`.
     pub dv: Vec<f32>,
+    /// `∂ℓ/∂β`.
     pub dbeta: f64,
 }
 
@@ -125,12 +153,16 @@ impl SoftGrads {
 /// What a forward reads: the queries, keys and values (`[heads, n, cols]` each).
 #[derive(Debug, Clone, Copy)]
 pub struct ForwardInputs<'a> {
+    /// Queries `[heads, n, d]`.
     pub q: Heads<'a>,
+    /// Keys `[heads, m, d]`.
     pub k: Heads<'a>,
+    /// Values `[heads, m, dv]`.
     pub v: Heads<'a>,
 }
 
 impl<'a> ForwardInputs<'a> {
+    /// The three inputs.
     pub fn new(q: Heads<'a>, k: Heads<'a>, v: Heads<'a>) -> Self {
         ForwardInputs { q, k, v }
     }
@@ -140,14 +172,20 @@ impl<'a> ForwardInputs<'a> {
 /// gradient `g = ∂ℓ/∂Ô` (`[heads, n, dv]`).
 #[derive(Debug, Clone, Copy)]
 pub struct BackwardInputs<'a> {
+    /// Queries `[heads, n, d]`.
     pub q: Heads<'a>,
+    /// Keys `[heads, m, d]`.
     pub k: Heads<'a>,
+    /// Values `[heads, m, dv]`.
     pub v: Heads<'a>,
+    /// The forward's output `Ô` `[heads, n, dv]`.
     pub o: Heads<'a>,
+    /// The upstream gradient `∂ℓ/∂Ô` `[heads, n, dv]`.
     pub g: Heads<'a>,
 }
 
 impl<'a> BackwardInputs<'a> {
+    /// The five inputs.
     pub fn new(q: Heads<'a>, k: Heads<'a>, v: Heads<'a>, o: Heads<'a>, g: Heads<'a>) -> Self {
         BackwardInputs { q, k, v, o, g }
     }
@@ -160,8 +198,11 @@ impl<'a> BackwardInputs<'a> {
 /// The gradient buffers a backward writes, shaped like `q`, `k`, `v` (overwritten).
 #[derive(Debug)]
 pub struct GradsMut<'a> {
+    /// `∂ℓ/∂q`, shaped like `q`.
     pub dq: &'a mut [f32],
+    /// `∂ℓ/∂k`, shaped like `k`.
     pub dk: &'a mut [f32],
+    /// `∂ℓ/∂v`, shaped like `v`.
     pub dv: &'a mut [f32],
 }
 
@@ -271,12 +312,15 @@ impl<'a> Problem<'a> {
         }
     }
 
+    /// The parameters.
     pub fn params(&self) -> &RaceParams {
         &self.params
     }
+    /// The planes.
     pub fn planes(&self) -> &'a PlanesF32 {
         self.planes
     }
+    /// `q`, `k`, `v`.
     pub fn inputs(&self) -> ForwardInputs<'a> {
         self.x
     }
@@ -343,7 +387,9 @@ impl<'a> Problem<'a> {
 /// else (each backend reads only its own; `Saved::default()` holds none).
 #[derive(Default)]
 pub struct Saved {
+    /// Rows with no key (left 0).
     pub empty_rows: usize,
+    /// Rows recomputed exactly, and the seconds it took.
     pub recomputed: Recomputed,
     state: Option<Box<dyn std::any::Any + Send + Sync>>,
 }

@@ -8,6 +8,7 @@ use super::machine::fill;
 use crate::backend::{Heads, PlanesF32};
 use crate::cpu::{detected_isa, soft_forward, SoftMap};
 use crate::hashing::{soft_features, Planes};
+use crate::params::{Bits, Seed, Tables};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -25,21 +26,18 @@ pub struct AccuracyRow {
     pub check_seconds: f64,
 }
 
-/// Measure at each N (one head).
-#[allow(clippy::too_many_arguments)]
+/// Measure at each N (one head of width `d`, values of width `dv`) with `params` (P, L, β) on
+/// planes drawn from `seed`.
 pub fn run(
     ns: &[usize],
-    d: usize,
-    dv: usize,
-    p: usize,
-    l: usize,
-    beta: f64,
+    [d, dv]: [usize; 2],
+    params: &crate::params::RaceParams,
     seed: u64,
     progress: &dyn Fn(&str),
 ) -> crate::Result<Vec<AccuracyRow>> {
-    crate::params::validate_pl(p, l)?;
-    crate::params::validate_beta(beta)?;
-    let planes32 = PlanesF32::from_planes(&Planes::gaussian(l, p, d, seed)?);
+    params.validate()?;
+    let (p, l, beta) = (params.p(), params.l(), params.beta());
+    let planes32 = PlanesF32::from_planes(&Planes::gaussian(Bits(p), Tables(l), d, Seed(seed))?);
     let planes64 = planes32.to_planes();
     let (r, w) = (1usize << p, dv + 1);
     let m = l * r;

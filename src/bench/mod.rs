@@ -123,7 +123,7 @@ pub struct BenchRow {
     pub flops: Option<f64>,
     pub flop_floor_seconds: Option<f64>,
     /// Soft RACE: the rows the kernels flagged and recomputed exactly in the last run
-    /// ([`crate::cpu::recompute`]), and that recompute's seconds (inside the timed runs on
+    /// (`crate::cpu::recompute`), and that recompute's seconds (inside the timed runs on
     /// the CPU; timed once on the host after the kernels' runs on the GPU). None for the
     /// quadratic references.
     pub recomputed_rows: Option<usize>,
@@ -290,7 +290,7 @@ fn validate(cfg: &BenchConfig) -> Result<()> {
     Ok(())
 }
 
-/// Run the benchmark: measure the machine's limits, time every row ([`rows::Recorder`]),
+/// Run the benchmark: measure the machine's limits, time every row (`rows::Recorder`),
 /// probe the bandwidth again and floor every row, summarise and write the outputs.
 pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
     validate(cfg)?;

@@ -14,6 +14,7 @@ use crate::cpu::{self, Isa};
 use crate::error::Result;
 use crate::hashing::Planes;
 use crate::params::Combine;
+use crate::params::{Bits, Seed, Tables};
 use crate::provenance::{peak_rss_bytes, reset_peak_rss};
 use crate::stats::median;
 
@@ -156,7 +157,8 @@ impl<'a> Recorder<'a> {
                 self.race_step,
                 cfg.ns.len() * cfg.pl.len()
             ));
-            let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, cfg.seed)?);
+            let planes =
+                PlanesF32::from_planes(&Planes::gaussian(Bits(p), Tables(l), d, Seed(cfg.seed))?);
             // One validated problem per mode (validated once, outside the timed runs).
             let problem = |causal: bool| {
                 let params = RaceParams {

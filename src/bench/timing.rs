@@ -35,9 +35,9 @@ pub(super) fn runs_for(runs: usize, first: f64) -> usize {
     ((SHORT_ROW_SECONDS / first.max(1e-9)).ceil() as usize).clamp(runs, MAX_RUNS)
 }
 
-/// See [`runs_for`].
+/// See `runs_for`.
 pub const SHORT_ROW_SECONDS: f64 = 0.25;
-/// See [`runs_for`].
+/// See `runs_for`.
 pub const MAX_RUNS: usize = 101;
 
 /// [`time_runs`] after [`WARMUP_RUNS`] untimed calls of `f`.

@@ -21,6 +21,7 @@ pub const CERTIFICATE: &str = include_str!("../../proofs-notes/certificates/pair
 /// What the replay found, per inequality: `(name, boxes, bisections)`.
 #[derive(Debug, Clone)]
 pub struct Replay {
+    /// Each inequality replayed: its name, the boxes checked and the bisections made.
     pub checked: Vec<(String, usize, usize)>,
 }
 

@@ -9,6 +9,8 @@
 //!   measured bias (proofs-notes/theorem2.md); `racelab bound` and the claim
 //!   `theorem2-bias-explicit` call it.
 
+#![deny(missing_docs)]
+
 pub mod certificate;
 pub mod pair;
 pub mod rows;

@@ -79,6 +79,7 @@ fn best(polys: &[&[(usize, f64)]], beta: f64, squared: bool) -> f64 {
 /// `ε_β(θ)` for one β, its θ-free parts computed once.
 #[derive(Debug, Clone, Copy)]
 pub struct PairBound {
+    /// The inverse temperature `β`.
     pub beta: f64,
     /// `4J̄`: the tie value of `B_eh`.
     eh_tie: f64,

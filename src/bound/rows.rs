@@ -26,8 +26,11 @@ pub const UNIT_TOL: f64 = 1e-6;
 /// `U_i ≤ Σ_j δ̄_ij`), and the measured value's tolerance.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RowBound {
+    /// The measured bias `‖O_∞,i − O_i‖`.
     pub measured: f64,
+    /// The proved bound on it (`None`: vacuous).
     pub bound: Option<f64>,
+    /// The measured value's own error (quadrature, rounding).
     pub tolerance: f64,
 }
 
@@ -186,12 +189,17 @@ pub const MAX_PAIRS: u64 = 10_000_000_000;
 /// The row-wise bound on every head of `[N, d]`, `[H, N, d]` or `[B, H, N, d]` inputs.
 #[derive(Debug, Clone)]
 pub struct BoundReport {
+    /// `P`, bits per table.
     pub p: usize,
+    /// `β`.
     pub beta: f64,
+    /// Whether each query saw only the keys at or before it.
     pub causal: bool,
-    /// Heads (batch × heads), queries and keys per head.
+    /// Heads (batch × heads).
     pub heads: usize,
+    /// Queries per head.
     pub n: usize,
+    /// Keys per head.
     pub m: usize,
     /// `rows[h][i]`.
     pub rows: Vec<Vec<RowBound>>,

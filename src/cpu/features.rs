@@ -147,9 +147,11 @@ impl<'a> SoftMap<'a> {
         SoftMap::new(planes, params.beta as f32)
     }
 
+    /// The planes.
     pub fn planes(&self) -> &'a PlanesF32 {
         self.planes
     }
+    /// `β` (f32).
     pub fn beta(&self) -> f32 {
         self.beta
     }

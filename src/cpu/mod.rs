@@ -1,21 +1,21 @@
 //! Production f32 kernels: rayon over (batch × heads × segments), SIMD with runtime dispatch
-//! and an always-tested scalar twin ([`simd`]), two-level f32/f64 accumulation ([`state`]).
+//! and an always-tested scalar twin (`simd`), two-level f32/f64 accumulation (`state`).
 //!
-//! - [`soft`]: the production soft-RACE paths ([`soft_forward`], [`soft_backward`]): blocks
-//!   of tokens as small register-tiled products ([`gemm`], bank read once per block), an
+//! - `soft`: the production soft-RACE paths (`soft_forward`, `soft_backward`): blocks
+//!   of tokens as small register-tiled products (`gemm`, bank read once per block), an
 //!   AVX-512 projection kernel, the next block prefetched; causal as chunked linear attention;
 //!   split by phase (bit probabilities, block workspace, banks, forward, backward, causal
 //!   forward, causal backward);
-//! - [`token`]: the per-token engine for every "features, then sums over keys" estimator:
+//! - `token`: the per-token engine for every "features, then sums over keys" estimator:
 //!   the production path of hard LSH, linear attention and Performer, and the soft-RACE
-//!   *twin* ([`token::forward`], [`token::soft_backward`]) that checks [`soft`];
-//! - [`saved`]: what a forward keeps for its backward ([`Ctx`]), shared by both engines;
-//! - [`recompute`]: exact log-domain finish of the rows whose denominator f32 cannot hold;
-//! - [`gemm`]: `D (=|+=) α A B` with strided `A` (so `Φᵀ` is free), written once over the
-//!   [`simd::Simd`] primitives (AVX-512/AVX2 register tiles; the scalar twin);
-//! - [`decode`]: recurrent state with `step(q, k, v) -> o`;
-//! - [`exact`]: blocked, SIMD, parallel softmax and angular attention (quadratic baselines);
-//! - [`mem`]: prefetch of the next block, streaming stores of large outputs, aligned
+//!   *twin* (`token::forward`, `token::soft_backward`) that checks `soft`;
+//! - `saved`: what a forward keeps for its backward (`Ctx`), shared by both engines;
+//! - `recompute`: exact log-domain finish of the rows whose denominator f32 cannot hold;
+//! - `gemm`: `D (=|+=) α A B` with strided `A` (so `Φᵀ` is free), written once over the
+//!   `simd::Simd` primitives (AVX-512/AVX2 register tiles; the scalar twin);
+//! - `decode`: recurrent state with `step(q, k, v) -> o`;
+//! - `exact`: blocked, SIMD, parallel softmax and angular attention (quadratic baselines);
+//! - `mem`: prefetch of the next block, streaming stores of large outputs, aligned
 //!   (huge-page) buffers.
 //!
 //! Memory: inputs, outputs and gradients plus `O(L·R·d)` state per head and segment, and
@@ -62,6 +62,7 @@
 //!
 //! (The same calls inside the crate are refused at run time: `cpu::extent`'s tests.)
 
+#![deny(missing_docs)]
 // Off x86-64 the AVX-512 fast paths are configured out, and with them the helpers and
 // imports only they use; the portable paths run there (NEON through LLVM's vectoriser).
 #![cfg_attr(
@@ -94,6 +95,8 @@ macro_rules! bench_internals {
     ($($(#[$doc:meta])* $m:ident),* $(,)?) => {$(
         $(#[$doc])*
         #[cfg(feature = "bench-internals")]
+        // Unstable tools' access, outside the documented contract.
+        #[allow(missing_docs)]
         pub mod $m;
         $(#[$doc])*
         #[cfg(not(feature = "bench-internals"))]
@@ -183,6 +186,7 @@ pub(crate) fn soft_backward(map: &SoftMap, ctx: &Ctx, x: BackwardInputs, isa: Is
 /// at one ISA (detected at run time).
 #[derive(Debug, Clone, Copy)]
 pub struct CpuRace {
+    /// The instruction set the kernels run at.
     pub isa: Isa,
 }
 
@@ -245,7 +249,7 @@ impl Backend for CpuRace {
         Ok((fwd, grads))
     }
 
-    /// The production forward ([`soft_forward_into`]); the state it saves is a [`Ctx`], and a
+    /// The production forward (`soft_forward_into`); the state it saves is a `Ctx`, and a
     /// `reuse` holding one has its buffers recycled.
     fn forward_into(&self, pb: &Problem, o: &mut [f32], reuse: Saved) -> Result<Saved> {
         let map = Self::map(pb.params(), pb.planes())?;
@@ -256,7 +260,7 @@ impl Backend for CpuRace {
         Ok(Saved::new(empty, ctx.recomputed.clone(), ctx))
     }
 
-    /// The production backward ([`soft_backward_into`]) from the [`Ctx`] of a forward on the
+    /// The production backward (`soft_backward_into`) from the `Ctx` of a forward on the
     /// same problem.
     fn backward_into(
         &self,

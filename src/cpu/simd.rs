@@ -29,8 +29,11 @@ use std::sync::OnceLock;
 /// An instruction-set level of the SIMD paths.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Level {
+    /// Scalar code (every CPU).
     Scalar,
+    /// AVX2 and FMA (x86-64-v3).
     Avx2,
+    /// AVX-512F (x86-64-v4).
     Avx512,
 }
 
@@ -68,10 +71,12 @@ impl Isa {
         Isa(level.min(Isa::best().0))
     }
 
+    /// The level the kernels run at.
     pub fn level(self) -> Level {
         self.0
     }
 
+    /// The level's name (`scalar`, `avx2+fma`, `avx512f`).
     pub fn name(&self) -> &'static str {
         match self.0 {
             Level::Scalar => "scalar",

@@ -22,7 +22,7 @@
 //! and NVRTC libraries exist and a device opens, returning [`RaceError::NoCuda`] otherwise
 //! (never a panic). Without the feature, the same API returns that error immediately.
 //!
-//! A row whose f32 denominator is below [`crate::cpu::recompute::den_floor`] is flagged by the
+//! A row whose f32 denominator is below `crate::cpu::recompute::den_floor` is flagged by the
 //! forward kernels (zero output, saved `DEN = 0`, so the backward kernels give it no share)
 //! and recomputed exactly on the host ([`finish_forward`], [`finish_backward`]): the GPU
 //! never returns such a row unflagged. A denominator that is not finite is flagged the same
@@ -30,6 +30,8 @@
 //! step 5) refuses, before a device is asked for, values whose weighted sums could pass a
 //! quarter of f32's largest (`tests/cuda.rs` runs race.cu under the CPU emulation at the top
 //! of the accepted range).
+
+#![deny(missing_docs)]
 
 use crate::backend::Recomputed;
 use crate::backend::{
@@ -95,18 +97,21 @@ pub fn switches() -> Vec<String> {
 /// Input element type on the device.
 #[derive(Debug, Clone, Copy)]
 pub enum GpuInput<'a> {
+    /// f32 values.
     F32(&'a [f32]),
     /// bf16 as raw 16-bit words (the upper half of an f32).
     Bf16(&'a [u16]),
 }
 
 impl GpuInput<'_> {
+    /// Elements.
     pub fn len(&self) -> usize {
         match self {
             GpuInput::F32(x) => x.len(),
             GpuInput::Bf16(x) => x.len(),
         }
     }
+    /// No elements.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -133,14 +138,18 @@ pub fn from_bf16(x: &[u16]) -> Vec<f32> {
 /// Shape of one GPU problem.
 #[derive(Debug, Clone, Copy)]
 pub struct GpuShape {
+    /// Heads (batch × heads).
     pub heads: usize,
+    /// Tokens per head (queries = keys).
     pub n: usize,
+    /// Query and key width.
     pub d: usize,
+    /// Value width.
     pub dv: usize,
 }
 
 /// The kernel family a problem at this beta runs on: from
-/// [`crate::cpu::features::PROJ_F64_BETA`] on, the warp-per-chunk kernels, whose projections
+/// `crate::cpu::features::PROJ_F64_BETA` on, the warp-per-chunk kernels, whose projections
 /// then accumulate in double (race.cu, `warp_project`); below it the default choice
 /// ([`geometry`]).
 pub fn path_for(beta: f32) -> Option<KernelPath> {
@@ -150,13 +159,14 @@ pub fn path_for(beta: f32) -> Option<KernelPath> {
 /// Forward output copied back to the host.
 #[derive(Debug, Clone)]
 pub struct GpuForward {
+    /// `Ô`, `[heads, n, dv]`.
     pub o: Vec<f32>,
     /// The saved `Den_i` (with the `1/L`); 0 for a row the kernels flagged.
     pub den: Vec<f32>,
     /// Rows with no key at all (0 in `o`).
     pub empty_rows: usize,
     /// The rows the kernels flagged (denominator below f32's range, see
-    /// [`crate::cpu::recompute`]), recomputed exactly on the host, and the seconds it took.
+    /// `crate::cpu::recompute`), recomputed exactly on the host, and the seconds it took.
     pub recomputed: Recomputed,
 }
 
@@ -171,7 +181,7 @@ impl GpuInput<'_> {
 }
 
 /// The host's part of a forward: the kernels' outputs, with the rows they flagged (saved
-/// `DEN = 0`) recomputed exactly by [`crate::cpu::recompute`] on the same inputs.
+/// `DEN = 0`) recomputed exactly by `crate::cpu::recompute` on the same inputs.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub fn finish_forward(
     mut o: Vec<f32>,
@@ -207,7 +217,6 @@ pub fn finish_forward(
 
 /// The host's part of a backward: the recomputed rows' exact share of every gradient (the
 /// kernels gave them none), added to `gr`.
-#[allow(clippy::too_many_arguments)]
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub fn finish_backward(
     fwd: &GpuForward,
@@ -254,7 +263,9 @@ pub const MAX_SHARED_BYTES: usize = 227 * 1024;
 /// Tokens per tile of the tiled kernels, and their register blocks: features
 /// `m ≤ 8·TILE_TM`, bank columns `dv + 1 ≤ 32·TILE_TC` (TILE, TM, TC in race.cu).
 pub const TILE: usize = 32;
+/// Feature rows per thread of a tile's register block (`m ≤ 8·TILE_TM`).
 pub const TILE_TM: usize = 8;
+/// Bank columns per lane of a tile's register block (`dv + 1 ≤ 32·TILE_TC`).
 pub const TILE_TC: usize = 5;
 
 /// Floats of dynamic shared memory of a tiled kernel's block (the layout `blk_carve` makes
@@ -300,18 +311,31 @@ pub fn shared_floats_tiled(
 /// the separate chunk-totals launch of the backward.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Geometry {
+    /// Warps per block of the warp-per-chunk kernels.
     pub warps: usize,
+    /// Tokens per chunk (a power of two).
     pub chunk: usize,
+    /// Chunks per head.
     pub nchunks: usize,
+    /// Blocks per head of the warp-per-chunk kernels.
     pub blocks_x: usize,
+    /// Shared bytes with a state per warp.
     pub shared_private: usize,
+    /// Shared bytes with a state per block.
     pub shared_block: usize,
+    /// Whether the tiled kernels run the chunk totals and the non-causal passes.
     pub tiled: bool,
+    /// Shared bytes of a tiled block with no bank-sized state (chunk totals).
     pub shared_tile: usize,
+    /// Shared bytes of a tiled block with one state (forward, keys' pass).
     pub shared_tile_state: usize,
+    /// Shared bytes of a tiled block with two states (queries' pass).
     pub shared_tile_query: usize,
+    /// Whether the tiled causal kernels run the causal passes.
     pub tiled_causal: bool,
+    /// Shared bytes of a tiled causal block.
     pub shared_tile_causal: usize,
+    /// Shared bytes of a tiled causal block in the queries' pass.
     pub shared_tile_causal_query: usize,
 }
 
@@ -430,8 +454,8 @@ pub fn check_problem(
             format!("planes have d = {} but inputs have d = {}", planes.d, s.d),
         ));
     }
-    // Planes and shapes built by hand (public fields) are held to their data, with products
-    // that cannot wrap: the kernels index every buffer by these extents.
+    // Planes and shapes are held to their data (again: the crate's own code can set the
+    // fields), with products that cannot wrap: the kernels index every buffer by these extents.
     let product = |a: usize, b: usize, c: usize| a.checked_mul(b).and_then(|x| x.checked_mul(c));
     if product(planes.l, planes.p, planes.d) != Some(planes.w.len()) {
         return Err(RaceError::shape(

@@ -11,10 +11,12 @@ fn off() -> RaceError {
     )
 }
 
+/// Built without the `cuda` feature: [`RaceError::NoCuda`].
 pub fn ensure_device() -> Result<()> {
     Err(off())
 }
 
+/// Built without the `cuda` feature: [`RaceError::NoCuda`].
 pub fn soft_forward(
     _: &PlanesF32,
     _: f32,
@@ -27,6 +29,7 @@ pub fn soft_forward(
     Err(off())
 }
 
+/// Built without the `cuda` feature: [`RaceError::NoCuda`].
 #[allow(clippy::too_many_arguments)]
 pub fn soft_backward(
     _: &PlanesF32,
@@ -45,6 +48,7 @@ pub fn soft_backward(
 pub struct Resident<'a>(std::marker::PhantomData<&'a ()>);
 
 impl<'a> Resident<'a> {
+    /// Built without the `cuda` feature: [`RaceError::NoCuda`].
     pub fn new(
         _: &'a PlanesF32,
         _: f32,
@@ -55,22 +59,27 @@ impl<'a> Resident<'a> {
     ) -> Result<Self> {
         Err(off())
     }
+    /// Built without the `cuda` feature: [`RaceError::NoCuda`].
     pub fn run(&mut self, _: bool) -> Result<()> {
         Err(off())
     }
+    /// Built without the `cuda` feature: [`RaceError::NoCuda`].
     pub fn recompute(&self, _: bool) -> Result<crate::backend::Recomputed> {
         Err(off())
     }
 }
 
+/// Built without the `cuda` feature: [`RaceError::NoCuda`].
 pub fn device_name() -> Result<String> {
     Err(off())
 }
 
+/// Built without the `cuda` feature: [`RaceError::NoCuda`].
 pub fn copy_seconds(_: usize, _: usize) -> Result<Vec<f64>> {
     Err(off())
 }
 
+/// Built without the `cuda` feature: [`RaceError::NoCuda`].
 pub fn fma_seconds(_: u32, _: u32, _: i32, _: usize) -> Result<Vec<f64>> {
     Err(off())
 }

@@ -10,6 +10,7 @@ use crate::backend::{Backend, GradsMut, Heads, PlanesF32, RaceParams};
 use crate::error::{RaceError, Result};
 use crate::hashing::Planes;
 use crate::params::Combine;
+use crate::params::{Bits, Seed, Tables};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -171,7 +172,8 @@ pub fn run<C: Comm + Send + Sync>(comm: C, s: &Spec) -> Result<Row> {
         combine: Combine::Paper,
         causal: s.causal,
     };
-    let planes = PlanesF32::from_planes(&Planes::gaussian(s.l, s.p, d, s.seed)?);
+    let planes =
+        PlanesF32::from_planes(&Planes::gaussian(Bits(s.p), Tables(s.l), d, Seed(s.seed))?);
     let range = slice_of(n, size, rank);
     let nr = range.1 - range.0;
     let gen = |i: u64| generate(s.seed + i, h, n, range, d);

@@ -1,7 +1,7 @@
 //! The collectives sequence-parallel RACE needs, behind one trait ([`Comm`]), and two
 //! transports that need no MPI: [`Solo`] (one process) and [`ThreadComm`] (ranks as threads
 //! of one process, for tests of the distributed algorithm in every build). The MPI transport
-//! is [`super::mpi::MpiComm`] (cargo feature `mpi`).
+//! is `super::mpi::MpiComm` (cargo feature `mpi`).
 
 use std::sync::{Arc, Barrier, Mutex};
 

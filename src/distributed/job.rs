@@ -6,6 +6,7 @@ use super::{slice_of, Comm, Distributed, Layout, Traffic};
 use crate::backend::{Backend, Heads, PlanesF32, RaceParams};
 use crate::error::{RaceError, Result};
 use crate::io::{read_npy_header, read_npy_rows, write_npy, Dtype, NpyHeader};
+use crate::params::{Bits, Seed, Tables};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -148,9 +149,12 @@ fn read_inputs(job: &AttendJob, size: usize, rank: usize) -> Result<Inputs> {
     let (lead, nq, nk, d, dv) = shapes([&hq, &hk, &hv], job.params.causal)?;
     let planes = match &job.planes {
         JobPlanes::File(p) => crate::io::read_planes(p)?,
-        JobPlanes::Seed(seed) => {
-            crate::hashing::Planes::gaussian(job.params.l, job.params.p, d, *seed)?
-        }
+        JobPlanes::Seed(seed) => crate::hashing::Planes::gaussian(
+            Bits(job.params.p),
+            Tables(job.params.l),
+            d,
+            Seed(*seed),
+        )?,
     };
     if planes.d != d {
         return Err(RaceError::shape(

@@ -6,17 +6,17 @@
 //! `m = L·2^P` rows of width `w = bank_width(dv)`, f64):
 //!
 //! - **non-causal** (Algorithm 1): every query reads the whole bank, so each rank forms its
-//!   `S_r` ([`crate::cpu::soft::key_banks`]), one **all-reduce** gives `Σ_r S_r`, and each rank
-//!   reads its queries from it ([`crate::cpu::soft::read_into`]). Backward: each rank's queries
+//!   `S_r` (`crate::cpu::soft::key_banks`), one **all-reduce** gives `Σ_r S_r`, and each rank
+//!   reads its queries from it (`crate::cpu::soft::read_into`). Backward: each rank's queries
 //!   give their `∂ℓ/∂q` and their share of `d𝔅 = Σ_i φ(q_i) ĝ_iᵀ`
-//!   ([`crate::cpu::soft::query_grads`]); an all-reduce of `d𝔅`, then the keys' gradients
-//!   ([`crate::cpu::soft::key_grads`]);
+//!   (`crate::cpu::soft::query_grads`); an all-reduce of `d𝔅`, then the keys' gradients
+//!   (`crate::cpu::soft::key_grads`);
 //! - **causal** (Algorithm 2): token `i` sees the keys before its slice, `Σ_{r' < r} S_{r'}`:
 //!   an **exclusive prefix scan** of the slice totals, then the chunked causal pass started
-//!   from it ([`crate::cpu::soft::causal_forward_from`]). Backward: a key sees the queries
+//!   from it (`crate::cpu::soft::causal_forward_from`). Backward: a key sees the queries
 //!   after it, so each rank forms its queries' `dS_r = Σ_{i ∈ slice r} φ(q_i) ĝ_iᵀ` and an
 //!   **exclusive suffix scan** gives `Σ_{r' > r} dS_{r'}`, the state its keys' reverse pass
-//!   starts from ([`crate::cpu::soft::causal_backward_from`]);
+//!   starts from (`crate::cpu::soft::causal_backward_from`);
 //! - `∂ℓ/∂β` is the **all-reduce** of the ranks' shares; it carries a status word (the rows each
 //!   rank flagged), so a forward+backward is three collectives and a forward two.
 //!
@@ -36,13 +36,13 @@
 //! rank's token counts, so every rank learns the whole layout. [`Distributed::trusting`] skips
 //! it for callers that checked once at start-up ([`Distributed::agree`]).
 //!
-//! **Rows f32 cannot hold** (denominator below [`crate::cpu::recompute::den_floor`], large β):
+//! **Rows f32 cannot hold** (denominator below `crate::cpu::recompute::den_floor`, large β):
 //! the single-process kernels recompute them exactly with every key; a rank holds only its
 //! own keys, so the distributed operator refuses them on every rank with an error that names
 //! β and the fix (one process, or a smaller β) instead of returning them wrong.
 //!
 //! Transports ([`comm`]): [`Solo`], [`ThreadComm`] (ranks as threads: the algorithm is tested in
-//! every build) and, with the `mpi` cargo feature, [`mpi::MpiComm`].
+//! every build) and, with the `mpi` cargo feature, `mpi::MpiComm`.
 
 pub mod bench;
 pub mod comm;
@@ -282,7 +282,6 @@ impl<C: Comm> Distributed<C> {
 
     /// The local checks and, when asked, the agreement; the layout (when agreed) or the
     /// error.
-    #[allow(clippy::too_many_arguments)]
     fn start(
         &self,
         params: &RaceParams,
@@ -360,7 +359,6 @@ impl<C: Comm> Distributed<C> {
     /// `Ctx::default()`), whose buffers are recycled, and the new one is returned with
     /// `∂ℓ/∂β` (summed over ranks). What [`Backend::forward_backward`] does without
     /// allocating: a training loop or a benchmark keeps its pages.
-    #[allow(clippy::too_many_arguments)]
     pub fn forward_backward_into(
         &self,
         params: &RaceParams,

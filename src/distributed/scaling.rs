@@ -131,7 +131,6 @@ fn state_bytes(r: &Measured) -> u64 {
 
 /// Compare the rows with the model, draw the figure to `fig` (`.png`, `.svg`), and project
 /// to `nodes` nodes and `tokens` tokens over `net`.
-#[allow(clippy::too_many_arguments)]
 pub fn run(
     rows: &[Measured],
     fig: &Path,

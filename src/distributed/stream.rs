@@ -29,6 +29,7 @@ use crate::cpu::state::plan_segments;
 use crate::cpu::{Ctx, SoftMap};
 use crate::error::{RaceError, Result};
 use crate::hashing::Planes;
+use crate::params::{Bits, Seed, Tables};
 use crate::provenance::{peak_rss_bytes, reset_peak_rss};
 use rayon::prelude::*;
 use serde::Serialize;
@@ -221,7 +222,7 @@ pub fn run_on(comm: &dyn Comm, spec: StreamSpec, progress: &dyn Fn(&str)) -> Res
     if n == 0 || heads == 0 || d == 0 {
         return Err(RaceError::param("n", "streaming needs N, heads and d ≥ 1"));
     }
-    let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, seed)?);
+    let planes = PlanesF32::from_planes(&Planes::gaussian(Bits(p), Tables(l), d, Seed(seed))?);
     let r = Run {
         map: SoftMap::new(&planes, beta)?,
         isa: crate::cpu::detected_isa(),
@@ -456,7 +457,8 @@ mod tests {
     /// tensors, and the scale Σ|x| it is compared at.
     fn in_memory(causal: bool) -> (f64, f64) {
         let (n, heads, d, p, l, beta, seed) = SHAPE;
-        let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, seed).unwrap());
+        let planes =
+            PlanesF32::from_planes(&Planes::gaussian(Bits(p), Tables(l), d, Seed(seed)).unwrap());
         let map = SoftMap::new(&planes, beta).unwrap();
         let full = |s: u64| {
             let mut b = Vec::new();

@@ -18,6 +18,7 @@ use crate::analysis::metrics::{frob, rms_row_err};
 use crate::error::Result;
 use crate::hashing::Planes;
 use crate::params::Combine;
+use crate::params::{Bits, Seed, Tables};
 use crate::plot::{line_plot, LinePlot, Series};
 use crate::reference::angular::angular_attention;
 use crate::reference::expected::GTable;
@@ -130,9 +131,13 @@ fn compute_csv(ctx: &Ctx, cfg: &Config, inputs: &[super::Instance], c: f64) -> R
                 for combine in [Combine::Paper, Combine::Authors] {
                     let (mut ea, mut eu) = (Vec::new(), Vec::new());
                     for s in 0..cfg.seeds {
-                        let planes =
-                            Planes::gaussian(cfg.l, p, d, ctx.seed * 4_243 + (s * 31 + p) as u64)
-                                .expect("valid P, L");
+                        let planes = Planes::gaussian(
+                            Bits(p),
+                            Tables(cfg.l),
+                            d,
+                            Seed(ctx.seed * 4_243 + (s * 31 + p) as u64),
+                        )
+                        .expect("valid P, L");
                         let mut o = super::soft_out((qq, kk, v), &planes, beta, false, combine);
                         if combine == Combine::Authors {
                             o.data.iter_mut().for_each(|x| *x /= cfg.l as f64);

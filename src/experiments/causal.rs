@@ -17,6 +17,7 @@ use crate::analysis::metrics::frob;
 use crate::error::Result;
 use crate::hashing::Planes;
 use crate::params::Combine;
+use crate::params::{Bits, Seed, Tables};
 use crate::plot::{line_plot, LinePlot, Series};
 use crate::reference::angular::angular_attention;
 use crate::reference::expected::GTable;
@@ -99,8 +100,13 @@ fn compute_csvs(ctx: &Ctx, cfg: &Config) -> Result<Vec<String>> {
     let runs: Vec<Run> = jobs
         .par_iter()
         .map(|&(l, s)| {
-            let planes = Planes::gaussian(l, p, cfg.d, ctx.seed * 7_777 + (s * 211 + l) as u64)
-                .expect("valid P, L");
+            let planes = Planes::gaussian(
+                Bits(p),
+                Tables(l),
+                cfg.d,
+                Seed(ctx.seed * 7_777 + (s * 211 + l) as u64),
+            )
+            .expect("valid P, L");
             let oc = super::soft_out((&q, &k, &v), &planes, cfg.beta, true, Combine::Paper);
             let of = super::soft_out((&q, &k, &v), &planes, cfg.beta, false, Combine::Paper);
             Run {

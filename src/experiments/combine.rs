@@ -13,6 +13,7 @@ use crate::analysis::metrics::{frob, rms_row_err};
 use crate::error::Result;
 use crate::hashing::Planes;
 use crate::params::Combine;
+use crate::params::{Bits, Seed, Tables};
 use crate::plot::{line_plot, LinePlot, Series};
 use crate::reference::angular::angular_attention;
 use crate::tensor::Mat;
@@ -64,9 +65,13 @@ fn compute_csv(ctx: &Ctx, cfg: &Config, inputs: &[Inputs], stem: &str) -> Result
     let rows: Vec<Vec<String>> = jobs
         .par_iter()
         .map(|&(p, l, beta, s)| {
-            let planes =
-                Planes::gaussian(l, p, cfg.d, ctx.seed * 7919 + (s * 131 + p * 17 + l) as u64)
-                    .expect("valid P, L");
+            let planes = Planes::gaussian(
+                Bits(p),
+                Tables(l),
+                cfg.d,
+                Seed(ctx.seed * 7919 + (s * 131 + p * 17 + l) as u64),
+            )
+            .expect("valid P, L");
             let which = s % inputs.len();
             let (q, k, v) = &inputs[which];
             let target = &targets[which].iter().find(|t| t.0 == p).unwrap().1;

@@ -12,7 +12,7 @@
 //!   `n` tokens (projections, then the bucket sums);
 //! - `pairs(n, m, w) = n·m·w`: an exact quadratic computation (angular or softmax attention,
 //!   an explicit `Ŝ`, `κ` over every pair) with `w` operations per pair;
-//! - [`QUAD`] operations per quadrature table point (`g(θ)` at one `(β, θ)`).
+//! - `QUAD` operations per quadrature table point (`g(θ)` at one `(β, θ)`).
 
 use super::{
     authors, bias, causal, combine, fig3, lemma10, limit, rank, theorem, tradeoff, variance,

@@ -10,6 +10,7 @@ use super::data::unit_rows;
 use super::{claim_id, data, f, load_config, write_csv, Claim, Ctx, ExpResult, Measure};
 use crate::error::Result;
 use crate::hashing::{soft_feature_bank, Planes};
+use crate::params::{Bits, Seed, Tables};
 use crate::reference::angular::{angular_matrix, kappa};
 use crate::reference::expected::GTable;
 use crate::reference::kernels::{hard_matrix, soft_matrix};
@@ -187,7 +188,7 @@ fn heatmaps(ctx: &Ctx, cfg: &Config, inp: &FigInputs) -> Result<(String, Vec<Pan
     // Each soft panel beside its target κ^P, on one colour scale.
     let mut stats = Vec::new();
     for (i, &(p, l, beta)) in cfg.soft.iter().enumerate() {
-        let planes = Planes::gaussian(l, p, d, ctx.seed + 100 + i as u64)?;
+        let planes = Planes::gaussian(Bits(p), Tables(l), d, Seed(ctx.seed + 100 + i as u64))?;
         let s = soft_matrix(qu.view(), ku.view(), &planes, beta);
         let target = angular_matrix(qu.view(), ku.view(), p as f64);
         let limit = expected_matrix(&qu, &ku, &GTable::new(beta, 256), p);
@@ -212,7 +213,7 @@ fn heatmaps(ctx: &Ctx, cfg: &Config, inp: &FigInputs) -> Result<(String, Vec<Pan
         groups.extend([100 + i, 100 + i]);
     }
     let (hp, hl) = cfg.hard;
-    let planes = Planes::gaussian(hl, hp, d, ctx.seed + 99)?;
+    let planes = Planes::gaussian(Bits(hp), Tables(hl), d, Seed(ctx.seed + 99))?;
     panels.push((
         format!("hard P={hp} L={hl}"),
         hard_matrix(qu.view(), ku.view(), &planes),
@@ -252,10 +253,10 @@ fn convergence_csv(ctx: &Ctx, cfg: &Config, inp: &FigInputs) -> Result<String> {
             .map(|sd| {
                 let lmax = ls.iter().cloned().max().unwrap_or(1);
                 let pl = Planes::gaussian(
-                    lmax,
-                    p,
+                    Bits(p),
+                    Tables(lmax),
                     d,
-                    ctx.seed * 7_919 + 1_000 * (i as u64 + 1) + sd as u64,
+                    Seed(ctx.seed * 7_919 + 1_000 * (i as u64 + 1) + sd as u64),
                 )
                 .expect("valid P, L");
                 soft_prefixes(&qu, &ku, &pl, beta, &ls)

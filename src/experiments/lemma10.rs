@@ -14,6 +14,7 @@ use super::{
 };
 use crate::error::Result;
 use crate::hashing::{soft_feature_bank, soft_features, Planes};
+use crate::params::{Bits, Seed, Tables};
 use crate::plot::{line_plot, LinePlot, Series};
 use crate::reference::angular::kappa;
 use crate::reference::expected::{expected_g, GTable};
@@ -50,7 +51,7 @@ fn counterexample_csv(ctx: &Ctx, cfg: &Config) -> Result<String> {
     let x = data::concentrated_unit(1, cfg.d, 0.0, ctx.seed, 7);
     let mut rows = Vec::new();
     for &l in &cfg.ls {
-        let planes = Planes::gaussian(l, cfg.p, cfg.d, ctx.seed + l as u64)?;
+        let planes = Planes::gaussian(Bits(cfg.p), Tables(l), cfg.d, Seed(ctx.seed + l as u64))?;
         let r = planes.r();
         let mut phi = vec![0.0; r];
         let mut s = 0.0;
@@ -117,10 +118,10 @@ fn repair_csv(ctx: &Ctx, cfg: &Config) -> Result<String> {
                 .par_iter()
                 .map(|&(l, seed)| -> Result<Vec<String>> {
                     let planes = Planes::gaussian(
-                        l,
-                        cfg.grid_p,
+                        Bits(cfg.grid_p),
+                        Tables(l),
                         cfg.d,
-                        ctx.seed * 1000 + seed as u64 + 17 * l as u64,
+                        Seed(ctx.seed * 1000 + seed as u64 + 17 * l as u64),
                     )?;
                     // Row sums of Ŝ through bucket masses: Σ_j Ŝ_ij = (1/L) Σ_l φ_l(q_i)ᵀ A_l.
                     let r = planes.r();

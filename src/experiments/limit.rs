@@ -22,6 +22,7 @@ use super::{f, fig, load_config, read_csv, write_csv, Claim, Ctx, ExpResult, Mea
 use crate::error::Result;
 use crate::hashing::Planes;
 use crate::params::Combine;
+use crate::params::{Bits, Seed, Tables};
 use crate::plot::{line_plot, LinePlot, Series};
 use crate::reference::logdomain::soft_race_log;
 use crate::reference::race::hard_lsh;
@@ -239,7 +240,7 @@ fn compute_csvs(ctx: &Ctx, cfg: &Config) -> Result<(Vec<String>, f64)> {
     for &[p, l] in &cfg.pl {
         for inst in 0..cfg.instances {
             let seed = ctx.seed.wrapping_mul(1000) + (p * 100 + l * 10) as u64 * 1000 + inst as u64;
-            let planes = Planes::gaussian(l, p, cfg.d, seed)?;
+            let planes = Planes::gaussian(Bits(p), Tables(l), cfg.d, Seed(seed))?;
             let (q, k, v) = instance(cfg, seed);
             let (uq, uk) = (tanh_bank(&planes, &q), tanh_bank(&planes, &k));
             for i in 0..q.rows {
@@ -499,7 +500,7 @@ mod tests {
     /// (0 on unshared rows) decays at rate 0, so its ρ is far from 1.
     #[test]
     fn measured_rate_matches_and_a_wrong_limit_fails() {
-        let planes = Planes::from_data(1, 1, 1, vec![1.0]).unwrap();
+        let planes = Planes::from_data(Bits(1), Tables(1), 1, vec![1.0]).unwrap();
         let (q, k, v) = (
             [0.5f64.atanh()],
             [(-0.2f64).atanh(), (-0.7f64).atanh()],

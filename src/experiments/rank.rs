@@ -5,6 +5,7 @@ use super::{data, f, fig, load_config, read_csv, write_csv, Claim, Ctx, ExpResul
 use crate::analysis::rank::{default_tol, numerical_rank, sharp_rank_bound, singular_values};
 use crate::error::Result;
 use crate::hashing::{hard_code_bank, soft_feature_bank, Planes};
+use crate::params::{Bits, Seed, Tables};
 use crate::plot::{line_plot, LinePlot, Series};
 use crate::reference::kernels::{hard_matrix, soft_matrix};
 use crate::tensor::Mat;
@@ -52,7 +53,8 @@ fn compute_csvs(ctx: &Ctx, cfg: &Config) -> Result<Vec<String>> {
     let mut rows = Vec::new();
     let mut spectra = Vec::new();
     for &[p, l] in &cfg.pl {
-        let planes = Planes::gaussian(l, p, d, ctx.seed + (p * 100 + l) as u64)?;
+        let planes =
+            Planes::gaussian(Bits(p), Tables(l), d, Seed(ctx.seed + (p * 100 + l) as u64))?;
         for kind in ["soft", "hard"] {
             let s = if kind == "soft" {
                 soft_matrix(q.view(), k.view(), &planes, cfg.beta)

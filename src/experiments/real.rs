@@ -12,6 +12,7 @@ use crate::error::{RaceError, Result};
 use crate::hashing::Planes;
 use crate::io::read_npy;
 use crate::params::Combine;
+use crate::params::{Bits, Seed, Tables};
 use crate::reference::angular::{angular_attention, angular_matrix};
 use crate::reference::kernels::soft_matrix;
 use crate::reference::softmax::{softmax_attention, softmax_matrix};
@@ -184,7 +185,7 @@ fn heatmaps_csv(ctx: &Ctx, rd: &RealData, dir: &Path) -> Result<String> {
             format!("L{layer} h{h} angular g=4"),
             angular_matrix(q.view(), k.view(), 4.0),
         ));
-        let planes = Planes::gaussian(16, 4, rd.head_dim, ctx.seed + h as u64)?;
+        let planes = Planes::gaussian(Bits(4), Tables(16), rd.head_dim, Seed(ctx.seed + h as u64))?;
         panels.push((
             format!("L{layer} h{h} soft P=4 L=16 raw"),
             soft_matrix(q.view(), k.view(), &planes, 8.0),
@@ -227,9 +228,13 @@ fn errors_csv(ctx: &Ctx, rd: &RealData, dir: &Path) -> Result<String> {
                 .iter()
                 .flat_map(|&(p, lt, beta)| {
                     let ang = angular_attention(q.view(), k.view(), v.view(), p as f64, false).o;
-                    let planes =
-                        Planes::gaussian(lt, p, q.cols, ctx.seed * 7 + (l * 100 + h) as u64)
-                            .expect("valid");
+                    let planes = Planes::gaussian(
+                        Bits(p),
+                        Tables(lt),
+                        q.cols,
+                        Seed(ctx.seed * 7 + (l * 100 + h) as u64),
+                    )
+                    .expect("valid");
                     [("raw", &q, &k), ("unit", &qu, &ku)]
                         .into_iter()
                         .map(|(kind, qq, kk)| {

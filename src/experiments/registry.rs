@@ -15,10 +15,15 @@ pub type Run = fn(&Ctx) -> Result<ExpResult>;
 /// One experiment as the command line and `reproduce` know it.
 #[derive(Clone, Copy)]
 pub struct Entry {
+    /// Its name (the subcommand, the report's section).
     pub name: &'static str,
+    /// What it computes.
     pub run: Run,
     /// Whether it accepts `--data DIR` (real Q/K/V instead of its synthetic inputs).
     pub takes_data: bool,
+    /// The help line of its subcommand (`racelab NAME`), or `None` where it has none of its
+    /// own (a step of `reproduce` only, or a subcommand with arguments of its own: `fig3`).
+    pub about: Option<&'static str>,
 }
 
 /// Every experiment a subcommand runs by name (`fig3` and `real` take their inputs
@@ -28,71 +33,107 @@ pub const ENTRIES: &[Entry] = &[
         name: "factorisation",
         run: super::report::factorisation,
         takes_data: false,
+        about: None,
     },
     Entry {
         name: "rank",
         run: super::rank::run,
         takes_data: false,
+        about: Some(
+            "Singular values and numerical rank of S-hat vs LR and L(R-1)+1",
+        ),
     },
     Entry {
         name: "lemma10",
         run: super::lemma10::run,
         takes_data: false,
+        about: Some(
+            "Lemma 10 counterexample and the repaired condition",
+        ),
     },
     Entry {
         name: "limit",
         run: super::limit::run,
         takes_data: false,
+        about: Some(
+            "Soft RACE as beta -> infinity: hard LSH on rows sharing a bucket, the nearest key's value on the others; each row's decay rate against the predicted one",
+        ),
     },
     Entry {
         name: "bias",
         run: super::bias::run,
         takes_data: false,
+        about: Some(
+            "Soft-hash bias by exact quadrature vs kappa^P, over P and beta",
+        ),
     },
     Entry {
         name: "combine",
         run: super::combine::run,
         takes_data: true,
+        about: Some(
+            "Paper (Algorithm 1) vs authors' combine rule, against angular attention",
+        ),
     },
     Entry {
         name: "fig3",
         run: |c| fig3_on(c, c.data.as_deref()),
         takes_data: true,
+        about: None,
     },
     Entry {
         name: "variance",
         run: super::variance::run,
         takes_data: false,
+        about: Some(
+            "Sampling error alone (bias removed) vs L and N, quantiles over seeds",
+        ),
     },
     Entry {
         name: "theorem",
         run: super::theorem::run,
         takes_data: true,
+        about: Some(
+            "Theorem 2: the bound calibrated and tested on held-out seeds; the bias at L = infinity (g^P by quadrature) per input family; the sampling error alone",
+        ),
     },
     Entry {
         name: "causal",
         run: super::causal::run,
         takes_data: false,
+        about: Some(
+            "Algorithm 2 (causal) vs causal angular attention and its causal L = infinity limit, by prefix position",
+        ),
     },
     Entry {
         name: "authors",
         run: super::authors::run,
         takes_data: false,
+        about: Some(
+            "The authors' regime: beta = e^t/sqrt(d_head), raw and unit Q/K, both combine rules",
+        ),
     },
     Entry {
         name: "tradeoff",
         run: super::tradeoff::run,
         takes_data: true,
+        about: Some(
+            "Error/cost trade-offs over P, L, beta; matched-state comparison",
+        ),
     },
     Entry {
         name: "mqar",
         run: super::mqar::run,
         takes_data: false,
+        about: Some(
+            "Trained models on MQAR: summary, figure and claims from figures/mqar/mqar.csv (trained by `python experiments/mqar/mqar.py`)",
+        ),
     },
     Entry {
         name: "scaling",
         run: super::report::scaling,
         takes_data: false,
+        about: None,
     },
 ];
 
@@ -194,7 +235,7 @@ pub fn fig3_on(ctx: &Ctx, data: Option<&Path>) -> Result<ExpResult> {
 pub type BoxedRun = Box<dyn Fn(&Ctx) -> Result<ExpResult>>;
 
 /// One step of `reproduce`: a name, how to run it on the report's context, and whether it is
-/// rerun at the other master seeds ([`replicated`]; declared so that the run's step count is
+/// rerun at the other master seeds (`replicated`; declared so that the run's step count is
 /// known from the start, and checked against each first result).
 pub struct Step {
     pub name: &'static str,

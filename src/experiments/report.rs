@@ -7,6 +7,7 @@ use super::{f, write_csv, Claim, Ctx, ExpResult, Measure, Verdict};
 use crate::bench::{self, BenchConfig};
 use crate::error::Result;
 use crate::hashing::{soft_features, soft_features_direct, Planes};
+use crate::params::{Bits, Seed, Tables};
 use crate::provenance::Provenance;
 use crate::rng::SeededRng;
 
@@ -18,7 +19,7 @@ fn factorisation_csv(ctx: &Ctx) -> Result<String> {
     let mut rows = Vec::new();
     for p in 1..=8usize {
         let d = 16;
-        let planes = Planes::gaussian(1, p, d, ctx.seed + p as u64)?;
+        let planes = Planes::gaussian(Bits(p), Tables(1), d, Seed(ctx.seed + p as u64))?;
         for e in -6..=6 {
             let beta = 10f64.powi(e);
             let (mut worst, mut finite) = (0.0f64, true);

@@ -23,6 +23,7 @@ use crate::cpu::{detected_isa, soft_forward, SoftMap};
 use crate::error::Result;
 use crate::hashing::Planes;
 use crate::params::Combine;
+use crate::params::{Bits, Seed, Tables};
 use crate::plot::{line_plot, LinePlot, Series};
 use crate::reference::angular::angular_attention;
 use crate::reference::baselines::{linear_attention, performer_attention, performer_omega};
@@ -131,10 +132,10 @@ impl Study<'_> {
     fn race(&self, p: usize, l: usize, beta: f64, seed: usize) -> Mat<f64> {
         let d = self.q.cols;
         let planes = Planes::gaussian(
-            l,
-            p,
+            Bits(p),
+            Tables(l),
             d,
-            self.ctx.seed * 31337 + (seed * 101 + p * 13 + l) as u64,
+            Seed(self.ctx.seed * 31337 + (seed * 101 + p * 13 + l) as u64),
         )
         .expect("valid P, L");
         super::soft_out(
@@ -223,7 +224,8 @@ fn kernel_times(st: &Study) -> Result<Vec<((usize, usize), f64)>> {
         .collect();
     let mut times = Vec::new();
     for (p, l) in st.pls() {
-        let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, ctx.seed)?);
+        let planes =
+            PlanesF32::from_planes(&Planes::gaussian(Bits(p), Tables(l), d, Seed(ctx.seed))?);
         let map = SoftMap::new(&planes, crate::params::DEFAULT_BETA as f32)?;
         let ts: Vec<f64> = (0..cfg.time_runs.max(1))
             .map(|_| {

@@ -11,6 +11,7 @@ use crate::backend::{Heads, PlanesF32};
 use crate::cpu::{detected_isa, soft_forward, SoftMap};
 use crate::error::Result;
 use crate::hashing::Planes;
+use crate::params::{Bits, Seed, Tables};
 use crate::plot::{line_plot, LinePlot, Series};
 use crate::reference::angular::kappa;
 use crate::reference::expected::GTable;
@@ -91,8 +92,9 @@ fn problem(cfg: &Config, n: usize, seed: u64, table: &GTable) -> Problem {
 }
 
 fn error(cfg: &Config, pr: &Problem, n: usize, l: usize, seed: u64) -> f64 {
-    let planes =
-        PlanesF32::from_planes(&Planes::gaussian(l, cfg.p, cfg.d, seed).expect("valid P, L"));
+    let planes = PlanesF32::from_planes(
+        &Planes::gaussian(Bits(cfg.p), Tables(l), cfg.d, Seed(seed)).expect("valid P, L"),
+    );
     let map = SoftMap::new(&planes, cfg.beta as f32).expect("β validated in compute_csv");
     let out = soft_forward(
         &map,

@@ -85,7 +85,7 @@ impl HardLsh {
     /// Hard LSH on planes `[L, P, d]` drawn from `seed` for inputs of dimension `d`.
     pub fn new(bits: Bits, tables: Tables, seed: Seed, d: usize) -> Result<Self> {
         validate_pl(bits.0, tables.0)?;
-        Self::with_planes(&Planes::gaussian(tables.0, bits.0, d, seed.0)?)
+        Self::with_planes(&Planes::gaussian(bits, tables, d, seed)?)
     }
     /// Hard LSH on given planes (their `L`, `P` and `d` hold).
     pub fn with_planes(planes: &Planes) -> Result<Self> {

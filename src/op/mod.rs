@@ -40,11 +40,14 @@
 //! The device is the operator's ([`SoftRace::on`], the CPU kernels unless asked): f32 views
 //! reach the f32 kernels with no copy; the f64 reference widens them exactly.
 
+#![deny(missing_docs)]
+
 mod methods;
 mod soft;
 
 pub use crate::backend::{Decode, Device};
 pub use crate::hashing::Planes;
+pub use crate::params::{Beta, Bits, Features, Gamma, Scale, Seed, Tables};
 pub use methods::{softmax, Angular, HardLsh, Linear, Performer, Softmax};
 pub use soft::{Grads, SoftRace, Trained, Workspace};
 
@@ -52,35 +55,6 @@ use crate::error::{RaceError, Result};
 use crate::method::Method;
 use crate::tensor::{standard_rows, Element, TensorRef};
 use ndarray::{Array, ArrayView, Dimension, IxDyn};
-
-/// Bits per table, `P` (`R = 2^P` buckets): `1 ≤ P ≤ 20`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Bits(pub usize);
-
-/// Tables, `L ≥ 1`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Tables(pub usize);
-
-/// Soft-hash inverse temperature `β`: finite, `0 < β ≤ 1e307`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Beta(pub f64);
-
-/// The seed of a random draw (hash planes, Performer features): the same seed draws the same
-/// values on every machine and version.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Seed(pub u64);
-
-/// A logit scale `s` (softmax, Performer): finite and > 0.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Scale(pub f64);
-
-/// The angular power `γ` (weights `(1 − θ/π)^γ`): finite and > 0.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Gamma(pub f64);
-
-/// Performer's random feature count `m ≥ 1`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Features(pub usize);
 
 /// Whether query `i` sees every key (`No`) or only keys `j ≤ i` (`Yes`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -35,8 +35,8 @@ impl SoftRace {
     /// `P` outside 1..=20, `L = 0`, `β` not finite and > 0, `d = 0`, or planes too large for
     /// memory.
     pub fn new(bits: Bits, tables: Tables, beta: Beta, seed: Seed, d: usize) -> Result<Self> {
-        let params = RaceParams::new(bits.0, tables.0, beta.0)?;
-        let drawn = Planes::gaussian(tables.0, bits.0, d, seed.0)?;
+        let params = RaceParams::new(bits, tables, beta)?;
+        let drawn = Planes::gaussian(bits, tables, d, seed)?;
         Ok(Self::build(params, PlanesF32::from_planes(&drawn)))
     }
 
@@ -44,7 +44,7 @@ impl SoftRace {
     /// the CPU kernels.
     pub fn with_planes(planes: &Planes, beta: Beta) -> Result<Self> {
         planes.check(planes.d, planes.p, planes.l)?;
-        let params = RaceParams::new(planes.p, planes.l, beta.0)?;
+        let params = RaceParams::new(Bits(planes.p), Tables(planes.l), beta)?;
         Ok(Self::build(params, PlanesF32::from_planes(planes)))
     }
 

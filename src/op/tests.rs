@@ -174,13 +174,13 @@ fn bad_values_are_refused_naming_the_argument() {
     );
     // A NaN plane and short planes: refused where the planes are made.
     let mut w = vec![0.5; 2 * 2 * 4];
-    assert!(Planes::from_data(2, 2, 4, w[..15].to_vec()).is_err());
+    assert!(Planes::from_data(Bits(2), Tables(2), 4, w[..15].to_vec()).is_err());
     w[3] = f64::NAN;
-    let e = Planes::from_data(2, 2, 4, w).unwrap_err();
+    let e = Planes::from_data(Bits(2), Tables(2), 4, w).unwrap_err();
     assert_eq!(e.arg(), Some("planes"), "{e}");
     // Planes that do not fit the inputs' d.
     let op = SoftRace::with_planes(
-        &Planes::from_data(2, 2, 4, vec![0.5; 16]).unwrap(),
+        &Planes::from_data(Bits(2), Tables(2), 4, vec![0.5; 16]).unwrap(),
         Beta(2.0),
     )
     .unwrap();
@@ -231,47 +231,26 @@ fn bad_values_are_refused_naming_the_argument() {
 fn every_method_matches_its_reference_in_rank_3_and_4() {
     let [q, k, v] = qkv();
     type Run<'a> = Box<dyn Fn(Device) -> Result<Array4<f32>> + 'a>;
+    // `$op` on device `d`, forward on q, k, v.
+    macro_rules! on {
+        ($op:expr, $causal:expr) => {
+            Box::new(|d| $op.on(d)?.forward(q.view(), k.view(), v.view(), $causal)) as Run
+        };
+    }
     let ops: Vec<(&str, Run)> = vec![
-        (
-            "softmax",
-            Box::new(|d| {
-                Softmax::new()
-                    .on(d)?
-                    .forward(q.view(), k.view(), v.view(), Causal::Yes)
-            }),
-        ),
-        (
-            "angular",
-            Box::new(|d| {
-                Angular::new(Gamma(2.0))?
-                    .on(d)?
-                    .forward(q.view(), k.view(), v.view(), Causal::No)
-            }),
-        ),
+        ("softmax", on!(Softmax::new(), Causal::Yes)),
+        ("angular", on!(Angular::new(Gamma(2.0))?, Causal::No)),
         (
             "hard",
-            Box::new(|d| {
-                HardLsh::new(Bits(2), Tables(4), Seed(3), 8)?
-                    .on(d)?
-                    .forward(q.view(), k.view(), v.view(), Causal::No)
-            }),
+            on!(HardLsh::new(Bits(2), Tables(4), Seed(3), 8)?, Causal::No),
         ),
-        (
-            "linear",
-            Box::new(|d| {
-                Linear::new()
-                    .on(d)?
-                    .forward(q.view(), k.view(), v.view(), Causal::Yes)
-            }),
-        ),
+        ("linear", on!(Linear::new(), Causal::Yes)),
         (
             "performer",
-            Box::new(|d| {
-                Performer::new(Features(64), Seed(1))?
-                    .scaled(Scale(0.1))?
-                    .on(d)?
-                    .forward(q.view(), k.view(), v.view(), Causal::No)
-            }),
+            on!(
+                Performer::new(Features(64), Seed(1))?.scaled(Scale(0.1))?,
+                Causal::No
+            ),
         ),
     ];
     for (name, run) in &ops {

@@ -18,9 +18,13 @@ use crate::tensor::{Mat, MatRef};
 /// Gradients of soft RACE (f64).
 #[derive(Debug, Clone)]
 pub struct SoftGrads64 {
+    /// `∂ℓ/∂q`, `N × d`.
     pub dq: Mat<f64>,
+    /// `∂ℓ/∂k`, `M × d`.
     pub dk: Mat<f64>,
+    /// `∂ℓ/∂v`, `M × dv`.
     pub dv: Mat<f64>,
+    /// `∂ℓ/∂β`.
     pub dbeta: f64,
 }
 

@@ -125,11 +125,14 @@ pub fn expected_g(beta: f64, nq: f64, nk: f64, theta: f64, refine: usize) -> f64
 /// in the middle, where `g − κ` is smooth).
 #[derive(Debug, Clone)]
 pub struct GTable {
+    /// The inverse temperature `β` the table is for.
     pub beta: f64,
+    /// `g` at the `n + 1` nodes.
     pub values: Vec<f64>,
 }
 
 impl GTable {
+    /// The table at `β` on `n + 1` nodes (`n ≥ 1`).
     pub fn new(beta: f64, n: usize) -> Self {
         use rayon::prelude::*;
         // g(π − θ) = 1 − g(θ) (k → −k flips every bit: a(−t) = 1 − a(t)), and the nodes are
@@ -191,6 +194,7 @@ const CHEB: usize = 12;
 /// default panels and at twice as many (`refine = 2`) at one node of every panel.
 #[derive(Debug, Clone)]
 pub struct GInterp {
+    /// The inverse temperature `β` the table is for.
     pub beta: f64,
     /// `(a, b, g at the panel's nodes)`.
     panels: Vec<(f64, f64, [f64; CHEB])>,
@@ -199,6 +203,7 @@ pub struct GInterp {
 }
 
 impl GInterp {
+    /// The interpolant at `β`, with its error estimate.
     pub fn new(beta: f64) -> Self {
         use rayon::prelude::*;
         let half = std::f64::consts::FRAC_PI_2;

@@ -270,7 +270,7 @@ pub struct RowsLog {
 /// Soft RACE for some query rows only, forward and (with `g`, the rows' `∂ℓ/∂Ô`) backward,
 /// exact at any beta (paper combine rule). Row `t` of `q` is the query at position
 /// `pos[t]`; causal, it sees keys `0..=pos[t]`. The cost is `O(rows · keys · L·R)`, so a
-/// kernel can hand this the few rows it cannot represent ([`crate::cpu::recompute`]).
+/// kernel can hand this the few rows it cannot represent (`crate::cpu::recompute`).
 ///
 /// Per row, by brute force over keys: `log Ŝ_ij = log Σ_{l,r} e^{log φ_{l,r}(q_i) + log φ_{l,r}(k_j)} − log L`
 /// (max-subtracted), `log Den_i` by log-sum-exp over `j`, and every weight formed as the
@@ -419,6 +419,7 @@ fn through_log_features(
 mod tests {
     use super::*;
     use crate::analysis::metrics::max_abs_diff;
+    use crate::params::{Bits, Seed, Tables};
     use crate::reference::race::soft_race;
     use crate::rng::SeededRng;
 
@@ -472,7 +473,7 @@ mod tests {
     fn agrees_with_the_plain_reference_in_range() {
         let (q, k, v) = inputs(40, 6, 3, 1);
         for &(p, l) in &[(1usize, 1usize), (2, 3), (3, 2)] {
-            let planes = Planes::gaussian(l, p, 6, 7).unwrap();
+            let planes = Planes::gaussian(Bits(p), Tables(l), 6, Seed(7)).unwrap();
             for &beta in &[1e-3, 0.1, 1.0, 8.0, 20.0] {
                 for causal in [false, true] {
                     for combine in [Combine::Paper, Combine::Authors] {
@@ -503,7 +504,7 @@ mod tests {
     #[test]
     fn agrees_with_brute_force_pairs_at_any_beta() {
         let (q, k, v) = inputs(24, 5, 2, 3);
-        let planes = Planes::gaussian(3, 2, 5, 11).unwrap();
+        let planes = Planes::gaussian(Bits(2), Tables(3), 5, Seed(11)).unwrap();
         for &beta in &[1e-6, 1e-3, 1.0, 60.0, 400.0, 1e3, 1e4, 1e6] {
             for causal in [false, true] {
                 let a = exact(&q, &k, &v, &planes, beta, causal);
@@ -520,7 +521,7 @@ mod tests {
     #[test]
     fn rows_the_plain_reference_loses_are_exact_here() {
         let (q, k, v) = inputs(32, 8, 2, 5);
-        let planes = Planes::gaussian(1, 4, 8, 2).unwrap();
+        let planes = Planes::gaussian(Bits(4), Tables(1), 8, Seed(2)).unwrap();
         let beta = 1e3;
         let plain = soft_race(
             q.view(),
@@ -563,7 +564,7 @@ mod tests {
     fn gradients_agree_with_the_plain_reference_in_range() {
         let (q, k, v) = inputs(16, 5, 3, 8);
         let g = inputs(16, 3, 3, 9).2;
-        let planes = Planes::gaussian(2, 2, 5, 4).unwrap();
+        let planes = Planes::gaussian(Bits(2), Tables(2), 5, Seed(4)).unwrap();
         for &beta in &[0.05, 1.0, 12.0] {
             for causal in [false, true] {
                 let a = crate::reference::backward::soft_race_backward(
@@ -610,7 +611,7 @@ mod tests {
     fn gradients_match_central_differences_at_large_beta() {
         let (q, k, v) = inputs(10, 4, 2, 12);
         let g = inputs(10, 2, 2, 13).2;
-        let planes = Planes::gaussian(2, 3, 4, 6).unwrap();
+        let planes = Planes::gaussian(Bits(3), Tables(2), 4, Seed(6)).unwrap();
         for &beta in &[3.0, 200.0, 1e3] {
             for causal in [false, true] {
                 let f = |q: &Mat<f64>, k: &Mat<f64>, v: &Mat<f64>, beta: f64| {
@@ -668,7 +669,7 @@ mod tests {
     #[test]
     fn denominators_down_to_1e_minus_300_and_beyond() {
         let (n, beta) = (64usize, 1e3);
-        let planes = Planes::from_data(1, 1, 1, vec![1.0]).unwrap();
+        let planes = Planes::from_data(Bits(1), Tables(1), 1, vec![1.0]).unwrap();
         let q = Mat::from_vec(
             n,
             1,

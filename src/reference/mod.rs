@@ -4,10 +4,11 @@
 //! `attend --device reference` uses the latter.
 //!
 //! Each works on one head (`N × d` queries, `M × d` keys, `M × dv` values); batch and heads
-//! are lifted by [`crate::attend`]. A row whose denominator is exactly 0 (possible for hard
+//! are lifted by [`crate::attend::attend()`]. A row whose denominator is exactly 0 (possible for hard
 //! LSH and for degenerate angular inputs) is defined as 0 and counted in
 //! [`HeadOutput::empty_rows`], never NaN.
 
+#![deny(missing_docs)]
 // The references are written as the formulas' index loops (rows i, keys j), which is what
 // makes them easy to check against the paper by eye.
 #![allow(clippy::needless_range_loop)]
@@ -29,7 +30,9 @@ use crate::tensor::Mat;
 /// One head's output plus the number of rows whose denominator was 0 (set to 0).
 #[derive(Debug, Clone, PartialEq)]
 pub struct HeadOutput {
+    /// `O`, `N × dv`.
     pub o: Mat<f64>,
+    /// Rows whose denominator was 0 (left 0).
     pub empty_rows: usize,
 }
 

@@ -44,17 +44,23 @@ pub fn soft_race(
 /// Per-table bucket features `[L, n, R]` (rows are probability vectors for soft RACE).
 #[derive(Debug, Clone, Copy)]
 pub struct Features<'a> {
+    /// `L`, tables.
     pub l: usize,
+    /// Rows per table.
     pub n: usize,
+    /// `R`, features per row (`2^P` buckets).
     pub r: usize,
+    /// The `L·n·R` values, `[L, n, R]` row-major.
     pub data: &'a [f64],
 }
 
 impl<'a> Features<'a> {
+    /// `data` as `[L, n, R]` (its length must be `L·n·R`).
     pub fn new(l: usize, n: usize, r: usize, data: &'a [f64]) -> Self {
         assert_eq!(data.len(), l * n * r, "Features: len != L*n*R");
         Features { l, n, r, data }
     }
+    /// Row `i` of table `l` (`R` values).
     #[inline]
     pub fn get(&self, l: usize, i: usize) -> &'a [f64] {
         &self.data[(l * self.n + i) * self.r..(l * self.n + i + 1) * self.r]

@@ -1,17 +1,35 @@
 //! The command line's arguments: one struct per subcommand, every flag with its help text.
 
 use clap::{Args, Parser, Subcommand};
+use racelab::experiments::registry;
 use racelab::io::Dtype;
 use racelab::params::DEFAULT_BETA;
 use racelab::{Combine, Device, MethodKind};
 use std::path::PathBuf;
 
-/// Parse the command line. Every flag that takes a value takes one with a leading minus
-/// (`--seed -1`, `--out -x`): the value reaches its parser, whose message names the flag,
-/// instead of being read as an unknown flag.
-pub fn parse() -> Cli {
+/// A parsed command line: one of [`Cmd`], or an experiment of the registry by name.
+pub enum Parsed {
+    /// A subcommand with arguments of its own.
+    Cmd(Cmd),
+    /// `racelab NAME [ExpArgs]` for an experiment of [`registry::ENTRIES`] with a help line.
+    Experiment(&'static str, ExpArgs),
+}
+
+/// Parse the command line. The experiments' subcommands are generated from the registry
+/// ([`registry::ENTRIES`], each with its help line and the flags of [`ExpArgs`]). Every flag
+/// that takes a value takes one with a leading minus (`--seed -1`, `--out -x`): the value
+/// reaches its parser, whose message names the flag, instead of being read as an unknown flag.
+pub fn parse() -> Parsed {
     use clap::{CommandFactory, FromArgMatches};
-    let cmd = Cli::command().mut_subcommands(|sub| {
+    let experiments = || {
+        registry::ENTRIES
+            .iter()
+            .filter_map(|e| e.about.map(|about| (e.name, about)))
+    };
+    let cmd = experiments().fold(Cli::command(), |cmd, (name, about)| {
+        cmd.subcommand(ExpArgs::augment_args(clap::Command::new(name)).about(about))
+    });
+    let cmd = cmd.mut_subcommands(|sub| {
         let names: Vec<clap::Id> = sub
             .get_arguments()
             .filter(|a| a.get_action().takes_values())
@@ -25,7 +43,17 @@ pub fn parse() -> Cli {
         Ok(m) => m,
         Err(e) => parse_failed(e),
     };
-    Cli::from_arg_matches(&m).unwrap_or_else(|e| parse_failed(e))
+    if let Some((name, sub)) = m.subcommand() {
+        if let Some((name, _)) = experiments().find(|(n, _)| *n == name) {
+            let a = ExpArgs::from_arg_matches(sub).unwrap_or_else(|e| parse_failed(e));
+            return Parsed::Experiment(name, a);
+        }
+    }
+    Parsed::Cmd(
+        Cli::from_arg_matches(&m)
+            .unwrap_or_else(|e| parse_failed(e))
+            .cmd,
+    )
 }
 
 /// A command line clap refused: its own message (and exit 0 for `--help`, `--version`), and
@@ -82,7 +110,8 @@ pub struct Common {
     pub json: bool,
 }
 
-/// The subcommands.
+/// The subcommands with arguments of their own (the experiments' are generated from the
+/// registry: [`parse`]).
 #[derive(Subcommand)]
 pub enum Cmd {
     /// Run one operator on user Q/K/V (.npy, shapes [N,d], [H,N,d] or [B,H,N,d]).
@@ -99,32 +128,6 @@ pub enum Cmd {
     DistributedModel(DistModelArgs),
     /// Fig. 3-style heatmaps: softmax, angular (gamma 1, 6, 10, 12), soft and hard S-hat.
     Fig3(Fig3Args),
-    /// Soft-hash bias by exact quadrature vs kappa^P, over P and beta.
-    Bias(ExpArgs),
-    /// Sampling error alone (bias removed) vs L and N, quantiles over seeds.
-    Variance(ExpArgs),
-    /// Theorem 2: the bound calibrated and tested on held-out seeds; the bias at L = infinity
-    /// (g^P by quadrature) per input family; the sampling error alone.
-    Theorem(ExpArgs),
-    /// Algorithm 2 (causal) vs causal angular attention and its causal L = infinity limit, by
-    /// prefix position.
-    Causal(ExpArgs),
-    /// The authors' regime: beta = e^t/sqrt(d_head), raw and unit Q/K, both combine rules.
-    Authors(ExpArgs),
-    /// Singular values and numerical rank of S-hat vs LR and L(R-1)+1.
-    Rank(ExpArgs),
-    /// Lemma 10 counterexample and the repaired condition.
-    Lemma10(ExpArgs),
-    /// Soft RACE as beta -> infinity: hard LSH on rows sharing a bucket, the nearest key's
-    /// value on the others; each row's decay rate against the predicted one.
-    Limit(ExpArgs),
-    /// Error/cost trade-offs over P, L, beta; matched-state comparison.
-    Tradeoff(ExpArgs),
-    /// Paper (Algorithm 1) vs authors' combine rule, against angular attention.
-    Combine(ExpArgs),
-    /// Trained models on MQAR: summary, figure and claims from figures/mqar/mqar.csv
-    /// (trained by `python experiments/mqar/mqar.py`).
-    Mqar(ExpArgs),
     /// Real transformer Q/K/V: heatmaps per head, RACE errors, tanh saturation (default: the
     /// bundled MiniLM sample).
     Real(ExpArgs),

@@ -11,6 +11,7 @@ use racelab::io::{
     NpyHeader,
 };
 use racelab::method::Flags;
+use racelab::params::{Beta, Bits, Tables};
 use racelab::tensor::AttnShape;
 use racelab::tensor::Element;
 use racelab::{AttendOptions, Device, FeatureSpec, Method, MethodKind};
@@ -289,7 +290,7 @@ fn table_counts(a: &AttendArgs, planes: Option<&racelab::Planes>) -> Result<(usi
     let Some(w) = planes else {
         return Ok((a.p.unwrap_or(2), a.l.unwrap_or(2)));
     };
-    for (flag, given, has) in [("p", a.p, w.p), ("l", a.l, w.l)] {
+    for (flag, given, has) in [("p", a.p, w.p()), ("l", a.l, w.l())] {
         if let Some(g) = given.filter(|&g| g != has) {
             anyhow::bail!(
                 "invalid parameter `{flag}`: --{flag} {g} disagrees with --planes, whose planes have {} = {has}; drop --{flag} or give planes with {} = {g}",
@@ -298,7 +299,7 @@ fn table_counts(a: &AttendArgs, planes: Option<&racelab::Planes>) -> Result<(usi
             );
         }
     }
-    Ok((w.p, w.l))
+    Ok((w.p(), w.l()))
 }
 
 /// `attend --distributed`: checks what this build and the arguments allow, then runs the job
@@ -325,13 +326,9 @@ fn run_distributed(a: AttendArgs) -> Result<()> {
         q: a.files.q,
         k: a.files.k,
         v: a.files.v,
-        params: racelab::RaceParams {
-            p,
-            l,
-            beta: a.beta,
-            combine: a.combine,
-            causal: a.causal,
-        },
+        params: racelab::RaceParams::new(Bits(p), Tables(l), Beta(a.beta))?
+            .with_combine(a.combine)
+            .with_causal(a.causal),
         planes: match a.planes {
             Some(path) => racelab::distributed::job::JobPlanes::File(path),
             None => racelab::distributed::job::JobPlanes::Seed(a.common.seed),

@@ -4,6 +4,7 @@
 use crate::args::BenchArgs;
 use crate::distributed::mpi_run;
 use anyhow::Result;
+use racelab::params::{Beta, Bits, RaceParams, Tables};
 use serde_json::json;
 use std::path::PathBuf;
 
@@ -46,7 +47,13 @@ pub fn run(a: BenchArgs) -> Result<()> {
             a.n.clone()
         };
         let (p, l) = pl[0];
-        let rows = bench::accuracy::run(&ns, 4, 2, p, l, a.beta, a.common.seed, &progress)?;
+        let rows = bench::accuracy::run(
+            &ns,
+            [4, 2],
+            &RaceParams::new(Bits(p), Tables(l), Beta(a.beta))?,
+            a.common.seed,
+            &progress,
+        )?;
         if a.common.json {
             println!(
                 "{}",

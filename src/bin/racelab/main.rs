@@ -10,33 +10,24 @@ mod distributed;
 mod experiments;
 mod ticker;
 
-use args::Cmd;
+use args::{Cmd, Parsed};
 use racelab::error::Spelling;
 
 fn main() {
     default_sigpipe();
     // The library's messages name arguments as flags (`--max-memory`, `--device reference`).
     racelab::error::set_spelling(Spelling::Cli);
-    let cli = args::parse();
-    let r = match cli.cmd {
-        Cmd::Attend(a) => attend::run(a),
-        Cmd::Bound(a) => bound::run(a),
-        Cmd::Reproduce(a) => experiments::run_reproduce(a),
-        Cmd::Bench(a) => bench::run(a),
-        Cmd::DistributedModel(a) => distributed::run_model(a),
-        Cmd::Fig3(a) => experiments::run_fig3(a),
-        Cmd::Bias(a) => experiments::run_named("bias", &a),
-        Cmd::Variance(a) => experiments::run_named("variance", &a),
-        Cmd::Theorem(a) => experiments::run_named("theorem", &a),
-        Cmd::Causal(a) => experiments::run_named("causal", &a),
-        Cmd::Authors(a) => experiments::run_named("authors", &a),
-        Cmd::Rank(a) => experiments::run_named("rank", &a),
-        Cmd::Lemma10(a) => experiments::run_named("lemma10", &a),
-        Cmd::Limit(a) => experiments::run_named("limit", &a),
-        Cmd::Tradeoff(a) => experiments::run_named("tradeoff", &a),
-        Cmd::Combine(a) => experiments::run_named("combine", &a),
-        Cmd::Mqar(a) => experiments::run_named("mqar", &a),
-        Cmd::Real(a) => experiments::run_real(a),
+    let r = match args::parse() {
+        Parsed::Experiment(name, a) => experiments::run_named(name, &a),
+        Parsed::Cmd(cmd) => match cmd {
+            Cmd::Attend(a) => attend::run(a),
+            Cmd::Bound(a) => bound::run(a),
+            Cmd::Reproduce(a) => experiments::run_reproduce(a),
+            Cmd::Bench(a) => bench::run(a),
+            Cmd::DistributedModel(a) => distributed::run_model(a),
+            Cmd::Fig3(a) => experiments::run_fig3(a),
+            Cmd::Real(a) => experiments::run_real(a),
+        },
     };
     if let Err(e) = r {
         error_line(&format!("error: {e:#}"));

@@ -3,7 +3,7 @@
 
 /// A zero-initialised f32 buffer aligned to 64 bytes (one cache line, one AVX-512 vector), used
 /// as a slice (`Deref<Target = [f32]>`). Full-vector loads from rows that start off a line
-/// boundary split across two lines: [`super::super::gemm::Nt`] runs at about 55% of peak on
+/// boundary split across two lines: `super::super::gemm::Nt` runs at about 55% of peak on
 /// misaligned operands against about 80% aligned (`examples/gemm_micro.rs`, `SHIFT`). Buffers
 /// of at least 4 MiB are also aligned to 2 MiB and advised as transparent huge pages (Linux
 /// `madvise`, best effort) before their first touch, the zeroing: streaming through gigabytes

@@ -76,6 +76,7 @@ pub use forward::{forward_into, key_banks, read_ctx, read_into, QueryOut};
 
 #[cfg(test)]
 mod tests {
+    use crate::params::{Bits, Seed, Tables};
     /// The memory model's constants are the kernels' ([`crate::memory::saved_floats_per_token`]).
     #[test]
     fn the_memory_model_knows_the_kernels_block_and_bank_width() {
@@ -106,7 +107,9 @@ mod tests {
             x(heads * n * dv, 2.1),
             x(heads * n * dv, 0.9),
         );
-        let planes = PlanesF32::from_planes(&crate::Planes::gaussian(2, 2, d, 1).unwrap());
+        let planes = PlanesF32::from_planes(
+            &crate::Planes::gaussian(Bits(2), Tables(2), d, Seed(1)).unwrap(),
+        );
         let map = SoftMap::new(&planes, 3.0).unwrap();
         fn rows(a: &[f32], heads: usize, n: usize, c: usize) -> Heads<'_> {
             Heads::new(heads, n, c, a).unwrap()

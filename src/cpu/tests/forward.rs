@@ -1,9 +1,12 @@
 use super::*;
+use crate::params::{Bits, Seed, Tables};
 
 #[test]
 fn soft_forward_matches_reference() {
     for c in cases() {
-        let planes = PlanesF32::from_planes(&Planes::gaussian(c.l, c.p, c.d, 5).unwrap());
+        let planes = PlanesF32::from_planes(
+            &Planes::gaussian(Bits(c.p), Tables(c.l), c.d, Seed(5)).unwrap(),
+        );
         let p64 = planes.to_planes();
         let (qf, q) = data(c.heads * c.n * c.d, 1, 0.5);
         let (kf, k) = data(c.heads * c.n * c.d, 2, 0.5);
@@ -51,7 +54,9 @@ fn soft_forward_matches_reference() {
 #[test]
 fn soft_backward_matches_reference_gradients() {
     for c in cases().into_iter().filter(|c| c.n <= 700) {
-        let planes = PlanesF32::from_planes(&Planes::gaussian(c.l, c.p, c.d, 6).unwrap());
+        let planes = PlanesF32::from_planes(
+            &Planes::gaussian(Bits(c.p), Tables(c.l), c.d, Seed(6)).unwrap(),
+        );
         let p64 = planes.to_planes();
         let (qf, q) = data(c.heads * c.n * c.d, 11, 0.5);
         let (kf, k) = data(c.heads * c.n * c.d, 12, 0.5);
@@ -136,7 +141,7 @@ fn soft_backward_matches_reference_gradients() {
 #[test]
 fn reference_gradients_match_finite_differences() {
     let (n, d, dv, p, l, beta) = (6, 3, 2, 2, 2, 1.5);
-    let planes = Planes::gaussian(l, p, d, 9).unwrap();
+    let planes = Planes::gaussian(Bits(p), Tables(l), d, Seed(9)).unwrap();
     let (_, q) = data(n * d, 21, 0.7);
     let (_, k) = data(n * d, 22, 0.7);
     let (_, v) = data(n * dv, 23, 1.0);
@@ -220,7 +225,7 @@ fn denominators_below_the_floor_are_flagged_not_guessed() {
     use crate::cpu::recompute::den_floor;
     use crate::cpu::soft::{read_into, KeyTotals, QueryOut};
     let (p, l, d, dv, n) = (2, 2, 8, 4, 70);
-    let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, 4).unwrap());
+    let planes = PlanesF32::from_planes(&Planes::gaussian(Bits(p), Tables(l), d, Seed(4)).unwrap());
     let map = SoftMap::new(&planes, 2.0).unwrap();
     let (m, w) = (l << p, crate::cpu::state::bank_width(dv));
     let floor = den_floor(m, n);
@@ -275,7 +280,7 @@ fn denominators_below_the_floor_are_flagged_not_guessed() {
 #[test]
 fn large_beta_is_finite_and_correct() {
     let (p, l, d, dv, n, beta) = (3, 2, 8, 4, 64, 1e4);
-    let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, 3).unwrap());
+    let planes = PlanesF32::from_planes(&Planes::gaussian(Bits(p), Tables(l), d, Seed(3)).unwrap());
     let p64 = planes.to_planes();
     let mut rng = SeededRng::new(77, 1);
     let mut rows = |count: usize| -> Vec<f32> {
@@ -350,7 +355,7 @@ fn large_beta_is_finite_and_correct() {
 #[test]
 fn other_estimators_on_the_fast_path() {
     let (n, d, dv, heads) = (300, 16, 8, 2);
-    let planes = PlanesF32::from_planes(&Planes::gaussian(3, 3, d, 8).unwrap());
+    let planes = PlanesF32::from_planes(&Planes::gaussian(Bits(3), Tables(3), d, Seed(8)).unwrap());
     let p64 = planes.to_planes();
     let (qf, q) = data(heads * n * d, 31, 0.5);
     let (kf, k) = data(heads * n * d, 32, 0.5);
@@ -419,7 +424,7 @@ fn other_estimators_on_the_fast_path() {
 #[test]
 fn decoder_equals_causal_forward_row_by_row() {
     let (n, d, dv) = (600, 16, 8);
-    let planes = PlanesF32::from_planes(&Planes::gaussian(3, 3, d, 2).unwrap());
+    let planes = PlanesF32::from_planes(&Planes::gaussian(Bits(3), Tables(3), d, Seed(2)).unwrap());
     let (qf, _) = data(n * d, 41, 0.5);
     let (kf, _) = data(n * d, 42, 0.5);
     let (vf, _) = data(n * dv, 43, 1.0);

@@ -4,6 +4,7 @@
 use crate::backend::{BackwardInputs, Heads, PlanesF32};
 use crate::cpu::{detected_isa, soft_backward, soft_forward, SoftMap};
 use crate::params::Combine;
+use crate::params::{Bits, Seed, Tables};
 use crate::reference::logdomain::{soft_race_backward_log, soft_race_log};
 use crate::rng::SeededRng;
 use crate::tensor::MatRef;
@@ -47,20 +48,15 @@ fn scaled_err(a: &[f32], b: &[f64], floor: f64) -> f64 {
         / scale
 }
 
-/// Run the CPU kernels (forward and backward) on `[heads, n, d]` inputs and compare each
-/// head with the log-domain reference.
-#[allow(clippy::too_many_arguments)]
+/// Run the CPU kernels (forward and backward) on `q`, `k` `[heads, n, d]` and `v`, `g`
+/// `[heads, n, dv]` and compare each head with the log-domain reference; `[causal,
+/// per_token]` picks Algorithm 2 and the per-token engine.
 fn check(
     planes: &PlanesF32,
     beta: f32,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    g: &[f32],
-    [heads, n, d]: [usize; 3],
-    dv: usize,
-    causal: bool,
-    per_token: bool,
+    [q, k, v, g]: [&[f32]; 4],
+    [heads, n, d, dv]: [usize; 4],
+    [causal, per_token]: [bool; 2],
 ) -> Errors {
     let map = SoftMap::new(planes, beta).unwrap();
     let (qh, kh, vh, gh) = (
@@ -196,7 +192,8 @@ fn bundled_layer5_is_exact_at_large_beta() {
     let (k, _) = bundled("k_5.npy");
     let (v, _) = bundled("v_5.npy");
     let g = gradient_seed(v.len(), 1);
-    let planes = PlanesF32::from_planes(&Planes::gaussian(4, 3, s[2], 0).unwrap());
+    let planes =
+        PlanesF32::from_planes(&Planes::gaussian(Bits(3), Tables(4), s[2], Seed(0)).unwrap());
     for (beta, causal, per_token) in [60.0f32, 100.0, 1000.0, 1e4].into_iter().flat_map(|b| {
         [
             (b, false, false),
@@ -205,7 +202,13 @@ fn bundled_layer5_is_exact_at_large_beta() {
             (b, true, true),
         ]
     }) {
-        let e = check(&planes, beta, &q, &k, &v, &g, s, s[2], causal, per_token);
+        let e = check(
+            &planes,
+            beta,
+            [&q, &k, &v, &g],
+            [s[0], s[1], s[2], s[2]],
+            [causal, per_token],
+        );
         let tag = format!("beta {beta} causal {causal} per-token {per_token}");
         println!("{tag}: {e:?}");
         // The early causal rows the f32 sums lose are flagged and recomputed.
@@ -226,7 +229,8 @@ fn bundled_layer5_is_exact_at_large_beta() {
 #[test]
 fn denominators_from_1_down_to_1e_minus_300() {
     let (n, beta) = (64usize, 400.0f32);
-    let planes = PlanesF32::from_planes(&Planes::from_data(1, 1, 2, vec![1.0, 0.0]).unwrap());
+    let planes =
+        PlanesF32::from_planes(&Planes::from_data(Bits(1), Tables(1), 2, vec![1.0, 0.0]).unwrap());
     let mut rng = SeededRng::new(11, 7);
     let (mut q, mut k, mut v) = (vec![], vec![], vec![]);
     for i in 0..n {
@@ -260,7 +264,13 @@ fn denominators_from_1_down_to_1e_minus_300() {
     let (top, bottom) = (log_den(0), log_den(n - 1));
     assert!(top >= 0.0 && bottom <= (1e-300f64).ln(), "{top} … {bottom}");
     for causal in [false, true] {
-        let e = check(&planes, beta, &q, &k, &v, &g, [1, n, 2], 3, causal, false);
+        let e = check(
+            &planes,
+            beta,
+            [&q, &k, &v, &g],
+            [1, n, 2, 3],
+            [causal, false],
+        );
         println!("causal {causal}: {e:?}");
         assert!(e.recomputed > 0, "causal {causal}: no row recomputed");
         assert!(e.forward <= 1e-5, "causal {causal}: {e:?}");
@@ -298,8 +308,14 @@ proptest! {
             draw(heads * n * dv, 1.0),
             draw(heads * n * dv, 1.0),
         );
-        let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, seed).unwrap());
-        let e = check(&planes, beta, &q, &k, &v, &g, [heads, n, d], dv, causal, seed % 2 == 0);
+        let planes = PlanesF32::from_planes(&Planes::gaussian(Bits(p), Tables(l), d, Seed(seed)).unwrap());
+        let e = check(
+            &planes,
+            beta,
+            [&q, &k, &v, &g],
+            [heads, n, d, dv],
+            [causal, seed % 2 == 0],
+        );
         prop_assert!(e.forward <= 1e-5, "beta {beta:e}: {e:?}");
         prop_assert!(e.grads.iter().all(|&x| x <= 1e-4), "beta {beta:e}: {e:?}");
         prop_assert!(e.dbeta <= 1e-3, "beta {beta:e}: {e:?}");

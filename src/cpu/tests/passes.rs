@@ -1,4 +1,5 @@
 use super::*;
+use crate::params::{Beta, Bits, Seed, Tables};
 
 #[test]
 fn exact_quadratic_kernels_match_reference() {
@@ -87,7 +88,8 @@ fn streaming_stores_match_the_per_token_engine() {
     // (2, 2): 8 features, outputs queued behind the computation (write-behind); (3, 3): 24
     // features, each block streamed out as soon as it is computed.
     for (p, l) in [(2, 2), (3, 3)] {
-        let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, 9).unwrap());
+        let planes =
+            PlanesF32::from_planes(&Planes::gaussian(Bits(p), Tables(l), d, Seed(9)).unwrap());
         let map = SoftMap::new(&planes, 8.0).unwrap();
         for causal in [false, true] {
             let label = format!("stream ({p},{l}) causal={causal}");
@@ -118,7 +120,7 @@ fn streaming_stores_match_the_per_token_engine() {
 #[test]
 fn saved_features_are_used_only_when_they_fit() {
     let (heads, n, d, dv) = (2, 300, 16, 8);
-    let planes = PlanesF32::from_planes(&Planes::gaussian(3, 3, d, 4).unwrap());
+    let planes = PlanesF32::from_planes(&Planes::gaussian(Bits(3), Tables(3), d, Seed(4)).unwrap());
     let map = SoftMap::new(&planes, 5.0).unwrap();
     let x = Qkvg::new(heads, n, d, dv, 31);
     let (qh, kh, vh, gh) = x.heads();
@@ -157,7 +159,8 @@ fn causal_backward_one_pass_and_two_passes_match_reference() {
     // (1, 5), (2, 2), (3, 2), (4, 1): banks of at most 16 features, every P of the 16-lane
     // backward rows (one instance per P).
     for (p, l) in [(2, 2), (3, 3), (4, 4), (1, 5), (3, 2), (4, 1)] {
-        let planes = PlanesF32::from_planes(&Planes::gaussian(l, p, d, 9).unwrap());
+        let planes =
+            PlanesF32::from_planes(&Planes::gaussian(Bits(p), Tables(l), d, Seed(9)).unwrap());
         let p64 = planes.to_planes();
         let map = SoftMap::new(&planes, beta as f32).unwrap();
         for (heads, threads, keep_states) in [(2, 1, true), (2, 1, false), (1, 4, false)] {
@@ -284,8 +287,8 @@ fn causal_subnormal_denominators_give_finite_outputs() {
 fn keys_and_queries_of_different_counts_match_the_reference() {
     use crate::backend::{Backend, RaceParams};
     let (heads, d, dv) = (2, 8, 5);
-    let planes = PlanesF32::from_planes(&Planes::gaussian(2, 3, d, 9).unwrap());
-    let params = RaceParams::new(3, 2, 4.0).unwrap();
+    let planes = PlanesF32::from_planes(&Planes::gaussian(Bits(3), Tables(2), d, Seed(9)).unwrap());
+    let params = RaceParams::new(Bits(3), Tables(2), Beta(4.0)).unwrap();
     let reference = crate::attend::for_device(crate::backend::Device::Reference).unwrap();
     for (n, m) in [(9, 2), (5, 300), (300, 40), (1, 700)] {
         let q = data(heads * n * d, 61, 0.5).0;

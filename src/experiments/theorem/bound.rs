@@ -7,6 +7,7 @@ use crate::error::Result;
 use crate::experiments::verdict::HeldOut;
 use crate::experiments::{claim_id, f, fig, quantile, read_csv, write_csv, Claim, Ctx, Measure};
 use crate::hashing::Planes;
+use crate::params::{Bits, Seed, Tables};
 use crate::plot::{line_plot, LinePlot, Series};
 use crate::reference::angular::{angular_attention, kappa};
 use crate::reference::expected::GTable;
@@ -56,10 +57,10 @@ pub(super) fn grid_csv(ctx: &Ctx, cfg: &Config, real: &RealInputs, stem: &str) -
                     let (mut cal, mut test, mut samp) = (Vec::new(), Vec::new(), Vec::new());
                     for s in 0..cfg.seeds {
                         let planes = Planes::gaussian(
-                            l,
-                            p,
+                            Bits(p),
+                            Tables(l),
                             d,
-                            ctx.seed * 1_000_003 + (s * 7919 + l * 31 + p) as u64,
+                            Seed(ctx.seed * 1_000_003 + (s * 7919 + l * 31 + p) as u64),
                         )?;
                         // The f32 kernels: the errors here are ≥ 1e-3 relative, far above
                         // their rounding.

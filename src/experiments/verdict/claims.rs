@@ -104,7 +104,7 @@ pub struct Claim {
     pub verdict: Verdict,
     /// The slack, margin or reason behind the verdict.
     pub detail: String,
-    /// The value the verdict turns on and its threshold (see [`Judgement`]).
+    /// The value the verdict turns on and its threshold (see `Judgement`).
     pub value: Option<f64>,
     pub threshold_value: Option<f64>,
     pub se: Option<f64>,
