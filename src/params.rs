@@ -74,6 +74,21 @@ pub const DEFAULT_BETA: f64 = 10.0;
 /// RACE hyper-parameters, carried as one value from the command line to every backend
 /// ([`crate::backend::Backend`]). The planes travel beside them (given, or drawn from a seed
 /// by the caller: [`crate::method::PlaneSpec`]), so there is no seed here.
+///
+/// Only [`RaceParams::new`] makes one (validated); causal and the combine rule are set by
+/// [`RaceParams::with_causal`] and [`RaceParams::with_combine`], never by a field write:
+///
+/// ```compile_fail
+/// use racelab::params::{Beta, Bits, RaceParams, Tables};
+/// let mut p = RaceParams::new(Bits(2), Tables(4), Beta(10.0)).unwrap();
+/// p.beta = -1.0; // the fields are private
+/// ```
+///
+/// ```
+/// use racelab::params::{Beta, Bits, RaceParams, Tables};
+/// let p = RaceParams::new(Bits(2), Tables(4), Beta(10.0)).unwrap().with_causal(true);
+/// assert!(p.causal() && p.l() == 4);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct RaceParams {
     /// Bits per table (`R = 2^P` buckets).
