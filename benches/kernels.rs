@@ -4,8 +4,9 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use racelab::backend::{BackwardInputs, Heads, PlanesF32};
 use racelab::bench::machine::fill;
 use racelab::cpu::exact::{exact_attention, Exact};
-use racelab::cpu::{detected_isa, token, Isa, SoftMap};
+use racelab::cpu::{detected_isa, token, Isa};
 use racelab::params::{Bits, Seed, Tables};
+use racelab::shared::SoftMap;
 use racelab::Planes;
 
 fn inputs(heads: usize, n: usize, d: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {

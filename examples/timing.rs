@@ -5,9 +5,10 @@
 //! and `CAUSAL=0|1` pick one row, `REPS` the repeats; `VEC=1` uses plain, unaligned vectors).
 //! Needs the unstable `bench-internals` feature (`--features bench-internals`) for the engine.
 use racelab::backend::{BackwardInputs, ForwardInputs, GradsMut, Heads, PlanesF32, Problem, Saved};
-use racelab::cpu::{detected_isa, token, CpuRace, SoftMap};
+use racelab::cpu::{detected_isa, token, CpuRace};
 use racelab::hashing::Planes;
 use racelab::params::{Beta, Bits, Seed, Tables};
+use racelab::shared::SoftMap;
 use racelab::{Backend, RaceParams};
 use std::time::Instant;
 

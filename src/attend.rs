@@ -76,7 +76,7 @@ pub struct AttendResult<T = f64> {
     /// The planes a hashing method used (drawn or given).
     pub planes: Option<Planes>,
     /// Soft RACE on the CPU and CUDA kernels: the rows whose denominator f32 cannot hold,
-    /// flagged by the kernel and recomputed exactly (`crate::cpu::recompute`).
+    /// flagged by the kernel and recomputed exactly ([`crate::shared::recompute`]).
     pub recomputed: crate::backend::Recomputed,
 }
 
@@ -377,7 +377,7 @@ fn finish_flagged<T: Element>(
         return Ok((f.o, 0));
     }
     let t0 = std::time::Instant::now();
-    let rows = crate::cpu::recompute::flagged(&f.ctx.den);
+    let rows = crate::shared::recompute::flagged(&f.ctx.den);
     let r = widened_reference([q, k, v], opts)?;
     let dv = r.shape.dv;
     let mut o = f.o;

@@ -77,6 +77,7 @@ pub mod plot;
 pub mod provenance;
 pub mod reference;
 pub mod rng;
+pub mod shared;
 pub mod stats;
 pub mod tensor;
 pub mod validate;

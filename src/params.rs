@@ -67,7 +67,7 @@ impl std::str::FromStr for Combine {
 }
 
 /// The soft-hash inverse temperature β used wherever none is given (`attend`, `bench`, the
-/// kernel timings of `tradeoff`). Below `crate::cpu::features::PROJ_F64_BETA` the kernels'
+/// kernel timings of `tradeoff`). Below `crate::shared::PROJ_F64_BETA` the kernels'
 /// cost does not depend on β.
 pub const DEFAULT_BETA: f64 = 10.0;
 

@@ -4,10 +4,11 @@
 //! "skipped: no CUDA device" — never counted as passed.
 use racelab::backend::SoftGrads;
 use racelab::backend::{Backend, Forward, Heads, PlanesF32};
-use racelab::cpu::{CpuRace, SoftMap};
+use racelab::cpu::CpuRace;
 use racelab::cuda::{self, from_bf16, to_bf16, GpuInput, GpuShape, KERNELS, RACE_CU};
 use racelab::params::{Beta, Bits, Seed, Tables};
 use racelab::rng::SeededRng;
+use racelab::shared::SoftMap;
 use racelab::{Planes, RaceError};
 
 /// The production CPU kernels through the backend contract: forward and backward, at the

@@ -9,7 +9,7 @@ use crate::params::RaceParams;
 use crate::validate::{Budget, Held};
 
 /// Rows an f32 backend flagged (denominator below its floor) and recomputed exactly after a
-/// forward (flat indices `head·n + i`; see `crate::cpu::recompute`), and the seconds it took.
+/// forward (flat indices `head·n + i`; see [`crate::shared::recompute`]), and the seconds it took.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Recomputed {
     /// The recomputed rows (flat indices `head·n + i`).

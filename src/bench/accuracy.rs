@@ -6,9 +6,10 @@
 
 use super::machine::fill;
 use crate::backend::{Heads, PlanesF32};
-use crate::cpu::{detected_isa, soft_forward, SoftMap};
+use crate::cpu::{detected_isa, soft_forward};
 use crate::hashing::{soft_features, Planes};
 use crate::params::{Bits, Seed, Tables};
+use crate::shared::SoftMap;
 use serde::Serialize;
 use std::time::Instant;
 

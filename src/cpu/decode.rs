@@ -79,10 +79,7 @@ impl Decoder {
         crate::tensor::check_finite("q", q)?;
         crate::tensor::check_finite("k", k)?;
         crate::tensor::check_finite("v", v)?;
-        let map = SoftMap {
-            planes: &self.planes,
-            beta: self.beta,
-        };
+        let map = SoftMap::new(&self.planes, self.beta)?;
         let m = map.width();
         let w = self.dv + 1;
         let mut phi = vec![0.0f32; m];
@@ -119,7 +116,7 @@ impl Decoder {
         let den = acc[self.dv];
         // The features are f32: below the floor the sums are quantised subnormals (see
         // `recompute`), and a recurrent state keeps no keys to recompute the row from.
-        if den.is_nan() || den < super::recompute::den_floor(m, self.tokens) as f64 {
+        if den.is_nan() || den < crate::shared::recompute::den_floor(m, self.tokens) as f64 {
             return Err(RaceError::param(
                 "beta",
                 format!(

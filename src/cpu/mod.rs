@@ -105,8 +105,7 @@ macro_rules! bench_internals {
 }
 bench_internals!(exact, gemm, simd, token);
 
-pub use features::SoftMap;
-pub(crate) use features::{FeatureMap, HardMap, LinearMap};
+pub(crate) use features::{FeatureMap, HardMap, LinearMap, SoftMap};
 pub use mem::ABuf;
 pub(crate) use saved::{Ctx, ForwardOut};
 pub use simd::{detected_isa, Isa, Level};

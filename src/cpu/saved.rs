@@ -27,7 +27,7 @@ pub struct Ctx {
     /// backward rebuilds prefix states from the nearest block start in a single reverse pass.
     /// Empty otherwise (the backward then takes two passes).
     pub states: Vec<f32>,
-    /// The rows the kernel flagged (denominator below [`crate::cpu::recompute::den_floor`]) and
+    /// The rows the kernel flagged (denominator below [`crate::shared::recompute::den_floor`]) and
     /// [`crate::cpu::recompute`] finished exactly; the backward adds their exact share.
     pub recomputed: Recomputed,
 }
@@ -78,7 +78,7 @@ pub struct ForwardOut {
 }
 
 /// `o = num/den` for one row; or zeros and `den = 0` for a row whose `den` is below `floor`
-/// ([`crate::cpu::recompute::den_floor`]) or not finite: the row is *flagged* (returns true), for
+/// ([`crate::shared::recompute::den_floor`]) or not finite: the row is *flagged* (returns true), for
 /// [`crate::cpu::recompute`] to finish or the caller to report.
 #[inline(always)]
 pub(crate) fn finish_row(

@@ -14,7 +14,7 @@ use super::simd::Simd;
 
 /// The key side of a non-causal read: the per-head totals `[B | A]` (f64, `m × w` with
 /// `w = bank_width(dv)`), the value width `dv`, and the floor below which a query row is
-/// flagged ([`crate::cpu::recompute::den_floor`] for the number of keys summed).
+/// flagged ([`crate::shared::recompute::den_floor`] for the number of keys summed).
 pub struct KeyTotals<'a> {
     pub banks: &'a [Vec<f64>],
     pub dv: usize,

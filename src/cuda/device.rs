@@ -5,7 +5,7 @@ use super::{
     GpuShape, RACE_CU,
 };
 use crate::backend::{PlanesF32, SoftGrads};
-use crate::cpu::SoftMap;
+use crate::shared::SoftMap;
 
 use crate::error::{RaceError, Result};
 use cudarc::driver::{

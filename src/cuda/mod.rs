@@ -22,7 +22,7 @@
 //! and NVRTC libraries exist and a device opens, returning [`RaceError::NoCuda`] otherwise
 //! (never a panic). Without the feature, the same API returns that error immediately.
 //!
-//! A row whose f32 denominator is below `crate::cpu::recompute::den_floor` is flagged by the
+//! A row whose f32 denominator is below `crate::shared::recompute::den_floor` is flagged by the
 //! forward kernels (zero output, saved `DEN = 0`, so the backward kernels give it no share)
 //! and recomputed exactly on the host ([`finish_forward`], [`finish_backward`]): the GPU
 //! never returns such a row unflagged. A denominator that is not finite is flagged the same
@@ -37,8 +37,8 @@ use crate::backend::Recomputed;
 use crate::backend::{
     Backend, Decode, Device, Forward, ForwardInputs, Heads, PlanesF32, RaceParams, SoftGrads,
 };
-use crate::cpu::recompute;
-use crate::cpu::SoftMap;
+use crate::shared::recompute;
+use crate::shared::SoftMap;
 
 use crate::error::{RaceError, Result};
 
@@ -149,11 +149,11 @@ pub struct GpuShape {
 }
 
 /// The kernel family a problem at this beta runs on: from
-/// `crate::cpu::features::PROJ_F64_BETA` on, the warp-per-chunk kernels, whose projections
+/// `crate::shared::PROJ_F64_BETA` on, the warp-per-chunk kernels, whose projections
 /// then accumulate in double (race.cu, `warp_project`); below it the default choice
 /// ([`geometry`]).
 pub fn path_for(beta: f32) -> Option<KernelPath> {
-    (beta >= crate::cpu::features::PROJ_F64_BETA).then_some(KernelPath::Warp)
+    (beta >= crate::shared::PROJ_F64_BETA).then_some(KernelPath::Warp)
 }
 
 /// Forward output copied back to the host.
@@ -166,7 +166,7 @@ pub struct GpuForward {
     /// Rows with no key at all (0 in `o`).
     pub empty_rows: usize,
     /// The rows the kernels flagged (denominator below f32's range, see
-    /// `crate::cpu::recompute`), recomputed exactly on the host, and the seconds it took.
+    /// [`crate::shared::recompute`]), recomputed exactly on the host, and the seconds it took.
     pub recomputed: Recomputed,
 }
 
@@ -181,7 +181,7 @@ impl GpuInput<'_> {
 }
 
 /// The host's part of a forward: the kernels' outputs, with the rows they flagged (saved
-/// `DEN = 0`) recomputed exactly by `crate::cpu::recompute` on the same inputs.
+/// `DEN = 0`) recomputed exactly by [`crate::shared::recompute`] on the same inputs.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub fn finish_forward(
     mut o: Vec<f32>,

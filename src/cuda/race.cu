@@ -111,7 +111,7 @@ __device__ Scratch carve(float* sh, int d, int LP, int m, int w, int private_sta
 
 // From this beta on z = W x, u = tanh z and σ(±2βu) are computed in double (each rounded
 // once to f32): the exponent 2β·u magnifies any absolute rounding of z or u by 2β (as
-// `cpu::features::PROJ_F64_BETA`; the host sends such problems to the warp kernels).
+// `shared::PROJ_F64_BETA`; the host sends such problems to the warp kernels).
 #ifndef PROJ_F64_BETA
 #define PROJ_F64_BETA 16.f
 #endif

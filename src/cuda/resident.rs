@@ -9,9 +9,9 @@ use super::{
 };
 use crate::backend::Recomputed;
 use crate::backend::{Heads, PlanesF32, SoftGrads};
-use crate::cpu::SoftMap;
 use crate::cuda::{check_problem, GpuInput, GpuShape};
 use crate::error::{RaceError, Result};
+use crate::shared::SoftMap;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use std::time::Instant;
 

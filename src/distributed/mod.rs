@@ -36,7 +36,7 @@
 //! rank's token counts, so every rank learns the whole layout. [`Distributed::trusting`] skips
 //! it for callers that checked once at start-up ([`Distributed::agree`]).
 //!
-//! **Rows f32 cannot hold** (denominator below `crate::cpu::recompute::den_floor`, large β):
+//! **Rows f32 cannot hold** (denominator below `crate::shared::recompute::den_floor`, large β):
 //! the single-process kernels recompute them exactly with every key; a rank holds only its
 //! own keys, so the distributed operator refuses them on every rank with an error that names
 //! β and the fix (one process, or a smaller β) instead of returning them wrong.
@@ -59,10 +59,11 @@ use crate::backend::{
     Backend, BackwardInputs, Decode, Device, Forward, GradsMut, Heads, PlanesF32, RaceParams,
     SoftGrads,
 };
-use crate::cpu::recompute::den_floor;
 use crate::cpu::soft::{self, Boundary};
-use crate::cpu::{CpuRace, Ctx, FeatureMap, Isa, SoftMap};
+use crate::cpu::{CpuRace, Ctx, FeatureMap, Isa};
 use crate::error::{RaceError, Result};
+use crate::shared::recompute::den_floor;
+use crate::shared::SoftMap;
 use serde::Serialize;
 use std::sync::Mutex;
 use std::time::Instant;

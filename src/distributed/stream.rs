@@ -26,11 +26,12 @@ use crate::cpu::soft::{
     query_grads, read_into, Boundary, KeyTotals, QueryOut, QuerySaved,
 };
 use crate::cpu::state::plan_segments;
-use crate::cpu::{Ctx, SoftMap};
+use crate::cpu::Ctx;
 use crate::error::{RaceError, Result};
 use crate::hashing::Planes;
 use crate::params::{Bits, Seed, Tables};
 use crate::provenance::{peak_rss_bytes, reset_peak_rss};
+use crate::shared::SoftMap;
 use rayon::prelude::*;
 use serde::Serialize;
 use std::time::Instant;
@@ -325,7 +326,7 @@ fn plain_stream(
     // gradients; keys are regenerated in (4) instead: their u over all N would not be bounded
     // memory), allocated once: the read overwrites them for every chunk.
     let (mut o, mut den, mut uq) = (Vec::new(), Vec::new(), Vec::new());
-    let floor = crate::cpu::recompute::den_floor(map.width(), r.n);
+    let floor = crate::shared::recompute::den_floor(map.width(), r.n);
     for &(a, b) in chunks {
         let len = b - a;
         r.gen(&mut c, (a, b), true);

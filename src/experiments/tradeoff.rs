@@ -19,7 +19,7 @@ use super::{
 };
 use crate::analysis::metrics::{frob, rms_row_err};
 use crate::backend::{Heads, PlanesF32};
-use crate::cpu::{detected_isa, soft_forward, SoftMap};
+use crate::cpu::{detected_isa, soft_forward};
 use crate::error::Result;
 use crate::hashing::Planes;
 use crate::params::Combine;
@@ -28,6 +28,7 @@ use crate::plot::{line_plot, LinePlot, Series};
 use crate::reference::angular::angular_attention;
 use crate::reference::baselines::{linear_attention, performer_attention, performer_omega};
 use crate::reference::softmax::softmax_attention;
+use crate::shared::SoftMap;
 use crate::tensor::Mat;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};

@@ -8,13 +8,14 @@ use super::{
     data, f, fig, load_config, quantile, read_csv, write_csv, Claim, Ctx, ExpResult, Measure,
 };
 use crate::backend::{Heads, PlanesF32};
-use crate::cpu::{detected_isa, soft_forward, SoftMap};
+use crate::cpu::{detected_isa, soft_forward};
 use crate::error::Result;
 use crate::hashing::Planes;
 use crate::params::{Bits, Seed, Tables};
 use crate::plot::{line_plot, LinePlot, Series};
 use crate::reference::angular::kappa;
 use crate::reference::expected::GTable;
+use crate::shared::SoftMap;
 use crate::stats::loglog_slope;
 use crate::tensor::Mat;
 use rayon::prelude::*;

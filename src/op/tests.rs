@@ -120,30 +120,17 @@ fn forward_into_writes_the_forward_and_reuses_its_workspace() {
             .unwrap();
         assert_eq!(o, op.forward(q.view(), k.view(), v.view(), causal).unwrap());
     }
-    let mut short = Array4::<f32>::zeros((2, 2, 24, 7));
-    let e = op
-        .forward_into(
-            q.view(),
-            k.view(),
-            v.view(),
-            Causal::No,
-            short.view_mut(),
-            &mut ws,
-        )
-        .unwrap_err();
-    assert_eq!(e.arg(), Some("o"), "{e}");
-    let mut t = Array4::<f32>::zeros((2, 2, 8, 24));
-    let e = op
-        .forward_into(
-            q.view(),
-            k.view(),
-            v.view(),
-            Causal::No,
-            t.view_mut().reversed_axes(),
-            &mut ws,
-        )
-        .unwrap_err();
-    assert_eq!(e.arg(), Some("o"), "{e}");
+    // An output of the wrong shape, and one not in standard layout.
+    let (mut short, mut t) = (
+        Array4::<f32>::zeros((2, 2, 24, 7)),
+        Array4::<f32>::zeros((2, 2, 8, 24)),
+    );
+    for o in [short.view_mut(), t.view_mut().reversed_axes()] {
+        let e = op
+            .forward_into(q.view(), k.view(), v.view(), Causal::No, o, &mut ws)
+            .unwrap_err();
+        assert_eq!(e.arg(), Some("o"), "{e}");
+    }
 }
 
 #[test]

@@ -270,7 +270,7 @@ pub struct RowsLog {
 /// Soft RACE for some query rows only, forward and (with `g`, the rows' `∂ℓ/∂Ô`) backward,
 /// exact at any beta (paper combine rule). Row `t` of `q` is the query at position
 /// `pos[t]`; causal, it sees keys `0..=pos[t]`. The cost is `O(rows · keys · L·R)`, so a
-/// kernel can hand this the few rows it cannot represent (`crate::cpu::recompute`).
+/// kernel can hand this the few rows it cannot represent ([`crate::shared::recompute`]).
 ///
 /// Per row, by brute force over keys: `log Ŝ_ij = log Σ_{l,r} e^{log φ_{l,r}(q_i) + log φ_{l,r}(k_j)} − log L`
 /// (max-subtracted), `log Den_i` by log-sum-exp over `j`, and every weight formed as the

@@ -92,7 +92,7 @@ impl Block {
     /// Features of rows `x` (`rows × d`); `z` keeps `u = tanh(Wx)` for the backward.
     pub(crate) fn features(&mut self, map: &SoftMap, x: &[f32], rows: usize) {
         let (d, lp) = (map.planes.d, self.lp);
-        if map.beta >= crate::cpu::features::PROJ_F64_BETA {
+        if map.beta >= crate::shared::PROJ_F64_BETA {
             let (u, on, off) = (&mut self.z, &mut self.on, &mut self.off);
             probs_f64(u, on, off, x, &self.w, (rows, d, lp), map.beta);
             self.tree(map, rows);
@@ -135,7 +135,7 @@ impl Block {
     ) {
         match saved {
             // At large beta the probabilities come from x in f64, not from an f32 u.
-            Some(u) if map.beta < crate::cpu::features::PROJ_F64_BETA => {
+            Some(u) if map.beta < crate::shared::PROJ_F64_BETA => {
                 self.features_from_u(map, u, rows)
             }
             _ => self.features(map, x, rows),
@@ -272,7 +272,7 @@ impl Block {
         let pl = map.planes;
         let (p, l, m) = (pl.p, pl.l, pl.l * pl.r());
         let (tp, isa, beta) = (self.tp, self.isa, map.beta);
-        if beta >= crate::cpu::features::PROJ_F64_BETA {
+        if beta >= crate::shared::PROJ_F64_BETA {
             self.dz_rows = true;
             return self.backward_contrast(map, gphi, rows);
         }
@@ -307,7 +307,7 @@ impl Block {
         )
     }
 
-    /// [`Block::backward`] from [`crate::cpu::features::PROJ_F64_BETA`] on, token by token in row
+    /// [`Block::backward`] from [`crate::shared::PROJ_F64_BETA`] on, token by token in row
     /// layout: `c_b = 2 on_b off_b Σ_r ±(Π_{q≠b} f_q(r)) g_r`
     /// ([`crate::cpu::features::bit_contrast`]), which keeps the digits that `Σ_r ±φ_r (g_r − ḡ)`
     /// loses to cancellation when a table is saturated. Leaves `∂ℓ/∂z` in `dz`.

@@ -151,7 +151,7 @@ pub(crate) fn add_per_head(banks: &mut [Vec<f64>], init: &[Vec<f64>], ns: usize)
 
 /// Where a causal pass over a slice of the token axis starts: the state of the tokens before
 /// it and the total key count the denominator floor is taken for
-/// ([`crate::cpu::recompute::den_floor`]). [`Boundary::whole`] is a pass over every token.
+/// ([`crate::shared::recompute::den_floor`]). [`Boundary::whole`] is a pass over every token.
 #[derive(Debug, Clone, Copy)]
 pub struct Boundary<'a> {
     /// Per head, `[B | A]` (`m × bank_width(dv)`, f64) of the keys before the slice (forward)
@@ -214,7 +214,7 @@ pub fn causal_forward_from(
     };
     let rule = DenRule {
         scale: map.den_scale(),
-        floor: crate::cpu::recompute::den_floor(m, from.keys),
+        floor: crate::shared::recompute::den_floor(m, from.keys),
     };
     let out = Out::for_len(isa, o.len());
     let empty: usize = split_out(o, n, dv, &segs)

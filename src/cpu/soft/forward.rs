@@ -162,7 +162,7 @@ pub fn read_into(
 }
 
 /// The denominator rule of a read: `den_i = Den_i·scale` is saved, and a row whose `Den` is
-/// below `floor` ([`crate::cpu::recompute::den_floor`]) or not finite is flagged.
+/// below `floor` ([`crate::shared::recompute::den_floor`]) or not finite is flagged.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct DenRule {
     pub scale: f32,
@@ -324,7 +324,7 @@ pub fn forward_into(
 ) -> (usize, Ctx) {
     let mut bufs = reuse.recycle(map, &q, &k);
     let banks = key_banks(map, isa, k, v, &mut bufs.uk);
-    let floor = crate::cpu::recompute::den_floor(map.width(), k.n);
+    let floor = crate::shared::recompute::den_floor(map.width(), k.n);
     read_ctx(map, isa, q, (banks, v.cols), o, bufs, floor)
 }
 

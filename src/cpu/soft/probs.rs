@@ -1,5 +1,5 @@
 //! Bit probabilities and the product tree for a block of tokens: `a_p = σ(2β u_p)`,
-//! `u = tanh(z)`, as f32 SIMD passes (f64 from β ≥ [`crate::cpu::features::PROJ_F64_BETA`]),
+//! `u = tanh(z)`, as f32 SIMD passes (f64 from β ≥ [`crate::shared::PROJ_F64_BETA`]),
 //! then the `R = 2^P` products `φ_r = Π_p a_p^{b_{r,p}}(1−a_p)^{1−b_{r,p}}` and their backward.
 
 use crate::cpu::simd::{exp_f32, tanh_f32, Kernel, Token};
@@ -18,7 +18,7 @@ pub(crate) fn lanes16(a: &[f32]) -> [f32; 16] {
 
 /// `u = tanh(W x)`, `on = σ(2βu)`, `off = σ(−2βu)` of `rows` rows (`rows × d`) against `lp`
 /// planes (`lp × d`), in f64 and rounded once ([`crate::cpu::features::bit_probs_f64`]): at
-/// [`crate::cpu::features::PROJ_F64_BETA`] and above, `2β` would magnify the f32 roundings of `z`
+/// [`crate::shared::PROJ_F64_BETA`] and above, `2β` would magnify the f32 roundings of `z`
 /// and `u` (absolute errors) into the weights.
 pub(crate) fn probs_f64(
     u: &mut [f32],

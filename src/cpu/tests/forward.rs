@@ -218,12 +218,12 @@ fn reference_gradients_match_finite_differences() {
 
 /// The blocked read folds `1/Den` into the features; banks scaled by `s` must give the same
 /// output (`Num/Den` is scale-free) and `den` scaled by `s` while `Den` stays at or above the
-/// floor (`recompute::den_floor`); below it (`s = 1e-36`, `1e-41`: subnormal masses) every
+/// floor (`crate::shared::recompute::den_floor`); below it (`s = 1e-36`, `1e-41`: subnormal masses) every
 /// row is flagged: output 0 and `den = 0`, for the exact recompute to finish.
 #[test]
 fn denominators_below_the_floor_are_flagged_not_guessed() {
-    use crate::cpu::recompute::den_floor;
     use crate::cpu::soft::{read_into, KeyTotals, QueryOut};
+    use crate::shared::recompute::den_floor;
     let (p, l, d, dv, n) = (2, 2, 8, 4, 70);
     let planes = PlanesF32::from_planes(&Planes::gaussian(Bits(p), Tables(l), d, Seed(4)).unwrap());
     let map = SoftMap::new(&planes, 2.0).unwrap();

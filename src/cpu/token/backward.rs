@@ -16,7 +16,8 @@
 //! and values), each with the same two-level f32/f64 accumulation as the forward.
 
 use crate::backend::{BackwardInputs, GradsMut, Heads, SoftGrads};
-use crate::cpu::features::{bit_contrast, BitState, FeatureMap, SoftMap, PROJ_F64_BETA};
+use crate::cpu::features::{bit_contrast, BitState, FeatureMap, SoftMap};
+use crate::shared::PROJ_F64_BETA;
 use crate::cpu::saved::{exclusive_scan, Ctx};
 use crate::cpu::simd::{dispatch, Isa, Kernel, Simd, Token};
 use crate::cpu::state::{bank_width, ext_buffer, split_out, Bank};

@@ -76,7 +76,7 @@ struct ReadTask<'a, F> {
     bank: &'a [f32],
     o: &'a mut [f32],
     den: &'a mut [f32],
-    /// [`crate::cpu::recompute::den_floor`] for this map and the number of keys.
+    /// [`crate::shared::recompute::den_floor`] for this map and the number of keys.
     floor: f32,
 }
 
@@ -174,7 +174,7 @@ pub fn forward<F: FeatureMap>(
 /// [`forward`] writing into a caller's `o` (`[heads, n, dv]`) and reusing `den`'s allocation,
 /// so repeated calls (benchmarks, training loops) do not pay page faults for fresh buffers.
 /// Returns the empty-row count and the context. Soft RACE's flagged rows are recomputed
-/// exactly ([`crate::cpu::recompute`]); other maps' flagged rows are zero and counted as empty.
+/// exactly ([`crate::shared::recompute`]); other maps' flagged rows are zero and counted as empty.
 pub fn forward_into<F: FeatureMap>(
     map: &F,
     x: ForwardInputs,
@@ -211,7 +211,7 @@ fn engine_forward<F: FeatureMap>(
         "forward_into: o has the wrong length"
     );
     let m = map.width();
-    let floor = crate::cpu::recompute::den_floor(m, k.n);
+    let floor = crate::shared::recompute::den_floor(m, k.n);
     let segs = plan_segments(k.n.max(n), heads);
     den.resize(heads * n, 0.0);
     if !causal {
