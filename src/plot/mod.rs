@@ -4,6 +4,8 @@
 //! DejaVu Sans, embedded through the `dejavu` crate and registered once, so no system fonts
 //! are needed.
 
+#![deny(missing_docs)]
+
 use crate::error::{RaceError, Result};
 use crate::tensor::Mat;
 use plotters::prelude::*;
@@ -70,13 +72,16 @@ fn write_svg(
 
 /// A named series of (x, y) points.
 pub struct Series {
+    /// The legend entry.
     pub name: String,
+    /// The `(x, y)` points, in drawing order.
     pub points: Vec<(f64, f64)>,
     /// Dashed reference line (e.g. a fitted slope or bound) instead of markers.
     pub dashed: bool,
 }
 
 impl Series {
+    /// A series drawn as markers joined by a line.
     pub fn new(name: impl Into<String>, points: Vec<(f64, f64)>) -> Self {
         Series {
             name: name.into(),
@@ -84,6 +89,7 @@ impl Series {
             dashed: false,
         }
     }
+    /// A dashed reference line (a fit, a bound).
     pub fn dashed(name: impl Into<String>, points: Vec<(f64, f64)>) -> Self {
         Series {
             name: name.into(),
@@ -95,10 +101,15 @@ impl Series {
 
 /// Axis options of a line plot.
 pub struct LinePlot<'a> {
+    /// The title.
     pub title: &'a str,
+    /// The x axis label.
     pub xlabel: &'a str,
+    /// The y axis label.
     pub ylabel: &'a str,
+    /// A logarithmic x axis.
     pub logx: bool,
+    /// A logarithmic y axis.
     pub logy: bool,
 }
 
@@ -416,8 +427,11 @@ pub fn colormap(t: f64) -> RGBColor {
 /// One heatmap panel: rows are queries (row 0 at the top, as a matrix reads), columns keys.
 /// `range` is the colour scale's (min, max); `None` uses the panel's own.
 pub struct Panel {
+    /// The panel's title.
     pub title: String,
+    /// The matrix drawn (queries × keys).
     pub m: Mat<f64>,
+    /// The colour scale's `(min, max)` (`None`: the panel's own).
     pub range: Option<(f64, f64)>,
 }
 
