@@ -79,15 +79,22 @@ pub(crate) fn rows<'a, T: Element, D: Dimension>(
     Ok(Rows { data, dims, copied })
 }
 
+/// `like`'s leading axes with `cols` columns (an output's shape from its input's).
+pub(crate) fn with_cols(like: &[usize], cols: usize) -> Vec<usize> {
+    let mut shape = like.to_vec();
+    if let Some(last) = shape.last_mut() {
+        *last = cols;
+    }
+    shape
+}
+
 /// `data` as an array of `like`'s leading axes and `cols` columns.
 pub(crate) fn shaped<T: Element, D: Dimension>(
     like: &[usize],
     cols: usize,
     data: Vec<f32>,
 ) -> Result<Array<T, D>> {
-    let mut shape = like.to_vec();
-    *shape.last_mut().expect("rank 2 to 4") = cols;
-    Array::from_shape_vec(IxDyn(&shape), T::from_f32(data))
+    Array::from_shape_vec(IxDyn(&with_cols(like, cols)), T::from_f32(data))
         .and_then(|a| a.into_dimensionality::<D>())
         .map_err(|e| RaceError::shape("o", e.to_string()))
 }

@@ -9,7 +9,7 @@
 //! kernels and the f64 reference) hashes with these same values.
 
 use super::{operator_common, Beta, Bits, Causal, Device, Planes, Seed, Tables};
-use crate::backend::arrays::{rows, shaped, Rows};
+use crate::backend::arrays::{rows, shaped, with_cols, Rows};
 use crate::backend::{Backend, Decode, GradsMut, PlanesF32, Problem, RaceParams, Saved};
 use crate::error::{RaceError, Result};
 use crate::method::{Method, PlaneSpec};
@@ -149,8 +149,7 @@ impl SoftRace {
                  value this operator's forward_train returned",
             ));
         }
-        let mut want = trained.shapes[0].clone();
-        *want.last_mut().expect("rank ≥ 2") = trained.x[2].dims[2];
+        let want = with_cols(&trained.shapes[0], trained.x[2].dims[2]);
         if go.shape() != want.as_slice() {
             return Err(RaceError::shape(
                 "go",
@@ -205,8 +204,7 @@ impl SoftRace {
         ws: &mut Workspace,
     ) -> Result<()> {
         let (qr, kr, vr) = (rows("q", &q)?, rows("k", &k)?, rows("v", &v)?);
-        let mut want = q.shape().to_vec();
-        *want.last_mut().expect("rank ≥ 2") = vr.dims[2];
+        let want = with_cols(q.shape(), vr.dims[2]);
         if o.shape() != want.as_slice() {
             return Err(RaceError::shape(
                 "o",
@@ -262,18 +260,9 @@ impl<D: Dimension> Trained<'_, D> {
     }
 }
 
-/// The gradients of a backward, shaped like `q`, `k`, `v`, and `∂ℓ/∂β`.
-#[derive(Debug, Clone)]
-pub struct Grads<T, D: Dimension> {
-    /// `∂ℓ/∂q`.
-    pub dq: Array<T, D>,
-    /// `∂ℓ/∂k`.
-    pub dk: Array<T, D>,
-    /// `∂ℓ/∂v`.
-    pub dv: Array<T, D>,
-    /// `∂ℓ/∂β`.
-    pub dbeta: f64,
-}
+/// The gradients of a backward, shaped like `q`, `k`, `v`, and `∂ℓ/∂β` (the backend
+/// contract's on arrays).
+pub type Grads<T, D> = crate::backend::ArrayGrads<T, D>;
 
 /// Buffers [`SoftRace::forward_into`] keeps between calls (empty at first).
 #[derive(Default)]
