@@ -12,7 +12,7 @@ import struct
 import sys
 
 HERE = pathlib.Path(__file__).resolve().parent / "corpus"
-TARGETS = ["npy", "config", "attend"]
+TARGETS = ["config"]
 
 
 def pack():

@@ -109,7 +109,7 @@ def main():
     nvdisasm = a.nvdisasm or find(["nvidia/*/bin/nvdisasm", "nvidia/cuda_nvdisasm/bin/nvdisasm"])
     if not nvrtc or not nvdisasm:
         sys.exit(f"need NVRTC ({nvrtc}) and nvdisasm ({nvdisasm}): see this script's docstring")
-    src = open(os.path.join(ROOT, "src/cuda/race.cu"), "rb").read()
+    src = open(os.path.join(ROOT, "crates/racelab-core/src/cuda/race.cu"), "rb").read()
     opts = [b"-arch=sm_90", b"-lineinfo", b"--ptxas-options=-v"] + [f"-D{d}".encode() for d in a.D]
     if a.bf16:
         opts.append(b"-DRACE_BF16")

@@ -165,7 +165,7 @@ fn rel(a: &[f32], b: &[f32]) -> f64 {
 }
 
 /// Compile race.cu with the CPU emulation of the CUDA execution model
-/// (`tests/cuda_emu/runtime.hpp`) and the launch sequence of `src/cuda/device.rs`
+/// (`tests/cuda_emu/runtime.hpp`) and the launch sequence of `crates/racelab-core/src/cuda/device.rs`
 /// (`tests/cuda_emu/driver.cpp`), once per input dtype.
 fn emulator(bf16: bool) -> std::path::PathBuf {
     use std::sync::OnceLock;
@@ -529,7 +529,7 @@ fn soft_race_on_cuda_device() {
 /// (`cuda::finish_forward`, `cuda::finish_backward`): the bundled MiniLM layer 5 (raw Q/K),
 /// P = 3, L = 4, causal and not, on the kernels `cuda::path_for` picks. The rows the kernels
 /// flag (saved `DEN = 0`) are recomputed on the host; every row must match the CPU kernels
-/// (which `src/cpu/tests/large_beta.rs` holds to the exact reference) within 1e-5 forward and 1e-4
+/// (which `crates/racelab-core/src/cpu/tests/large_beta.rs` holds to the exact reference) within 1e-5 forward and 1e-4
 /// in the gradients.
 #[test]
 fn large_beta_on_emulated_cuda() {

@@ -1,4 +1,8 @@
-//! The crate's files form a graph without circles: file `a` points at file `b` when `a` names
+//! The workspace's two crates (`crates/racelab-core`, the operators and kernels, and the lab
+//! above it) are layered by the compiler: the core cannot name the lab. Within each crate, what
+//! the compiler cannot see is checked here.
+//!
+//! Each crate's files form a graph without circles: file `a` points at file `b` when `a` names
 //! an item of `b` (a `use`, a re-export, or a path written inline as `crate::…`, `super::…`,
 //! `self::…`). `mod b;` declarations are not arrows (a parent holds its children; it does not
 //! use them), and neither are unit-test modules (`#[cfg(test)] mod … { … }`, and the files
@@ -9,7 +13,8 @@
 //! values (`memory`, `provenance`, `params`, `hashing`, `rng`, `error`, `stats`, `tensor`)
 //! name nothing above them, the backend contract (`backend/`) names none of its backends, and
 //! the kernels (`cpu/`) do not name the experiment, bench, distributed or front-end rooms. A
-//! third keeps every file of `src/` at most 800 lines.
+//! third keeps every Rust file of the workspace (sources, tests, examples, benches) at most 800
+//! lines.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -396,9 +401,19 @@ fn name(path: &[String]) -> String {
     }
 }
 
+/// The `src/` of each crate: the core's, then the lab's.
+fn sources() -> [PathBuf; 2] {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    [root.join("crates/racelab-core/src"), root.join("src")]
+}
+
+/// The core's file graph (where the layered rooms live).
 fn graph() -> Graph {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mods = modules(&src);
+    graph_of(&sources()[0])
+}
+
+fn graph_of(src: &Path) -> Graph {
+    let mods = modules(src);
     let known: BTreeSet<Vec<String>> = mods.iter().map(|m| m.path.clone()).collect();
     let mut g = Graph::new();
     for m in &mods {
@@ -496,19 +511,22 @@ fn describe(g: &Graph, comp: &[String]) -> String {
 }
 
 #[test]
-fn no_file_of_the_crate_is_in_an_import_circle() {
-    let g = graph();
-    let found = circles(&g);
-    let text: Vec<String> = found
-        .iter()
-        .map(|c| format!("  {} files: {}\n{}", c.len(), c.join(", "), describe(&g, c)))
-        .collect();
-    assert!(
-        found.is_empty(),
-        "import circles among the files of src/ ({}):\n{}",
-        found.len(),
-        text.join("\n")
-    );
+fn no_file_of_either_crate_is_in_an_import_circle() {
+    for src in sources() {
+        let g = graph_of(&src);
+        let found = circles(&g);
+        let text: Vec<String> = found
+            .iter()
+            .map(|c| format!("  {} files: {}\n{}", c.len(), c.join(", "), describe(&g, c)))
+            .collect();
+        assert!(
+            found.is_empty(),
+            "import circles among the files of {} ({}):\n{}",
+            src.display(),
+            found.len(),
+            text.join("\n")
+        );
+    }
 }
 
 /// The rooms each base room may name (its own children are always allowed).
@@ -617,16 +635,17 @@ fn the_base_and_the_kernels_name_nothing_above_them() {
 }
 
 /// The soft map is made only by its checked constructors (`SoftMap::new`,
-/// `SoftMap::for_params`, in `src/shared/map.rs`): no struct literal elsewhere (the kernels
-/// included) skips the β and combine-rule checks.
+/// `SoftMap::for_params`, in the core's `src/shared/map.rs`): no struct literal elsewhere (the
+/// kernels included) skips the β and combine-rule checks.
 #[test]
 fn no_soft_map_literal_outside_its_constructors() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let found: Vec<String> = rust_files(&src, false)
-        .into_iter()
-        .filter(|p| *p != src.join("shared").join("map.rs"))
+    let allowed = sources()[0].join("shared").join("map.rs");
+    let found: Vec<String> = sources()
+        .iter()
+        .flat_map(|src| rust_files(src, false))
+        .filter(|p| *p != allowed)
         .filter(|p| code_only(&std::fs::read_to_string(p).unwrap()).contains("SoftMap {"))
-        .map(|p| p.strip_prefix(&src).unwrap().display().to_string())
+        .map(|p| p.display().to_string())
         .collect();
     assert!(
         found.is_empty(),
@@ -635,17 +654,45 @@ fn no_soft_map_literal_outside_its_constructors() {
     );
 }
 
-/// No Rust file of `src/` (the command line's included) is longer than this many lines.
+/// No Rust file of the workspace (the command line, tests, examples, benches, the Python
+/// bindings and the fuzz targets included) is longer than this many lines.
 const MAX_LINES: usize = 800;
 
 #[test]
-fn no_file_of_src_is_over_800_lines() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let long: Vec<String> = rust_files(&src, false)
+fn no_rust_file_of_the_workspace_is_over_800_lines() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dirs = [
+        "src",
+        "tests",
+        "examples",
+        "benches",
+        "fuzz",
+        "python/src",
+        "crates/racelab-core/src",
+        "crates/racelab-core/tests",
+        "crates/racelab-core/examples",
+        "crates/racelab-core/fuzz",
+    ];
+    let files: Vec<PathBuf> = dirs
+        .iter()
+        .map(|d| root.join(d))
+        .filter(|d| d.is_dir())
+        .flat_map(|d| rust_files(&d, false))
+        .filter(|p| !p.components().any(|c| c.as_os_str() == "target"))
+        .collect();
+    // The walk reaches both crates' sources and tests.
+    for f in [
+        "crates/racelab-core/src/cpu/mod.rs",
+        "src/experiments/mod.rs",
+        "tests/errors.rs",
+    ] {
+        assert!(files.contains(&root.join(f)), "{f} not walked");
+    }
+    let long: Vec<String> = files
         .into_iter()
         .filter_map(|p| {
             let n = std::fs::read_to_string(&p).unwrap().lines().count();
-            let name = p.strip_prefix(&src).unwrap().display().to_string();
+            let name = p.strip_prefix(root).unwrap().display().to_string();
             (n > MAX_LINES).then(|| format!("{name} ({n} lines)"))
         })
         .collect();
@@ -719,14 +766,17 @@ fn swallows_nan(line: &str) -> bool {
 
 #[test]
 fn no_measured_value_is_folded_or_sorted_past_a_nan_outside_stats() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut hits = Vec::new();
-    for room in MEASURING {
+    for (src, room) in sources()
+        .iter()
+        .flat_map(|src| MEASURING.map(|room| (src, room)))
+        .filter(|(src, room)| src.join(room).is_dir())
+    {
         for p in rust_files(&src.join(room), false) {
             let code = code_only(&std::fs::read_to_string(&p).unwrap());
             for (i, line) in code.lines().enumerate() {
                 if swallows_nan(line) {
-                    let name = p.strip_prefix(&src).unwrap().display();
+                    let name = p.strip_prefix(src).unwrap().display();
                     hits.push(format!("{name}:{}: {}", i + 1, line.trim()));
                 }
             }
@@ -734,7 +784,7 @@ fn no_measured_value_is_folded_or_sorted_past_a_nan_outside_stats() {
     }
     assert!(
         hits.is_empty(),
-        "use the NaN-propagating helpers of src/stats.rs:\n{}",
+        "use the NaN-propagating helpers of the core's src/stats.rs:\n{}",
         hits.join("\n")
     );
     // The lint sees what it is for.

@@ -1,8 +1,12 @@
 //! What racelab writes: a full disk fails before the work and keeps the earlier output, and
 //! an output never replaces what racelab did not write (an input, a device, another output).
 mod common;
+use common::randn_t;
 use common::{attend_here, attend_relative, qkv, tmpdir};
-use racelab::io::{parse_npy, write_npy, Dtype};
+use racelab::attend::attend_in;
+use racelab::io::{parse_npy, read_npy_native, write_npy, Dtype, NpyData};
+use racelab::params::{Beta, Bits, Seed, Tables};
+use racelab::{AttendOptions, Device, Method, Tensor};
 
 /// A new folder `name` holding `q.npy`, `k.npy`, `v.npy` ([2, 16, 4] of seed 4, f64).
 fn qkv_dir(name: &str) -> std::path::PathBuf {
@@ -146,5 +150,47 @@ fn outputs_never_replace_what_racelab_did_not_write() {
         err.contains("`out`") && err.contains("not a folder"),
         "{err}"
     );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `racelab attend` on f32 files writes f32, the library's own f32 output.
+#[test]
+fn the_command_line_keeps_f32_files_f32() {
+    let dir = std::env::temp_dir().join(format!("racelab-f32-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let t = randn_t(&[2, 24, 8], 9).map(|x| x as f32);
+    for name in ["q", "k", "v"] {
+        write_npy(
+            &dir.join(format!("{name}.npy")),
+            &t.shape,
+            &t.data,
+            Dtype::F32,
+        )
+        .unwrap();
+    }
+    let out = dir.join("o.npy");
+    let args = [
+        "--method", "soft", "--p", "2", "--l", "3", "--beta", "6", "--causal", "--device", "cpu",
+    ];
+    let status = common::attend_command(&dir, &args).output().unwrap();
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    let o = match read_npy_native(&out).unwrap() {
+        NpyData::F32(o) => o,
+        NpyData::F64(_) => panic!("an f32 call wrote f64"),
+    };
+    let lib: Tensor<f32> = attend_in(
+        &t.view(),
+        &t.view(),
+        &t.view(),
+        &AttendOptions::new(Method::soft(Bits(2), Tables(3), Beta(6.0), Seed(0))).causal(true),
+        Device::Cpu,
+    )
+    .unwrap()
+    .o;
+    assert_eq!(o, lib, "the command line's f32 output is the library's");
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -16,21 +16,21 @@ use numpy::{
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use racelab::attend::{attend_with, AttendOptions};
-use racelab::backend::{
+use racelab_core::attend::{attend_with, AttendOptions};
+use racelab_core::backend::{
     Backend, Device, GradsMut, Heads, PlanesF32, Problem, RaceParams, Saved as Kept,
 };
-use racelab::cpu::ABuf;
-use racelab::cpu::CpuRace;
-use racelab::error::Spelling;
-use racelab::hashing::Planes;
-use racelab::method::{Flags, MethodKind};
-use racelab::params::Combine;
-use racelab::params::{Beta, Bits, Seed, Tables};
-use racelab::reference::logdomain::{soft_race_backward_log, soft_race_log};
-use racelab::tensor::{check_qkv, Mat, MatRef, Tensor};
-use racelab::validate::{Budget, Held};
-use racelab::RaceError;
+use racelab_core::cpu::ABuf;
+use racelab_core::cpu::CpuRace;
+use racelab_core::error::Spelling;
+use racelab_core::hashing::Planes;
+use racelab_core::method::{Flags, MethodKind};
+use racelab_core::params::Combine;
+use racelab_core::params::{Beta, Bits, Seed, Tables};
+use racelab_core::reference::logdomain::{soft_race_backward_log, soft_race_log};
+use racelab_core::tensor::{check_qkv, Mat, MatRef, Tensor};
+use racelab_core::validate::{Budget, Held};
+use racelab_core::RaceError;
 use rayon::prelude::*;
 
 /// A library error as Python's `ValueError`, its message in Python's words (the module sets
@@ -174,7 +174,7 @@ fn planes<'py>(
     d: usize,
     seed: u64,
 ) -> PyResult<Bound<'py, PyAny>> {
-    racelab::params::validate_pl(p, l).map_err(py_err)?;
+    racelab_core::params::validate_pl(p, l).map_err(py_err)?;
     let w = Planes::gaussian(Bits(p), Tables(l), d, Seed(seed)).map_err(py_err)?;
     array(py, w.w().to_vec(), &[l, p, d])
 }
@@ -424,7 +424,7 @@ fn soft_forward_f64<'py>(
     let py = q.py();
     let combine: Combine = combine.parse().map_err(py_err)?;
     let planes = planes_of(&planes)?;
-    racelab::params::validate_beta(beta).map_err(py_err)?;
+    racelab_core::params::validate_beta(beta).map_err(py_err)?;
     let t = tensors64(&q, &k, &v, &planes, causal)?;
     let [qh, kh, vh] = views(&t)?;
     let (n, dv) = (qh[0].rows, vh[0].cols);
@@ -452,7 +452,7 @@ fn soft_backward_f64<'py>(
 ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>, f64)> {
     let py = q.py();
     let planes = planes_of(&planes)?;
-    racelab::params::validate_beta(beta).map_err(py_err)?;
+    racelab_core::params::validate_beta(beta).map_err(py_err)?;
     let t = tensors64(&q, &k, &v, &planes, causal)?;
     let [qh, kh, vh] = views(&t)?;
     let (gdata, gdims) = slice3("g", &g)?;
@@ -463,7 +463,7 @@ fn soft_backward_f64<'py>(
             format!("g is {gdims:?} but the output is [{h}, {n}, {dv}]"),
         )));
     }
-    racelab::tensor::check_finite("g", gdata).map_err(py_err)?;
+    racelab_core::tensor::check_finite("g", gdata).map_err(py_err)?;
     let gh: Vec<MatRef<f64>> = gdata
         .chunks_exact(n * dv)
         .map(|c| MatRef::new(n, dv, c).map_err(py_err))
@@ -473,12 +473,13 @@ fn soft_backward_f64<'py>(
             soft_race_backward_log(qh[h], kh[h], vh[h], gh[h], &planes, beta, causal)
         })
     });
-    let cat = |f: &dyn Fn(&racelab::reference::backward::SoftGrads64) -> &Mat<f64>| -> Vec<f64> {
-        grads
-            .iter()
-            .flat_map(|g| f(g).data.iter().copied())
-            .collect()
-    };
+    let cat =
+        |f: &dyn Fn(&racelab_core::reference::backward::SoftGrads64) -> &Mat<f64>| -> Vec<f64> {
+            grads
+                .iter()
+                .flat_map(|g| f(g).data.iter().copied())
+                .collect()
+        };
     let (m, d) = (kh[0].rows, qh[0].cols);
     Ok((
         array(py, cat(&|g| &g.dq), &[h, n, d])?,
@@ -491,19 +492,19 @@ fn soft_backward_f64<'py>(
 /// Whether this build has the CUDA backend and a device is present.
 #[pyfunction]
 fn cuda_available() -> bool {
-    racelab::cuda::ensure_device().is_ok()
+    racelab_core::cuda::ensure_device().is_ok()
 }
 
 /// The level the CPU kernels run at here: `avx512f`, `avx2+fma` or `scalar` (`RACELAB_ISA`
 /// lowers it; on aarch64 `scalar`, where the native-width passes run on NEON, its baseline).
 #[pyfunction]
 fn cpu_isa() -> &'static str {
-    racelab::cpu::detected_isa().name()
+    racelab_core::cpu::detected_isa().name()
 }
 
 #[pymodule]
 fn _racelab(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    racelab::error::set_spelling(Spelling::Python);
+    racelab_core::error::set_spelling(Spelling::Python);
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<Saved>()?;
     m.add_function(wrap_pyfunction!(planes, m)?)?;

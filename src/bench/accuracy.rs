@@ -5,11 +5,11 @@
 //! Relative error = `max_t |o_t − o_t^{f64}| / max_t |o_t^{f64}|`.
 
 use super::machine::fill;
+use crate::backend::Backend;
 use crate::backend::{Heads, PlanesF32};
-use crate::cpu::{detected_isa, soft_forward};
+use crate::cpu::CpuRace;
 use crate::hashing::{soft_features, Planes};
 use crate::params::{Bits, Seed, Tables};
-use crate::shared::SoftMap;
 use serde::Serialize;
 use std::time::Instant;
 
@@ -51,16 +51,14 @@ pub fn run(
         fill(&mut q, seed, 0);
         fill(&mut k, seed + 1, 0);
         fill(&mut v, seed + 2, 0);
-        let map = SoftMap::new(&planes32, beta as f32)?;
         let t = Instant::now();
-        let fwd = soft_forward(
-            &map,
-            Heads::of(1, n, d, &q),
-            Heads::of(1, n, d, &k),
-            Heads::of(1, n, dv, &v),
-            true,
-            detected_isa(),
-        );
+        let fwd = CpuRace::detected().forward(
+            &params.with_causal(true),
+            &planes32,
+            Heads::new(1, n, d, &q)?,
+            Heads::new(1, n, d, &k)?,
+            Heads::new(1, n, dv, &v)?,
+        )?;
         let kernel_seconds = t.elapsed().as_secs_f64();
         let t = Instant::now();
         let mut s64 = vec![0.0f64; m * w];

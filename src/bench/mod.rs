@@ -37,7 +37,8 @@
 
 pub mod accuracy;
 pub mod gpu;
-pub mod machine;
+/// The machine's limits and the input filler (kept with the kernels, whose SIMD frame they use).
+pub use crate::cpu::machine;
 mod output;
 mod rows;
 mod timing;
@@ -324,7 +325,7 @@ pub fn run(cfg: &BenchConfig, progress: &dyn Fn(&str)) -> Result<BenchReport> {
         }
         let inputs = rows::Inputs::new(cfg, n);
         s.race_rows(&inputs)?;
-        s.reference_rows(&inputs);
+        s.reference_rows(&inputs)?;
     }
     let fits = output::fits(&s.rows, cfg);
     let crossovers = output::crossovers(&s.rows, cfg);

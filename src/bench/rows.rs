@@ -8,9 +8,9 @@ use super::{
     bytes_per_token, machine, race_flops_per_token, BenchConfig, BenchRow, CausalRatio, Device,
 };
 use crate::backend::{Backend, GradsMut, Heads, PlanesF32, Problem, RaceParams, Saved};
-use crate::cpu::exact::{exact_attention, Exact};
-use crate::cpu::mem::ABuf;
+use crate::cpu::ABuf;
 use crate::cpu::{self, Isa};
+use crate::cpu::{exact_forward, Exact};
 use crate::error::Result;
 use crate::hashing::Planes;
 use crate::params::Combine;
@@ -134,9 +134,9 @@ impl<'a> Recorder<'a> {
         let (h, d, dv, n) = (cfg.heads, cfg.d, cfg.d, x.n);
         let g = &x.g;
         let (qh, kh, vh) = (
-            Heads::of(h, n, d, &x.q),
-            Heads::of(h, n, d, &x.k),
-            Heads::of(h, n, dv, &x.v),
+            Heads::new(h, n, d, &x.q)?,
+            Heads::new(h, n, d, &x.k)?,
+            Heads::new(h, n, dv, &x.v)?,
         );
         // The probe after the previous row, which serves as this row's probe before.
         let mut last_probe: Option<f64> = None;
@@ -161,15 +161,11 @@ impl<'a> Recorder<'a> {
                 PlanesF32::from_planes(&Planes::gaussian(Bits(p), Tables(l), d, Seed(cfg.seed))?);
             // One validated problem per mode (validated once, outside the timed runs).
             let problem = |causal: bool| {
-                let params = RaceParams {
-                    p,
-                    l,
-                    beta: cfg.beta,
-                    combine: Combine::Paper,
-                    causal,
-                };
+                let params = RaceParams::new(Bits(p), Tables(l), crate::params::Beta(cfg.beta))?
+                    .with_combine(Combine::Paper)
+                    .with_causal(causal);
                 if cfg.backward {
-                    let gh = Heads::of(h, n, dv, g);
+                    let gh = Heads::new(h, n, dv, g)?;
                     Problem::with_grad(&params, &planes, qh, kh, vh, gh)
                 } else {
                     Problem::new(&params, &planes, qh, kh, vh)
@@ -180,15 +176,15 @@ impl<'a> Recorder<'a> {
             reset_peak_rss();
             // Output and gradient buffers are allocated once per row and reused across runs,
             // as a caching allocator would; runs time the kernels, not page faults.
-            let mut o = cpu::mem::ABuf::zeroed(h * n * dv);
+            let mut o = cpu::ABuf::zeroed(h * n * dv);
             let (mut dq, mut dk, mut dvb) = if cfg.backward {
                 (
-                    cpu::mem::ABuf::zeroed(h * n * d),
-                    cpu::mem::ABuf::zeroed(h * n * d),
-                    cpu::mem::ABuf::zeroed(h * n * dv),
+                    cpu::ABuf::zeroed(h * n * d),
+                    cpu::ABuf::zeroed(h * n * d),
+                    cpu::ABuf::zeroed(h * n * dv),
                 )
             } else {
-                let z = || cpu::mem::ABuf::zeroed(0);
+                let z = || cpu::ABuf::zeroed(0);
                 (z(), z(), z())
             };
             // What a forward saves (denominators, saved `u`) is recycled the same way, one
@@ -318,14 +314,14 @@ impl<'a> Recorder<'a> {
 
     /// The exact references (softmax, angular) at `x.n` tokens, each while its predicted
     /// time per run (quadratic in N from the last one) fits `ref_budget_s`.
-    pub fn reference_rows(&mut self, x: &Inputs) {
+    pub fn reference_rows(&mut self, x: &Inputs) -> Result<()> {
         let (cfg, progress, isa, bw, peak) =
             (self.cfg, self.progress, self.isa, self.bw, self.peak);
         let (h, d, dv, n) = (cfg.heads, cfg.d, cfg.d, x.n);
         let (qh, kh, vh) = (
-            Heads::of(h, n, d, &x.q),
-            Heads::of(h, n, d, &x.k),
-            Heads::of(h, n, dv, &x.v),
+            Heads::new(h, n, d, &x.q)?,
+            Heads::new(h, n, d, &x.k)?,
+            Heads::new(h, n, dv, &x.v)?,
         );
         for (ri, name) in ["softmax", "angular"].iter().enumerate() {
             if !self.ref_alive[ri] {
@@ -356,9 +352,17 @@ impl<'a> Recorder<'a> {
             } else {
                 cfg.runs
             };
+            let mut failed = None;
             let (secs, all) = time_runs(runs, || {
-                std::hint::black_box(exact_attention(kind, qh, kh, vh, cfg.causal, isa));
+                if let Err(e) =
+                    std::hint::black_box(exact_forward(kind, qh, kh, vh, cfg.causal, isa))
+                {
+                    failed = Some(e);
+                }
             });
+            if let Some(e) = failed {
+                return Err(e);
+            }
             self.ref_last[ri] = Some((n, secs));
             let rbytes = bytes_per_token(d, dv, 0, false) * (n * h) as f64;
             let floor = rbytes / (bw * 1e9);
@@ -393,5 +397,6 @@ impl<'a> Recorder<'a> {
                 runs: all,
             });
         }
+        Ok(())
     }
 }

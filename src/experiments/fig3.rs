@@ -49,14 +49,14 @@ pub struct FigInputs {
 
 /// Share of soft-hash bits with |tanh(wᵀx)| > 0.99 over the rows of `xs`.
 pub fn saturated_share(planes: &Planes, xs: &[&Mat<f64>]) -> f64 {
-    let mut z = vec![0.0; planes.p];
+    let mut z = vec![0.0; planes.p()];
     let (mut sat, mut tot) = (0usize, 0usize);
     for x in xs {
-        for l in 0..planes.l {
+        for l in 0..planes.l() {
             for i in 0..x.rows {
                 planes.project(l, x.row(i), &mut z);
                 sat += z.iter().filter(|t| t.tanh().abs() > 0.99).count();
-                tot += planes.p;
+                tot += planes.p();
             }
         }
     }
@@ -82,7 +82,7 @@ fn soft_prefixes(
     let fk = soft_feature_bank(planes, &k.data, k.rows, beta);
     let mut sum = Mat::zeros(q.rows, k.rows);
     let mut out = Vec::new();
-    for t in 0..planes.l {
+    for t in 0..planes.l() {
         for i in 0..q.rows {
             let a = &fq[(t * q.rows + i) * r..(t * q.rows + i + 1) * r];
             for j in 0..k.rows {

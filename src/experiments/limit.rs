@@ -177,7 +177,7 @@ pub fn row_limit(uq: &[f64], uk: &[f64], v: MatRef<f64>, p: usize) -> RowLimit {
 
 /// `tanh(W x)` for every table of every row of `x` (`n × L·P`).
 fn tanh_bank(planes: &Planes, x: &Mat<f64>) -> Vec<f64> {
-    let (l, p) = (planes.l, planes.p);
+    let (l, p) = (planes.l(), planes.p());
     let mut out = vec![0.0; x.rows * l * p];
     for i in 0..x.rows {
         for t in 0..l {
@@ -198,7 +198,7 @@ pub fn row_error(
     beta: f64,
     limit: &[f64],
 ) -> f64 {
-    let qm = MatRef::of(1, q.len(), q);
+    let qm = MatRef::single_row(q);
     let o = soft_race_log(qm, k, v, planes, beta, false, Combine::Paper).o;
     let vmax = v
         .data
@@ -259,7 +259,7 @@ fn compute_csvs(ctx: &Ctx, cfg: &Config) -> Result<(Vec<String>, f64)> {
                 if lim.shared {
                     // The limit is the library's hard-LSH output itself (and must agree with
                     // the winners' weighted mean).
-                    let qi = MatRef::of(1, cfg.d, q.row(i));
+                    let qi = MatRef::single_row(q.row(i));
                     let hard = hard_lsh(qi, k.view(), v.view(), &planes, false).o;
                     for (a, b) in lim.limit.iter().zip(hard.row(0)) {
                         hard_gap = hard_gap.max((a - b).abs());
@@ -467,7 +467,7 @@ mod tests {
 
     /// One plane (`P = L = 1`), `u = tanh(x)`: the exponents are known by hand.
     fn one_bit(uq: f64, uk: &[f64], v: &[f64]) -> RowLimit {
-        let vm = MatRef::of(uk.len(), 1, v);
+        let vm = MatRef::new(uk.len(), 1, v).unwrap();
         row_limit(&[uq], uk, vm, 1)
     }
 
@@ -506,7 +506,10 @@ mod tests {
             [(-0.2f64).atanh(), (-0.7f64).atanh()],
             [1.0, 2.0],
         );
-        let (km, vm) = (MatRef::of(2, 1, &k), MatRef::of(2, 1, &v));
+        let (km, vm) = (
+            MatRef::new(2, 1, &k).unwrap(),
+            MatRef::new(2, 1, &v).unwrap(),
+        );
         let r = one_bit(0.5, &[-0.2, -0.7], &v);
         let at = |x: f64, lim: &[f64]| (x, row_error(&q, km, vm, &planes, x / (2.0 * r.rate), lim));
         let rho = rate_ratio(at(16.0, &r.limit), at(24.0, &r.limit)).unwrap();

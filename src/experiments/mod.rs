@@ -65,7 +65,7 @@ pub fn soft_out(
 
 /// The same non-causal `Ô` from the production f32 CPU kernels (one head), returned in f64.
 /// The studies whose errors are far above f32 rounding (relative errors ≥ 1e-3 against
-/// ~1e-6 for the kernels, `tests/backends.rs`) use it for their inner loops; the f64
+/// ~1e-6 for the kernels, the core's `tests/backends.rs`) use it for their inner loops; the f64
 /// reference stays the ground truth where a quantity is near rounding.
 pub fn soft_out_f32(
     (q, k, v): Qkv,
@@ -75,18 +75,17 @@ pub fn soft_out_f32(
     use crate::backend::{Backend, Heads, PlanesF32, RaceParams};
     let to32 = |m: &crate::tensor::Mat<f64>| m.data.iter().map(|&x| x as f32).collect::<Vec<f32>>();
     let (q32, k32, v32) = (to32(q), to32(k), to32(v));
-    let params = RaceParams {
-        p: planes.p,
-        l: planes.l,
-        beta,
-        ..Default::default()
-    };
+    let params = RaceParams::new(
+        crate::params::Bits(planes.p()),
+        crate::params::Tables(planes.l()),
+        crate::params::Beta(beta),
+    )?;
     let out = crate::cpu::CpuRace::detected().forward(
         &params,
         &PlanesF32::from_planes(planes),
-        Heads::of(1, q.rows, q.cols, &q32),
-        Heads::of(1, k.rows, k.cols, &k32),
-        Heads::of(1, v.rows, v.cols, &v32),
+        Heads::new(1, q.rows, q.cols, &q32)?,
+        Heads::new(1, k.rows, k.cols, &k32)?,
+        Heads::new(1, v.rows, v.cols, &v32)?,
     )?;
     Ok(crate::tensor::Mat::from_vec(
         q.rows,

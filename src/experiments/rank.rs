@@ -22,7 +22,7 @@ pub struct Config {
 
 /// Stacked features `[Φ_1 | … | Φ_L]` (N × LR) of `x`.
 fn stacked(planes: &Planes, x: &Mat<f64>, soft: bool, beta: f64) -> Mat<f64> {
-    let (l, r, n) = (planes.l, planes.r(), x.rows);
+    let (l, r, n) = (planes.l(), planes.r(), x.rows);
     let mut out = Mat::zeros(n, l * r);
     if soft {
         let bank = soft_feature_bank(planes, &x.data, n, beta);

@@ -137,13 +137,13 @@ fn mean_norm(m: &Mat<f64>) -> f64 {
 /// Share of soft-hash bits with |tanh(wᵀx)| > 0.99 (saturated: the gradient through tanh and
 /// the softness are gone).
 fn saturation(planes: &Planes, x: &Mat<f64>) -> f64 {
-    let mut z = vec![0.0; planes.p];
+    let mut z = vec![0.0; planes.p()];
     let (mut sat, mut tot) = (0usize, 0usize);
-    for l in 0..planes.l {
+    for l in 0..planes.l() {
         for i in 0..x.rows {
             planes.project(l, x.row(i), &mut z);
             sat += z.iter().filter(|t| t.tanh().abs() > 0.99).count();
-            tot += planes.p;
+            tot += planes.p();
         }
     }
     sat as f64 / tot as f64

@@ -18,8 +18,9 @@ use super::{
     Claim, Ctx, ExpResult, Measure,
 };
 use crate::analysis::metrics::{frob, rms_row_err};
+use crate::backend::Backend;
 use crate::backend::{Heads, PlanesF32};
-use crate::cpu::{detected_isa, soft_forward};
+use crate::cpu::CpuRace;
 use crate::error::Result;
 use crate::hashing::Planes;
 use crate::params::Combine;
@@ -28,7 +29,6 @@ use crate::plot::{line_plot, LinePlot, Series};
 use crate::reference::angular::angular_attention;
 use crate::reference::baselines::{linear_attention, performer_attention, performer_omega};
 use crate::reference::softmax::softmax_attention;
-use crate::shared::SoftMap;
 use crate::tensor::Mat;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -227,21 +227,23 @@ fn kernel_times(st: &Study) -> Result<Vec<((usize, usize), f64)>> {
     for (p, l) in st.pls() {
         let planes =
             PlanesF32::from_planes(&Planes::gaussian(Bits(p), Tables(l), d, Seed(ctx.seed))?);
-        let map = SoftMap::new(&planes, crate::params::DEFAULT_BETA as f32)?;
+        let params = crate::params::RaceParams::new(
+            Bits(p),
+            Tables(l),
+            crate::params::Beta(crate::params::DEFAULT_BETA),
+        )?;
+        let (qh, vh) = (
+            Heads::new(1, cfg.time_n, d, &tq)?,
+            Heads::new(1, cfg.time_n, dv, &tv)?,
+        );
+        let race = CpuRace::detected();
         let ts: Vec<f64> = (0..cfg.time_runs.max(1))
             .map(|_| {
                 let t = std::time::Instant::now();
-                std::hint::black_box(soft_forward(
-                    &map,
-                    Heads::of(1, cfg.time_n, d, &tq),
-                    Heads::of(1, cfg.time_n, d, &tq),
-                    Heads::of(1, cfg.time_n, dv, &tv),
-                    false,
-                    detected_isa(),
-                ));
-                t.elapsed().as_secs_f64()
+                std::hint::black_box(race.forward(&params, &planes, qh, qh, vh)?);
+                Ok(t.elapsed().as_secs_f64())
             })
-            .collect();
+            .collect::<Result<_>>()?;
         times.push(((p, l), crate::stats::median(&ts)));
     }
     Ok(times)

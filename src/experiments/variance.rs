@@ -7,15 +7,16 @@
 use super::{
     data, f, fig, load_config, quantile, read_csv, write_csv, Claim, Ctx, ExpResult, Measure,
 };
+use crate::backend::Backend;
 use crate::backend::{Heads, PlanesF32};
-use crate::cpu::{detected_isa, soft_forward};
+use crate::cpu::CpuRace;
 use crate::error::Result;
 use crate::hashing::Planes;
+use crate::params::{Beta, RaceParams};
 use crate::params::{Bits, Seed, Tables};
 use crate::plot::{line_plot, LinePlot, Series};
 use crate::reference::angular::kappa;
 use crate::reference::expected::GTable;
-use crate::shared::SoftMap;
 use crate::stats::loglog_slope;
 use crate::tensor::Mat;
 use rayon::prelude::*;
@@ -92,19 +93,21 @@ fn problem(cfg: &Config, n: usize, seed: u64, table: &GTable) -> Problem {
     }
 }
 
-fn error(cfg: &Config, pr: &Problem, n: usize, l: usize, seed: u64) -> f64 {
-    let planes = PlanesF32::from_planes(
-        &Planes::gaussian(Bits(cfg.p), Tables(l), cfg.d, Seed(seed)).expect("valid P, L"),
-    );
-    let map = SoftMap::new(&planes, cfg.beta as f32).expect("β validated in compute_csv");
-    let out = soft_forward(
-        &map,
-        Heads::of(1, n, cfg.d, &pr.q),
-        Heads::of(1, n, cfg.d, &pr.k),
-        Heads::of(1, n, cfg.dv, &pr.v),
-        false,
-        detected_isa(),
-    );
+fn error(cfg: &Config, pr: &Problem, n: usize, l: usize, seed: u64) -> Result<f64> {
+    let planes = PlanesF32::from_planes(&Planes::gaussian(
+        Bits(cfg.p),
+        Tables(l),
+        cfg.d,
+        Seed(seed),
+    )?);
+    let params = RaceParams::new(Bits(cfg.p), Tables(l), Beta(cfg.beta))?;
+    let out = CpuRace::detected().forward(
+        &params,
+        &planes,
+        Heads::new(1, n, cfg.d, &pr.q)?,
+        Heads::new(1, n, cfg.d, &pr.k)?,
+        Heads::new(1, n, cfg.dv, &pr.v)?,
+    )?;
     let dv = cfg.dv;
     let mut s = 0.0;
     for (t, &i) in pr.rows.iter().enumerate() {
@@ -113,7 +116,7 @@ fn error(cfg: &Config, pr: &Problem, n: usize, l: usize, seed: u64) -> f64 {
             s += e * e;
         }
     }
-    (s / pr.rows.len() as f64).sqrt() / pr.scale
+    Ok((s / pr.rows.len() as f64).sqrt() / pr.scale)
 }
 
 /// Compute → CSV `variance`: the sampling error's 10/50/90% quantiles over seeds, against L
@@ -135,7 +138,7 @@ fn compute_csv(ctx: &Ctx, cfg: &Config) -> Result<String> {
                     ctx.seed * 100_003 + (l * 1009 + s) as u64,
                 )
             })
-            .collect();
+            .collect::<Result<_>>()?;
         rows.push(vec![
             "l".into(),
             cfg.n_for_l.to_string(),
@@ -158,7 +161,7 @@ fn compute_csv(ctx: &Ctx, cfg: &Config) -> Result<String> {
                     ctx.seed * 100_003 + (n * 7 + s) as u64,
                 )
             })
-            .collect();
+            .collect::<Result<_>>()?;
         rows.push(vec![
             "n".into(),
             n.to_string(),

@@ -194,7 +194,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub reference: bool,
     /// Which kernels to time.
-    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    #[arg(long, value_parser = named(&Device::ALL, Device::name, Device::about), default_value = "cpu")]
     pub device: Device,
     /// Timed runs per row (median reported; at least 3; short rows get more, up to 0.25 s;
     /// at most 1000).
@@ -266,7 +266,7 @@ pub struct AttendArgs {
     #[command(flatten)]
     pub files: QkvFiles,
     /// The operator.
-    #[arg(long, value_enum)]
+    #[arg(long, value_parser = named(&MethodKind::ALL, MethodKind::name, MethodKind::about))]
     pub method: MethodKind,
     /// Bits per table (R = 2^P buckets) [default: 2, or the --planes file's P].
     #[arg(long)]
@@ -299,13 +299,13 @@ pub struct AttendArgs {
     #[arg(long, value_parser = output_path)]
     pub save_planes: Option<PathBuf>,
     /// How the tables are combined: paper (Algorithm 1) or authors (per-bucket means).
-    #[arg(long, value_enum, default_value_t = Combine::Paper)]
+    #[arg(long, value_parser = named(&Combine::ALL, Combine::name, Combine::about), default_value = "paper")]
     pub combine: Combine,
     /// Output dtype (default: that of --q).
-    #[arg(long, value_enum)]
+    #[arg(long, value_parser = named(&Dtype::ALL, Dtype::name, Dtype::about))]
     pub dtype: Option<Dtype>,
     /// Where to compute: reference (f64, exact), cpu (f32 kernels) or cuda (f32, soft only).
-    #[arg(long, value_enum, default_value_t = Device::Reference)]
+    #[arg(long, value_parser = named(&Device::ALL, Device::name, Device::about), default_value = "reference")]
     pub device: Device,
     /// Memory budget (e.g. 8G, 512M; default: what the machine has available). Work whose
     /// buffers would exceed it is refused before anything is allocated.
@@ -365,6 +365,26 @@ pub struct ReproduceArgs {
     pub seeds: u64,
     #[command(flatten)]
     pub common: Common,
+}
+
+/// The value parser of one of the core's named enums (`Device`, `MethodKind`, `Combine`,
+/// `Dtype`): exactly the names `name` gives `all`, listed with their `about` line in `--help`
+/// and in the error.
+fn named<T: Copy + Send + Sync + 'static>(
+    all: &'static [T],
+    name: fn(&T) -> &'static str,
+    about: fn(&T) -> &'static str,
+) -> impl clap::builder::TypedValueParser<Value = T> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    let values = all
+        .iter()
+        .map(|v| PossibleValue::new(name(v)).help(about(v)));
+    PossibleValuesParser::new(values).try_map(move |s: String| {
+        all.iter()
+            .copied()
+            .find(|v| name(v) == s)
+            .ok_or_else(|| format!("`{s}` is not one of the listed values"))
+    })
 }
 
 /// `--max-memory`: a byte count with an optional K/M/G/T suffix.
