@@ -553,6 +553,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "tensor",
             "params",
             "hashing",
+            "memory",
             "backend",
             "reference",
         ],

@@ -44,7 +44,7 @@ impl Kernels {
 pub const STATE_BLOCK: usize = 128;
 
 /// Row width of a bank for values of width `dv` in the f32 kernels: `dv + 1` (values and mass)
-/// rounded up to whole 16-float vectors (`cpu::state::bank_width` is this).
+/// rounded up to whole 16-float vectors (the one definition; `shared::layout` re-exports it).
 pub fn bank_width(dv: usize) -> usize {
     (dv + 1).next_multiple_of(16)
 }

@@ -21,14 +21,7 @@ pub struct KeyTotals<'a> {
     pub floor: f32,
 }
 
-/// Tokens accumulated in f32 before the block is moved into the f64 base.
-pub const FLUSH: usize = 256;
-
-/// Row width of a bank for values of width `dv`: `dv + 1` (values and mass) rounded up to a
-/// multiple of 16 floats, so every row is whole 64-byte vectors (the padding stays 0).
-pub fn bank_width(dv: usize) -> usize {
-    (dv + 1).next_multiple_of(16)
-}
+pub use crate::shared::layout::{bank_width, plan_segments, FLUSH};
 
 /// A fresh `[·, 1, 0…]` buffer for values of width `dv`.
 pub fn ext_buffer(dv: usize) -> Vec<f32> {
@@ -149,23 +142,6 @@ impl Bank {
         self.flush();
         self.base64
     }
-}
-
-/// Split `n` tokens into contiguous segments so that heads × segments keeps every thread busy
-/// (one segment per head when there are at least twice as many heads as threads).
-pub fn plan_segments(n: usize, heads: usize) -> Vec<(usize, usize)> {
-    let threads = rayon::current_num_threads().max(1);
-    let want = if heads >= 2 * threads {
-        1
-    } else {
-        (2 * threads).div_ceil(heads.max(1))
-    };
-    let segs = want.min(n.div_ceil(FLUSH)).max(1);
-    let len = n.div_ceil(segs);
-    (0..segs)
-        .map(|s| (s * len, ((s + 1) * len).min(n)))
-        .filter(|(a, b)| a < b)
-        .collect()
 }
 
 /// Split a `[heads, n, cols]` output buffer into disjoint `(head, segment)` pieces.

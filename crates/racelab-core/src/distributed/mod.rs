@@ -77,7 +77,7 @@ pub fn slice_of(n: usize, size: usize, rank: usize) -> (usize, usize) {
 
 /// Bytes each rank contributes to one state collective: `8 · heads · L·2^P · bank_width(dv)`.
 pub fn state_bytes(heads: usize, p: usize, l: usize, dv: usize) -> u64 {
-    8 * (heads * (l << p) * crate::cpu::state::bank_width(dv)) as u64
+    8 * (heads * (l << p) * crate::shared::bank_width(dv)) as u64
 }
 
 /// Collectives taken, bytes this rank contributed and seconds spent in them.
@@ -318,7 +318,7 @@ impl<C: Comm> Distributed<C> {
         reuse: Ctx,
     ) -> (usize, Ctx) {
         let (heads, dv, isa) = (q.heads, v.cols, self.isa);
-        let mw = map.width() * crate::cpu::state::bank_width(dv);
+        let mw = map.width() * crate::shared::bank_width(dv);
         let zeros = || vec![vec![0.0f64; mw]; heads];
         if causal {
             // The last rank's total reaches no one (the scan is exclusive): not computed.
@@ -408,7 +408,7 @@ impl<C: Comm> Distributed<C> {
         let (q, k, v, g, isa) = (x.q, x.k, x.v, x.g, self.isa);
         let heads = q.heads;
         let lp = map.planes.l * map.planes.p;
-        let mw = map.width() * crate::cpu::state::bank_width(v.cols);
+        let mw = map.width() * crate::shared::bank_width(v.cols);
         if causal {
             // Σ_{i ∈ slice} φ(q_i) ĝ_iᵀ per head, then the suffix scan.
             // Rank 0's queries reach no later key of another rank: not computed.
@@ -434,7 +434,7 @@ impl<C: Comm> Distributed<C> {
             if k.n == 0 {
                 return dbeta_q;
             }
-            let ksegs = crate::cpu::state::plan_segments(k.n, heads);
+            let ksegs = crate::shared::plan_segments(k.n, heads);
             let keys = (&dbanks[..], &ksegs[..]);
             dbeta_q + soft::key_grads(map, isa, keys, (k, uk), v, (gr.dk, gr.dv))
         }

@@ -25,13 +25,12 @@ use crate::cpu::soft::{
     causal_backward::query_totals, causal_backward_from, causal_forward_from, key_banks, key_grads,
     query_grads, read_into, Boundary, KeyTotals, QueryOut, QuerySaved,
 };
-use crate::cpu::state::plan_segments;
 use crate::cpu::Ctx;
 use crate::error::{RaceError, Result};
 use crate::hashing::Planes;
 use crate::params::{Bits, Seed, Tables};
 use crate::provenance::{peak_rss_bytes, reset_peak_rss};
-use crate::shared::SoftMap;
+use crate::shared::{plan_segments, SoftMap};
 use rayon::prelude::*;
 use serde::Serialize;
 use std::time::Instant;
@@ -200,7 +199,7 @@ impl Run<'_> {
         Heads::of(self.heads, len, self.d, x)
     }
     fn zeros(&self) -> Vec<Vec<f64>> {
-        let w = crate::cpu::state::bank_width(self.d);
+        let w = crate::shared::bank_width(self.d);
         vec![vec![0.0f64; self.map.width() * w]; self.heads]
     }
     fn key_totals(&self, c: &Chunk, len: usize) -> Vec<Vec<f64>> {
