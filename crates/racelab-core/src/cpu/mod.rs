@@ -81,6 +81,7 @@ pub(crate) mod features;
 pub mod machine;
 pub(crate) mod mem;
 pub(crate) mod native;
+mod partial;
 pub(crate) mod recompute;
 pub(crate) mod saved;
 pub(crate) mod soft;
@@ -109,6 +110,7 @@ bench_internals!(exact, gemm, simd, token);
 pub use exact::Exact;
 pub(crate) use features::{FeatureMap, HardMap, LinearMap, SoftMap};
 pub use mem::ABuf;
+pub use partial::SliceSaved;
 pub(crate) use saved::{Ctx, ForwardOut};
 pub use simd::{detected_isa, Isa, Level};
 

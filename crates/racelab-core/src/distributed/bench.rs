@@ -218,7 +218,7 @@ pub fn run<C: Comm + Send + Sync>(comm: C, s: &Spec) -> Result<Row> {
         vec![0.0f32; h * nr * d],
         vec![0.0f32; h * nr * d],
     );
-    let mut ctx = crate::cpu::Ctx::default();
+    let mut ctx = crate::cpu::SliceSaved::default();
     let mut dbeta = 0.0;
     let mut per_layer = Traffic::default();
     let (mut secs, mut colls, mut ratios) = (Vec::new(), Vec::new(), Vec::new());

@@ -58,11 +58,9 @@ use crate::backend::{
     Backend, BackwardInputs, Decode, Device, Forward, GradsMut, Heads, PlanesF32, RaceParams,
     SoftGrads,
 };
-use crate::cpu::soft::{self, Boundary};
-use crate::cpu::{CpuRace, Ctx, FeatureMap, Isa};
+use crate::cpu::{CpuRace, Isa, SliceSaved};
 use crate::error::{RaceError, Result};
-use crate::shared::recompute::den_floor;
-use crate::shared::SoftMap;
+use crate::shared::{zero_banks, Partial, SoftMap};
 use serde::Serialize;
 use std::sync::Mutex;
 use std::time::Instant;
@@ -305,9 +303,9 @@ impl<C: Comm> Distributed<C> {
         }
     }
 
-    /// The forward on this rank's slice into `o`, after the state collective; the rows it
-    /// flagged and its `Ctx` for the backward (`reuse`: a previous context whose buffers are
-    /// recycled).
+    /// The forward on this rank's slice into `o`, after the state collective, through the
+    /// partial kernel ([`Partial`]); the rows it flagged and what the backward needs
+    /// (`reuse`: a previous call's, whose buffers are recycled).
     fn forward_local(
         &self,
         map: &SoftMap,
@@ -315,47 +313,24 @@ impl<C: Comm> Distributed<C> {
         (q, k, v): (Heads, Heads, Heads),
         keys: usize,
         o: &mut [f32],
-        reuse: Ctx,
-    ) -> (usize, Ctx) {
-        let (heads, dv, isa) = (q.heads, v.cols, self.isa);
-        let mw = map.width() * crate::shared::bank_width(dv);
-        let zeros = || vec![vec![0.0f64; mw]; heads];
+        reuse: SliceSaved,
+    ) -> Result<(usize, SliceSaved)> {
+        let kernel = CpuRace { isa: self.isa };
         if causal {
             // The last rank's total reaches no one (the scan is exclusive): not computed.
             let last = self.comm.rank() + 1 == self.comm.size();
-            let mut before = if k.n > 0 && !last {
-                soft::key_banks(map, isa, k, v, &mut [])
+            let mut before = if last {
+                zero_banks(map, k.heads, v.cols)
             } else {
-                zeros()
+                kernel.key_banks(map, k, v)?
             };
             self.reduce_banks(&mut before, C::exscan_sum);
-            if q.n == 0 {
-                return (0, Ctx::default());
-            }
-            let from = Boundary {
-                state: Some(&before),
-                keys,
-            };
             let x = crate::backend::ForwardInputs::new(q, k, v);
-            soft::causal_forward_from(map, isa, x, o, reuse, from)
+            kernel.causal_forward(map, x, (&before, keys), o, reuse)
         } else {
-            let mut bufs = reuse.recycle(map, &q, &k);
-            let mut banks = if k.n > 0 {
-                soft::key_banks(map, isa, k, v, &mut bufs.uk)
-            } else {
-                zeros()
-            };
+            let mut banks = kernel.key_banks(map, k, v)?;
             self.reduce_banks(&mut banks, C::all_sum);
-            if q.n == 0 {
-                let ctx = Ctx {
-                    banks,
-                    uk: bufs.uk,
-                    ..Ctx::default()
-                };
-                return (0, ctx);
-            }
-            let floor = den_floor(map.width(), keys);
-            soft::read_ctx(map, isa, q, (banks, dv), o, bufs, floor)
+            kernel.read(map, q, (&banks, v.cols), keys, o, reuse)
         }
     }
 
@@ -371,8 +346,8 @@ impl<C: Comm> Distributed<C> {
         (q, k, v, g): (Heads, Heads, Heads, Heads),
         o: &mut [f32],
         mut grads: GradsMut,
-        reuse: Ctx,
-    ) -> Result<(f64, Ctx)> {
+        reuse: SliceSaved,
+    ) -> Result<(f64, SliceSaved)> {
         let layout = self.start(params, planes, &q, &k, &v, Some(&g))?;
         let map = CpuRace::map(params, planes)?;
         let sizes = [
@@ -388,55 +363,42 @@ impl<C: Comm> Distributed<C> {
             ));
         }
         let keys = self.keys(layout.as_ref(), k.n);
-        let (flagged, ctx) = self.forward_local(&map, params.causal, (q, k, v), keys, o, reuse);
+        let (flagged, saved) =
+            self.forward_local(&map, params.causal, (q, k, v), keys, o, reuse)?;
         let oh = Heads::of(q.heads, q.n, v.cols, o);
         let x = BackwardInputs::new(q, k, v, oh, g);
-        let dbeta = self.backward_local(&map, params.causal, &ctx, x, grads.reborrow());
-        Ok((self.finish(params, flagged, dbeta)?, ctx))
+        let dbeta = self.backward_local(&map, params.causal, &saved, x, grads.reborrow())?;
+        Ok((self.finish(params, flagged, dbeta)?, saved))
     }
 
-    /// The backward on this rank's slice from its forward's `ctx` and output `o`, with the
-    /// state collective in the middle; returns this rank's share of `∂ℓ/∂β`.
+    /// The backward on this rank's slice from its forward (`saved`, output `x.o`), with the
+    /// state collective in the middle, through the partial kernel; returns this rank's share
+    /// of `∂ℓ/∂β`.
     fn backward_local(
         &self,
         map: &SoftMap,
         causal: bool,
-        ctx: &Ctx,
+        saved: &SliceSaved,
         x: BackwardInputs,
         gr: GradsMut,
-    ) -> f64 {
-        let (q, k, v, g, isa) = (x.q, x.k, x.v, x.g, self.isa);
-        let heads = q.heads;
-        let lp = map.planes.l * map.planes.p;
-        let mw = map.width() * crate::shared::bank_width(v.cols);
+    ) -> Result<f64> {
+        let (q, k, v, g) = (x.q, x.k, x.v, x.g);
+        let kernel = CpuRace { isa: self.isa };
         if causal {
-            // Σ_{i ∈ slice} φ(q_i) ĝ_iᵀ per head, then the suffix scan.
-            // Rank 0's queries reach no later key of another rank: not computed.
-            let mut after: Vec<Vec<f64>> = if q.n > 0 && self.comm.rank() > 0 {
-                let (uq, _) = ctx.saved_u(&q, &k, lp);
-                soft::causal_backward::query_totals(map, isa, q, uq, g, x.o, &ctx.den)
+            // Σ_{i ∈ slice} φ(q_i) ĝ_iᵀ per head, then the suffix scan. Rank 0's queries
+            // reach no later key of another rank: their total is not computed.
+            let mut after = if self.comm.rank() > 0 {
+                kernel.query_totals(map, saved, q, g, x.o)?
             } else {
-                vec![vec![0.0; mw]; heads]
+                zero_banks(map, q.heads, v.cols)
             };
             self.reduce_banks(&mut after, C::exscan_sum_rev);
-            if q.n == 0 {
-                return 0.0;
-            }
-            soft::causal_backward_from(map, isa, ctx, x, gr, Some(&after))
+            kernel.causal_backward(map, saved, x, &after, gr)
         } else {
-            let (uq, uk) = ctx.saved_u(&q, &k, lp);
-            let (mut dbanks, dbeta_q) = if q.n > 0 {
-                soft::query_grads(map, isa, soft::QuerySaved::of(ctx, uq), q, g, gr.dq)
-            } else {
-                (vec![vec![0.0; mw]; heads], 0.0)
-            };
+            let GradsMut { dq, dk, dv } = gr;
+            let (mut dbanks, dbeta_q) = kernel.query_grads(map, saved, q, g, dq)?;
             self.reduce_banks(&mut dbanks, C::all_sum);
-            if k.n == 0 {
-                return dbeta_q;
-            }
-            let ksegs = crate::shared::plan_segments(k.n, heads);
-            let keys = (&dbanks[..], &ksegs[..]);
-            dbeta_q + soft::key_grads(map, isa, keys, (k, uk), v, (gr.dk, gr.dv))
+            Ok(dbeta_q + kernel.key_grads(map, &dbanks, (k, v), (dk, dv))?)
         }
     }
 
@@ -492,8 +454,14 @@ impl<C: Comm + Send + Sync> Backend for Distributed<C> {
         let map = CpuRace::map(params, planes)?;
         let keys = self.keys(layout.as_ref(), k.n);
         let mut o = vec![0.0f32; q.heads * q.n * v.cols];
-        let (flagged, _) =
-            self.forward_local(&map, params.causal, (q, k, v), keys, &mut o, Ctx::default());
+        let (flagged, _) = self.forward_local(
+            &map,
+            params.causal,
+            (q, k, v),
+            keys,
+            &mut o,
+            SliceSaved::default(),
+        )?;
         self.finish(params, flagged, 0.0)?;
         Ok(Forward {
             o,
@@ -519,7 +487,7 @@ impl<C: Comm + Send + Sync> Backend for Distributed<C> {
             (q, k, v, g),
             &mut o,
             gr.as_mut(),
-            Ctx::default(),
+            SliceSaved::default(),
         )?;
         gr.dbeta = dbeta;
         let fwd = Forward {

@@ -21,16 +21,12 @@
 
 use super::{slice_of, Comm, Solo};
 use crate::backend::{BackwardInputs, ForwardInputs, GradsMut, Heads, PlanesF32};
-use crate::cpu::soft::{
-    causal_backward::query_totals, causal_backward_from, causal_forward_from, key_banks, key_grads,
-    query_grads, read_into, Boundary, KeyTotals, QueryOut, QuerySaved,
-};
-use crate::cpu::Ctx;
+use crate::cpu::{CpuRace, SliceSaved};
 use crate::error::{RaceError, Result};
 use crate::hashing::Planes;
 use crate::params::{Bits, Seed, Tables};
 use crate::provenance::{peak_rss_bytes, reset_peak_rss};
-use crate::shared::{plan_segments, SoftMap};
+use crate::shared::{Banks, Partial, SoftMap};
 use rayon::prelude::*;
 use serde::Serialize;
 use std::time::Instant;
@@ -198,36 +194,42 @@ impl Run<'_> {
     fn heads<'b>(&self, x: &'b [f32], len: usize) -> Heads<'b> {
         Heads::of(self.heads, len, self.d, x)
     }
-    fn zeros(&self) -> Vec<Vec<f64>> {
-        let w = crate::shared::bank_width(self.d);
-        vec![vec![0.0f64; self.map.width() * w]; self.heads]
+    fn zeros(&self) -> Banks {
+        crate::shared::zero_banks(&self.map, self.heads, self.d)
     }
-    fn key_totals(&self, c: &Chunk, len: usize) -> Vec<Vec<f64>> {
+    /// The partial kernel every pass runs ([`Partial`]).
+    fn kernel(&self) -> CpuRace {
+        CpuRace { isa: self.isa }
+    }
+    fn key_totals(&self, c: &Chunk, len: usize) -> Result<Banks> {
         let (k, v) = (self.heads(&c.k, len), self.heads(&c.v, len));
-        key_banks(&self.map, self.isa, k, v, &mut [])
+        self.kernel().key_banks(&self.map, k, v)
     }
-    /// The causal forward of a chunk from `before`: `(o, flagged rows, ctx)`.
-    fn causal_forward(&self, c: &Chunk, len: usize, before: &[Vec<f64>]) -> (Vec<f32>, usize, Ctx) {
+    /// The causal forward of a chunk from `before`: `(o, flagged rows, saved)`.
+    fn causal_forward(
+        &self,
+        c: &Chunk,
+        len: usize,
+        before: &[Vec<f64>],
+    ) -> Result<(Vec<f32>, usize, SliceSaved)> {
         let mut o = vec![0.0f32; self.heads * len * self.d];
-        let from = Boundary {
-            state: Some(before),
-            keys: self.n,
-        };
         let [q, k, v] = [&c.q, &c.k, &c.v].map(|x| self.heads(x, len));
         let x = ForwardInputs::new(q, k, v);
-        let (flagged, ctx) =
-            causal_forward_from(&self.map, self.isa, x, &mut o, Ctx::default(), from);
-        (o, flagged, ctx)
+        let (flagged, saved) = self.kernel().causal_forward(
+            &self.map,
+            x,
+            (before, self.n),
+            &mut o,
+            SliceSaved::default(),
+        )?;
+        Ok((o, flagged, saved))
     }
     /// The chunk's `Σ φ(q) ĝᵀ` per head, from its forward.
-    fn query_totals(&self, c: &Chunk, len: usize, o: &[f32], ctx: &Ctx) -> Vec<Vec<f64>> {
-        let [q, k, g, oh] = [&c.q[..], &c.k[..], &c.g[..], o].map(|x| self.heads(x, len));
-        let (uq, _) = ctx.saved_u(&q, &k, self.map.planes.l * self.map.planes.p);
-        query_totals(&self.map, self.isa, q, uq, g, oh, &ctx.den)
+    fn query_totals(&self, c: &Chunk, len: usize, o: &[f32], saved: &SliceSaved) -> Result<Banks> {
+        let [q, g, oh] = [&c.q[..], &c.g[..], o].map(|x| self.heads(x, len));
+        self.kernel().query_totals(&self.map, saved, q, g, oh)
     }
 }
-
-use crate::cpu::FeatureMap;
 
 /// Run streaming forward+backward over the ranks of `comm`, each streaming its slice of the
 /// token axis ([`slice_of`]); every rank returns the same report.
@@ -264,9 +266,9 @@ pub fn run_on(comm: &dyn Comm, spec: StreamSpec, progress: &dyn Fn(&str)) -> Res
         .map(|a| (a, (a + CHUNK).min(s1)))
         .collect();
     let (status, coll) = if causal {
-        causal_stream(comm, &r, &chunks, progress)
+        causal_stream(comm, &r, &chunks, progress)?
     } else {
-        plain_stream(comm, &r, &chunks, progress)
+        plain_stream(comm, &r, &chunks, progress)?
     };
     // One all-reduce: flagged rows, ∂ℓ/∂β and the checksum over all ranks.
     let t1 = Instant::now();
@@ -322,9 +324,8 @@ fn plain_stream(
     r: &Run,
     chunks: &[(usize, usize)],
     progress: &dyn Fn(&str),
-) -> ([f64; 3], f64) {
-    let (map, isa, heads, d) = (&r.map, r.isa, r.heads, r.d);
-    let lp = map.planes.l * map.planes.p;
+) -> Result<([f64; 3], f64)> {
+    let (map, kernel, heads, d) = (&r.map, r.kernel(), r.heads, r.d);
     let mut c = Chunk {
         q: Vec::new(),
         k: Vec::new(),
@@ -338,46 +339,29 @@ fn plain_stream(
     let mut banks = r.zeros();
     for &(a, b) in chunks {
         r.gen(&mut c, (a, b), false);
-        add_banks(&mut banks, &r.key_totals(&c, b - a), 1.0);
+        add_banks(&mut banks, &r.key_totals(&c, b - a)?, 1.0);
     }
     let mut coll = reduce(comm, &mut banks, |c, x| c.all_sum(x));
     // (2) queries → O, and (3) query gradients (O itself is not needed: see `query_grads`).
     progress("stream: queries → O, dQ, [dB | dA]");
     let mut dbanks = r.zeros();
-    // Output, denominators and the queries' u = tanh(Wq) (saved by the read for the query
-    // gradients; keys are regenerated in (4) instead: their u over all N would not be bounded
-    // memory), allocated once: the read overwrites them for every chunk.
-    let (mut o, mut den, mut uq) = (Vec::new(), Vec::new(), Vec::new());
-    let floor = crate::shared::recompute::den_floor(map.width(), r.n);
+    // The output and what the read keeps for the query gradients (denominators, the queries'
+    // u = tanh(Wq); keys are regenerated in (4) instead: their u over all N would not be
+    // bounded memory), allocated once: each chunk's read recycles the last one's buffers.
+    let (mut o, mut saved) = (Vec::new(), SliceSaved::default());
     for &(a, b) in chunks {
         let len = b - a;
         r.gen(&mut c, (a, b), true);
         o.resize(heads * len * d, 0.0);
-        den.resize(heads * len, 0.0);
-        uq.resize(heads * len * lp, 0.0);
         let qh = r.heads(&c.q, len);
-        let keys = KeyTotals {
-            banks: &banks,
-            dv: d,
-            floor,
-        };
-        let out = QueryOut {
-            o: &mut o,
-            den: &mut den,
-            uq: &mut uq,
-        };
-        let (flagged, segs) = read_into(map, isa, qh, keys, out);
+        let reuse = std::mem::take(&mut saved);
+        let flagged;
+        (flagged, saved) = kernel.read(map, qh, (&banks, d), r.n, &mut o, reuse)?;
         flagged_rows += flagged;
         checksum += checksum_of(&o);
         dq.resize(heads * len * d, 0.0);
         let gh = r.heads(&c.g, len);
-        let saved = QuerySaved {
-            banks: &banks,
-            segs: &segs,
-            den: &den,
-            uq: &uq,
-        };
-        let (parts, db) = query_grads(map, isa, saved, qh, gh, &mut dq);
+        let (parts, db) = kernel.query_grads(map, &saved, qh, gh, &mut dq)?;
         checksum += checksum_of(&dq);
         dbeta += db;
         add_banks(&mut dbanks, &parts, 1.0);
@@ -388,15 +372,13 @@ fn plain_stream(
     for &(a, b) in chunks {
         let len = b - a;
         r.gen(&mut c, (a, b), false);
-        let segs = plan_segments(len, heads);
         let (kh, vh) = (r.heads(&c.k, len), r.heads(&c.v, len));
         dk.resize(heads * len * d, 0.0);
         dvv.resize(heads * len * d, 0.0);
-        let keys = (&dbanks[..], &segs[..]);
-        dbeta += key_grads(map, isa, keys, (kh, &[]), vh, (&mut dk, &mut dvv));
+        dbeta += kernel.key_grads(map, &dbanks, (kh, vh), (&mut dk, &mut dvv))?;
         checksum += checksum_of(&dk) + checksum_of(&dvv);
     }
-    ([flagged_rows as f64, dbeta, checksum], coll)
+    Ok(([flagged_rows as f64, dbeta, checksum], coll))
 }
 
 /// The causal stream of one rank's `chunks` (see the module docs); returns as
@@ -406,8 +388,8 @@ fn causal_stream(
     r: &Run,
     chunks: &[(usize, usize)],
     progress: &dyn Fn(&str),
-) -> ([f64; 3], f64) {
-    let (map, isa, heads, d) = (&r.map, r.isa, r.heads, r.d);
+) -> Result<([f64; 3], f64)> {
+    let (map, kernel, heads, d) = (&r.map, r.kernel(), r.heads, r.d);
     let mut c = Chunk {
         q: Vec::new(),
         k: Vec::new(),
@@ -423,7 +405,7 @@ fn causal_stream(
     let mut total = r.zeros();
     for &(a, b) in chunks.iter().filter(|_| !last) {
         r.gen(&mut c, (a, b), false);
-        add_banks(&mut total, &r.key_totals(&c, b - a), 1.0);
+        add_banks(&mut total, &r.key_totals(&c, b - a)?, 1.0);
     }
     let mut before = total.clone();
     let mut coll = reduce(comm, &mut before, |c, x| c.exscan_sum(x));
@@ -433,13 +415,13 @@ fn causal_stream(
     for &(a, b) in chunks {
         let len = b - a;
         r.gen(&mut c, (a, b), true);
-        let (o, flagged, ctx) = r.causal_forward(&c, len, &running);
+        let (o, flagged, saved) = r.causal_forward(&c, len, &running)?;
         flagged_rows += flagged;
         checksum += checksum_of(&o);
         if !first {
-            add_banks(&mut after, &r.query_totals(&c, len, &o, &ctx), 1.0);
+            add_banks(&mut after, &r.query_totals(&c, len, &o, &saved)?, 1.0);
         }
-        add_banks(&mut running, &r.key_totals(&c, len), 1.0);
+        add_banks(&mut running, &r.key_totals(&c, len)?, 1.0);
     }
     coll += reduce(comm, &mut after, |c, x| c.exscan_sum_rev(x));
     // (3) Backward in reverse: the forward again, then the backward from the suffix state.
@@ -447,8 +429,8 @@ fn causal_stream(
     for &(a, b) in chunks.iter().rev() {
         let len = b - a;
         r.gen(&mut c, (a, b), true);
-        add_banks(&mut running, &r.key_totals(&c, len), -1.0);
-        let (o, _, ctx) = r.causal_forward(&c, len, &running);
+        add_banks(&mut running, &r.key_totals(&c, len)?, -1.0);
+        let (o, _, saved) = r.causal_forward(&c, len, &running)?;
         let (mut dq, mut dk, mut dvv) = (
             vec![0.0f32; heads * len * d],
             vec![0.0f32; heads * len * d],
@@ -461,11 +443,11 @@ fn causal_stream(
             dv: &mut dvv,
         };
         let x = BackwardInputs::new(q, k, v, oh, g);
-        dbeta += causal_backward_from(map, isa, &ctx, x, grads, Some(&after));
+        dbeta += kernel.causal_backward(map, &saved, x, &after, grads)?;
         checksum += checksum_of(&dq) + checksum_of(&dk) + checksum_of(&dvv);
-        add_banks(&mut after, &r.query_totals(&c, len, &o, &ctx), 1.0);
+        add_banks(&mut after, &r.query_totals(&c, len, &o, &saved)?, 1.0);
     }
-    ([flagged_rows as f64, dbeta, checksum], coll)
+    Ok(([flagged_rows as f64, dbeta, checksum], coll))
 }
 
 #[cfg(test)]

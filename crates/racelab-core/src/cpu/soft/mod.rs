@@ -66,13 +66,12 @@ pub mod causal_query;
 pub mod forward;
 pub mod probs;
 
-pub use crate::cpu::state::KeyTotals;
 pub use backward::{backward_into, key_grads, query_grads, QuerySaved};
 #[cfg(test)]
 pub(crate) use causal::TB;
 pub use causal_backward::{causal_backward_from, causal_backward_into};
 pub use causal_forward::{causal_forward_from, causal_forward_into, Boundary};
-pub use forward::{forward_into, key_banks, read_ctx, read_into, QueryOut};
+pub use forward::{forward_into, key_banks, read_ctx};
 
 #[cfg(test)]
 mod tests {

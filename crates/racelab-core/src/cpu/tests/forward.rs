@@ -222,7 +222,8 @@ fn reference_gradients_match_finite_differences() {
 /// row is flagged: output 0 and `den = 0`, for the exact recompute to finish.
 #[test]
 fn denominators_below_the_floor_are_flagged_not_guessed() {
-    use crate::cpu::soft::{read_into, KeyTotals, QueryOut};
+    use crate::cpu::soft::forward::{read_into, QueryOut};
+    use crate::cpu::state::KeyTotals;
     use crate::shared::recompute::den_floor;
     let (p, l, d, dv, n) = (2, 2, 8, 4, 70);
     let planes = PlanesF32::from_planes(&Planes::gaussian(Bits(p), Tables(l), d, Seed(4)).unwrap());
