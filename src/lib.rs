@@ -7,10 +7,12 @@
 //!
 //! ## Layout
 //!
-//! The core (`crates/racelab-core`: the operators, the f64 reference, the CPU and CUDA kernels,
-//! the distributed backend) sits below this crate, which cannot be named from it; its modules
-//! are re-exported here under the same names ([`op`], [`backend`], [`reference`](mod@reference),
-//! [`cpu`], [`cuda`], [`distributed`], …). This crate's own rooms:
+//! The core (`crates/racelab-core`: the operators, the f64 reference, the CPU and CUDA kernels)
+//! and, above it, sequence parallelism (`crates/racelab-dist`: the distributed backend on the
+//! core's partial kernels, the streaming mode, MPI) sit below this crate, which neither can
+//! name; their modules are re-exported here under the same names ([`op`], [`backend`],
+//! [`reference`](mod@reference), [`cpu`], [`cuda`], …, and [`distributed`]). This crate's own
+//! rooms:
 //!
 //! - [`plot`] (figures), [`bound`] (the soft-hash bias at L = ∞ bounded with no fitted
 //!   constant: the per-pair bound proved for every beta, its certificate's replay, the

@@ -4,7 +4,8 @@
 //! softmax and angular attention, the hard-LSH estimator, soft RACE (Algorithm 1 and causal
 //! Algorithm 2), linear attention and Performer, computed on the same inputs and hash planes,
 //! on an f64 reference, the production f32 CPU kernels or (feature `cuda`) the CUDA kernels.
-//! The lab built on it (experiments, verdicts, figures, benchmarks, MPI, the command line) is
+//! Sequence parallelism over ranks is the `racelab-dist` crate (through [`shared::Partial`]);
+//! the lab built on both (experiments, verdicts, figures, benchmarks, the command line) is
 //! the `racelab` crate.
 //!
 //! ## The maths in one place
@@ -59,7 +60,6 @@ pub mod attend;
 pub mod backend;
 pub mod cpu;
 pub mod cuda;
-pub mod distributed;
 pub mod error;
 pub mod hashing;
 pub mod io;

@@ -49,6 +49,17 @@ impl<'a> Heads<'a> {
         })
     }
 
+    /// No rows: `[0, 0, 0]` (a stand-in for a slice that has none, e.g. a rank whose own
+    /// inputs were refused while the others agree on theirs).
+    pub fn empty() -> Heads<'static> {
+        Heads {
+            heads: 0,
+            n: 0,
+            cols: 0,
+            data: &[],
+        }
+    }
+
     /// The heads (the product of the leading axes).
     pub fn heads(&self) -> usize {
         self.heads
@@ -94,6 +105,17 @@ pub struct PlanesF32 {
 }
 
 impl PlanesF32 {
+    /// No planes (`L = P = d = 0`): a stand-in that every check and every soft map refuses
+    /// (a rank whose planes could not be read still takes part in the agreement).
+    pub fn none() -> Self {
+        PlanesF32 {
+            l: 0,
+            p: 0,
+            d: 0,
+            w: Vec::new(),
+        }
+    }
+
     /// The planes rounded to f32 (to nearest).
     pub fn from_planes(p: &Planes) -> Self {
         PlanesF32 {

@@ -6,11 +6,11 @@
 
 use super::stream::gen_chunk;
 use super::{slice_of, Comm, Distributed, Traffic};
-use crate::backend::{Backend, GradsMut, Heads, PlanesF32, RaceParams};
-use crate::error::{RaceError, Result};
-use crate::hashing::Planes;
-use crate::params::Combine;
-use crate::params::{Bits, Seed, Tables};
+use racelab_core::backend::{Backend, GradsMut, Heads, PlanesF32, RaceParams};
+use racelab_core::error::{RaceError, Result};
+use racelab_core::hashing::Planes;
+use racelab_core::params::Combine;
+use racelab_core::params::{Beta, Bits, Seed, Tables};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -83,7 +83,7 @@ pub struct Row {
     /// The largest peak RSS over ranks.
     pub peak_rss_bytes: u64,
     /// With one rank: the single-process kernels' forward+backward through the same
-    /// contract ([`crate::cpu::CpuRace`]) on the same inputs, median seconds (what the
+    /// contract ([`racelab_core::cpu::CpuRace`]) on the same inputs, median seconds (what the
     /// distributed path adds at one rank: its slice totals and collectives).
     pub one_process_seconds: Option<f64>,
     /// With one rank: the median over the pairs of distributed / single-process seconds.
@@ -94,7 +94,7 @@ pub struct Row {
     /// Seed of the inputs and planes.
     pub seed: u64,
     /// Machine, revision and time of the run.
-    pub provenance: crate::provenance::Provenance,
+    pub provenance: racelab_core::provenance::Provenance,
 }
 
 impl std::fmt::Display for Row {
@@ -171,10 +171,10 @@ pub fn run<C: Comm + Send + Sync>(comm: C, s: &Spec) -> Result<Row> {
             "n",
             format!(
                 "{}, {}, {} and {} must be at least 1",
-                crate::error::arg("n"),
-                crate::error::arg("heads"),
-                crate::error::arg("d"),
-                crate::error::arg("runs")
+                racelab_core::error::arg("n"),
+                racelab_core::error::arg("heads"),
+                racelab_core::error::arg("d"),
+                racelab_core::error::arg("runs")
             ),
         ));
     }
@@ -186,30 +186,36 @@ pub fn run<C: Comm + Send + Sync>(comm: C, s: &Spec) -> Result<Row> {
             format!(
                 "{} computes the whole sequence on rank 0 too; {n} tokens × {h} heads × d = {d} \
                  is more than 2^24 values: use a smaller {}",
-                crate::error::arg("check"),
-                crate::error::arg("n")
+                racelab_core::error::arg("check"),
+                racelab_core::error::arg("n")
             ),
         ));
     }
-    let params = RaceParams {
-        p: s.p,
-        l: s.l,
-        beta: s.beta,
-        combine: Combine::Paper,
-        causal: s.causal,
-    };
+    // The same spec on every rank: a refusal here is every rank's.
+    let params = RaceParams::new(Bits(s.p), Tables(s.l), Beta(s.beta))?
+        .with_combine(Combine::Paper)
+        .with_causal(s.causal);
     let planes =
         PlanesF32::from_planes(&Planes::gaussian(Bits(s.p), Tables(s.l), d, Seed(s.seed))?);
     let range = slice_of(n, size, rank);
     let nr = range.1 - range.0;
     let gen = |i: u64| generate(s.seed + i, h, n, range, d);
     let (q, k, v, g) = (gen(0), gen(1), gen(2), gen(3));
-    let [qh, kh, vh, gh] = [&q, &k, &v, &g].map(|x| Heads::of(h, nr, d, x));
-    let local = super::check_slice(&params, &planes, &qh, &kh, &vh, Some(&gh));
+    // This rank's rows (none, and the error, if they do not fit: the agreement then ends the
+    // run on every rank).
+    let mut local = Ok(());
+    let [qh, kh, vh, gh] = [&q, &k, &v, &g].map(|x| match Heads::new(h, nr, d, x) {
+        Ok(x) => x,
+        Err(e) => {
+            local = Err(e);
+            Heads::empty()
+        }
+    });
+    let local = local.and_then(|_| super::check_slice(&params, &planes, &qh, &kh, &vh, Some(&gh)));
     let dist = Distributed::trusting(comm);
     dist.agree(&params, &planes, &qh, &kh, &vh, Some(&gh), local)?;
     dist.take_traffic();
-    crate::provenance::reset_peak_rss();
+    racelab_core::provenance::reset_peak_rss();
     // Output and gradients allocated once and the context recycled, as a training loop
     // would: the timing is the kernels' and the collectives', not the page faults'.
     let (mut o, mut dq, mut dk, mut dv) = (
@@ -218,7 +224,7 @@ pub fn run<C: Comm + Send + Sync>(comm: C, s: &Spec) -> Result<Row> {
         vec![0.0f32; h * nr * d],
         vec![0.0f32; h * nr * d],
     );
-    let mut ctx = crate::cpu::SliceSaved::default();
+    let mut ctx = racelab_core::cpu::SliceSaved::default();
     let mut dbeta = 0.0;
     let mut per_layer = Traffic::default();
     let (mut secs, mut colls, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
@@ -257,7 +263,10 @@ pub fn run<C: Comm + Send + Sync>(comm: C, s: &Spec) -> Result<Row> {
             ratios.push(sec / t1);
         }
     }
-    let peak = max_over_ranks(&dist.comm, &[crate::provenance::peak_rss_bytes() as f64])[0];
+    let peak = max_over_ranks(
+        &dist.comm,
+        &[racelab_core::provenance::peak_rss_bytes() as f64],
+    )[0];
     let one_process_seconds = one.is_some().then(|| median(one_secs));
     let one_process_ratio = one.is_some().then(|| median(ratios));
     let last = (o, dq, dk, dv, dbeta);
@@ -291,7 +300,9 @@ pub fn run<C: Comm + Send + Sync>(comm: C, s: &Spec) -> Result<Row> {
         one_process_ratio,
         check,
         seed: s.seed,
-        provenance: crate::provenance::Provenance::collect(crate::cpu::detected_isa().name()),
+        provenance: racelab_core::provenance::Provenance::collect(
+            racelab_core::cpu::detected_isa().name(),
+        ),
     })
 }
 
@@ -299,11 +310,11 @@ pub fn run<C: Comm + Send + Sync>(comm: C, s: &Spec) -> Result<Row> {
 /// contract's into-buffer form with buffers and saved state reused as [`run`] does (the
 /// problem validated once, so a step times the kernels alone).
 struct OneProcess<'a> {
-    race: crate::cpu::CpuRace,
-    pb: crate::backend::Problem<'a>,
+    race: racelab_core::cpu::CpuRace,
+    pb: racelab_core::backend::Problem<'a>,
     o: Vec<f32>,
-    gr: crate::backend::SoftGrads,
-    saved: crate::backend::Saved,
+    gr: racelab_core::backend::SoftGrads,
+    saved: racelab_core::backend::Saved,
 }
 
 impl<'a> OneProcess<'a> {
@@ -313,12 +324,12 @@ impl<'a> OneProcess<'a> {
         x: (Heads<'a>, Heads<'a>, Heads<'a>, Heads<'a>),
     ) -> Result<Self> {
         let (q, k, v, g) = x;
-        let pb = crate::backend::Problem::with_grad(params, planes, q, k, v, g)?;
+        let pb = racelab_core::backend::Problem::with_grad(params, planes, q, k, v, g)?;
         let mut one = OneProcess {
-            race: crate::cpu::CpuRace::detected(),
+            race: racelab_core::cpu::CpuRace::detected(),
             pb,
             o: vec![0.0f32; pb.output_len()],
-            gr: crate::backend::SoftGrads::zeros(q, k, v),
+            gr: racelab_core::backend::SoftGrads::zeros(q, k, v),
             saved: Default::default(),
         };
         one.step()?; // first touch
@@ -362,9 +373,14 @@ fn check_against_one_process<C: Comm>(
     if comm.rank() == 0 {
         let whole = |i: u64| generate(s.seed + i, h, n, (0, n), d);
         let (q, k, v, g) = (whole(0), whole(1), whole(2), whole(3));
-        let [qw, kw, vw, gw] = [&q, &k, &v, &g].map(|x| Heads::of(h, n, d, x));
-        let (wf, wg) =
-            crate::cpu::CpuRace::detected().forward_backward(params, planes, qw, kw, vw, gw)?;
+        let [qw, kw, vw, gw] = [
+            Heads::new(h, n, d, &q)?,
+            Heads::new(h, n, d, &k)?,
+            Heads::new(h, n, d, &v)?,
+            Heads::new(h, n, d, &g)?,
+        ];
+        let (wf, wg) = racelab_core::cpu::CpuRace::detected()
+            .forward_backward(params, planes, qw, kw, vw, gw)?;
         for (i, (parts, want)) in gathered
             .iter()
             .zip([&wf.o, &wg.dq, &wg.dk, &wg.dv])

@@ -1,4 +1,4 @@
-//! Sequence-parallel soft RACE (`racelab_core::distributed`) against the single-process CPU
+//! Sequence-parallel soft RACE (`racelab_dist`) against the single-process CPU
 //! kernels, with ranks as threads of this process (the same algorithm and collectives as
 //! over MPI; `tests/mpi.rs` runs the MPI transport through `mpirun`).
 //!
@@ -10,18 +10,19 @@
 //! - ranks that disagree on an argument, or one rank whose inputs are refused, give every
 //!   rank an error naming it; rows f32 cannot hold are refused on every rank.
 
+#[path = "../../racelab-core/tests/common/mod.rs"]
 mod common;
 
 use common::rel;
 use racelab_core::backend::{Backend, Heads, PlanesF32, RaceParams, SoftGrads};
 use racelab_core::cpu::CpuRace;
-use racelab_core::distributed::job::assemble;
-use racelab_core::distributed::{slice_of, thread_group, Distributed};
 use racelab_core::hashing::Planes;
 use racelab_core::params::Combine;
 use racelab_core::params::{Beta, Bits, Seed, Tables};
 use racelab_core::rng::SeededRng;
 use racelab_core::{RaceError, Result};
+use racelab_dist::job::assemble;
+use racelab_dist::{slice_of, thread_group, Distributed};
 
 fn data(len: usize, seed: u64) -> Vec<f32> {
     SeededRng::new(seed, 7)
@@ -387,7 +388,7 @@ fn rows_f32_cannot_hold_are_refused_on_every_rank() {
 /// `f` on each of `size` ranks as threads of this process; the ranks' results in rank order.
 fn on_thread_ranks<T: Send>(
     size: usize,
-    f: impl Fn(racelab_core::distributed::ThreadComm) -> T + Sync,
+    f: impl Fn(racelab_dist::ThreadComm) -> T + Sync,
 ) -> Vec<T> {
     std::thread::scope(|s| {
         let f = &f;
@@ -405,7 +406,7 @@ fn on_thread_ranks<T: Send>(
 /// that take turns on the cores (3 ranks as threads).
 #[test]
 fn the_collectives_share_is_at_most_the_whole() {
-    use racelab_core::distributed::{bench, stream};
+    use racelab_dist::{bench, stream};
     for causal in [false, true] {
         let rows = on_thread_ranks(3, |comm| {
             let spec = bench::Spec {

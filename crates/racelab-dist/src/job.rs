@@ -3,10 +3,10 @@
 //! distributed forward runs, and rank 0 writes the output (or each rank its shard).
 
 use super::{slice_of, Comm, Distributed, Layout, Traffic};
-use crate::backend::{Backend, Heads, PlanesF32, RaceParams};
-use crate::error::{RaceError, Result};
-use crate::io::{read_npy_header, read_npy_rows, write_npy, Dtype, NpyHeader};
-use crate::params::{Bits, Seed, Tables};
+use racelab_core::backend::{Backend, Heads, PlanesF32, RaceParams};
+use racelab_core::error::{RaceError, Result};
+use racelab_core::io::{read_npy_header, read_npy_rows, write_npy, Dtype, NpyHeader};
+use racelab_core::params::{Beta, Bits, Seed, Tables};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -165,20 +165,20 @@ fn read_inputs(job: &AttendJob, size: usize, rank: usize) -> Result<Inputs> {
     let hq = read_npy_header(&job.q)?;
     let hk = read_npy_header(&job.k)?;
     let hv = read_npy_header(&job.v)?;
-    let (lead, nq, nk, d, dv) = shapes([&hq, &hk, &hv], job.params.causal)?;
+    let (lead, nq, nk, d, dv) = shapes([&hq, &hk, &hv], job.params.causal())?;
     let planes = match &job.planes {
-        JobPlanes::File(p) => crate::io::read_planes(p)?,
-        JobPlanes::Seed(seed) => crate::hashing::Planes::gaussian(
-            Bits(job.params.p),
-            Tables(job.params.l),
+        JobPlanes::File(p) => racelab_core::io::read_planes(p)?,
+        JobPlanes::Seed(seed) => racelab_core::hashing::Planes::gaussian(
+            Bits(job.params.p()),
+            Tables(job.params.l()),
             d,
             Seed(*seed),
         )?,
     };
-    if planes.d != d {
+    if planes.d() != d {
         return Err(RaceError::shape(
             "planes",
-            format!("planes have d = {} but q/k have d = {d}", planes.d),
+            format!("planes have d = {} but q/k have d = {d}", planes.d()),
         ));
     }
     let (qr, kr) = (slice_of(nq, size, rank), slice_of(nk, size, rank));
@@ -207,12 +207,7 @@ pub fn attend<C: Comm + Send + Sync>(
     let dist = Distributed::trusting(comm);
     // The start-up agreement: with this rank's inputs, or empty stand-ins and its error.
     let empty = Inputs {
-        planes: PlanesF32 {
-            l: 0,
-            p: 0,
-            d: 0,
-            w: Vec::new(),
-        },
+        planes: PlanesF32::none(),
         q: Vec::new(),
         k: Vec::new(),
         v: Vec::new(),
@@ -223,18 +218,43 @@ pub fn attend<C: Comm + Send + Sync>(
         q_shape: Vec::new(),
         dtype: Dtype::F32,
     };
-    let (x, status) = match read {
+    let (x, mut status) = match read {
         Ok(x) => (x, Ok(())),
         Err(e) => (empty, Err(e)),
     };
     if matches!(job.planes, JobPlanes::File(_)) && status.is_ok() {
-        (params.p, params.l) = (x.planes.p, x.planes.l);
+        // The planes file's P and L, with the job's β, combine rule and mask.
+        match RaceParams::new(
+            Bits(x.planes.p()),
+            Tables(x.planes.l()),
+            Beta(params.beta()),
+        ) {
+            Ok(p) => {
+                params = p
+                    .with_combine(params.combine())
+                    .with_causal(params.causal())
+            }
+            Err(e) => status = Err(e),
+        }
     }
     let nq = x.rows.1 - x.rows.0;
     let nk = x.k.len() / (x.lead * x.d).max(1);
-    let q = Heads::of(x.lead, nq, x.d, &x.q);
-    let k = Heads::of(x.lead, nk, x.d, &x.k);
-    let v = Heads::of(x.lead, nk, x.dv, &x.v);
+    // This rank's rows (none, and the error, if they do not fit: the agreement then ends
+    // the job on every rank).
+    let mut rows = |n: usize, cols: usize, data| match Heads::new(x.lead, n, cols, data) {
+        Ok(h) => h,
+        Err(e) => {
+            if status.is_ok() {
+                status = Err(e);
+            }
+            Heads::empty()
+        }
+    };
+    let (q, k, v) = (
+        rows(nq, x.d, &x.q),
+        rows(nk, x.d, &x.k),
+        rows(nk, x.dv, &x.v),
+    );
     let status = status.and_then(|_| super::check_slice(&params, &x.planes, &q, &k, &v, None));
     let layout: Layout = dist
         .agree(&params, &x.planes, &q, &k, &v, None, status)
@@ -266,8 +286,8 @@ pub fn attend<C: Comm + Send + Sync>(
                 "out",
                 format!(
                     "{} (written by rank 0) or {} is required",
-                    crate::error::setting("out", "O.npy"),
-                    crate::error::setting("out_shards", "DIR")
+                    racelab_core::error::setting("out", "O.npy"),
+                    racelab_core::error::setting("out_shards", "DIR")
                 ),
             ))
         })?;
@@ -277,7 +297,7 @@ pub fn attend<C: Comm + Send + Sync>(
                 format!(
                     "rank {rank}'s output has {} values, more than one MPI message holds; use {}",
                     f.o.len(),
-                    crate::error::setting("out_shards", "DIR")
+                    racelab_core::error::setting("out_shards", "DIR")
                 ),
             )));
         }
@@ -293,10 +313,10 @@ pub fn attend<C: Comm + Send + Sync>(
         transport: dist.comm.transport(),
         q_shape: x.q_shape.clone(),
         o_shape,
-        causal: params.causal,
-        p: params.p,
-        l: params.l,
-        beta: params.beta,
+        causal: params.causal(),
+        p: params.p(),
+        l: params.l(),
+        beta: params.beta(),
         seed: match job.planes {
             JobPlanes::Seed(s) => Some(s),
             JobPlanes::File(_) => None,
@@ -318,7 +338,7 @@ pub fn shard_name(rank: usize) -> String {
 /// pretty-printed JSON (keys in sorted order, two-space indents).
 fn write_manifest(dir: &Path, shape: &[usize], layout: &Layout) -> Result<()> {
     let path = dir.join("shards.json");
-    crate::io::write_atomic(&path, manifest(shape, layout).as_bytes())
+    racelab_core::io::write_atomic(&path, manifest(shape, layout).as_bytes())
 }
 
 /// The text of `shards.json` (file names are `o.rank-NNNNN.npy`: nothing to escape).
@@ -359,7 +379,7 @@ pub fn assemble(parts: &[Vec<f32>], rows: &[usize], lead: usize, cols: usize) ->
 #[cfg(test)]
 mod tests {
     use super::{manifest, shard_name};
-    use crate::distributed::Layout;
+    use crate::Layout;
 
     /// The hand-written manifest is the JSON serde_json writes for the same value, byte for
     /// byte (what readers of `shards.json` parse).

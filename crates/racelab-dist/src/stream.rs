@@ -1,7 +1,7 @@
 //! Streaming scale mode: forward+backward of soft RACE on inputs generated chunk by chunk
 //! from a counter-based generator, so no N-sized array exists and the backward regenerates
 //! what it needs. Memory is O(chunk · heads · d + L·R·d) per process; over a group of ranks
-//! ([`run_on`], [`crate::distributed`]) each rank streams its slice of the token axis and the
+//! ([`run_on`], [`crate`]) each rank streams its slice of the token axis and the
 //! ranks exchange only states.
 //!
 //! Non-causal: (1) keys → `[B | A]` per head (all-reduced over ranks); (2) per query chunk:
@@ -20,13 +20,13 @@
 //! 10^8–10^9 tokens.
 
 use super::{slice_of, Comm, Solo};
-use crate::backend::{BackwardInputs, ForwardInputs, GradsMut, Heads, PlanesF32};
-use crate::cpu::{CpuRace, SliceSaved};
-use crate::error::{RaceError, Result};
-use crate::hashing::Planes;
-use crate::params::{Bits, Seed, Tables};
-use crate::provenance::{peak_rss_bytes, reset_peak_rss};
-use crate::shared::{Banks, Partial, SoftMap};
+use racelab_core::backend::{BackwardInputs, ForwardInputs, GradsMut, Heads, PlanesF32};
+use racelab_core::cpu::{CpuRace, SliceSaved};
+use racelab_core::error::{RaceError, Result};
+use racelab_core::hashing::Planes;
+use racelab_core::params::{Bits, Seed, Tables};
+use racelab_core::provenance::{peak_rss_bytes, reset_peak_rss};
+use racelab_core::shared::{Banks, Partial, SoftMap};
 use rayon::prelude::*;
 use serde::Serialize;
 use std::time::Instant;
@@ -72,7 +72,7 @@ pub struct StreamReport {
     /// Seed of the inputs (`seed`, `seed + 1`, …) and of the planes.
     pub seed: u64,
     /// Machine, revision and time of the run.
-    pub provenance: crate::provenance::Provenance,
+    pub provenance: racelab_core::provenance::Provenance,
 }
 
 /// `[heads, len, cols]` chunk of the virtual `[heads, n, cols]` tensor `seed`, from token `t0`.
@@ -89,7 +89,7 @@ pub(crate) fn gen_chunk(
     buf.par_chunks_mut(len * cols)
         .enumerate()
         .for_each(|(h, hb)| {
-            crate::cpu::machine::fill_run(hb, seed, ((h * n + t0) * cols) as u64);
+            racelab_core::cpu::machine::fill_run(hb, seed, ((h * n + t0) * cols) as u64);
         });
 }
 
@@ -174,7 +174,7 @@ struct Chunk {
 /// What every pass of a run shares.
 struct Run<'a> {
     map: SoftMap<'a>,
-    isa: crate::cpu::Isa,
+    isa: racelab_core::cpu::Isa,
     n: usize,
     heads: usize,
     d: usize,
@@ -191,18 +191,18 @@ impl Run<'_> {
             gen_chunk(&mut c.g, sg, h, n, a, b - a, d);
         }
     }
-    fn heads<'b>(&self, x: &'b [f32], len: usize) -> Heads<'b> {
-        Heads::of(self.heads, len, self.d, x)
+    fn heads<'b>(&self, x: &'b [f32], len: usize) -> Result<Heads<'b>> {
+        Heads::new(self.heads, len, self.d, x)
     }
     fn zeros(&self) -> Banks {
-        crate::shared::zero_banks(&self.map, self.heads, self.d)
+        racelab_core::shared::zero_banks(&self.map, self.heads, self.d)
     }
     /// The partial kernel every pass runs ([`Partial`]).
     fn kernel(&self) -> CpuRace {
         CpuRace { isa: self.isa }
     }
     fn key_totals(&self, c: &Chunk, len: usize) -> Result<Banks> {
-        let (k, v) = (self.heads(&c.k, len), self.heads(&c.v, len));
+        let (k, v) = (self.heads(&c.k, len)?, self.heads(&c.v, len)?);
         self.kernel().key_banks(&self.map, k, v)
     }
     /// The causal forward of a chunk from `before`: `(o, flagged rows, saved)`.
@@ -213,7 +213,11 @@ impl Run<'_> {
         before: &[Vec<f64>],
     ) -> Result<(Vec<f32>, usize, SliceSaved)> {
         let mut o = vec![0.0f32; self.heads * len * self.d];
-        let [q, k, v] = [&c.q, &c.k, &c.v].map(|x| self.heads(x, len));
+        let (q, k, v) = (
+            self.heads(&c.q, len)?,
+            self.heads(&c.k, len)?,
+            self.heads(&c.v, len)?,
+        );
         let x = ForwardInputs::new(q, k, v);
         let (flagged, saved) = self.kernel().causal_forward(
             &self.map,
@@ -226,7 +230,11 @@ impl Run<'_> {
     }
     /// The chunk's `Σ φ(q) ĝᵀ` per head, from its forward.
     fn query_totals(&self, c: &Chunk, len: usize, o: &[f32], saved: &SliceSaved) -> Result<Banks> {
-        let [q, g, oh] = [&c.q[..], &c.g[..], o].map(|x| self.heads(x, len));
+        let (q, g, oh) = (
+            self.heads(&c.q, len)?,
+            self.heads(&c.g, len)?,
+            self.heads(o, len)?,
+        );
         self.kernel().query_totals(&self.map, saved, q, g, oh)
     }
 }
@@ -250,7 +258,7 @@ pub fn run_on(comm: &dyn Comm, spec: StreamSpec, progress: &dyn Fn(&str)) -> Res
     let planes = PlanesF32::from_planes(&Planes::gaussian(Bits(p), Tables(l), d, Seed(seed))?);
     let r = Run {
         map: SoftMap::new(&planes, beta)?,
-        isa: crate::cpu::detected_isa(),
+        isa: racelab_core::cpu::detected_isa(),
         n,
         heads,
         d,
@@ -284,7 +292,7 @@ pub fn run_on(comm: &dyn Comm, spec: StreamSpec, progress: &dyn Fn(&str)) -> Res
                  streaming mode keeps no keys to recompute them exactly: use a smaller {}, \
                  or `racelab attend` (which does)",
                 st[0],
-                crate::error::arg("beta")
+                racelab_core::error::arg("beta")
             ),
         ));
     }
@@ -313,7 +321,9 @@ pub fn run_on(comm: &dyn Comm, spec: StreamSpec, progress: &dyn Fn(&str)) -> Res
         checksum: st[2] + st[1],
         beta,
         seed,
-        provenance: crate::provenance::Provenance::collect(crate::cpu::detected_isa().name()),
+        provenance: racelab_core::provenance::Provenance::collect(
+            racelab_core::cpu::detected_isa().name(),
+        ),
     })
 }
 
@@ -353,14 +363,14 @@ fn plain_stream(
         let len = b - a;
         r.gen(&mut c, (a, b), true);
         o.resize(heads * len * d, 0.0);
-        let qh = r.heads(&c.q, len);
+        let qh = r.heads(&c.q, len)?;
         let reuse = std::mem::take(&mut saved);
         let flagged;
         (flagged, saved) = kernel.read(map, qh, (&banks, d), r.n, &mut o, reuse)?;
         flagged_rows += flagged;
         checksum += checksum_of(&o);
         dq.resize(heads * len * d, 0.0);
-        let gh = r.heads(&c.g, len);
+        let gh = r.heads(&c.g, len)?;
         let (parts, db) = kernel.query_grads(map, &saved, qh, gh, &mut dq)?;
         checksum += checksum_of(&dq);
         dbeta += db;
@@ -372,7 +382,7 @@ fn plain_stream(
     for &(a, b) in chunks {
         let len = b - a;
         r.gen(&mut c, (a, b), false);
-        let (kh, vh) = (r.heads(&c.k, len), r.heads(&c.v, len));
+        let (kh, vh) = (r.heads(&c.k, len)?, r.heads(&c.v, len)?);
         dk.resize(heads * len * d, 0.0);
         dvv.resize(heads * len * d, 0.0);
         dbeta += kernel.key_grads(map, &dbanks, (kh, vh), (&mut dk, &mut dvv))?;
@@ -436,7 +446,12 @@ fn causal_stream(
             vec![0.0f32; heads * len * d],
             vec![0.0f32; heads * len * d],
         );
-        let [q, k, v, g, oh] = [&c.q, &c.k, &c.v, &c.g, &o].map(|x| r.heads(x, len));
+        let (q, k, v) = (
+            r.heads(&c.q, len)?,
+            r.heads(&c.k, len)?,
+            r.heads(&c.v, len)?,
+        );
+        let (g, oh) = (r.heads(&c.g, len)?, r.heads(&o, len)?);
         let grads = GradsMut {
             dq: &mut dq,
             dk: &mut dk,
@@ -453,7 +468,7 @@ fn causal_stream(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::{BackwardInputs, GradsMut};
+    use racelab_core::backend::Backend;
 
     const SHAPE: (usize, usize, usize, usize, usize, f32, u64) =
         (2 * CHUNK + 1234, 2, 16, 2, 2, 4.0, 11);
@@ -464,39 +479,28 @@ mod tests {
         let (n, heads, d, p, l, beta, seed) = SHAPE;
         let planes =
             PlanesF32::from_planes(&Planes::gaussian(Bits(p), Tables(l), d, Seed(seed)).unwrap());
-        let map = SoftMap::new(&planes, beta).unwrap();
+        let params = racelab_core::params::RaceParams::new(
+            Bits(p),
+            Tables(l),
+            racelab_core::params::Beta(beta as f64),
+        )
+        .unwrap()
+        .with_causal(causal);
         let full = |s: u64| {
             let mut b = Vec::new();
             gen_chunk(&mut b, s, heads, n, 0, n, d);
             b
         };
         let (q, k, v, g) = (full(seed), full(seed + 1), full(seed + 2), full(seed + 3));
-        let isa = crate::cpu::detected_isa();
         fn h(x: &[f32], heads: usize, n: usize, d: usize) -> Heads<'_> {
-            Heads::of(heads, n, d, x)
+            Heads::new(heads, n, d, x).unwrap()
         }
-        let mut o = vec![0.0f32; heads * n * d];
-        let x = ForwardInputs::new(h(&q, heads, n, d), h(&k, heads, n, d), h(&v, heads, n, d));
-        let (_, ctx) =
-            crate::cpu::soft_forward_into(&map, x, causal, isa, &mut o, Default::default());
-        let (mut dq, mut dk, mut dv) = (o.clone(), o.clone(), o.clone());
-        let dbeta = crate::cpu::soft_backward_into(
-            &map,
-            &ctx,
-            BackwardInputs::new(
-                h(&q, heads, n, d),
-                h(&k, heads, n, d),
-                h(&v, heads, n, d),
-                h(&o, heads, n, d),
-                h(&g, heads, n, d),
-            ),
-            isa,
-            GradsMut {
-                dq: &mut dq,
-                dk: &mut dk,
-                dv: &mut dv,
-            },
-        );
+        let [qh, kh, vh, gh] = [&q, &k, &v, &g].map(|x| h(x, heads, n, d));
+        // The single-process kernels through the backend contract.
+        let (f, gr) = CpuRace::detected()
+            .forward_backward(&params, &planes, qh, kh, vh, gh)
+            .unwrap();
+        let (o, dq, dk, dv, dbeta) = (f.o, gr.dq, gr.dk, gr.dv, gr.dbeta);
         let want = checksum_of(&o) + checksum_of(&dq) + checksum_of(&dk) + checksum_of(&dv) + dbeta;
         let scale: f64 = [&o, &dq, &dk, &dv]
             .iter()
@@ -527,7 +531,7 @@ mod tests {
             };
             let one = run(spec, &|_| {}).unwrap();
             let ranks: Vec<StreamReport> = std::thread::scope(|s| {
-                let hs: Vec<_> = crate::distributed::thread_group(3)
+                let hs: Vec<_> = crate::thread_group(3)
                     .into_iter()
                     .map(|c| s.spawn(move || run_on(&c, spec, &|_| {}).unwrap()))
                     .collect();

@@ -1,3 +1,5 @@
+//! # racelab-dist
+//!
 //! Sequence-parallel soft RACE: the token axis split across ranks, one collective of an
 //! `O(L·R·dv)` state per layer.
 //!
@@ -6,23 +8,26 @@
 //! `m = L·2^P` rows of width `w = bank_width(dv)`, f64):
 //!
 //! - **non-causal** (Algorithm 1): every query reads the whole bank, so each rank forms its
-//!   `S_r` (`crate::cpu::soft::key_banks`), one **all-reduce** gives `Σ_r S_r`, and each rank
-//!   reads its queries from it (`crate::cpu::soft::read_into`). Backward: each rank's queries
-//!   give their `∂ℓ/∂q` and their share of `d𝔅 = Σ_i φ(q_i) ĝ_iᵀ`
-//!   (`crate::cpu::soft::query_grads`); an all-reduce of `d𝔅`, then the keys' gradients
-//!   (`crate::cpu::soft::key_grads`);
+//!   `S_r` ([`Partial::key_banks`]), one **all-reduce** gives `Σ_r S_r`, and each rank reads
+//!   its queries from it ([`Partial::read`]). Backward: each rank's queries give their `∂ℓ/∂q`
+//!   and their share of `d𝔅 = Σ_i φ(q_i) ĝ_iᵀ` ([`Partial::query_grads`]); an all-reduce of
+//!   `d𝔅`, then the keys' gradients ([`Partial::key_grads`]);
 //! - **causal** (Algorithm 2): token `i` sees the keys before its slice, `Σ_{r' < r} S_{r'}`:
 //!   an **exclusive prefix scan** of the slice totals, then the chunked causal pass started
-//!   from it (`crate::cpu::soft::causal_forward_from`). Backward: a key sees the queries
-//!   after it, so each rank forms its queries' `dS_r = Σ_{i ∈ slice r} φ(q_i) ĝ_iᵀ` and an
-//!   **exclusive suffix scan** gives `Σ_{r' > r} dS_{r'}`, the state its keys' reverse pass
-//!   starts from (`crate::cpu::soft::causal_backward_from`);
+//!   from it ([`Partial::causal_forward`]). Backward: a key sees the queries after it, so each
+//!   rank forms its queries' `dS_r = Σ_{i ∈ slice r} φ(q_i) ĝ_iᵀ` ([`Partial::query_totals`])
+//!   and an **exclusive suffix scan** gives `Σ_{r' > r} dS_{r'}`, the state its keys' reverse
+//!   pass starts from ([`Partial::causal_backward`]);
 //! - `∂ℓ/∂β` is the **all-reduce** of the ranks' shares; it carries a status word (the rows each
 //!   rank flagged), so a forward+backward is three collectives and a forward two.
 //!
 //! The states are reduced in f64. A rank's own sums are the single-process kernels' (f32
 //! within a block, f64 across blocks), so results for different rank counts differ only by
 //! where the block boundaries fall: f32 block-sum rounding, measured in `tests/distributed.rs`.
+//!
+//! The kernels are reached only through the partial-kernel contract of the core
+//! ([`racelab_core::shared::Partial`], implemented by [`racelab_core::cpu::CpuRace`]), and the
+//! layout every backend shares ([`racelab_core::shared::layout`]).
 //!
 //! **Bytes per layer.** Each collective moves `heads · m · w` f64 per rank:
 //! `8 · heads · L·2^P · bank_width(dv)` bytes; at the paper shape (4 heads, (P, L) = (2, 2),
@@ -36,13 +41,15 @@
 //! rank's token counts, so every rank learns the whole layout. [`Distributed::trusting`] skips
 //! it for callers that checked once at start-up ([`Distributed::agree`]).
 //!
-//! **Rows f32 cannot hold** (denominator below `crate::shared::recompute::den_floor`, large β):
+//! **Rows f32 cannot hold** (denominator below [`racelab_core::shared::recompute::den_floor`], large β):
 //! the single-process kernels recompute them exactly with every key; a rank holds only its
 //! own keys, so the distributed operator refuses them on every rank with an error that names
 //! β and the fix (one process, or a smaller β) instead of returning them wrong.
 //!
 //! Transports ([`comm`]): [`Solo`], [`ThreadComm`] (ranks as threads: the algorithm is tested in
 //! every build) and, with the `mpi` cargo feature, `mpi::MpiComm`.
+
+#![deny(missing_docs)]
 
 pub mod bench;
 pub mod comm;
@@ -54,13 +61,13 @@ pub mod stream;
 
 pub use comm::{thread_group, Comm, Solo, ThreadComm};
 
-use crate::backend::{
+use racelab_core::backend::{
     Backend, BackwardInputs, Decode, Device, Forward, GradsMut, Heads, PlanesF32, RaceParams,
     SoftGrads,
 };
-use crate::cpu::{CpuRace, Isa, SliceSaved};
-use crate::error::{RaceError, Result};
-use crate::shared::{zero_banks, Partial, SoftMap};
+use racelab_core::cpu::{CpuRace, Isa, SliceSaved};
+use racelab_core::error::{RaceError, Result};
+use racelab_core::shared::{zero_banks, Partial, SoftMap};
 use serde::Serialize;
 use std::sync::Mutex;
 use std::time::Instant;
@@ -75,7 +82,7 @@ pub fn slice_of(n: usize, size: usize, rank: usize) -> (usize, usize) {
 
 /// Bytes each rank contributes to one state collective: `8 · heads · L·2^P · bank_width(dv)`.
 pub fn state_bytes(heads: usize, p: usize, l: usize, dv: usize) -> u64 {
-    8 * (heads * (l << p) * crate::shared::bank_width(dv)) as u64
+    8 * (heads * (l << p) * racelab_core::shared::bank_width(dv)) as u64
 }
 
 /// Collectives taken, bytes this rank contributed and seconds spent in them.
@@ -128,7 +135,7 @@ pub struct Distributed<C: Comm> {
     layout: Mutex<Option<Layout>>,
 }
 
-/// The one validation ([`crate::backend::check`]) of a rank's slice. A rank may hold no rows
+/// The one validation ([`racelab_core::backend::check`]) of a rank's slice. A rank may hold no rows
 /// of its own: it then checks its parameters and planes, and the widths it shares with the
 /// others are agreed by [`Distributed::agree`].
 pub fn check_slice(
@@ -139,10 +146,10 @@ pub fn check_slice(
     v: &Heads,
     g: Option<&Heads>,
 ) -> Result<()> {
-    if q.n == 0 || k.n == 0 {
-        crate::backend::soft_method(params, planes).map(|_| ())
+    if q.n() == 0 || k.n() == 0 {
+        racelab_core::backend::soft_method(params, planes).map(|_| ())
     } else {
-        crate::backend::check(params, planes, q, k, v, g)
+        racelab_core::backend::check(params, planes, q, k, v, g)
     }
 }
 
@@ -165,7 +172,7 @@ impl<C: Comm> Distributed<C> {
     pub fn new(comm: C) -> Self {
         Distributed {
             comm,
-            isa: crate::cpu::detected_isa(),
+            isa: racelab_core::cpu::detected_isa(),
             check_each_call: true,
             traffic: Mutex::new(Traffic::default()),
             layout: Mutex::new(None),
@@ -224,15 +231,15 @@ impl<C: Comm> Distributed<C> {
     ) -> Result<Layout> {
         let (size, rank) = (self.comm.size(), self.comm.rank());
         let fields: [u64; 10] = [
-            params.p as u64,
-            params.l as u64,
-            params.beta.to_bits(),
-            params.combine as u64,
-            params.causal as u64,
-            q.heads as u64,
-            q.cols as u64,
-            v.cols as u64,
-            g.map_or(u64::MAX, |g| g.cols as u64),
+            params.p() as u64,
+            params.l() as u64,
+            params.beta().to_bits(),
+            params.combine() as u64,
+            params.causal() as u64,
+            q.heads() as u64,
+            q.cols() as u64,
+            v.cols() as u64,
+            g.map_or(u64::MAX, |g| g.cols() as u64),
             planes_digest(planes),
         ];
         let nf = fields.len();
@@ -243,8 +250,8 @@ impl<C: Comm> Distributed<C> {
         }
         let at = 2 * nf;
         buf[at + rank] = u64::from(local.is_err());
-        buf[at + size + rank] = q.n as u64;
-        buf[at + 2 * size + rank] = k.n as u64;
+        buf[at + size + rank] = q.n() as u64;
+        buf[at + 2 * size + rank] = k.n() as u64;
         self.timed(buf.len() * 8, |c| c.all_max(&mut buf));
         local?;
         for (i, name) in FIELDS.iter().enumerate() {
@@ -295,7 +302,7 @@ impl<C: Comm> Distributed<C> {
         g: Option<&Heads>,
     ) -> Result<Option<Layout>> {
         let local = check_slice(params, planes, q, k, v, g)
-            .and_then(|_| CpuRace::map(params, planes).map(|_| ()));
+            .and_then(|_| SoftMap::for_params(params, planes).map(|_| ()));
         if self.check_each_call {
             self.agree(params, planes, q, k, v, g, local).map(Some)
         } else {
@@ -320,17 +327,17 @@ impl<C: Comm> Distributed<C> {
             // The last rank's total reaches no one (the scan is exclusive): not computed.
             let last = self.comm.rank() + 1 == self.comm.size();
             let mut before = if last {
-                zero_banks(map, k.heads, v.cols)
+                zero_banks(map, k.heads(), v.cols())
             } else {
                 kernel.key_banks(map, k, v)?
             };
             self.reduce_banks(&mut before, C::exscan_sum);
-            let x = crate::backend::ForwardInputs::new(q, k, v);
+            let x = racelab_core::backend::ForwardInputs::new(q, k, v);
             kernel.causal_forward(map, x, (&before, keys), o, reuse)
         } else {
             let mut banks = kernel.key_banks(map, k, v)?;
             self.reduce_banks(&mut banks, C::all_sum);
-            kernel.read(map, q, (&banks, v.cols), keys, o, reuse)
+            kernel.read(map, q, (&banks, v.cols()), keys, o, reuse)
         }
     }
 
@@ -349,12 +356,12 @@ impl<C: Comm> Distributed<C> {
         reuse: SliceSaved,
     ) -> Result<(f64, SliceSaved)> {
         let layout = self.start(params, planes, &q, &k, &v, Some(&g))?;
-        let map = CpuRace::map(params, planes)?;
+        let map = SoftMap::for_params(params, planes)?;
         let sizes = [
-            ("o", o.len(), q.heads * q.n * v.cols),
-            ("dq", grads.dq.len(), q.data.len()),
-            ("dk", grads.dk.len(), k.data.len()),
-            ("dv", grads.dv.len(), v.data.len()),
+            ("o", o.len(), q.heads() * q.n() * v.cols()),
+            ("dq", grads.dq.len(), q.data().len()),
+            ("dk", grads.dk.len(), k.data().len()),
+            ("dv", grads.dv.len(), v.data().len()),
         ];
         if let Some((name, got, want)) = sizes.into_iter().find(|(_, a, b)| a != b) {
             return Err(RaceError::shape(
@@ -362,12 +369,12 @@ impl<C: Comm> Distributed<C> {
                 format!("the buffer holds {got} values but the slice needs {want}"),
             ));
         }
-        let keys = self.keys(layout.as_ref(), k.n);
+        let keys = self.keys(layout.as_ref(), k.n());
         let (flagged, saved) =
-            self.forward_local(&map, params.causal, (q, k, v), keys, o, reuse)?;
-        let oh = Heads::of(q.heads, q.n, v.cols, o);
+            self.forward_local(&map, params.causal(), (q, k, v), keys, o, reuse)?;
+        let oh = Heads::new(q.heads(), q.n(), v.cols(), o)?;
         let x = BackwardInputs::new(q, k, v, oh, g);
-        let dbeta = self.backward_local(&map, params.causal, &saved, x, grads.reborrow())?;
+        let dbeta = self.backward_local(&map, params.causal(), &saved, x, grads.reborrow())?;
         Ok((self.finish(params, flagged, dbeta)?, saved))
     }
 
@@ -390,7 +397,7 @@ impl<C: Comm> Distributed<C> {
             let mut after = if self.comm.rank() > 0 {
                 kernel.query_totals(map, saved, q, g, x.o)?
             } else {
-                zero_banks(map, q.heads, v.cols)
+                zero_banks(map, q.heads(), v.cols())
             };
             self.reduce_banks(&mut after, C::exscan_sum_rev);
             kernel.causal_backward(map, saved, x, &after, gr)
@@ -414,8 +421,8 @@ impl<C: Comm> Distributed<C> {
                  cannot be recomputed exactly across ranks; run on one process ({} \
                  recomputes them) or use a smaller beta",
                 st[0],
-                params.beta,
-                crate::error::setting("device", "cpu")
+                params.beta(),
+                racelab_core::error::setting("device", "cpu")
             )));
         }
         Ok(st[1])
@@ -425,9 +432,9 @@ impl<C: Comm> Distributed<C> {
 /// FNV-1a over the planes' shape and f32 bits.
 pub fn planes_digest(planes: &PlanesF32) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let words = [planes.l as u32, planes.p as u32, planes.d as u32]
+    let words = [planes.l() as u32, planes.p() as u32, planes.d() as u32]
         .into_iter()
-        .chain(planes.w.iter().map(|x| x.to_bits()));
+        .chain(planes.w().iter().map(|x| x.to_bits()));
     for w in words {
         for b in w.to_le_bytes() {
             h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
@@ -451,12 +458,12 @@ impl<C: Comm + Send + Sync> Backend for Distributed<C> {
         v: Heads,
     ) -> Result<Forward> {
         let layout = self.start(params, planes, &q, &k, &v, None)?;
-        let map = CpuRace::map(params, planes)?;
-        let keys = self.keys(layout.as_ref(), k.n);
-        let mut o = vec![0.0f32; q.heads * q.n * v.cols];
+        let map = SoftMap::for_params(params, planes)?;
+        let keys = self.keys(layout.as_ref(), k.n());
+        let mut o = vec![0.0f32; q.heads() * q.n() * v.cols()];
         let (flagged, _) = self.forward_local(
             &map,
-            params.causal,
+            params.causal(),
             (q, k, v),
             keys,
             &mut o,
@@ -479,7 +486,7 @@ impl<C: Comm + Send + Sync> Backend for Distributed<C> {
         v: Heads,
         g: Heads,
     ) -> Result<(Forward, SoftGrads)> {
-        let mut o = vec![0.0f32; q.heads * q.n * v.cols];
+        let mut o = vec![0.0f32; q.heads() * q.n() * v.cols()];
         let mut gr = SoftGrads::zeros(q, k, v);
         let (dbeta, _) = self.forward_backward_into(
             params,
