@@ -156,8 +156,7 @@ fn outputs_never_replace_what_racelab_did_not_write() {
 /// `racelab attend` on f32 files writes f32, the library's own f32 output.
 #[test]
 fn the_command_line_keeps_f32_files_f32() {
-    let dir = std::env::temp_dir().join(format!("racelab-f32-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = tmpdir("f32");
     let t = randn_t(&[2, 24, 8], 9).map(|x| x as f32);
     for name in ["q", "k", "v"] {
         write_npy(

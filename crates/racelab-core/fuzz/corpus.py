@@ -15,20 +15,20 @@ HERE = pathlib.Path(__file__).resolve().parent / "corpus"
 TARGETS = ["npy", "attend"]
 
 
-def pack():
-    for t in TARGETS:
-        files = sorted((HERE / t).iterdir())
-        with open(HERE / f"{t}.pack", "wb") as out:
+def pack(here=HERE, targets=TARGETS):
+    for t in targets:
+        files = sorted((here / t).iterdir())
+        with open(here / f"{t}.pack", "wb") as out:
             for f in files:
                 data = f.read_bytes()
                 out.write(struct.pack("<I", len(data)) + data)
         print(f"{t}: {len(files)} inputs packed")
 
 
-def unpack():
-    for t in TARGETS:
-        blob = (HERE / f"{t}.pack").read_bytes()
-        d = HERE / t
+def unpack(here=HERE, targets=TARGETS):
+    for t in targets:
+        blob = (here / f"{t}.pack").read_bytes()
+        d = here / t
         d.mkdir(exist_ok=True)
         i = n = 0
         while i < len(blob):
@@ -40,5 +40,9 @@ def unpack():
         print(f"{t}: {n} inputs in {d}")
 
 
+def main(here=HERE, targets=TARGETS):
+    {"pack": pack, "unpack": unpack}[sys.argv[1] if len(sys.argv) > 1 else ""](here, targets)
+
+
 if __name__ == "__main__":
-    {"pack": pack, "unpack": unpack}[sys.argv[1] if len(sys.argv) > 1 else ""]()
+    main()

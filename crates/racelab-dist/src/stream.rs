@@ -164,6 +164,7 @@ fn reduce(comm: &dyn Comm, banks: &mut [Vec<f64>], op: fn(&dyn Comm, &mut [f64])
 }
 
 /// The generated inputs of one chunk (`q`, `k`, `v`, `g` of tokens `a..b`).
+#[derive(Default)]
 struct Chunk {
     q: Vec<f32>,
     k: Vec<f32>,
@@ -336,12 +337,7 @@ fn plain_stream(
     progress: &dyn Fn(&str),
 ) -> Result<([f64; 3], f64)> {
     let (map, kernel, heads, d) = (&r.map, r.kernel(), r.heads, r.d);
-    let mut c = Chunk {
-        q: Vec::new(),
-        k: Vec::new(),
-        v: Vec::new(),
-        g: Vec::new(),
-    };
+    let mut c = Chunk::default();
     let (mut dq, mut dk, mut dvv) = (Vec::new(), Vec::new(), Vec::new());
     let (mut checksum, mut flagged_rows, mut dbeta) = (0.0f64, 0usize, 0.0f64);
     // (1) keys.
@@ -400,12 +396,7 @@ fn causal_stream(
     progress: &dyn Fn(&str),
 ) -> Result<([f64; 3], f64)> {
     let (map, kernel, heads, d) = (&r.map, r.kernel(), r.heads, r.d);
-    let mut c = Chunk {
-        q: Vec::new(),
-        k: Vec::new(),
-        v: Vec::new(),
-        g: Vec::new(),
-    };
+    let mut c = Chunk::default();
     let (mut checksum, mut flagged_rows, mut dbeta) = (0.0f64, 0usize, 0.0f64);
     // (1) The slice's key total; the state entering the slice.
     progress("stream: keys → the state entering each rank");
