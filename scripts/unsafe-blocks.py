@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Every `unsafe` block, `unsafe fn` and `unsafe impl` in the crate's sources, with its guard.
 
-    scripts/unsafe-blocks.py [ROOT...]        (default: crates/racelab-core/src crates/racelab-dist/src src python/src)
+    scripts/unsafe-blocks.py [ROOT...]        (default: the src/ of every crate, and python/src)
 
 Prints one row per site: the place, the kind, the code on that line and the first sentence of
 the `SAFETY:` comment above it (the guard the site rests on), as a Markdown table. Exits 1 when
@@ -64,7 +64,7 @@ def guard(lines, i, kind):
 
 
 def main():
-    roots = sys.argv[1:] or ["crates/racelab-core/src", "crates/racelab-dist/src", "src", "python/src"]
+    roots = sys.argv[1:] or ["crates/racelab-core/src", "crates/racelab-dist/src", "src", "crates/racelab-cli/src", "python/src"]
     rows, missing = [], []
     for root in roots:
         for path in sorted(pathlib.Path(root).rglob("*.rs")):

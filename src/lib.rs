@@ -20,7 +20,7 @@
 //! - [`mod@bench`] (timings against the machine's floors), [`distributed::scaling`] (the
 //!   scaling study's fitted model and projection), [`experiments`] (every claim: compute →
 //!   CSV → figure → verdict, and `reproduce`);
-//! - the command line: `src/bin/racelab/` (`args.rs`, one file per command).
+//! - the command line is the crate `racelab-cli` above this one (`crates/racelab-cli`).
 //!
 //! `tests/module_graph.rs` keeps each crate's files free of import circles and the core's base
 //! free of upward arrows.

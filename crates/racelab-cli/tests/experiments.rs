@@ -65,7 +65,7 @@ fn reproduce_quick_writes_every_claim_row() {
     }
     // The same claim ids as the committed report, in the same order.
     let committed = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("figures/REPORT.md"),
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../figures/REPORT.md"),
     )
     .expect("figures/REPORT.md is committed");
     let ids = |r: &[(String, String)]| r.iter().map(|x| x.0.clone()).collect::<Vec<_>>();

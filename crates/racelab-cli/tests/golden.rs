@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/golden")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/golden")
 }
 
 fn load(name: &str) -> racelab::Tensor<f64> {

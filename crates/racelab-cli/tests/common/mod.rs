@@ -2,7 +2,7 @@
 //! command line's.
 #![allow(dead_code)]
 
-#[path = "../../crates/racelab-core/tests/common/mod.rs"]
+#[path = "../../../racelab-core/tests/common/mod.rs"]
 mod core_common;
 pub use core_common::*;
 

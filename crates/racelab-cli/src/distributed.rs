@@ -17,7 +17,7 @@ pub fn run_model(a: DistModelArgs) -> Result<()> {
         if here.join("bench/distributed.jsonl").exists() {
             here
         } else {
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs")
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs")
         }
     };
     let runs = a

@@ -230,7 +230,8 @@ fn baselines(
             ("out", Some(p("bench"))),
         ])],
         "distributed-model" => {
-            let runs = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/bench/distributed.jsonl");
+            let runs =
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/bench/distributed.jsonl");
             vec![kv(&[
                 ("runs", Some(runs.to_string_lossy().into_owned())),
                 ("out", Some(p("model"))),

@@ -586,7 +586,7 @@ fn json_errors_are_json_naming_the_flag() {
 /// output of the sample's shape.
 #[test]
 fn the_readme_attend_example_runs() {
-    let readme = include_str!("../README.md");
+    let readme = include_str!("../../../README.md");
     let start = readme
         .find("racelab attend --q experiments/data/minilm/")
         .expect("the README shows an attend run on the bundled sample");
@@ -605,7 +605,7 @@ fn the_readme_attend_example_runs() {
     args[at + 1] = out.to_string_lossy().into_owned();
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_racelab"))
         .args(&args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .current_dir(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
         .output()
         .unwrap();
     assert!(
