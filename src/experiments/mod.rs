@@ -356,7 +356,7 @@ pub fn split_csv(text: &str) -> (Vec<String>, Vec<Vec<String>>) {
 
 /// The test hook `RACELAB_TEST_NAN=STEM:COLUMN[,STEM:COLUMN…]`: every value of the named
 /// column of CSV `STEM` reads back as NaN, so a test can drive a NaN through an experiment's
-/// own path from its CSV to its claims (tests/nan_injection.rs) and see it arrive as "not
+/// own path from its CSV to its claims (crates/racelab-cli/tests/nan_injection.rs) and see it arrive as "not
 /// testable: k non-finite values", never dropped.
 fn inject_nan(name: &str, header: &[String], rows: &mut [Vec<String>]) {
     let Ok(spec) = std::env::var("RACELAB_TEST_NAN") else {

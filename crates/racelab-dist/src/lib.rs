@@ -327,7 +327,7 @@ impl<C: Comm> Distributed<C> {
             // The last rank's total reaches no one (the scan is exclusive): not computed.
             let last = self.comm.rank() + 1 == self.comm.size();
             let mut before = if last {
-                zero_banks(map, k.heads(), v.cols())
+                zero_banks(map, k.heads(), v.cols())?
             } else {
                 kernel.key_banks(map, k, v)?
             };
@@ -397,7 +397,7 @@ impl<C: Comm> Distributed<C> {
             let mut after = if self.comm.rank() > 0 {
                 kernel.query_totals(map, saved, q, g, x.o)?
             } else {
-                zero_banks(map, q.heads(), v.cols())
+                zero_banks(map, q.heads(), v.cols())?
             };
             self.reduce_banks(&mut after, C::exscan_sum_rev);
             kernel.causal_backward(map, saved, x, &after, gr)

@@ -195,7 +195,7 @@ impl Run<'_> {
     fn heads<'b>(&self, x: &'b [f32], len: usize) -> Result<Heads<'b>> {
         Heads::new(self.heads, len, self.d, x)
     }
-    fn zeros(&self) -> Banks {
+    fn zeros(&self) -> Result<Banks> {
         racelab_core::shared::zero_banks(&self.map, self.heads, self.d)
     }
     /// The partial kernel every pass runs ([`Partial`]).
@@ -342,7 +342,7 @@ fn plain_stream(
     let (mut checksum, mut flagged_rows, mut dbeta) = (0.0f64, 0usize, 0.0f64);
     // (1) keys.
     progress("stream: keys → banks");
-    let mut banks = r.zeros();
+    let mut banks = r.zeros()?;
     for &(a, b) in chunks {
         r.gen(&mut c, (a, b), false);
         add_banks(&mut banks, &r.key_totals(&c, b - a)?, 1.0);
@@ -350,7 +350,7 @@ fn plain_stream(
     let mut coll = reduce(comm, &mut banks, |c, x| c.all_sum(x));
     // (2) queries → O, and (3) query gradients (O itself is not needed: see `query_grads`).
     progress("stream: queries → O, dQ, [dB | dA]");
-    let mut dbanks = r.zeros();
+    let mut dbanks = r.zeros()?;
     // The output and what the read keeps for the query gradients (denominators, the queries'
     // u = tanh(Wq); keys are regenerated in (4) instead: their u over all N would not be
     // bounded memory), allocated once: each chunk's read recycles the last one's buffers.
@@ -403,7 +403,7 @@ fn causal_stream(
     // (The last rank's total reaches no one, the scan being exclusive; nor do rank 0's
     // queries' sums in (2): neither is computed.)
     let (first, last) = (comm.rank() == 0, comm.rank() + 1 == comm.size());
-    let mut total = r.zeros();
+    let mut total = r.zeros()?;
     for &(a, b) in chunks.iter().filter(|_| !last) {
         r.gen(&mut c, (a, b), false);
         add_banks(&mut total, &r.key_totals(&c, b - a)?, 1.0);
@@ -412,7 +412,7 @@ fn causal_stream(
     let mut coll = reduce(comm, &mut before, |c, x| c.exscan_sum(x));
     // (2) Forward in order: O, and the queries' Σ φ(q) ĝᵀ of the slice.
     progress("stream: causal forward → O, Σ φ(q) ĝᵀ");
-    let (mut running, mut after) = (before.clone(), r.zeros());
+    let (mut running, mut after) = (before.clone(), r.zeros()?);
     for &(a, b) in chunks {
         let len = b - a;
         r.gen(&mut c, (a, b), true);

@@ -1,6 +1,6 @@
 //! Sequence-parallel soft RACE (`racelab_dist`) against the single-process CPU
 //! kernels, with ranks as threads of this process (the same algorithm and collectives as
-//! over MPI; `tests/mpi.rs` runs the MPI transport through `mpirun`).
+//! over MPI; `crates/racelab-cli/tests/mpi.rs` runs the MPI transport through `mpirun`).
 //!
 //! - 1 rank is the single-process kernels bit for bit;
 //! - 2, 3 and 4 ranks (and splits with empty ranks) agree with them within the backend

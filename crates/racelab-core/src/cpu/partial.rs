@@ -8,7 +8,7 @@ use super::{CpuRace, FeatureMap};
 use crate::backend::{BackwardInputs, ForwardInputs, GradsMut, Heads};
 use crate::error::{RaceError, Result};
 use crate::shared::recompute::den_floor;
-use crate::shared::{bank_width, plan_segments, zero_banks, Banks, Partial, SoftMap};
+use crate::shared::{plan_segments, zero_banks, Banks, Partial, SoftMap};
 
 /// What a slice's forward ran on: heads, query and key rows, `d`, `dv`, the map's `L·P` and
 /// `m`, and whether it was causal.
@@ -56,27 +56,43 @@ fn rows(name: &str, x: &Heads, heads: usize, n: Option<usize>, cols: Option<usiz
     ))
 }
 
-fn len(name: &str, got: usize, want: usize) -> Result<()> {
-    if got == want {
-        return Ok(());
-    }
-    Err(mismatch(
-        name,
-        format!("the buffer holds {got} values but the slice needs {want}"),
-    ))
+/// The product of `dims`, computed without wrapping (`None` past `usize`).
+fn product(dims: &[usize]) -> Option<usize> {
+    dims.iter().try_fold(1usize, |a, &b| a.checked_mul(b))
 }
 
-/// `banks` are `heads` banks of `m · bank_width(dv)` values each.
+/// A buffer of `got` values where the slice needs `Π dims`.
+fn len(name: &str, got: usize, dims: &[usize]) -> Result<()> {
+    match product(dims) {
+        Some(want) if want == got => Ok(()),
+        Some(want) => Err(mismatch(
+            name,
+            format!("the buffer holds {got} values but the slice needs {want}"),
+        )),
+        None => Err(mismatch(
+            name,
+            format!("the slice's shape {dims:?} needs more values than memory can address"),
+        )),
+    }
+}
+
+/// `banks` are `heads` banks of `m · bank_width(dv)` values each (the width computed without
+/// wrapping).
 fn banks(name: &str, b: &[Vec<f64>], heads: usize, m: usize, dv: usize) -> Result<()> {
-    let w = m * bank_width(dv);
-    if b.len() == heads && b.iter().all(|x| x.len() == w) {
-        return Ok(());
+    let w = dv
+        .checked_add(1)
+        .and_then(|x| x.checked_next_multiple_of(16))
+        .and_then(|w| w.checked_mul(m));
+    if let Some(w) = w {
+        if b.len() == heads && b.iter().all(|x| x.len() == w) {
+            return Ok(());
+        }
     }
     Err(mismatch(
         name,
         format!(
-            "needs {heads} banks of {w} values (m = {m} features × width {}), got {} of {:?}",
-            bank_width(dv),
+            "needs {heads} banks of m = {m} rows of width bank_width({dv}) for values of width \
+             {dv}, got {} banks of {:?} values",
             b.len(),
             b.first().map(Vec::len)
         ),
@@ -139,7 +155,7 @@ impl Partial for CpuRace {
         rows("k", &k, k.heads, None, Some(map.planes.d))?;
         rows("v", &v, k.heads, Some(k.n), None)?;
         if k.n == 0 {
-            return Ok(zero_banks(map, k.heads, v.cols));
+            return zero_banks(map, k.heads, v.cols);
         }
         Ok(soft::key_banks(map, self.isa, k, v, &mut []))
     }
@@ -155,7 +171,7 @@ impl Partial for CpuRace {
     ) -> Result<(usize, SliceSaved)> {
         rows("q", &q, q.heads, None, Some(map.planes.d))?;
         banks("banks", b, q.heads, map.width(), dv)?;
-        len("o", o.len(), q.heads * q.n * dv)?;
+        len("o", o.len(), &[q.heads, q.n, dv])?;
         let shape = Some(CpuRace::shape(map, &q, dv, false));
         let lp = map.planes.l * map.planes.p;
         let (mut den, mut uq) = (reuse.ctx.den, reuse.ctx.uq);
@@ -188,9 +204,9 @@ impl Partial for CpuRace {
     ) -> Result<(Banks, f64)> {
         let ctx = saved.of(CpuRace::shape(map, &q, g.cols, false))?;
         rows("g", &g, q.heads, Some(q.n), None)?;
-        len("dq", dq.len(), q.data.len())?;
+        len("dq", dq.len(), &[q.data.len()])?;
         if q.n == 0 {
-            return Ok((zero_banks(map, q.heads, g.cols), 0.0));
+            return Ok((zero_banks(map, q.heads, g.cols)?, 0.0));
         }
         let lp = map.planes.l * map.planes.p;
         let uq: &[f32] = if ctx.uq.len() == q.heads * q.n * lp {
@@ -218,8 +234,8 @@ impl Partial for CpuRace {
         rows("k", &k, k.heads, None, Some(map.planes.d))?;
         rows("v", &v, k.heads, Some(k.n), None)?;
         banks("dbanks", dbanks, k.heads, map.width(), v.cols)?;
-        len("dk", dk.len(), k.data.len())?;
-        len("dv", dvv.len(), v.data.len())?;
+        len("dk", dk.len(), &[k.data.len()])?;
+        len("dv", dvv.len(), &[v.data.len()])?;
         if k.n == 0 {
             return Ok(0.0);
         }
@@ -247,7 +263,7 @@ impl Partial for CpuRace {
         rows("k", &k, q.heads, Some(q.n), Some(map.planes.d))?;
         rows("v", &v, q.heads, Some(q.n), None)?;
         banks("before", before, q.heads, map.width(), v.cols)?;
-        len("o", o.len(), q.heads * q.n * v.cols)?;
+        len("o", o.len(), &[q.heads, q.n, v.cols])?;
         let shape = Some(CpuRace::shape(map, &q, v.cols, true));
         if q.n == 0 {
             let saved = SliceSaved {
@@ -276,7 +292,7 @@ impl Partial for CpuRace {
         rows("g", &g, q.heads, Some(q.n), None)?;
         rows("o", &o, q.heads, Some(q.n), Some(g.cols))?;
         if q.n == 0 {
-            return Ok(zero_banks(map, q.heads, g.cols));
+            return zero_banks(map, q.heads, g.cols);
         }
         let lp = map.planes.l * map.planes.p;
         let uq: &[f32] = if ctx.uq.len() == q.heads * q.n * lp {
@@ -304,9 +320,9 @@ impl Partial for CpuRace {
         rows("o", &o, q.heads, Some(q.n), Some(v.cols))?;
         rows("g", &g, q.heads, Some(q.n), Some(v.cols))?;
         banks("after", after, q.heads, map.width(), v.cols)?;
-        len("dq", out.dq.len(), q.data.len())?;
-        len("dk", out.dk.len(), k.data.len())?;
-        len("dv", out.dv.len(), v.data.len())?;
+        len("dq", out.dq.len(), &[q.data.len()])?;
+        len("dk", out.dk.len(), &[k.data.len()])?;
+        len("dv", out.dv.len(), &[v.data.len()])?;
         if q.n == 0 {
             return Ok(0.0);
         }
@@ -416,7 +432,10 @@ mod tests {
         let want = crate::cpu::soft_backward(&map, &whole.ctx, bx, cpu.isa);
         assert!(close(&dq, &want.dq) && close(&dk, &want.dk) && close(&dvv, &want.dv));
         // Causal: a non-causal `saved` is refused; one slice from zero banks is the whole.
-        let zero = zero_banks(&map, h, dv);
+        let zero = zero_banks(&map, h, dv).unwrap();
+        // Zero banks past the address space or the memory are refused, not allocated.
+        assert!(zero_banks(&map, usize::MAX, dv).is_err());
+        assert!(zero_banks(&map, h, usize::MAX).is_err());
         let fx = ForwardInputs::new(qh, kh, vh);
         let (_, csaved) = cpu
             .causal_forward(&map, fx, (&zero, n), &mut o, SliceSaved::default())

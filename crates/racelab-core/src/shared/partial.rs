@@ -25,10 +25,21 @@ use crate::shared::SoftMap;
 pub type Banks = Vec<Vec<f64>>;
 
 /// Zero banks of `map` (`m = L·2^P` features) for `heads` heads and values of width `dv`:
-/// the total of an empty slice.
-pub fn zero_banks(map: &SoftMap, heads: usize, dv: usize) -> Banks {
+/// the total of an empty slice. Refused where `heads · m · bank_width(dv)` values pass `usize`
+/// or the memory this machine has.
+pub fn zero_banks(map: &SoftMap, heads: usize, dv: usize) -> Result<Banks> {
     let m = map.planes.l << map.planes.p;
-    vec![vec![0.0f64; m * crate::shared::bank_width(dv)]; heads]
+    let w = dv
+        .checked_add(1)
+        .and_then(|x| x.checked_next_multiple_of(16))
+        .and_then(|w| w.checked_mul(m));
+    crate::memory::check_alloc(
+        &format!("{heads} zero banks of {m} rows for values of width {dv}"),
+        w.and_then(|w| w.checked_mul(heads)),
+        std::mem::size_of::<f64>(),
+        "lower dv, P or L",
+    )?;
+    Ok(vec![vec![0.0f64; w.unwrap_or(0)]; heads])
 }
 
 /// The soft-RACE kernels on one slice of the token axis (see the module docs).
