@@ -7,6 +7,7 @@ use super::soft::{self, Boundary, QuerySaved};
 use super::{CpuRace, FeatureMap};
 use crate::backend::{BackwardInputs, ForwardInputs, GradsMut, Heads};
 use crate::error::{RaceError, Result};
+use crate::shared::layout::bank_len;
 use crate::shared::recompute::den_floor;
 use crate::shared::{plan_segments, zero_banks, Banks, Partial, SoftMap};
 
@@ -79,11 +80,7 @@ fn len(name: &str, got: usize, dims: &[usize]) -> Result<()> {
 /// `banks` are `heads` banks of `m · bank_width(dv)` values each (the width computed without
 /// wrapping).
 fn banks(name: &str, b: &[Vec<f64>], heads: usize, m: usize, dv: usize) -> Result<()> {
-    let w = dv
-        .checked_add(1)
-        .and_then(|x| x.checked_next_multiple_of(16))
-        .and_then(|w| w.checked_mul(m));
-    if let Some(w) = w {
+    if let Some(w) = bank_len(m, dv) {
         if b.len() == heads && b.iter().all(|x| x.len() == w) {
             return Ok(());
         }
@@ -132,6 +129,12 @@ impl SliceSaved {
             )),
         }
     }
+}
+
+/// The queries' saved projections when they fit `q` (else empty: the kernels recompute them).
+fn saved_uq<'a>(ctx: &'a Ctx, map: &SoftMap, q: &Heads) -> &'a [f32] {
+    let lp = map.planes.l * map.planes.p;
+    ctx.saved_u(q, q, lp).0
 }
 
 impl CpuRace {
@@ -208,12 +211,7 @@ impl Partial for CpuRace {
         if q.n == 0 {
             return Ok((zero_banks(map, q.heads, g.cols)?, 0.0));
         }
-        let lp = map.planes.l * map.planes.p;
-        let uq: &[f32] = if ctx.uq.len() == q.heads * q.n * lp {
-            &ctx.uq
-        } else {
-            &[]
-        };
+        let uq = saved_uq(ctx, map, &q);
         Ok(soft::query_grads(
             map,
             self.isa,
@@ -294,12 +292,7 @@ impl Partial for CpuRace {
         if q.n == 0 {
             return zero_banks(map, q.heads, g.cols);
         }
-        let lp = map.planes.l * map.planes.p;
-        let uq: &[f32] = if ctx.uq.len() == q.heads * q.n * lp {
-            &ctx.uq
-        } else {
-            &[]
-        };
+        let uq = saved_uq(ctx, map, &q);
         Ok(soft::causal_backward::query_totals(
             map, self.isa, q, uq, g, o, &ctx.den,
         ))

@@ -12,6 +12,14 @@
 /// (defined with the memory model, which counts these rows).
 pub use crate::memory::bank_width;
 
+/// Values in one bank of `m` rows for values of width `dv` (`m · bank_width(dv)`), computed
+/// without wrapping: `None` past `usize`.
+pub fn bank_len(m: usize, dv: usize) -> Option<usize> {
+    dv.checked_add(1)
+        .and_then(|x| x.checked_next_multiple_of(16))
+        .and_then(|w| w.checked_mul(m))
+}
+
 /// Tokens accumulated in f32 before the block is moved into the f64 base.
 pub const FLUSH: usize = 256;
 

@@ -29,10 +29,7 @@ pub type Banks = Vec<Vec<f64>>;
 /// or the memory this machine has.
 pub fn zero_banks(map: &SoftMap, heads: usize, dv: usize) -> Result<Banks> {
     let m = map.planes.l << map.planes.p;
-    let w = dv
-        .checked_add(1)
-        .and_then(|x| x.checked_next_multiple_of(16))
-        .and_then(|w| w.checked_mul(m));
+    let w = crate::shared::layout::bank_len(m, dv);
     crate::memory::check_alloc(
         &format!("{heads} zero banks of {m} rows for values of width {dv}"),
         w.and_then(|w| w.checked_mul(heads)),
